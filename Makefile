@@ -1,0 +1,54 @@
+# LLM parallelisms in C, spelled out.
+#
+#   make              build every program (installs OpenMPI first if it is missing and you are root)
+#   make run          the main job (see README)
+#   make test         every test; the last line says "N passed, N failed"
+#   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
+#   make clean
+#
+# MPI programs run with `mpirun -n N ./train_X`. As root, mpirun also needs
+# OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, and more ranks than cores need
+# --oversubscribe; every target here that runs mpirun sets both (see MPIRUN).
+
+CC = cc
+MPICC = mpicc
+OPT = -O3 -march=native
+# -ffp-contract=off: the compiler must not fuse a*b+c on its own, or the same formula could
+# round differently in two programs; the code asks for fused multiply-adds (fmaf) itself.
+CFLAGS = $(OPT) -std=c11 -Wall -Wextra -Wno-unknown-pragmas -ffp-contract=off -fno-math-errno
+LDLIBS = -lm
+ifeq ($(OMP),1)
+CFLAGS += -fopenmp
+endif
+
+export OMPI_ALLOW_RUN_AS_ROOT = 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1
+MPIRUN = mpirun --oversubscribe
+
+HEADERS = util.h model.h data.h cli.h
+PROGRAMS = train
+TESTS = tests/test_units
+
+.PHONY: all run test clean mpi
+all: $(PROGRAMS)
+
+train: train.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ train.c $(LDLIBS)
+
+# MPI programs: check for OpenMPI first (tools/need_mpi.sh installs it as root)
+mpi:
+	@tools/need_mpi.sh
+train_%: train_%.c $(HEADERS) dist.h | mpi
+	$(MPICC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+tests/test_units: tests/test_units.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ tests/test_units.c $(LDLIBS)
+
+run: all
+	./train
+
+test: all $(TESTS)
+	@bash tests/run.sh
+
+clean:
+	rm -f $(PROGRAMS) train_dp train_fsdp train_tp train_pp train_3d $(TESTS)

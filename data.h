@@ -1,0 +1,216 @@
+/*
+ * data.h: a text file of one item per line -> vocabulary -> examples -> batches.
+ *
+ * Vocabulary: token 0 is the boundary (shown as '.'), then every byte that occurs in the
+ * file, in increasing byte order. names.txt gives 27 tokens: '.', 'a' ... 'z'.
+ *
+ * Examples: a line of n characters gives n+1 examples. Example p (0 <= p <= n) predicts
+ * character p from the T characters before it, left-padded with the boundary token 0; the
+ * last one (p = n) predicts the boundary: "emma" gives ...... -> e, .....e -> m, ...,
+ * .emma -> '.' (for T = 5, padding shown as dots).
+ *
+ * Split: the lines are shuffled with the seed (names.txt is sorted by frequency, so an
+ * unshuffled split would put only rare names in validation); the first 90% train, the
+ * last 10% (n/10 lines, rounded down) validate.
+ *
+ * Batches: row b of step s is training example rng(seed, STREAM_BATCH, s*2^32 + b) modulo
+ * the number of training examples. A rank that owns rows lo..hi-1 of the global batch
+ * draws exactly those, never the rest.
+ *
+ * Input checks (each message names the file and line): unreadable file, empty file, no
+ * usable lines, fewer lines than a split needs, NUL or other control bytes, lines longer
+ * than the limit (--max-line). CRLF line endings and blank lines are accepted.
+ */
+#ifndef DATA_H
+#define DATA_H
+
+// A header of functions, each program using some: unused ones are not a warning.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+
+#include "util.h"
+
+#define DATA_DEFAULT_MAX_LINE 1024
+#define DATA_MIN_LINES 10 // a 90/10 split of fewer lines leaves validation empty
+
+typedef struct {
+    const char* path;
+    int vocab;                      // number of tokens, boundary included
+    unsigned char token_char[256];  // token -> byte it stands for (token 0: '.')
+    int char_token[256];            // byte -> token, or -1 if the byte never occurs
+    int n_lines, n_train, n_val;    // lines [0, n_train) train, [n_train, n_lines) validate
+    int max_len;                    // longest line, in characters
+    unsigned char* tokens;          // every line's tokens, concatenated, in split order
+    long* line_start;               // [n_lines] offset of each line in tokens
+    int* line_len;                  // [n_lines]
+    long* example_end;              // [n_lines] examples in lines 0..i of its split (prefix sums)
+    long n_train_examples, n_val_examples;
+} Dataset;
+
+// Reads and checks the file; any problem is a fatal error naming the file and line.
+static void dataset_load(Dataset* ds, const char* path, int max_line, uint64_t seed) {
+    memset(ds, 0, sizeof(*ds));
+    ds->path = path;
+    FILE* f = fopen(path, "rb");
+    if (!f) fatal("cannot open data file '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, size = 0;
+    unsigned char* text = mallocCheck(cap);
+    for (;;) {
+        if (size == cap) {
+            cap *= 2;
+            unsigned char* bigger = realloc(text, cap);
+            if (!bigger) fatal("out of memory reading '%s'", path);
+            text = bigger;
+        }
+        size_t got = fread(text + size, 1, cap - size, f);
+        size += got;
+        if (got == 0) break;
+    }
+    if (ferror(f)) fatal("cannot read data file '%s': %s", path, strerror(errno));
+    fclose(f);
+    if (size == 0) fatal("data file '%s' is empty", path);
+
+    // Pass 1: find the lines, check their bytes and lengths, collect the vocabulary.
+    int present[256] = {0};
+    long n_alloc = 1024, n = 0;
+    long* start = mallocCheck(n_alloc * sizeof(long));
+    int* len = mallocCheck(n_alloc * sizeof(int));
+    long line_no = 0;
+    for (size_t pos = 0; pos < size;) {
+        line_no++;
+        size_t end = pos;
+        while (end < size && text[end] != '\n') end++;
+        size_t stop = end;
+        if (stop > pos && text[stop - 1] == '\r') stop--; // CRLF
+        for (size_t i = pos; i < stop; i++) {
+            unsigned char c = text[i];
+            if (c == 0)
+                fatal("%s:%ld: NUL byte at column %zu (is this a binary file?)", path, line_no, i - pos + 1);
+            if (c < 0x20 || c == 0x7f)
+                fatal("%s:%ld: control byte 0x%02x at column %zu; lines must be plain text", path,
+                      line_no, c, i - pos + 1);
+            present[c] = 1;
+        }
+        long L = (long)(stop - pos);
+        if (L > max_line)
+            fatal("%s:%ld: line is %ld bytes long, more than the limit of %d (raise it with --max-line)",
+                  path, line_no, L, max_line);
+        if (L > 0) { // blank lines are skipped
+            if (n == n_alloc) {
+                n_alloc *= 2;
+                start = realloc(start, n_alloc * sizeof(long));
+                len = realloc(len, n_alloc * sizeof(int));
+                if (!start || !len) fatal("out of memory reading '%s'", path);
+            }
+            start[n] = (long)pos;
+            len[n] = (int)L;
+            n++;
+        }
+        pos = end + 1;
+    }
+    if (n == 0) fatal("data file '%s' has no usable lines (only blank lines)", path);
+    if (n < DATA_MIN_LINES)
+        fatal("data file '%s' has %ld usable lines; the 90/10 train/validation split needs at least %d",
+              path, n, DATA_MIN_LINES);
+    if (n > 2147483647L / 2) fatal("data file '%s' has too many lines (%ld)", path, n);
+
+    ds->vocab = 1;
+    ds->token_char[0] = '.';
+    for (int c = 0; c < 256; c++) {
+        ds->char_token[c] = -1;
+        if (present[c]) {
+            ds->char_token[c] = ds->vocab;
+            ds->token_char[ds->vocab++] = (unsigned char)c;
+        }
+    }
+
+    // Pass 2: shuffle the lines with the seed (Fisher-Yates, counter-based draws), split.
+    int* order = mallocCheck(n * sizeof(int));
+    for (long i = 0; i < n; i++) order[i] = (int)i;
+    for (long i = n - 1; i > 0; i--) {
+        long j = (long)(rng_u64(seed, STREAM_SPLIT, (uint64_t)i) % (uint64_t)(i + 1));
+        int t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    ds->n_lines = (int)n;
+    ds->n_val = (int)(n / 10);
+    ds->n_train = ds->n_lines - ds->n_val;
+
+    // Pass 3: store the tokens in split order with each split's example counts.
+    long total = 0;
+    for (long i = 0; i < n; i++) total += len[i];
+    ds->tokens = mallocCheck(total);
+    ds->line_start = mallocCheck(n * sizeof(long));
+    ds->line_len = mallocCheck(n * sizeof(int));
+    ds->example_end = mallocCheck(n * sizeof(long));
+    long off = 0, examples = 0;
+    for (long i = 0; i < n; i++) {
+        if (i == ds->n_train) {
+            ds->n_train_examples = examples;
+            examples = 0;
+        }
+        long src = start[order[i]];
+        int L = len[order[i]];
+        ds->line_start[i] = off;
+        ds->line_len[i] = L;
+        for (int k = 0; k < L; k++) ds->tokens[off + k] = (unsigned char)ds->char_token[text[src + k]];
+        off += L;
+        examples += L + 1;
+        ds->example_end[i] = examples;
+        if (L > ds->max_len) ds->max_len = L;
+    }
+    ds->n_val_examples = examples;
+    free(order);
+    free(start);
+    free(len);
+    free(text);
+}
+
+static void dataset_free(Dataset* ds) {
+    free(ds->tokens);
+    free(ds->line_start);
+    free(ds->line_len);
+    free(ds->example_end);
+}
+
+// Example e of line `line`: T context tokens and the target.
+static void dataset_line_example(const Dataset* ds, int line, int p, int T, int* context, int* target) {
+    const unsigned char* s = ds->tokens + ds->line_start[line];
+    for (int t = 0; t < T; t++) {
+        int k = p - T + t;
+        context[t] = k >= 0 ? s[k] : 0;
+    }
+    *target = p < ds->line_len[line] ? s[p] : 0;
+}
+
+// Example `index` of a split (0: train, 1: validation), located by binary search.
+static void dataset_example(const Dataset* ds, int split, long index, int T, int* context, int* target) {
+    int lo = split ? ds->n_train : 0, hi = split ? ds->n_lines : ds->n_train;
+    while (lo < hi) { // first line whose example_end exceeds index
+        int mid = lo + (hi - lo) / 2;
+        if (ds->example_end[mid] > index) hi = mid;
+        else lo = mid + 1;
+    }
+    long before = (lo == (split ? ds->n_train : 0)) ? 0 : ds->example_end[lo - 1];
+    dataset_line_example(ds, lo, (int)(index - before), T, context, target);
+}
+
+// Rows [lo, hi) of the global training batch of `step`: tokens [hi-lo][T], targets [hi-lo].
+static void dataset_batch(const Dataset* ds, uint64_t seed, long step, int lo, int hi, int T, int* tokens,
+                          int* targets) {
+    for (int b = lo; b < hi; b++) {
+        uint64_t r = rng_u64(seed, STREAM_BATCH, ((uint64_t)step << 32) + (uint64_t)b);
+        long index = (long)(r % (uint64_t)ds->n_train_examples);
+        dataset_example(ds, 0, index, T, tokens + (long)(b - lo) * T, targets + (b - lo));
+    }
+}
+
+// Validation examples [first, first+count) in order: tokens [count][T], targets [count].
+static void dataset_val_rows(const Dataset* ds, long first, int count, int T, int* tokens, int* targets) {
+    for (int i = 0; i < count; i++)
+        dataset_example(ds, 1, first + i, T, tokens + (long)i * T, targets + i);
+}
+
+#pragma GCC diagnostic pop
+#endif // DATA_H

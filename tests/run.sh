@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# tests/run.sh: every test of the project. `make test` builds everything and runs this;
+# the last line is "N passed, N failed" and the exit status is 1 if anything failed.
+#
+#   bash tests/run.sh             # every section
+#   bash tests/run.sh cli data    # only these sections (names below, in run_section calls)
+#
+# Each check prints PASSED or FAILED and its name. Every command runs under a time limit,
+# so a deadlock fails its test instead of hanging the run.
+set -u
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+PASSED=0
+FAILED=0
+LIMIT=${TEST_TIME_LIMIT:-300} # seconds per command
+
+pass() { PASSED=$((PASSED + 1)); echo "PASSED $*"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAILED $*"; }
+# check NAME COMMAND...: passes when the command succeeds
+check() {
+    local name=$1
+    shift
+    if "$@"; then pass "$name"; else fail "$name"; fi
+}
+# run OUT COMMAND...: runs a command under the time limit, stdout+stderr to OUT; returns its status
+run() {
+    local out=$1
+    shift
+    timeout "$LIMIT" "$@" >"$out" 2>&1
+}
+# expect_error STATUS PATTERN NAME -- COMMAND...: the command exits with STATUS and prints a
+# line matching PATTERN (an extended regular expression)
+expect_error() {
+    local status=$1 pattern=$2 name=$3
+    shift 4
+    run "$TMP/err" "$@"
+    local got=$?
+    if [ "$got" = "$status" ] && grep -Eq -- "$pattern" "$TMP/err"; then
+        pass "$name"
+    else
+        fail "$name (exit $got, expected $status; output: $(head -c 300 "$TMP/err" | tr '\n' '|'))"
+    fi
+}
+# the validation loss a run printed
+val_loss() { sed -n 's/^validation loss \([0-9.]*\).*/\1/p' "$1"; }
+# results (validation loss and names) without the timing lines
+results() { grep -v -E '^(training time|step |configuration|  )' "$1"; }
+
+# ----------------------------------------------------------------------------
+section_units() {
+    tests/test_units >"$TMP/units" 2>&1
+    while read -r word rest; do
+        case $word in
+            PASSED) pass "$rest" ;;
+            FAILED) fail "$rest" ;;
+        esac
+    done <"$TMP/units"
+    grep -q ' passed, 0 failed$' "$TMP/units" || fail "unit tests did not finish: $(tail -n 3 "$TMP/units" | tr '\n' '|')"
+}
+
+# ----------------------------------------------------------------------------
+section_cli() {
+    local p=./train
+    expect_error 2 "unknown flag '--bogus'" "cli: an unknown flag exits 2 with its name" -- $p --bogus
+    expect_error 2 "usage: " "cli: a bad flag prints the usage" -- $p --bogus
+    expect_error 2 "--batch must be an integer from 1 to 65536, got '0'" "cli: --batch 0 is refused with its range" -- $p --batch 0
+    expect_error 2 "--batch must be an integer from 1 to 65536, got '12x'" "cli: --batch 12x is refused" -- $p --batch 12x
+    expect_error 2 "--lr must be a number above 0" "cli: --lr -1 is refused" -- $p --lr -1
+    expect_error 2 "--lr must be a number above 0" "cli: --lr nan is refused" -- $p --lr nan
+    expect_error 2 "--optimizer must be sgd or adamw, got 'adam'" "cli: an unknown optimizer is refused" -- $p --optimizer adam
+    expect_error 2 "--layers must be an integer from 1 to 32" "cli: --layers 40 is refused" -- $p --layers 40
+    expect_error 2 "--seed must be an integer" "cli: a negative seed is refused" -- $p --seed -3
+    expect_error 2 "missing value for '--steps'" "cli: a flag without its value is refused" -- $p --steps
+    expect_error 2 "unexpected argument 'extra'" "cli: a stray argument is refused" -- $p extra
+    expect_error 2 "about [0-9]+ million parameters" "cli: a model too large to allocate is refused" -- $p --hidden 16384 --emb 4096 --context 1024
+    expect_error 0 "--microbatches|--eval-every N" "cli: --help prints the flags and exits 0" -- $p --help
+}
+
+# ----------------------------------------------------------------------------
+section_data() {
+    local p=./train
+    printf 'ann\nbob\r\n' >"$TMP/short.txt"
+    printf '' >"$TMP/empty.txt"
+    printf '\n\n\r\n\n' >"$TMP/blank.txt"
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'bad\0name\n'; } >"$TMP/nul.txt"
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'tab\there\n'; } >"$TMP/ctrl.txt"
+    { for i in $(seq 1 20); do echo "name$i"; done; head -c 2000 /dev/zero | tr '\0' 'x'; echo; } >"$TMP/long.txt"
+    { for i in $(seq 1 30); do printf 'line%d\r\n\r\n' "$i"; done; } >"$TMP/crlf.txt"
+    expect_error 1 "cannot open data file '$TMP/none.txt': No such file" "data: a missing file is named" -- $p --data "$TMP/none.txt"
+    expect_error 1 "cannot read data file '$TMP'" "data: a directory is refused" -- $p --data "$TMP"
+    expect_error 1 "'$TMP/empty.txt' is empty" "data: an empty file is refused" -- $p --data "$TMP/empty.txt"
+    expect_error 1 "has no usable lines" "data: a file of blank lines is refused" -- $p --data "$TMP/blank.txt"
+    expect_error 1 "has 2 usable lines; the 90/10 train/validation split needs at least 10" "data: too few lines are refused" -- $p --data "$TMP/short.txt"
+    expect_error 1 "nul.txt:21: NUL byte at column 4" "data: a NUL byte is reported with its line and column" -- $p --data "$TMP/nul.txt"
+    expect_error 1 "ctrl.txt:21: control byte 0x09 at column 4" "data: a control byte is reported with its line and column" -- $p --data "$TMP/ctrl.txt"
+    expect_error 1 "long.txt:21: line is 2000 bytes long, more than the limit of 1024 \(raise it with --max-line\)" "data: a long line names the limit and the flag" -- $p --data "$TMP/long.txt"
+    expect_error 0 "validation loss" "data: --max-line raises the limit" -- $p --data "$TMP/long.txt" --max-line 4000 --steps 5 --samples 0 --quiet
+    expect_error 0 "validation loss" "data: CRLF endings and blank lines are accepted" -- $p --data "$TMP/crlf.txt" --steps 5 --quiet
+}
+
+# ----------------------------------------------------------------------------
+section_train() {
+    local p=./train
+    run "$TMP/a1" $p --steps 300 --eval-every 100
+    run "$TMP/a2" $p --steps 300 --eval-every 100
+    check "train: two runs with the same seed print the same losses and names" \
+        cmp -s <(results "$TMP/a1") <(results "$TMP/a2")
+    check "train: progress lines every --eval-every steps, not every step" \
+        test "$(grep -c '^step ' "$TMP/a1")" = 3
+    run "$TMP/a3" $p --steps 300 --eval-every 100 --seed 7
+    check "train: another seed gives other names" \
+        bash -c "! cmp -s <(grep -A20 '^names:' '$TMP/a1') <(grep -A20 '^names:' '$TMP/a3')"
+    check "train: --samples 10 prints 10 names of lower-case letters" \
+        test "$(grep -A100 '^names:' "$TMP/a1" | tail -n +2 | grep -cE '^[a-z]+$')" = 10
+    run "$TMP/l1" $p --steps 2000 --quiet --samples 0
+    # measured: 2.289, 2.332, 2.354, 2.299 for seeds 42, 1, 2, 3; the untrained model gives 3.375
+    check "train: 2000 steps of SGD reach a validation loss below 2.40 ($(val_loss "$TMP/l1"))" \
+        awk -v l="$(val_loss "$TMP/l1")" 'BEGIN { exit !(l != "" && l < 2.40) }'
+    run "$TMP/l2" $p --steps 2000 --optimizer adamw --quiet --samples 0
+    # measured: 2.269, 2.285, 2.291 for seeds 42, 1, 2
+    check "train: 2000 steps of AdamW reach a validation loss below 2.35 ($(val_loss "$TMP/l2"))" \
+        awk -v l="$(val_loss "$TMP/l2")" 'BEGIN { exit !(l != "" && l < 2.35) }'
+    run "$TMP/log" $p --steps 50 --eval-every 25 --log "$TMP/log.csv" --quiet
+    check "train: --log writes a header and one CSV line per step, with the validation loss where evaluated" \
+        bash -c "head -1 '$TMP/log.csv' | grep -qx 'step,train_loss,val_loss,ms,tokens_per_s' &&
+                 test \$(wc -l < '$TMP/log.csv') = 51 && awk -F, 'NR>1 && \$3 != \"\"' '$TMP/log.csv' | wc -l | grep -qx 2"
+}
+
+# ----------------------------------------------------------------------------
+section_checkpoint() {
+    local p=./train
+    for opt in sgd adamw; do
+        run "$TMP/c1" $p --steps 200 --optimizer $opt --save "$TMP/full.ckpt" --quiet
+        run "$TMP/c2" $p --steps 120 --optimizer $opt --save "$TMP/half.ckpt" --quiet
+        run "$TMP/c3" $p --steps 200 --optimizer $opt --load "$TMP/half.ckpt" --save "$TMP/resumed.ckpt" --quiet
+        check "checkpoint ($opt): 120 steps, save, load, 80 more steps equals 200 steps, bit for bit" \
+            cmp -s "$TMP/full.ckpt" "$TMP/resumed.ckpt"
+        check "checkpoint ($opt): the resumed run prints the same loss and names" cmp -s "$TMP/c1" "$TMP/c3"
+    done
+    cp "$TMP/full.ckpt" "$TMP/flip.ckpt"
+    printf '\x01' | dd of="$TMP/flip.ckpt" bs=1 seek=1000 conv=notrunc 2>/dev/null
+    head -c 5000 "$TMP/full.ckpt" >"$TMP/trunc.ckpt"
+    head -c 100 names.txt >"$TMP/text.ckpt"
+    expect_error 1 "checksum mismatch" "checkpoint: a flipped byte is caught by the checksum" -- $p --load "$TMP/flip.ckpt" --optimizer adamw --steps 0
+    expect_error 1 "is truncated" "checkpoint: a truncated file is refused" -- $p --load "$TMP/trunc.ckpt" --optimizer adamw --steps 0
+    expect_error 1 "not a checkpoint of this project" "checkpoint: another kind of file is refused" -- $p --load "$TMP/text.ckpt" --steps 0
+    expect_error 1 "is of a different model .*hidden 64" "checkpoint: another model size is refused, naming it" -- $p --load "$TMP/full.ckpt" --optimizer adamw --hidden 32 --steps 0
+    expect_error 1 "holds AdamW state; pass --optimizer adamw" "checkpoint: another optimizer is refused" -- $p --load "$TMP/full.ckpt" --steps 0
+    expect_error 1 "cannot open checkpoint" "checkpoint: a missing file is named" -- $p --load "$TMP/none.ckpt"
+}
+
+# ----------------------------------------------------------------------------
+run_section() {
+    local name=$1
+    if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
+        echo "== $name"
+        "section_$name"
+    fi
+}
+SECTIONS="$*"
+run_section units
+run_section cli
+run_section data
+run_section train
+run_section checkpoint
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" = 0 ]

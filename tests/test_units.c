@@ -1,0 +1,542 @@
+/*
+ * tests/test_units.c: unit tests of model.h and data.h. Every check prints PASSED or
+ * FAILED and its name; the last line counts them and the exit status is 1 on any failure.
+ *
+ *   make tests/test_units && tests/test_units
+ *
+ * Sections: kernels against plain loops, bit for bit; the properties that make every
+ * layout give the same bits (exact sums split any way); gradient checks of every op and of
+ * the whole model against central finite differences in double precision; the data loader.
+ */
+#include "../model.h"
+#include "../data.h"
+
+#include <unistd.h>
+
+static int n_pass, n_fail;
+__attribute__((format(printf, 2, 3))) static void check(int ok, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "PASSED" : "FAILED");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok) n_pass++;
+    else n_fail++;
+}
+
+static float frand(uint64_t seed, uint64_t i, float scale) {
+    return (float)((2.0 * rng_uniform(seed, 99, i) - 1.0) * scale);
+}
+static void fill(float* x, long n, uint64_t seed, float scale) {
+    for (long i = 0; i < n; i++) x[i] = frand(seed, (uint64_t)i, scale);
+}
+
+// ----------------------------------------------------------------------------
+// kernels against plain loops
+
+static void test_matmul_float(void) {
+    const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {8, 16, 32}, {9, 31, 33}, {17, 64, 27}, {32, 256, 64}, {40, 7, 100}};
+    Workspace ws;
+    workspace_init(&ws, 64, 256, 256 * 128);
+    for (int s = 0; s < 7; s++) {
+        int M = shapes[s][0], red = shapes[s][1], N = shapes[s][2];
+        float *a = mallocCheck(sizeof(float) * M * red), *b = mallocCheck(sizeof(float) * red * N);
+        float *out = mallocCheck(sizeof(float) * M * N), *ref = mallocCheck(sizeof(float) * M * N);
+        fill(a, (long)M * red, 1 + s, 1.0f);
+        fill(b, (long)red * N, 100 + s, 1.0f);
+        matmul_float(out, a, b, M, red, N, &ws);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                float acc = 0.0f;
+                for (int i = 0; i < red; i++) acc = fmaf(a[(long)m * red + i], b[(long)i * N + n], acc);
+                ref[(long)m * N + n] = acc;
+            }
+        check(!memcmp(out, ref, sizeof(float) * M * N), "matmul_float %dx%dx%d equals a plain fmaf chain bit for bit",
+              M, red, N);
+        free(a), free(b), free(out), free(ref);
+    }
+    workspace_free(&ws);
+}
+
+// The exact kernel against llrint of every term, summed as integers.
+static void test_matmul_exact(void) {
+    const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {8, 16, 24}, {9, 31, 33}, {17, 64, 27}, {256, 32, 64}, {13, 100, 50}};
+    Workspace ws;
+    workspace_init(&ws, 256, 256, 256 * 128);
+    for (int s = 0; s < 7; s++) {
+        int M = shapes[s][0], red = shapes[s][1], N = shapes[s][2];
+        float *a = mallocCheck(sizeof(float) * M * red), *b = mallocCheck(sizeof(float) * red * N);
+        int64_t *acc = callocCheck((size_t)M * N, 8), *ref = callocCheck((size_t)M * N, 8);
+        fill(a, (long)M * red, 7 + s, 3.0f);
+        fill(b, (long)red * N, 70 + s, 0.5f);
+        for (int transposed = 0; transposed < 2; transposed++) {
+            // a read as a[m][i] (a forward) or as a[i][m] (a weight gradient)
+            long a_sm = transposed ? 1 : red, a_si = transposed ? M : 1;
+            memset(acc, 0, sizeof(int64_t) * M * N);
+            memset(ref, 0, sizeof(int64_t) * M * N);
+            matmul_exact(acc, a, a_sm, a_si, b, M, red, N, red, "test", &ws);
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++)
+                    for (int i = 0; i < red; i++)
+                        ref[(long)m * N + n] += llrint((double)a[m * a_sm + i * a_si] * b[(long)i * N + n] * FIX_ONE);
+            check(!memcmp(acc, ref, sizeof(int64_t) * M * N),
+                  "matmul_exact %dx%dx%d%s equals per-term llrint sums bit for bit", M, red, N,
+                  transposed ? " (transposed a)" : "");
+        }
+        free(a), free(b), free(acc), free(ref);
+    }
+    workspace_free(&ws);
+}
+
+static void test_fix(void) {
+    int ok = 1;
+    for (int i = 0; i < 100000; i++) {
+        double v = (rng_uniform(5, 5, i) * 2 - 1) * ldexp(1.0, (int)(rng_u64(6, 6, i) % 50) - 40);
+        if (fix_fast(v) != fix_from(v)) ok = 0;
+    }
+    // ties go to even, in both
+    if (fix_fast(0.5 / FIX_ONE) != 0 || fix_fast(1.5 / FIX_ONE) != 2 || fix_from(2.5 / FIX_ONE) != 2) ok = 0;
+    check(ok, "fix_fast rounds exactly like llrint over 100000 values of every magnitude, ties to even");
+    float x[] = {1.5f, -3.25f, 1e-3f, 0.0f, -0.0f};
+    int64_t acc[5] = {0};
+    fix_add(acc, x, 5, 100, "test");
+    check(acc[0] == (int64_t)(1.5 * FIX_ONE) && acc[1] == (int64_t)(-3.25 * FIX_ONE) && acc[3] == 0 && acc[4] == 0,
+          "fix_add converts exactly");
+    check(fix_term_limit(32) == FIX_TERM_MAX && fix_term_limit(1L << 20) == 8.0,
+          "the term limit is 2^11, or 2^23 / terms for long sums");
+    uint32_t nan_bits = 0x7fc00000u;
+    float nan;
+    memcpy(&nan, &nan_bits, sizeof nan);
+    float y[] = {1.0f, -7.0f, 3.0f}, z[] = {1.0f, nan, 3.0f}, w[] = {1.0f, -INFINITY};
+    check(max_abs(y, 3) == 7.0 && isinf(max_abs(z, 3)) && isinf(max_abs(w, 2)),
+          "max_abs finds the largest magnitude and reports NaN and infinity");
+}
+
+// ----------------------------------------------------------------------------
+// layout independence: an exact sum split any way gives the same bits
+
+static void test_split_invariance(void) {
+    int R = 29, K = 40, J = 30;
+    Workspace ws;
+    workspace_init(&ws, 64, 64, 64 * 64);
+    float *x = mallocCheck(sizeof(float) * R * K), *dz = mallocCheck(sizeof(float) * R * J),
+          *w = mallocCheck(sizeof(float) * K * J);
+    fill(x, (long)R * K, 11, 2.0f);
+    fill(dz, (long)R * J, 12, 0.3f);
+    fill(w, (long)K * J, 13, 0.5f);
+    int64_t *full = callocCheck((size_t)K * J, 8), *parts = callocCheck((size_t)K * J, 8);
+    int64_t *dbf = callocCheck(J, 8), *dbp = callocCheck(J, 8);
+    linear_backward_weight(full, dbf, x, dz, R, K, J, R, &ws);
+    // rows 0..10, 11..21, 22..28 (data parallel on 3 ranks), added in reverse order
+    linear_backward_weight(parts, dbp, x + 22 * K, dz + 22 * J, 7, K, J, R, &ws);
+    linear_backward_weight(parts, dbp, x + 11 * K, dz + 11 * J, 11, K, J, R, &ws);
+    linear_backward_weight(parts, dbp, x, dz, 11, K, J, R, &ws);
+    check(!memcmp(full, parts, sizeof(int64_t) * K * J) && !memcmp(dbf, dbp, sizeof(int64_t) * J),
+          "weight and bias gradients over rows split 11/11/7, added in any order, equal the whole batch's");
+    // the forward of a row-parallel layer, its inputs split 13 / 27 across two ranks
+    int64_t *accf = callocCheck((size_t)R * J, 8), *accp = callocCheck((size_t)R * J, 8);
+    linear_forward_exact(accf, x, w, R, K, J, K, &ws);
+    float *x1 = mallocCheck(sizeof(float) * R * 13), *x2 = mallocCheck(sizeof(float) * R * 27);
+    for (int r = 0; r < R; r++) {
+        memcpy(x1 + r * 13, x + r * K, 13 * sizeof(float));
+        memcpy(x2 + r * 27, x + r * K + 13, 27 * sizeof(float));
+    }
+    linear_forward_exact(accp, x2, w + 13 * J, R, 27, J, K, &ws);
+    linear_forward_exact(accp, x1, w, R, 13, J, K, &ws);
+    check(!memcmp(accf, accp, sizeof(int64_t) * R * J), "a row-parallel forward split 13 + 27 equals the whole sum");
+    // the input gradient of a column-parallel layer, its outputs split 17 / 13
+    int64_t *df = callocCheck((size_t)R * K, 8), *dp = callocCheck((size_t)R * K, 8);
+    linear_backward_input_exact(df, dz, w, R, K, J, J, &ws);
+    float *dz1 = mallocCheck(sizeof(float) * R * 17), *dz2 = mallocCheck(sizeof(float) * R * 13),
+          *w1 = mallocCheck(sizeof(float) * K * 17), *w2 = mallocCheck(sizeof(float) * K * 13);
+    for (int r = 0; r < R; r++) {
+        memcpy(dz1 + r * 17, dz + r * J, 17 * sizeof(float));
+        memcpy(dz2 + r * 13, dz + r * J + 17, 13 * sizeof(float));
+    }
+    for (int k = 0; k < K; k++) {
+        memcpy(w1 + k * 17, w + k * J, 17 * sizeof(float));
+        memcpy(w2 + k * 13, w + k * J + 17, 13 * sizeof(float));
+    }
+    linear_backward_input_exact(dp, dz1, w1, R, K, 17, J, &ws);
+    linear_backward_input_exact(dp, dz2, w2, R, K, 13, J, &ws);
+    check(!memcmp(df, dp, sizeof(int64_t) * R * K), "a column-parallel input gradient split 17 + 13 equals the whole");
+    // the float forward of a column slice equals those columns of the whole
+    float *of = mallocCheck(sizeof(float) * R * J), *os = mallocCheck(sizeof(float) * R * 13);
+    linear_forward(of, x, w, NULL, R, K, J, &ws);
+    linear_forward(os, x, w2 - 0, NULL, R, K, 13, &ws); // w2 is columns 17..29 of w
+    int same = 1;
+    for (int r = 0; r < R; r++) same &= !memcmp(os + r * 13, of + r * J + 17, 13 * sizeof(float));
+    check(same, "a column-parallel float forward of columns 17..29 equals those columns of the whole");
+    free(x), free(dz), free(w), free(full), free(parts), free(dbf), free(dbp), free(accf), free(accp), free(x1),
+        free(x2), free(df), free(dp), free(dz1), free(dz2), free(w1), free(w2), free(of), free(os);
+    workspace_free(&ws);
+}
+
+// ----------------------------------------------------------------------------
+// gradient checks: central finite differences of a double-precision reference
+
+// d f / d theta_i for every i, central differences with step h
+typedef double (*Objective)(const double* theta, void* ctx);
+static void numeric_grad(double* g, double* theta, long n, Objective f, void* ctx) {
+    for (long i = 0; i < n; i++) {
+        double t = theta[i], h = 1e-6 * (fabs(t) > 1 ? fabs(t) : 1);
+        theta[i] = t + h;
+        double up = f(theta, ctx);
+        theta[i] = t - h;
+        double down = f(theta, ctx);
+        theta[i] = t;
+        g[i] = (up - down) / (2 * h);
+    }
+}
+// analytic (float) against numeric (double): max |a - n| / (1e-3 + |n|)
+static double grad_error(const double* analytic, const double* numeric, long n) {
+    double worst = 0;
+    for (long i = 0; i < n; i++) {
+        double e = fabs(analytic[i] - numeric[i]) / (1e-3 + fabs(numeric[i]));
+        worst = e > worst ? e : worst;
+    }
+    return worst;
+}
+#define GRAD_TOL 1e-4
+
+// Linear op: f = sum c[r][j] * out[r][j], theta = (in, w, b)
+typedef struct {
+    int R, K, J;
+    const double* c;
+} LinearCtx;
+static double linear_objective(const double* theta, void* vctx) {
+    LinearCtx* x = vctx;
+    const double *in = theta, *w = in + x->R * x->K, *b = w + x->K * x->J;
+    double f = 0;
+    for (int r = 0; r < x->R; r++)
+        for (int j = 0; j < x->J; j++) {
+            double o = b[j];
+            for (int k = 0; k < x->K; k++) o += in[r * x->K + k] * w[k * x->J + j];
+            f += x->c[r * x->J + j] * o;
+        }
+    return f;
+}
+static void test_grad_linear(int exact_forward, int exact_input, int R, int K, int J) {
+    long n = (long)R * K + (long)K * J + J;
+    float* p = mallocCheck(sizeof(float) * n);
+    fill(p, n, 21 + K, 1.0f);
+    float *in = p, *w = in + R * K, *b = w + K * J, *c = mallocCheck(sizeof(float) * R * J);
+    fill(c, (long)R * J, 22, 1.0f);
+    Workspace ws;
+    workspace_init(&ws, 64, 64, 64 * 64);
+    // forward, checked against the reference value
+    float* out = mallocCheck(sizeof(float) * R * J);
+    int64_t* acc = callocCheck((size_t)(R > K ? R : K) * (J > K ? J : K), 8);
+    if (exact_forward) {
+        linear_forward_exact(acc, in, w, R, K, J, K, &ws);
+        linear_forward_finish(out, acc, b, R, J);
+    } else {
+        linear_forward(out, in, w, b, R, K, J, &ws);
+    }
+    double* theta = mallocCheck(sizeof(double) * n);
+    double *cd = mallocCheck(sizeof(double) * R * J), fo = 0;
+    for (long i = 0; i < n; i++) theta[i] = p[i];
+    for (long i = 0; i < (long)R * J; i++) cd[i] = c[i], fo += (double)c[i] * out[i];
+    LinearCtx ctx = {R, K, J, cd};
+    double fr = linear_objective(theta, &ctx);
+    // backward with dout = c
+    double* analytic = mallocCheck(sizeof(double) * n);
+    float* din = mallocCheck(sizeof(float) * R * K);
+    int64_t *dw = callocCheck((size_t)K * J, 8), *db = callocCheck(J, 8);
+    linear_backward_weight(dw, db, in, c, R, K, J, R, &ws);
+    if (exact_input) {
+        memset(acc, 0, sizeof(int64_t) * R * K);
+        linear_backward_input_exact(acc, c, w, R, K, J, J, &ws);
+        linear_backward_input_finish(din, acc, R, K);
+    } else {
+        linear_backward_input(din, c, w, R, K, J, &ws);
+    }
+    for (long i = 0; i < (long)R * K; i++) analytic[i] = din[i];
+    for (long i = 0; i < (long)K * J; i++) analytic[R * K + i] = fix_to(dw[i]);
+    for (long i = 0; i < J; i++) analytic[R * K + K * J + i] = fix_to(db[i]);
+    double* numeric = mallocCheck(sizeof(double) * n);
+    numeric_grad(numeric, theta, n, linear_objective, &ctx);
+    double err = grad_error(analytic, numeric, n);
+    check(fabs(fo - fr) < 1e-4 * (1 + fabs(fr)) && err < GRAD_TOL,
+          "gradient check: linear %dx%dx%d (%s forward, %s input gradient): max rel error %.1e", R, K, J,
+          exact_forward ? "exact" : "float", exact_input ? "exact" : "float", err);
+    free(p), free(c), free(out), free(acc), free(theta), free(cd), free(analytic), free(din), free(dw), free(db),
+        free(numeric);
+    workspace_free(&ws);
+}
+
+// ReLU: f = sum c * relu(x)
+static const double* relu_c;
+static int relu_n;
+static double relu_objective(const double* x, void* ctx) {
+    (void)ctx;
+    double f = 0;
+    for (int i = 0; i < relu_n; i++) f += relu_c[i] * (x[i] > 0 ? x[i] : 0);
+    return f;
+}
+static void test_grad_relu(void) {
+    enum { N = 50 };
+    float x[N], out[N], d[N];
+    double xd[N], cd[N], a[N], num[N];
+    fill(x, N, 31, 1.0f);
+    fill(d, N, 32, 1.0f);
+    for (int i = 0; i < N; i++) {
+        if (fabsf(x[i]) < 1e-3f) x[i] = 0.5f; // away from the kink
+        xd[i] = x[i], cd[i] = d[i], out[i] = x[i];
+    }
+    relu_forward(out, N);
+    relu_backward(d, out, N);
+    for (int i = 0; i < N; i++) a[i] = d[i];
+    relu_c = cd, relu_n = N;
+    numeric_grad(num, xd, N, relu_objective, NULL);
+    check(grad_error(a, num, N) < GRAD_TOL, "gradient check: relu");
+}
+
+// Embedding: f = sum c * out, theta = the table
+typedef struct {
+    const int* tokens;
+    int R, T, E;
+    const double* c;
+} EmbCtx;
+static double emb_objective(const double* table, void* vctx) {
+    EmbCtx* x = vctx;
+    double f = 0;
+    for (int r = 0; r < x->R; r++)
+        for (int t = 0; t < x->T; t++)
+            for (int e = 0; e < x->E; e++)
+                f += x->c[(r * x->T + t) * x->E + e] * table[x->tokens[r * x->T + t] * x->E + e];
+    return f;
+}
+static void test_grad_embedding(void) {
+    enum { V = 6, R = 5, T = 4, E = 3 };
+    int tokens[R * T];
+    for (int i = 0; i < R * T; i++) tokens[i] = (int)(rng_u64(41, 41, i) % V);
+    float table[V * E], c[R * T * E], out[R * T * E];
+    fill(table, V * E, 42, 1.0f);
+    fill(c, R * T * E, 43, 1.0f);
+    embedding_forward(out, tokens, table, 0, V, R, T, E);
+    int64_t dt[V * E] = {0};
+    embedding_backward(dt, tokens, c, 0, V, R, T, E, R);
+    double td[V * E], cd[R * T * E], a[V * E], num[V * E];
+    for (int i = 0; i < V * E; i++) td[i] = table[i], a[i] = fix_to(dt[i]);
+    for (int i = 0; i < R * T * E; i++) cd[i] = c[i];
+    EmbCtx ctx = {tokens, R, T, E, cd};
+    numeric_grad(num, td, V * E, emb_objective, &ctx);
+    // and a vocabulary slice [2, 5) looks up only its rows
+    float part[R * T * E];
+    embedding_forward(part, tokens, table + 2 * E, 2, 5, R, T, E);
+    int slice_ok = 1;
+    for (int i = 0; i < R * T; i++)
+        for (int e = 0; e < E; e++)
+            slice_ok &= part[i * E + e] == (tokens[i] >= 2 && tokens[i] < 5 ? out[i * E + e] : 0.0f);
+    check(grad_error(a, num, V * E) < GRAD_TOL && slice_ok,
+          "gradient check: embedding; a vocabulary slice looks up only its own rows");
+}
+
+// Softmax cross-entropy: f = sum over rows of the loss, theta = logits
+typedef struct {
+    const int* targets;
+    int R, V;
+} XentCtx;
+static double xent_objective(const double* l, void* vctx) {
+    XentCtx* x = vctx;
+    double f = 0;
+    for (int r = 0; r < x->R; r++) {
+        double m = -INFINITY, s = 0;
+        for (int v = 0; v < x->V; v++) m = l[r * x->V + v] > m ? l[r * x->V + v] : m;
+        for (int v = 0; v < x->V; v++) s += exp(l[r * x->V + v] - m);
+        f += log(s) + m - l[r * x->V + x->targets[r]];
+    }
+    return f;
+}
+static void test_grad_xent(void) {
+    enum { R = 6, V = 9 };
+    float logits[R * V], probs[R * V], dl[R * V], rowmax[R], tl[R];
+    int targets[R];
+    int64_t sum[R];
+    fill(logits, R * V, 51, 3.0f);
+    for (int r = 0; r < R; r++) targets[r] = (int)(rng_u64(52, 52, r) % V);
+    xent_rowmax(rowmax, logits, R, V, 0, V);
+    xent_target_logit(tl, logits, targets, R, V, 0);
+    xent_expsum(sum, probs, logits, rowmax, R, V, 0, V);
+    int64_t loss = xent_finish(probs, sum, rowmax, tl, R, V, R);
+    xent_backward(dl, probs, targets, R, V, 0);
+    double ld[R * V], a[R * V], num[R * V];
+    for (int i = 0; i < R * V; i++) ld[i] = logits[i], a[i] = dl[i];
+    XentCtx ctx = {targets, R, V};
+    numeric_grad(num, ld, R * V, xent_objective, &ctx);
+    double ref = xent_objective(ld, &ctx);
+    check(fabs(fix_to(loss) - ref) < 1e-5 * ref && grad_error(a, num, R * V) < GRAD_TOL,
+          "gradient check: softmax cross-entropy (loss %.6f, reference %.6f)", fix_to(loss), ref);
+}
+
+// The whole model: f = sum of the losses of R rows, theta = every parameter
+typedef struct {
+    const Config* c;
+    const int *tokens, *targets;
+    int R;
+} ModelCtx;
+static double model_objective(const double* theta, void* vctx) {
+    ModelCtx* x = vctx;
+    const Config* c = x->c;
+    int T = c->context, E = c->emb, maxw = max_width(c);
+    double *cur = mallocCheck(sizeof(double) * maxw), *nxt = mallocCheck(sizeof(double) * maxw), f = 0;
+    for (int r = 0; r < x->R; r++) {
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < E; e++) cur[t * E + e] = theta[x->tokens[r * T + t] * E + e];
+        for (int l = 1; l <= c->layers + 1; l++) {
+            int K = linear_in(c, l), J = linear_out(c, l);
+            const double *w = theta + unit_offset(c, l), *b = w + (long)K * J;
+            for (int j = 0; j < J; j++) {
+                double o = b[j];
+                for (int k = 0; k < K; k++) o += cur[k] * w[(long)k * J + j];
+                nxt[j] = l <= c->layers ? (o > 0 ? o : 0) : o;
+            }
+            double* t = cur;
+            cur = nxt, nxt = t;
+        }
+        double m = -INFINITY, s = 0;
+        for (int v = 0; v < c->vocab; v++) m = cur[v] > m ? cur[v] : m;
+        for (int v = 0; v < c->vocab; v++) s += exp(cur[v] - m);
+        f += log(s) + m - cur[x->targets[r]];
+    }
+    free(cur), free(nxt);
+    return f;
+}
+static void test_grad_model(int layers, int hidden, int context, int emb) {
+    Config c = {.vocab = 7, .context = context, .emb = emb, .hidden = hidden, .layers = layers};
+    int R = 5;
+    long np = n_params(&c);
+    float* params = mallocCheck(sizeof(float) * np);
+    params_init(params, &c, 1234 + layers);
+    int tokens[5 * 8], targets[5];
+    for (int i = 0; i < R * context; i++) tokens[i] = (int)(rng_u64(61, 61, i) % c.vocab);
+    for (int r = 0; r < R; r++) targets[r] = (int)(rng_u64(62, 62, r) % c.vocab);
+    Acts a;
+    Scratch s;
+    Workspace ws;
+    acts_init(&a, &c, R, 0, n_units(&c));
+    scratch_init(&s, &c, R);
+    workspace_init(&ws, R, max_width(&c), max_linear_weight(&c));
+    memcpy(a.tokens, tokens, sizeof(int) * R * context);
+    memcpy(a.targets, targets, sizeof(int) * R);
+    int64_t loss = model_forward(&c, params, &a, &s, R, R, &ws);
+    int64_t* grads = callocCheck(np, sizeof(int64_t));
+    model_backward(&c, params, grads, &a, &s, R, R, &ws);
+    double *theta = mallocCheck(sizeof(double) * np), *an = mallocCheck(sizeof(double) * np),
+           *num = mallocCheck(sizeof(double) * np);
+    for (long i = 0; i < np; i++) theta[i] = params[i], an[i] = fix_to(grads[i]);
+    ModelCtx ctx = {&c, tokens, targets, R};
+    double ref = model_objective(theta, &ctx);
+    numeric_grad(num, theta, np, model_objective, &ctx);
+    double err = grad_error(an, num, np);
+    check(fabs(fix_to(loss) - ref) < 1e-5 * ref && err < GRAD_TOL,
+          "gradient check: whole model, L=%d H=%d T=%d E=%d (%ld parameters): max rel error %.1e", layers, hidden,
+          context, emb, np, err);
+    free(params), free(grads), free(theta), free(an), free(num);
+    acts_free(&a), scratch_free(&s), workspace_free(&ws);
+}
+
+// ----------------------------------------------------------------------------
+// data loader
+
+static const char* write_file(const char* name, const char* text, size_t n) {
+    static char path[256];
+    snprintf(path, sizeof path, "/tmp/test_units_%d_%s", (int)getpid(), name);
+    FILE* f = fopenCheck(path, "wb");
+    fwrite(text, 1, n, f);
+    fclose(f);
+    return path;
+}
+
+static void test_data(void) {
+    const char* lines = "emma\nava\nbob\nabba\nmia\nemma\nanna\nbea\nmaeb\nam\n";
+    Dataset ds;
+    dataset_load(&ds, write_file("a.txt", lines, strlen(lines)), 100, 42);
+    check(ds.vocab == 9 && ds.token_char[0] == '.' && !memcmp(ds.token_char + 1, "abeimnov", 8) &&
+              ds.char_token['a'] == 1 && ds.char_token['z'] == -1,
+          "vocabulary: the boundary, then the bytes that occur, sorted");
+    check(ds.n_lines == 10 && ds.n_val == 1 && ds.n_train == 9, "split: 10 lines give 9 train and 1 validation");
+    long ex = 0;
+    for (int i = 0; i < ds.n_lines; i++) ex += ds.line_len[i] + 1;
+    check(ds.n_train_examples + ds.n_val_examples == ex, "a line of n characters gives n+1 examples");
+    // every example of "emma", wherever it landed, with T = 3
+    int line = -1;
+    for (int i = 0; i < ds.n_lines && line < 0; i++)
+        if (ds.line_len[i] == 4 && ds.tokens[ds.line_start[i]] == ds.char_token['e']) line = i;
+    int ctx[3], target, ok = line >= 0;
+    const int want[5][4] = {{0, 0, 0, 'e'}, {0, 0, 'e', 'm'}, {0, 'e', 'm', 'm'}, {'e', 'm', 'm', 'a'}, {'m', 'm', 'a', 0}};
+    for (int p = 0; ok && p <= 4; p++) {
+        dataset_line_example(&ds, line, p, 3, ctx, &target);
+        for (int t = 0; t < 3; t++) ok &= ctx[t] == (want[p][t] ? ds.char_token[want[p][t]] : 0);
+        ok &= target == (want[p][3] ? ds.char_token[want[p][3]] : 0);
+    }
+    check(ok, "examples: left-padded context predicts the next character, the end predicts the boundary");
+    // CRLF and blank lines give the same dataset
+    const char* crlf = "emma\r\n\r\nava\r\nbob\r\n\nabba\r\nmia\r\nemma\r\nanna\r\nbea\r\nmaeb\r\nam";
+    Dataset d2;
+    dataset_load(&d2, write_file("b.txt", crlf, strlen(crlf)), 100, 42);
+    check(d2.n_lines == ds.n_lines && d2.vocab == ds.vocab && d2.n_train_examples == ds.n_train_examples &&
+              !memcmp(d2.tokens, ds.tokens, ds.n_train_examples - ds.n_train),
+          "CRLF line endings, blank lines and a missing final newline give the same dataset");
+    dataset_free(&d2);
+    dataset_free(&ds);
+
+    // the split: deterministic for a seed, different for another
+    char big[4000];
+    int n = 0;
+    for (int i = 0; i < 300; i++) n += snprintf(big + n, sizeof big - n, "%c%c%c\n", 'a' + i % 26, 'a' + i / 26 % 26, 'a' + i % 7);
+    const char* path = write_file("c.txt", big, n);
+    Dataset s1, s2, s3;
+    dataset_load(&s1, path, 100, 1);
+    dataset_load(&s2, path, 100, 1);
+    dataset_load(&s3, path, 100, 2);
+    check(s1.n_val == 30 && !memcmp(s1.tokens, s2.tokens, 900) && memcmp(s1.tokens, s3.tokens, 900),
+          "split: 10%% validation, the same for a seed, different for another");
+    // the rows [lo, hi) of a batch are exactly those rows of the whole batch
+    int T = 4, B = 32, tok[32 * 4], tgt[32], part_tok[11 * 4], part_tgt[11];
+    dataset_batch(&s1, 7, 5, 0, B, T, tok, tgt);
+    dataset_batch(&s1, 7, 5, 11, 22, T, part_tok, part_tgt);
+    check(!memcmp(part_tok, tok + 11 * T, sizeof part_tok) && !memcmp(part_tgt, tgt + 11, sizeof part_tgt),
+          "batch: rows 11..21 drawn alone equal rows 11..21 of the whole batch");
+    int tok2[32 * 4], tgt2[32];
+    dataset_batch(&s1, 7, 6, 0, B, T, tok2, tgt2);
+    check(memcmp(tok, tok2, sizeof tok) != 0, "batch: another step draws other rows");
+    dataset_free(&s1), dataset_free(&s2), dataset_free(&s3);
+}
+
+static void test_rng(void) {
+    double sum = 0, sq = 0;
+    int in_range = 1;
+    for (int i = 0; i < 100000; i++) {
+        double u = rng_uniform(3, 1, i), z = rng_normal(3, 2, i);
+        in_range &= u >= 0 && u < 1;
+        sum += z, sq += z * z;
+    }
+    double mean = sum / 100000, var = sq / 100000 - mean * mean;
+    check(in_range && fabs(mean) < 0.02 && fabs(var - 1) < 0.02 && rng_u64(1, 2, 3) == rng_u64(1, 2, 3) &&
+              rng_u64(1, 2, 3) != rng_u64(1, 2, 4) && rng_u64(1, 2, 3) != rng_u64(2, 2, 3),
+          "rng: uniform in [0,1), normal with mean %.3f and variance %.3f, a pure function of its inputs", mean, var);
+}
+
+int main(void) {
+    test_matmul_float();
+    test_matmul_exact();
+    test_fix();
+    test_split_invariance();
+    test_grad_linear(0, 0, 5, 7, 6);
+    test_grad_linear(1, 1, 4, 9, 5);
+    test_grad_linear(1, 0, 3, 16, 24);
+    test_grad_relu();
+    test_grad_embedding();
+    test_grad_xent();
+    test_grad_model(1, 8, 3, 2);
+    test_grad_model(2, 6, 2, 3);
+    test_grad_model(3, 5, 4, 2);
+    test_grad_model(1, 33, 5, 3);
+    test_data();
+    test_rng();
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
