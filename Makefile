@@ -26,8 +26,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1
 MPIRUN = mpirun --oversubscribe
 
 HEADERS = util.h model.h data.h cli.h
-PROGRAMS = train
-TESTS = tests/test_units
+PROGRAMS = train train_dp
+TESTS = tests/test_units tools/compare
 
 .PHONY: all run test clean mpi
 all: $(PROGRAMS)
@@ -43,6 +43,8 @@ train_%: train_%.c $(HEADERS) dist.h | mpi
 
 tests/test_units: tests/test_units.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tests/test_units.c $(LDLIBS)
+tools/compare: tools/compare.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ tools/compare.c $(LDLIBS)
 
 run: all
 	./train

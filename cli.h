@@ -242,14 +242,6 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
     fflush(stdout);
 }
 
-static void print_progress(long step, long steps, double train_loss, double val_loss, double ms_per_step,
-                           double tokens_per_s) {
-    int w = snprintf(NULL, 0, "%ld", steps);
-    printf("step %*ld/%ld | train loss %.4f | val loss %.4f | %.3f ms/step | %.0f tokens/s\n", w, step, steps,
-           train_loss, val_loss, ms_per_step, tokens_per_s);
-    fflush(stdout);
-}
-
 static void print_results(double val_loss, long n_val, double seconds, long steps, int batch, const int* names,
                           int n_names, int max_len, const Dataset* ds, int quiet) {
     printf("validation loss %.4f (%ld examples)\n", val_loss, n_val);
@@ -265,20 +257,59 @@ static void print_results(double val_loss, long n_val, double seconds, long step
     fflush(stdout);
 }
 
-// The CSV log: one line per step; the losses in full precision so that logs of different
-// programs can be compared for identity.
-static FILE* log_open(const char* path) {
-    if (!path) return NULL;
-    FILE* f = fopen(path, "w");
-    if (!f) fatal("cannot create log '%s': %s", path, strerror(errno));
-    fprintf(f, "step,train_loss,val_loss,ms,tokens_per_s\n");
-    return f;
+// Progress of the training loop: the CSV log (one line per step, the losses in full
+// precision so that logs of different programs can be compared for identity), a progress
+// line every --eval-every steps, and the training time. In MPI programs only rank 0 prints.
+typedef struct {
+    const Options* o;
+    int printing;    // this process prints and logs
+    FILE* log;
+    double seconds;  // time spent in training steps
+    long steps;      // steps trained
+    double interval_loss, interval_seconds;
+    long interval_steps;
+} Progress;
+
+static Progress progress_start(const Options* o, int printing) {
+    Progress p = {.o = o, .printing = printing};
+    if (printing && o->log) {
+        p.log = fopen(o->log, "w");
+        if (!p.log) fatal("cannot create log '%s': %s", o->log, strerror(errno));
+        fprintf(p.log, "step,train_loss,val_loss,ms,tokens_per_s\n");
+    }
+    return p;
 }
-static void log_step(FILE* f, long step, double train_loss, int has_val, double val_loss, double ms, int batch) {
-    if (!f) return;
-    fprintf(f, "%ld,%.17g,", step, train_loss);
-    if (has_val) fprintf(f, "%.17g", val_loss);
-    fprintf(f, ",%.4f,%.0f\n", ms, ms > 0 ? batch / (ms * 1e-3) : 0.0);
+// whether this step ends with a progress line, and so with a validation pass
+static int progress_due(const Progress* p, long step) {
+    return p->o->eval_every > 0 && (step % p->o->eval_every == 0 || step == p->o->steps);
+}
+static void progress_step(Progress* p, long step, double train_loss, double seconds, double val_loss) {
+    int due = progress_due(p, step), B = p->o->batch;
+    p->seconds += seconds;
+    p->steps++;
+    p->interval_loss += train_loss;
+    p->interval_seconds += seconds;
+    p->interval_steps++;
+    if (!p->printing) return;
+    if (p->log) {
+        fprintf(p->log, "%ld,%.17g,", step, train_loss);
+        if (due) fprintf(p->log, "%.17g", val_loss);
+        fprintf(p->log, ",%.4f,%.0f\n", 1e3 * seconds, seconds > 0 ? B / seconds : 0.0);
+    }
+    if (due && !p->o->quiet) {
+        int w = snprintf(NULL, 0, "%ld", p->o->steps);
+        double s = p->interval_seconds;
+        printf("step %*ld/%ld | train loss %.4f | val loss %.4f | %.3f ms/step | %.0f tokens/s\n", w, step,
+               p->o->steps, p->interval_loss / p->interval_steps, val_loss, 1e3 * s / p->interval_steps,
+               s > 0 ? p->interval_steps * B / s : 0.0);
+        fflush(stdout);
+        p->interval_loss = p->interval_seconds = 0.0;
+        p->interval_steps = 0;
+    }
+}
+static void progress_end(Progress* p) {
+    if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
+    p->log = NULL;
 }
 
 #pragma GCC diagnostic pop

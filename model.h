@@ -751,12 +751,13 @@ static float clip_scale(const Optimizer* opt, float norm) {
     return (opt->clip > 0.0f && norm > opt->clip) ? opt->clip / norm : 1.0f;
 }
 
-// One step on n parameters: the whole model, or any contiguous shard of it. `t` is the
-// 1-based step number (for AdamW's bias correction); m and v are unused by SGD.
-static void optimizer_step(const Optimizer* opt, float* p, const int64_t* g, float* m, float* v, long n, long batch,
-                           float scale, long t) {
+// One step on n parameters: the whole model, or any contiguous shard of it. Gradient i is
+// float(g[i] * factor) * scale: factor is grad_factor(batch), scale the clipping factor.
+// `t` is the 1-based step number (for AdamW's bias correction); m and v are unused by SGD.
+static void optimizer_step(const Optimizer* opt, float* p, const int64_t* g, float* m, float* v, long n,
+                           double factor, float scale, long t) {
     float lr = opt->lr, wd = opt->weight_decay;
-    double f = grad_factor(batch);
+    double f = factor;
     if (!opt->adamw) {
         for (long i = 0; i < n; i++) {
             float gi = grad_value(g[i], f) * scale;
@@ -884,6 +885,20 @@ static void ckpt_close(CkptWriter* w) {
     if (fclose(w->f) != 0) fatal("cannot write checkpoint '%s': %s", w->path, strerror(errno));
 }
 
+// Writes a whole checkpoint from one process that holds every parameter (n of them).
+static void ckpt_save(const char* path, const Config* c, int adamw, long step, const unsigned char* chars,
+                      const float* params, const float* m, const float* v) {
+    CkptHeader h = ckpt_header(c, adamw, step, chars);
+    CkptWriter w = ckpt_create(path, &h);
+    long n = n_params(c);
+    ckpt_write(&w, params, (size_t)n * sizeof(float));
+    if (adamw) {
+        ckpt_write(&w, m, (size_t)n * sizeof(float));
+        ckpt_write(&w, v, (size_t)n * sizeof(float));
+    }
+    ckpt_close(&w);
+}
+
 // Reads and checks a checkpoint: header, size, checksum, and agreement with this run's
 // model and data. Returns the header; data receives ckpt_floats() floats.
 static CkptHeader ckpt_load(const char* path, const Config* c, int adamw, const unsigned char* chars, float** data) {
@@ -913,6 +928,21 @@ static CkptHeader ckpt_load(const char* path, const Config* c, int adamw, const 
     sum = fnv1a(sum, *data, (size_t)n * sizeof(float));
     if (sum != stored) fatal("checkpoint '%s' is corrupt (checksum mismatch)", path);
     return h;
+}
+
+// Restores every parameter (and AdamW's state) of a checkpoint; returns its step.
+static long ckpt_restore(const char* path, const Config* c, int adamw, const unsigned char* chars, float* params,
+                         float* m, float* v) {
+    float* saved;
+    CkptHeader h = ckpt_load(path, c, adamw, chars, &saved);
+    long n = n_params(c);
+    memcpy(params, saved, (size_t)n * sizeof(float));
+    if (adamw) {
+        memcpy(m, saved + n, (size_t)n * sizeof(float));
+        memcpy(v, saved + 2 * n, (size_t)n * sizeof(float));
+    }
+    free(saved);
+    return (long)h.step;
 }
 
 #pragma GCC diagnostic pop

@@ -37,9 +37,10 @@ typedef struct {
 
 // Mean loss over the whole validation split.
 static double evaluate(Run* r, const Dataset* ds) {
+    long lo = 0, hi = ds->n_val_examples;
     int64_t total = 0;
-    for (long first = 0; first < ds->n_val_examples; first += EVAL_ROWS) {
-        int R = (int)(ds->n_val_examples - first < EVAL_ROWS ? ds->n_val_examples - first : EVAL_ROWS);
+    for (long first = lo; first < hi; first += EVAL_ROWS) {
+        int R = (int)(hi - first < EVAL_ROWS ? hi - first : EVAL_ROWS);
         dataset_val_rows(ds, first, R, r->cfg.context, r->acts.tokens, r->acts.targets);
         total += model_forward(&r->cfg, r->params, &r->acts, &r->scratch, R, ds->n_val_examples, &r->ws);
     }
@@ -77,31 +78,18 @@ int main(int argc, char** argv) {
     run.m = o.opt.adamw ? callocCheck(np, sizeof(float)) : NULL;
     run.v = o.opt.adamw ? callocCheck(np, sizeof(float)) : NULL;
     long start = 0;
-    if (o.load) {
-        float* saved;
-        CkptHeader h = ckpt_load(o.load, cfg, o.opt.adamw, ds.token_char, &saved);
-        memcpy(run.params, saved, np * sizeof(float));
-        if (o.opt.adamw) {
-            memcpy(run.m, saved + np, np * sizeof(float));
-            memcpy(run.v, saved + 2 * np, np * sizeof(float));
-        }
-        free(saved);
-        start = h.step;
-    } else {
-        params_init(run.params, cfg, o.seed);
-    }
+    if (o.load) start = ckpt_restore(o.load, cfg, o.opt.adamw, ds.token_char, run.params, run.m, run.v);
+    else params_init(run.params, cfg, o.seed);
     int rows = o.batch > EVAL_ROWS ? o.batch : EVAL_ROWS;
     rows = o.samples > rows ? o.samples : rows;
     acts_init(&run.acts, cfg, rows, 0, n_units(cfg));
     scratch_init(&run.scratch, cfg, rows);
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     if (!o.quiet) print_config(&o, &ds, "1 process");
-    FILE* log = log_open(o.log);
 
     // training loop
     int B = o.batch;
-    double train_seconds = 0.0, interval_loss = 0.0, interval_seconds = 0.0;
-    long interval_steps = 0;
+    Progress progress = progress_start(&o, 1);
     for (long step = start + 1; step <= o.steps; step++) {
         double t0 = now_seconds();
         dataset_batch(&ds, o.seed, step, 0, B, cfg->context, run.acts.tokens, run.acts.targets);
@@ -113,43 +101,21 @@ int main(int argc, char** argv) {
             int e = norm_exponent(grads_maxabs(run.grads, np, B));
             scale = clip_scale(&o.opt, grad_norm_value(grads_sumsq(run.grads, np, B, e), e));
         }
-        optimizer_step(&o.opt, run.params, run.grads, run.m, run.v, np, B, scale, step);
+        optimizer_step(&o.opt, run.params, run.grads, run.m, run.v, np, grad_factor(B), scale, step);
         double seconds = now_seconds() - t0;
-        train_seconds += seconds;
-
-        double train_loss = fix_to(loss) / B;
-        interval_loss += train_loss;
-        interval_seconds += seconds;
-        interval_steps++;
-        int report = o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps);
-        double val_loss = report ? evaluate(&run, &ds) : 0.0;
-        log_step(log, step, train_loss, report, val_loss, 1e3 * seconds, B);
-        if (report && !o.quiet) {
-            print_progress(step, o.steps, interval_loss / interval_steps, val_loss,
-                           1e3 * interval_seconds / interval_steps, interval_steps * B / interval_seconds);
-            interval_loss = interval_seconds = 0.0;
-            interval_steps = 0;
-        }
+        progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
-    if (log) fclose(log);
+    progress_end(&progress);
 
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
     int* names = mallocCheck((size_t)(o.samples > 0 ? o.samples : 1) * (max_len + 1) * sizeof(int));
     generate(names, o.samples, max_len, cfg, o.seed, probs_of, &run);
-    long trained = o.steps > start ? o.steps - start : 0;
-    print_results(val_loss, ds.n_val_examples, train_seconds, trained, B, names, o.samples, max_len, &ds, o.quiet);
-    if (o.save) {
-        CkptHeader h = ckpt_header(cfg, o.opt.adamw, o.steps > start ? o.steps : start, ds.token_char);
-        CkptWriter w = ckpt_create(o.save, &h);
-        ckpt_write(&w, run.params, np * sizeof(float));
-        if (o.opt.adamw) {
-            ckpt_write(&w, run.m, np * sizeof(float));
-            ckpt_write(&w, run.v, np * sizeof(float));
-        }
-        ckpt_close(&w);
-    }
+    print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len, &ds,
+                  o.quiet);
+    if (o.save)
+        ckpt_save(o.save, cfg, o.opt.adamw, o.steps > start ? o.steps : start, ds.token_char, run.params, run.m, run.v);
 
     free(names);
     free(run.params);

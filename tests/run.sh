@@ -18,11 +18,11 @@ LIMIT=${TEST_TIME_LIMIT:-300} # seconds per command
 
 pass() { PASSED=$((PASSED + 1)); echo "PASSED $*"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAILED $*"; }
-# check NAME COMMAND...: passes when the command succeeds
+# check NAME COMMAND...: passes when the command succeeds (its output is not shown)
 check() {
     local name=$1
     shift
-    if "$@"; then pass "$name"; else fail "$name"; fi
+    if "$@" >/dev/null 2>&1; then pass "$name"; else fail "$name"; fi
 }
 # run OUT COMMAND...: runs a command under the time limit, stdout+stderr to OUT; returns its status
 run() {
@@ -41,6 +41,29 @@ expect_error() {
         pass "$name"
     else
         fail "$name (exit $got, expected $status; output: $(head -c 300 "$TMP/err" | tr '\n' '|'))"
+    fi
+}
+MPIRUN="mpirun --oversubscribe"
+# reference TAG FLAGS...: train.c's log, checkpoint and output for these flags
+reference() {
+    local tag=$1
+    shift
+    run "$TMP/$tag.out" ./train "$@" --quiet --log "$TMP/$tag.csv" --save "$TMP/$tag.ckpt"
+}
+# same_as TAG NAME COMMAND...: the command (a program with the flags of reference TAG) logs
+# the same loss at every step, saves the same parameters and optimizer state, and prints
+# the same validation loss and names as train.c, bit for bit
+same_as() {
+    local tag=$1 name=$2
+    shift 2
+    if ! run "$TMP/x.out" "$@" --quiet --log "$TMP/x.csv" --save "$TMP/x.ckpt"; then
+        fail "$name (exit $?: $(tail -c 300 "$TMP/x.out" | tr '\n' '|'))"
+    elif ! tools/compare "$TMP/$tag.csv" "$TMP/x.csv" "$TMP/$tag.ckpt" "$TMP/x.ckpt" >"$TMP/cmp"; then
+        fail "$name ($(cat "$TMP/cmp"))"
+    elif ! cmp -s "$TMP/$tag.out" "$TMP/x.out"; then
+        fail "$name (output differs: $(diff "$TMP/$tag.out" "$TMP/x.out" | head -4 | tr '\n' '|'))"
+    else
+        pass "$name"
     fi
 }
 # the validation loss a run printed
@@ -152,6 +175,38 @@ section_checkpoint() {
 }
 
 # ----------------------------------------------------------------------------
+section_dp() {
+    local flags="--steps 200 --eval-every 100"
+    for opt in sgd adamw; do
+        reference dp_$opt $flags --optimizer $opt
+        for n in 2 3 4; do
+            same_as dp_$opt "dp: $n ranks, $opt, same as train.c" $MPIRUN -n $n ./train_dp $flags --optimizer $opt
+            same_as dp_$opt "dp: $n ranks, $opt, --overlap, same as train.c" \
+                $MPIRUN -n $n ./train_dp $flags --optimizer $opt --overlap --bucket-kb 4
+        done
+    done
+    # 27 rows on 4 ranks (7, 7, 7, 6), three layers, clipping
+    flags="--steps 150 --eval-every 0 --batch 27 --layers 3 --clip 0.5 --optimizer adamw"
+    reference dp_odd $flags
+    same_as dp_odd "dp: 27 rows on 4 ranks, L=3, clipping, same as train.c" $MPIRUN -n 4 ./train_dp $flags
+    # weight averaging: the same update in exact arithmetic, not bit for bit (README)
+    reference dp_w --steps 50 --eval-every 0
+    for n in 2 3 4; do
+        run "$TMP/w.out" $MPIRUN -n $n ./train_dp --sync weights --steps 50 --eval-every 0 --quiet \
+            --log "$TMP/w.csv" --save "$TMP/w.ckpt"
+        check "dp: --sync weights on $n ranks stays within 1e-6 of train.c over 50 steps ($(tools/compare \
+            "$TMP/dp_w.csv" "$TMP/w.csv" "$TMP/dp_w.ckpt" "$TMP/w.ckpt"))" \
+            tools/compare --tolerance 1e-6 "$TMP/dp_w.csv" "$TMP/w.csv" "$TMP/dp_w.ckpt" "$TMP/w.ckpt"
+    done
+    expect_error 2 "4 ranks but a batch of 3 rows" "dp: more ranks than rows is refused on every rank" -- $MPIRUN -n 4 ./train_dp --batch 3
+    expect_error 2 "--sync weights works with sgd only" "dp: --sync weights with adamw is refused, saying why" -- $MPIRUN -n 2 ./train_dp --sync weights --optimizer adamw
+    expect_error 2 "--sync must be grads or weights" "dp: a bad --sync is refused" -- $MPIRUN -n 2 ./train_dp --sync both
+    expect_error 2 "--bucket-kb must be an integer from 1" "dp: --bucket-kb 0 is refused" -- $MPIRUN -n 2 ./train_dp --overlap --bucket-kb 0
+    expect_error 2 "unknown flag '--zero'" "dp: a flag of another program is refused" -- $MPIRUN -n 2 ./train_dp --zero 2
+    expect_error 1 "cannot open data file" "dp: a missing data file ends every rank" -- $MPIRUN -n 3 ./train_dp --data /nonexistent
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -165,5 +220,6 @@ run_section cli
 run_section data
 run_section train
 run_section checkpoint
+run_section dp
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]
