@@ -507,36 +507,11 @@ static void xent_backward(float* dlogits, const float* probs, const int* targets
 // ----------------------------------------------------------------------------
 // parameters: layout and initialisation
 //
-// All parameters live in one float allocation, unit after unit (see unit_offset): the
-// embedding [V][E], then for each linear layer its weight [K][J] and bias [J]. Gradients
-// (exact sums, int64) and optimizer state use the same layout, so the optimizer, an
-// all-reduce and an FSDP shard are each one loop over one flat range.
-
-typedef struct {
-    float* emb;
-    float* w[MAX_LAYERS + 2]; // w[l], l = 1..L+1
-    float* b[MAX_LAYERS + 2];
-} Params;
-typedef struct {
-    int64_t* emb;
-    int64_t* w[MAX_LAYERS + 2];
-    int64_t* b[MAX_LAYERS + 2];
-} Grads;
-
-static void params_point(Params* p, const Config* c, float* base) {
-    p->emb = base;
-    for (int l = 1; l <= c->layers + 1; l++) {
-        p->w[l] = base + unit_offset(c, l);
-        p->b[l] = p->w[l] + (long)linear_in(c, l) * linear_out(c, l);
-    }
-}
-static void grads_point(Grads* g, const Config* c, int64_t* base) {
-    g->emb = base;
-    for (int l = 1; l <= c->layers + 1; l++) {
-        g->w[l] = base + unit_offset(c, l);
-        g->b[l] = g->w[l] + (long)linear_in(c, l) * linear_out(c, l);
-    }
-}
+// All parameters live in one float allocation, unit after unit: the embedding [V][E], then
+// for each linear layer its weight [K][J] followed by its bias [J]; unit u starts at
+// unit_offset(u). Gradients (exact sums, int64) and optimizer state use the same layout,
+// so the optimizer, an all-reduce and an FSDP shard are each one loop over one flat range,
+// and a unit, the piece that pipeline stages and FSDP move around, is one contiguous block.
 
 // Tensors are numbered 0 (embedding), 2l-1 (weight of linear l), 2l (its bias).
 // Initial value of element `index` (row-major, in the unpadded shape) of tensor `tensor`:
@@ -561,15 +536,16 @@ static float init_value(const Config* c, uint64_t seed, int tensor, long index) 
     return (float)((2.0 * rng_uniform(seed, stream, (uint64_t)index) - 1.0) * bound);
 }
 
+// Initial value of element e of unit u's parameters (its weight, then its bias)
+static float unit_init_value(const Config* c, uint64_t seed, int u, long e) {
+    if (u == 0) return init_value(c, seed, 0, e);
+    long nw = (long)linear_in(c, u) * linear_out(c, u);
+    return e < nw ? init_value(c, seed, 2 * u - 1, e) : init_value(c, seed, 2 * u, e - nw);
+}
+
 static void params_init(float* params, const Config* c, uint64_t seed) {
-    Params p;
-    params_point(&p, c, params);
-    for (long i = 0; i < (long)c->vocab * c->emb; i++) p.emb[i] = init_value(c, seed, 0, i);
-    for (int l = 1; l <= c->layers + 1; l++) {
-        long nw = (long)linear_in(c, l) * linear_out(c, l);
-        for (long i = 0; i < nw; i++) p.w[l][i] = init_value(c, seed, 2 * l - 1, i);
-        for (long i = 0; i < linear_out(c, l); i++) p.b[l][i] = init_value(c, seed, 2 * l, i);
-    }
+    for (int u = 0; u < n_units(c); u++)
+        for (long e = 0; e < unit_params(c, u); e++) params[unit_offset(c, u) + e] = unit_init_value(c, seed, u, e);
 }
 
 // ----------------------------------------------------------------------------
@@ -899,9 +875,9 @@ static void ckpt_save(const char* path, const Config* c, int adamw, long step, c
     ckpt_close(&w);
 }
 
-// Reads and checks a checkpoint: header, size, checksum, and agreement with this run's
-// model and data. Returns the header; data receives ckpt_floats() floats.
-static CkptHeader ckpt_load(const char* path, const Config* c, int adamw, const unsigned char* chars, float** data) {
+// Checks a checkpoint without loading it: header, size, checksum (read in pieces), and
+// agreement with this run's model, optimizer and data. Returns the header.
+static CkptHeader ckpt_check(const char* path, const Config* c, int adamw, const unsigned char* chars) {
     FILE* f = fopen(path, "rb");
     if (!f) fatal("cannot open checkpoint '%s': %s", path, strerror(errno));
     CkptHeader h;
@@ -918,30 +894,40 @@ static CkptHeader ckpt_load(const char* path, const Config* c, int adamw, const 
     if (h.adamw != adamw)
         fatal("checkpoint '%s' holds %s state; pass --optimizer %s", path, h.adamw ? "AdamW" : "SGD",
               h.adamw ? "adamw" : "sgd");
-    long n = ckpt_floats(&h);
-    *data = mallocCheck((size_t)n * sizeof(float));
-    uint64_t stored, sum = fnv1a(FNV_START, &h, sizeof h);
-    if (fread(*data, sizeof(float), (size_t)n, f) != (size_t)n || fread(&stored, 1, sizeof stored, f) != sizeof stored)
-        fatal("checkpoint '%s' is truncated", path);
+    uint64_t sum = fnv1a(FNV_START, &h, sizeof h), stored;
+    unsigned char buf[1 << 16];
+    for (long left = ckpt_floats(&h) * (long)sizeof(float); left > 0;) {
+        size_t want = left < (long)sizeof buf ? (size_t)left : sizeof buf;
+        if (fread(buf, 1, want, f) != want) fatal("checkpoint '%s' is truncated", path);
+        sum = fnv1a(sum, buf, want);
+        left -= (long)want;
+    }
+    if (fread(&stored, 1, sizeof stored, f) != sizeof stored) fatal("checkpoint '%s' is truncated", path);
     if (fgetc(f) != EOF) fatal("checkpoint '%s' is corrupt (trailing bytes)", path);
-    fclose(f);
-    sum = fnv1a(sum, *data, (size_t)n * sizeof(float));
     if (sum != stored) fatal("checkpoint '%s' is corrupt (checksum mismatch)", path);
+    fclose(f);
     return h;
+}
+
+// Reads floats [first, first+count) of a checked checkpoint's data (parameters, then m, then v).
+static void ckpt_read(const char* path, long first, long count, float* dst) {
+    FILE* f = fopen(path, "rb");
+    if (!f || fseek(f, (long)sizeof(CkptHeader) + first * (long)sizeof(float), SEEK_SET) != 0 ||
+        fread(dst, sizeof(float), (size_t)count, f) != (size_t)count)
+        fatal("cannot read checkpoint '%s'", path);
+    fclose(f);
 }
 
 // Restores every parameter (and AdamW's state) of a checkpoint; returns its step.
 static long ckpt_restore(const char* path, const Config* c, int adamw, const unsigned char* chars, float* params,
                          float* m, float* v) {
-    float* saved;
-    CkptHeader h = ckpt_load(path, c, adamw, chars, &saved);
+    CkptHeader h = ckpt_check(path, c, adamw, chars);
     long n = n_params(c);
-    memcpy(params, saved, (size_t)n * sizeof(float));
+    ckpt_read(path, 0, n, params);
     if (adamw) {
-        memcpy(m, saved + n, (size_t)n * sizeof(float));
-        memcpy(v, saved + 2 * n, (size_t)n * sizeof(float));
+        ckpt_read(path, n, n, m);
+        ckpt_read(path, 2 * n, n, v);
     }
-    free(saved);
     return (long)h.step;
 }
 

@@ -207,6 +207,39 @@ section_dp() {
 }
 
 # ----------------------------------------------------------------------------
+section_fsdp() {
+    local flags="--steps 200 --eval-every 100"
+    for opt in sgd adamw; do
+        reference fsdp_$opt $flags --optimizer $opt
+        for z in 1 2 3; do
+            for n in 2 3 4; do
+                same_as fsdp_$opt "fsdp: ZeRO-$z, $n ranks, $opt, same as train.c" \
+                    $MPIRUN -n $n ./train_fsdp --zero $z $flags --optimizer $opt
+            done
+        done
+    done
+    flags="--steps 150 --eval-every 0 --batch 27 --layers 3 --clip 0.5 --optimizer adamw"
+    reference fsdp_odd $flags
+    same_as fsdp_odd "fsdp: ZeRO-3 --prefetch, 27 rows on 4 ranks, L=3, clipping, same as train.c" \
+        $MPIRUN -n 4 ./train_fsdp --prefetch $flags
+    same_as fsdp_odd "fsdp: ZeRO-2 resumed from a train.c checkpoint, same as train.c" \
+        bash -c "./train $flags --steps 90 --quiet --save $TMP/half.ckpt >/dev/null &&
+                 $MPIRUN -n 3 ./train_fsdp --zero 2 $flags --load $TMP/half.ckpt \"\$@\"" _
+    # memory: ZeRO-3 with AdamW holds 1/N of train.c's 20 bytes per parameter, plus one unit in
+    # transit (gathered parameters 4 bytes, its gradient 8, a reduce-scattered shard 8)
+    run "$TMP/mem" $MPIRUN -n 4 ./train_fsdp --optimizer adamw --steps 10 --hidden 256
+    check "fsdp: ZeRO-3 memory per rank is 1/4 of train.c's plus one unit in transit ($(grep 'rank 3:' "$TMP/mem"))" \
+        awk -v P=$((432 + 256*256 + 256 + 256*27 + 27)) -v U=$((256*256 + 256)) '
+            / rank [0-9]+: / { n++; total = substr($(NF-1), 2) + 0; want = 20 * P / 4 + (4 + 8) * U + 8 * U / 4;
+                               if (total < 0.99 * want || total > 1.01 * want) bad = 1 }
+            END { exit !(n == 4 && !bad) }' "$TMP/mem"
+    expect_error 2 "--zero must be an integer from 1 to 3, got '4'" "fsdp: --zero 4 is refused" -- $MPIRUN -n 2 ./train_fsdp --zero 4
+    expect_error 2 "--prefetch applies to --zero 3 only" "fsdp: --prefetch with stage 1 is refused" -- $MPIRUN -n 2 ./train_fsdp --zero 1 --prefetch
+    expect_error 2 "3 ranks but a batch of 2 rows" "fsdp: more ranks than rows is refused" -- $MPIRUN -n 3 ./train_fsdp --batch 2
+    expect_error 2 "unknown flag '--overlap'" "fsdp: a flag of another program is refused" -- $MPIRUN -n 2 ./train_fsdp --overlap
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -221,5 +254,6 @@ run_section data
 run_section train
 run_section checkpoint
 run_section dp
+run_section fsdp
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]

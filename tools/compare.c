@@ -7,13 +7,16 @@
  *   tools/compare --tolerance 1e-6 a.csv b.csv a.ckpt b.ckpt
  *
  * Prints "identical", or the first step whose loss differs and the largest relative
- * difference of the losses and of the parameters. With --tolerance X, differences whose
+ * difference of the losses and of the parameters. Logs are compared over the steps they
+ * share (a run resumed from a checkpoint logs only the steps it trained); both must end at
+ * the same step. With --tolerance X, differences whose
  * relative size stays below X pass (exit 0) and are reported. Exit 1 if the runs differ
  * beyond that, 2 if a file cannot be read.
  */
 #include "../model.h"
 
-static double* read_losses(const char* path, long* n) {
+// losses[step - first] for the steps of a log; *first is its first step
+static double* read_losses(const char* path, long* n, long* first) {
     FILE* f = fopen(path, "r");
     if (!f) fatal("cannot open log '%s': %s", path, strerror(errno));
     long cap = 1024;
@@ -26,6 +29,8 @@ static double* read_losses(const char* path, long* n) {
         long step;
         double l;
         if (sscanf(line, "%ld,%lf", &step, &l) != 2) fatal("'%s': bad line '%s'", path, line);
+        if (*n == 0) *first = step;
+        if (step != *first + *n) fatal("'%s': step %ld out of order", path, step);
         if (*n == cap) {
             cap *= 2;
             loss = realloc(loss, cap * sizeof(double));
@@ -66,19 +71,21 @@ int main(int argc, char** argv) {
         return 2;
     }
     fatal_exit_hook = exit;
-    long na, nb;
-    double *la = read_losses(argv[a], &na), *lb = read_losses(argv[a + 1], &nb);
-    long first = -1;
+    // the logs are compared over the steps they share (a resumed run logs only its own)
+    long na, nb, fa = 1, fb = 1;
+    double *la = read_losses(argv[a], &na, &fa), *lb = read_losses(argv[a + 1], &nb, &fb);
+    long first = -1, lo = fa > fb ? fa : fb, hi = fa + na < fb + nb ? fa + na : fb + nb;
     double loss_rel = 0;
-    for (long i = 0; i < (na < nb ? na : nb); i++) {
-        if (la[i] != lb[i] && first < 0) first = i + 1;
-        double r = rel(la[i], lb[i]);
+    for (long step = lo; step < hi; step++) {
+        double x = la[step - fa], y = lb[step - fb];
+        if (x != y && first < 0) first = step;
+        double r = rel(x, y);
         loss_rel = r > loss_rel ? r : loss_rel;
     }
     CkptHeader ha, hb;
     long pa, pb;
     float *xa = read_ckpt(argv[a + 2], &ha, &pa), *xb = read_ckpt(argv[a + 3], &hb, &pb);
-    int same_shape = pa == pb && na == nb && ha.n_params == hb.n_params;
+    int same_shape = pa == pb && ha.n_params == hb.n_params && fa + na == fb + nb && hi > lo;
     long differ = 0;
     double param_rel = 0, scale = 0;
     for (long i = 0; i < (pa < pb ? pa : pb); i++) scale = fabs(xa[i]) > scale ? fabs(xa[i]) : scale;
@@ -89,11 +96,11 @@ int main(int argc, char** argv) {
         param_rel = r > param_rel ? r : param_rel;
     }
     if (same_shape && first < 0 && differ == 0) {
-        printf("identical: %ld steps, %ld parameters and optimizer values, bit for bit\n", na, pa);
+        printf("identical: %ld steps, %ld parameters and optimizer values, bit for bit\n", hi - lo, pa);
         return 0;
     }
     if (!same_shape) {
-        printf("different runs: %ld vs %ld steps, %ld vs %ld values\n", na, nb, pa, pb);
+        printf("different runs: steps %ld-%ld vs %ld-%ld, %ld vs %ld values\n", fa, fa + na - 1, fb, fb + nb - 1, pa, pb);
         return 1;
     }
     printf("differ: first at step %ld; losses up to %.2e relative; %ld of %ld values differ, by up to %.2e of "
