@@ -240,6 +240,29 @@ section_fsdp() {
 }
 
 # ----------------------------------------------------------------------------
+section_tp() {
+    for layers in 1 2 3; do
+        for opt in sgd adamw; do
+            local flags="--steps 150 --eval-every 75 --layers $layers --optimizer $opt"
+            reference tp_$layers$opt $flags
+            for n in 2 3 4; do
+                same_as tp_$layers$opt "tp: $n ranks, L=$layers, $opt, same as train.c" $MPIRUN -n $n ./train_tp $flags
+            done
+        done
+    done
+    # a hidden size 3 ranks do not divide, clipping (replicated biases counted once), a resume
+    flags="--steps 120 --eval-every 0 --hidden 50 --batch 20 --clip 0.3 --optimizer adamw"
+    reference tp_odd $flags
+    same_as tp_odd "tp: 3 ranks, hidden 50 (padded to 51), clipping, same as train.c" $MPIRUN -n 3 ./train_tp $flags
+    same_as tp_odd "tp: 4 ranks resumed from a train.c checkpoint, same as train.c" \
+        bash -c "./train $flags --steps 70 --quiet --save $TMP/half.ckpt >/dev/null &&
+                 $MPIRUN -n 4 ./train_tp $flags --load $TMP/half.ckpt \"\$@\"" _
+    expect_error 2 "5 ranks but a hidden size of 4" "tp: more ranks than hidden units is refused" -- $MPIRUN -n 5 ./train_tp --hidden 4
+    expect_error 2 "unknown flag '--microbatches'" "tp: a flag of another program is refused" -- $MPIRUN -n 2 ./train_tp --microbatches 2
+    expect_error 1 "is of a different model" "tp: a checkpoint of another model is refused on every rank" -- $MPIRUN -n 2 ./train_tp --load "$TMP/tp_odd.ckpt"
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -255,5 +278,6 @@ run_section train
 run_section checkpoint
 run_section dp
 run_section fsdp
+run_section tp
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]

@@ -371,6 +371,54 @@ static void test_grad_xent(void) {
           "gradient check: softmax cross-entropy (loss %.6f, reference %.6f)", fix_to(loss), ref);
 }
 
+// The vocabulary-parallel cross-entropy (train_tp.c) against the gathered one: the logits
+// cut into n padded slices, each slice's pieces combined the way the all-reduces combine
+// them (max, sum, exact sum), must give the same loss and probabilities, bit for bit.
+static void test_vocab_parallel_xent(void) {
+    enum { R = 7, V = 27 };
+    float logits[R * V], probs[R * V], rowmax[R], tl[R];
+    int targets[R];
+    int64_t sum[R];
+    fill(logits, R * V, 71, 4.0f);
+    for (int r = 0; r < R; r++) targets[r] = (int)(rng_u64(72, 72, r) % V);
+    xent_rowmax(rowmax, logits, R, V, 0, V);
+    xent_target_logit(tl, logits, targets, R, V, 0);
+    xent_expsum(sum, probs, logits, rowmax, R, V, 0, V);
+    int64_t loss = xent_finish(probs, sum, rowmax, tl, R, V, R);
+    for (int n = 2; n <= 5; n++) {
+        int vs = (V + n - 1) / n; // padded slices: 27 on 2 ranks is 14 + 14, the last one padded
+        float* slice = mallocCheck(sizeof(float) * n * R * vs);
+        float mx[R], tlog[R], part_max[R], part_tl[R];
+        int64_t es[R], part_es[R];
+        for (int r = 0; r < R; r++) mx[r] = -INFINITY, tlog[r] = 0, es[r] = 0;
+        for (int q = 0; q < n; q++) { // each rank: its logits, padding set to garbage on purpose
+            float* l = slice + (long)q * R * vs;
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < vs; c++) l[r * vs + c] = q * vs + c < V ? logits[r * V + q * vs + c] : 1e30f;
+            xent_rowmax(part_max, l, R, vs, q * vs, V);
+            xent_target_logit(part_tl, l, targets, R, vs, q * vs);
+            for (int r = 0; r < R; r++) mx[r] = part_max[r] > mx[r] ? part_max[r] : mx[r], tlog[r] += part_tl[r];
+        }
+        for (int q = 0; q < n; q++) {
+            float* l = slice + (long)q * R * vs;
+            xent_expsum(part_es, l, l, mx, R, vs, q * vs, V);
+            for (int r = 0; r < R; r++) es[r] += part_es[r];
+        }
+        int64_t part_loss = 0;
+        int same = 1;
+        for (int q = 0; q < n; q++) {
+            float* l = slice + (long)q * R * vs;
+            part_loss = xent_finish(l, es, mx, tlog, R, vs, R);
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < vs; c++)
+                    same &= q * vs + c < V ? l[r * vs + c] == probs[r * V + q * vs + c] : l[r * vs + c] == 0.0f;
+        }
+        check(part_loss == loss && same,
+              "vocabulary-parallel cross-entropy over %d padded slices equals the gathered one bit for bit", n);
+        free(slice);
+    }
+}
+
 // The whole model: f = sum of the losses of R rows, theta = every parameter
 typedef struct {
     const Config* c;
@@ -531,6 +579,7 @@ int main(void) {
     test_grad_relu();
     test_grad_embedding();
     test_grad_xent();
+    test_vocab_parallel_xent();
     test_grad_model(1, 8, 3, 2);
     test_grad_model(2, 6, 2, 3);
     test_grad_model(3, 5, 4, 2);
