@@ -26,7 +26,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1
 MPIRUN = mpirun --oversubscribe
 
 HEADERS = util.h model.h data.h cli.h
-PROGRAMS = train train_dp train_fsdp train_tp
+PROGRAMS = train train_dp train_fsdp train_tp train_pp
 TESTS = tests/test_units tools/compare
 
 .PHONY: all run test clean mpi

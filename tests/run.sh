@@ -263,6 +263,52 @@ section_tp() {
 }
 
 # ----------------------------------------------------------------------------
+section_pp() {
+    local flags
+    for layers in 1 3; do
+        for opt in sgd adamw; do
+            flags="--steps 40 --eval-every 20 --layers $layers --optimizer $opt"
+            reference pp_$layers$opt $flags
+            for stages in $(seq 2 $((layers + 2))); do
+                for m in 1 3 4 8; do
+                    for sched in naive gpipe 1f1b; do
+                        same_as pp_$layers$opt "pp: L=$layers, $stages stages, $m microbatches, $sched, $opt, same as train.c" \
+                            $MPIRUN -n $stages ./train_pp $flags --microbatches $m --schedule $sched
+                    done
+                done
+            done
+        done
+    done
+    # activations held: GPipe all M microbatches on every stage, 1F1B at most S - s on stage s
+    for sched in gpipe 1f1b; do
+        run "$TMP/peak" $MPIRUN -n 5 ./train_pp --layers 3 --microbatches 8 --schedule $sched --steps 5 --samples 0
+        check "pp: $sched holds $([ $sched = gpipe ] && echo 'all 8 microbatch activations on every stage' || echo 'at most S - s = 5, 4, 3, 2, 1')" \
+            awk -v sched=$sched '/^  stage [0-9]: bubble/ { s = $2 + 0; p = $(index($0, "peak") ? 0 : 0); for (i = 1; i <= NF; i++) if ($i == "peak") p = $(i+1);
+                                   want = sched == "gpipe" ? 8 : 5 - s; n++; if (p != want) bad = 1 } END { exit !(n == 5 && !bad) }' "$TMP/peak"
+    done
+    # messages larger than MPI's eager limit (64 KiB activations): blocking sends would deadlock 1F1B
+    flags="--steps 20 --eval-every 0 --hidden 512 --batch 64 --layers 2"
+    reference pp_big $flags
+    same_as pp_big "pp: 1F1B with 64 KiB messages finishes (no deadlock), same as train.c" \
+        $MPIRUN -n 4 ./train_pp $flags --microbatches 2 --schedule 1f1b
+    flags="--steps 60 --eval-every 0 --layers 3 --batch 29 --clip 0.5 --optimizer adamw"
+    reference pp_odd $flags
+    same_as pp_odd "pp: 29 rows in 8 microbatches, clipping across stages, same as train.c" \
+        $MPIRUN -n 4 ./train_pp $flags --microbatches 8
+    same_as pp_odd "pp: resumed from a train.c checkpoint, same as train.c" \
+        bash -c "./train $flags --steps 25 --quiet --save $TMP/half.ckpt >/dev/null &&
+                 $MPIRUN -n 3 ./train_pp $flags --microbatches 3 --schedule gpipe --load $TMP/half.ckpt \"\$@\"" _
+    run "$TMP/tl" $MPIRUN -n 3 ./train_pp --layers 2 --microbatches 4 --steps 5 --samples 0 --timeline
+    check "pp: --timeline draws one row per stage, with every microbatch's forward and backward" \
+        awk '/^  stage [0-9] \|/ { n++; for (m = 0; m < 4; m++) if (!index($0, m "") || !index($0, substr("abcd", m + 1, 1))) bad = 1 }
+             END { exit !(n == 3 && !bad) }' "$TMP/tl"
+    expect_error 2 "4 stages but the model has only 3 units" "pp: more stages than units is refused" -- $MPIRUN -n 4 ./train_pp
+    expect_error 2 "--microbatches must be an integer from 1 to 65536, got '0'" "pp: --microbatches 0 is refused" -- $MPIRUN -n 2 ./train_pp --microbatches 0
+    expect_error 2 "--schedule must be naive, gpipe or 1f1b, got 'zigzag'" "pp: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_pp --schedule zigzag
+    expect_error 2 "a batch of 4 rows cannot be cut into 8 microbatches" "pp: a batch smaller than M is refused" -- $MPIRUN -n 2 ./train_pp --batch 4 --microbatches 8
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -279,5 +325,6 @@ run_section checkpoint
 run_section dp
 run_section fsdp
 run_section tp
+run_section pp
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]
