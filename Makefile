@@ -26,7 +26,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1
 MPIRUN = mpirun --oversubscribe
 
 HEADERS = util.h model.h data.h cli.h
-PROGRAMS = train train_dp train_fsdp train_tp train_pp
+PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d
 TESTS = tests/test_units tools/compare
 
 .PHONY: all run test clean mpi
@@ -40,6 +40,8 @@ mpi:
 	@tools/need_mpi.sh
 train_%: train_%.c $(HEADERS) dist.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDLIBS)
+train_3d: train_3d.c train_fsdp.c train_tp.c train_pp.c $(HEADERS) dist.h | mpi
+	$(MPICC) $(CFLAGS) -o $@ train_3d.c $(LDLIBS)
 
 tests/test_units: tests/test_units.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tests/test_units.c $(LDLIBS)

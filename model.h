@@ -52,6 +52,11 @@ static inline long unit_offset(const Config* c, int u) {
     return off;
 }
 static inline long n_params(const Config* c) { return unit_offset(c, n_units(c)); }
+static inline long max_unit_params(const Config* c) {
+    long m = 0;
+    for (int u = 0; u < n_units(c); u++) m = unit_params(c, u) > m ? unit_params(c, u) : m;
+    return m;
+}
 static inline long max_linear_weight(const Config* c) {
     long m = 0;
     for (int l = 1; l <= c->layers + 1; l++)
@@ -563,14 +568,15 @@ typedef struct {
 } Acts;
 
 // Activations of units [u_lo, u_hi) and of the input to u_lo (a pipeline stage keeps only
-// its own); pass 0, n_units for the whole model.
-static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi) {
+// its own); pass 0, n_units for the whole model. `width` gives each unit's output width on
+// this rank (a tensor-parallel slice is narrower), NULL for the whole unit_width.
+static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const int* width) {
     memset(a, 0, sizeof(*a));
     a->rows = rows;
     a->tokens = mallocCheck((size_t)rows * c->context * sizeof(int));
     a->targets = mallocCheck((size_t)rows * sizeof(int));
     for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++)
-        a->out[u] = mallocCheck((size_t)rows * unit_width(c, u) * sizeof(float));
+        a->out[u] = mallocCheck((size_t)rows * (width ? width[u] : unit_width(c, u)) * sizeof(float));
     a->rowmax = mallocCheck((size_t)rows * sizeof(float));
     a->tlogit = mallocCheck((size_t)rows * sizeof(float));
     a->expsum = mallocCheck((size_t)rows * sizeof(int64_t));
@@ -583,10 +589,10 @@ static void acts_free(Acts* a) {
     free(a->tlogit);
     free(a->expsum);
 }
-// bytes of activations held per row for units [u_lo, u_hi)
-static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi) {
+// bytes of activations held per row for units [u_lo, u_hi) (width: as for acts_init)
+static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const int* width) {
     long b = (long)c->context * sizeof(int) + sizeof(int);
-    for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) b += (long)unit_width(c, u) * sizeof(float);
+    for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) b += (long)(width ? width[u] : unit_width(c, u)) * sizeof(float);
     return b;
 }
 

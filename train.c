@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     else params_init(run.params, cfg, o.seed);
     int rows = o.batch > EVAL_ROWS ? o.batch : EVAL_ROWS;
     rows = o.samples > rows ? o.samples : rows;
-    acts_init(&run.acts, cfg, rows, 0, n_units(cfg));
+    acts_init(&run.acts, cfg, rows, 0, n_units(cfg), NULL);
     scratch_init(&run.scratch, cfg, rows);
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     if (!o.quiet) print_config(&o, &ds, "1 process");

@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     split_range(o.batch, run.dp.size, run.dp.rank, &lo, &hi);
     int rows = (int)(hi - lo) > EVAL_ROWS ? (int)(hi - lo) : EVAL_ROWS;
     rows = o.samples > rows ? o.samples : rows;
-    acts_init(&run.acts, cfg, rows, 0, n_units(cfg));
+    acts_init(&run.acts, cfg, rows, 0, n_units(cfg), NULL);
     scratch_init(&run.scratch, cfg, rows);
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[128];

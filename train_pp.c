@@ -58,6 +58,16 @@
 
 enum { SCHED_NAIVE, SCHED_GPIPE, SCHED_1F1B };
 static const char* const sched_names[] = {"naive", "gpipe", "1f1b"};
+// --schedule NAME: NULL, or the error message
+static const char* pp_schedule_flag(const char* value, int* sched) {
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(value, sched_names[k])) {
+            *sched = k;
+            return NULL;
+        }
+    snprintf(cli_error, sizeof cli_error, "--schedule must be naive, gpipe or 1f1b, got '%s'", value);
+    return cli_error;
+}
 
 typedef struct {
     int forward; // 1: F, 0: B
@@ -119,6 +129,8 @@ typedef struct {
     int S, s;          // stages, and this rank's stage
     int u_lo, u_hi;    // this stage's units [u_lo, u_hi)
     int M, sched;
+    long row0;         // this pipeline's rows of the global batch: [row0, row0 + rows)
+    int rows;          //   (all of them here; train_3d.c: its data-parallel share)
     int B;             // rows in the global batch
     int in_width, out_width; // activations received from the stage before, sent to the next
     PpOp* ops;         // [2M] this stage's passes
@@ -145,25 +157,29 @@ typedef struct {
     void* ctx;
 } Pp;
 
+// The pipeline streams rows [row0, row0 + rows) of each global batch of B rows.
 // `extra_rows`: slot 0 and the scratch also carry forward-only passes of that many rows.
-static void pp_init(Pp* p, Group* pp, const Config* c, int S, int M, int sched, int B, int u_lo, int u_hi,
-                    int extra_rows) {
+// `width`: the width of each unit's activations on this rank (acts_init), or NULL.
+static void pp_init(Pp* p, Group* pp, const Config* c, int S, int M, int sched, long row0, int rows_n, int B,
+                    int u_lo, int u_hi, int extra_rows, const int* width) {
     memset(p, 0, sizeof *p);
     p->pp = pp;
     p->S = S;
     p->s = pp->rank;
     p->M = M;
     p->sched = sched;
+    p->row0 = row0;
+    p->rows = rows_n;
     p->B = B;
     p->u_lo = u_lo;
     p->u_hi = u_hi;
-    p->in_width = u_lo > 0 ? unit_width(c, u_lo - 1) : 0;
-    p->out_width = unit_width(c, u_hi - 1);
+    p->in_width = u_lo > 0 ? (width ? width[u_lo - 1] : unit_width(c, u_lo - 1)) : 0;
+    p->out_width = width ? width[u_hi - 1] : unit_width(c, u_hi - 1);
     p->ops = mallocCheck(sizeof(PpOp) * 2 * M);
     p->n_ops = pp_schedule(sched, S, p->s, M, p->ops);
     p->peak = pp_peak(p->ops, p->n_ops);
     p->n_slots = p->peak;
-    int rows = (B + M - 1) / M; // the largest microbatch
+    int rows = (rows_n + M - 1) / M; // the largest microbatch
     p->slot = mallocCheck(sizeof(Acts) * p->n_slots);
     p->slot_of = mallocCheck(sizeof(int) * M);
     p->slot_free = mallocCheck(sizeof(int) * p->n_slots);
@@ -171,7 +187,7 @@ static void pp_init(Pp* p, Group* pp, const Config* c, int S, int M, int sched, 
     p->grad_req = mallocCheck(sizeof(MPI_Request) * p->n_slots);
     p->grad_buf = mallocCheck(sizeof(float*) * p->n_slots);
     for (int k = 0; k < p->n_slots; k++) {
-        acts_init(&p->slot[k], c, k == 0 && extra_rows > rows ? extra_rows : rows, u_lo, u_hi);
+        acts_init(&p->slot[k], c, k == 0 && extra_rows > rows ? extra_rows : rows, u_lo, u_hi, width);
         p->slot_free[k] = 1;
         p->act_req[k] = p->grad_req[k] = MPI_REQUEST_NULL;
         p->grad_buf[k] = mallocCheck((size_t)rows * (p->in_width > 0 ? p->in_width : 1) * sizeof(float));
@@ -217,9 +233,9 @@ static void pp_forward_mb(Pp* p, int m, PpLoad load, void* load_ctx) {
     p->live++;
     Acts* a = &p->slot[k];
     long lo, hi;
-    split_range(p->B, p->M, m, &lo, &hi);
+    split_range(p->rows, p->M, m, &lo, &hi);
     int R = (int)(hi - lo);
-    load(load_ctx, a, lo, R);
+    load(load_ctx, a, p->row0 + lo, R);
     if (p->s > 0) pp_recv(p, a->out[p->u_lo - 1], (long)R * p->in_width, p->s - 1, pp_tag(m));
     double t = now_seconds();
     p->forward(p->ctx, a, &p->scratch, R, p->B);
@@ -236,7 +252,7 @@ static void pp_forward_mb(Pp* p, int m, PpLoad load, void* load_ctx) {
 static void pp_backward_mb(Pp* p, int m) {
     int k = p->slot_of[m];
     long lo, hi;
-    split_range(p->B, p->M, m, &lo, &hi);
+    split_range(p->rows, p->M, m, &lo, &hi);
     int R = (int)(hi - lo);
     if (p->s < p->S - 1) pp_recv(p, p->scratch.dout, (long)R * p->out_width, p->s + 1, pp_tag(m));
     double t = now_seconds();
@@ -408,17 +424,9 @@ static const CliFlag pp_flags[] = {
 static const char* pp_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
     if (index == 0) return cli_int("microbatches", value, 1, 65536, &r->M);
-    if (index == 2) {
-        r->timeline = 1;
-        return NULL;
-    }
-    for (int k = 0; k < 3; k++)
-        if (!strcmp(value, sched_names[k])) {
-            r->sched = k;
-            return NULL;
-        }
-    snprintf(cli_error, sizeof cli_error, "--schedule must be naive, gpipe or 1f1b, got '%s'", value);
-    return cli_error;
+    if (index == 1) return pp_schedule_flag(value, &r->sched);
+    r->timeline = 1;
+    return NULL;
 }
 
 // ----------------------------------------------------------------------------
@@ -470,7 +478,7 @@ int main(int argc, char** argv) {
     int rows = (o.batch + run.M - 1) / run.M; // the largest microbatch, or a validation or sampling pass
     rows = rows > EVAL_ROWS ? rows : EVAL_ROWS;
     rows = o.samples > rows ? o.samples : rows;
-    pp_init(&run.p, &run.pp, cfg, S, run.M, run.sched, o.batch, u_lo, u_hi, rows);
+    pp_init(&run.p, &run.pp, cfg, S, run.M, run.sched, 0, o.batch, o.batch, u_lo, u_hi, rows, NULL);
     run.p.forward = stage_forward;
     run.p.backward = stage_backward;
     run.p.ctx = &run;
@@ -527,7 +535,7 @@ int main(int argc, char** argv) {
     // per stage: bubble (idle over idle + busy), peak activations and their bytes, bytes sent
     int mb_rows = (o.batch + run.M - 1) / run.M;
     double mine[5] = {run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1), (double)run.p.peak,
-                      run.p.peak * (double)mb_rows * acts_bytes_per_row(cfg, u_lo, u_hi), sent_per_step,
+                      run.p.peak * (double)mb_rows * acts_bytes_per_row(cfg, u_lo, u_hi, NULL), sent_per_step,
                       (double)(p_hi - p_lo) * sizeof(float)},
            all[5][64];
     for (int k = 0; k < 5; k++) group_gather_double(&run.pp, mine[k], all[k]);

@@ -77,6 +77,10 @@ static void tp_init(Tp* t, Group* tp, const Config* c, int rows) {
     t->probs = mallocCheck((size_t)rows * c->vocab * sizeof(float));
     t->gathered = mallocCheck((size_t)tp->size * rows * t->vs * sizeof(float));
 }
+// Width of unit u's output on this rank: a column-parallel layer's is its slice.
+static void tp_widths(const Tp* t, const Config* c, int* width) {
+    for (int u = 0; u < n_units(c); u++) width[u] = u == 0 ? unit_width(c, 0) : (tp_column(u) ? t->j[u] : linear_out(c, u));
+}
 static void tp_free(Tp* t) {
     free(t->probs);
     free(t->gathered);
@@ -199,6 +203,24 @@ static int64_t tp_grads_sumsq(const Tp* t, const Config* c, const int64_t* g, lo
     return s;
 }
 
+// Unit u whole, in train.c's layout, on rank 0 of the group: every rank's slice (`mine`)
+// gathered, each element put where tp_canonical says (for checkpoints).
+static void tp_gather_unit(const Tp* t, const Config* c, int u, const float* mine, float* unit) {
+    int me = t->tp->rank, n_ranks = t->tp->size;
+    long n = t->size[u]; // every rank's slice of a unit has the same size (padded)
+    float* slices = mallocCheck((size_t)n_ranks * n * sizeof(float));
+    long* index = mallocCheck((size_t)n_ranks * n * sizeof(long));
+    for (long e = 0; e < n; e++) index[me * n + e] = tp_canonical(t, c, u, e); // where my elements go
+    MPI_Gather(mine, (int)n, MPI_FLOAT, slices, (int)n, MPI_FLOAT, 0, t->tp->comm);
+    MPI_Gather(me == 0 ? MPI_IN_PLACE : index + me * n, (int)n, MPI_LONG, index, (int)n, MPI_LONG, 0, t->tp->comm);
+    if (me == 0)
+        for (long q = 0; q < n_ranks; q++)
+            for (long e = 0; e < n; e++)
+                if (index[q * n + e] >= 0) unit[index[q * n + e]] = slices[q * n + e];
+    free(slices);
+    free(index);
+}
+
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
 
 #define RUN_LINE "mpirun -n 2 ./train_tp"
@@ -243,9 +265,7 @@ static long tp_load(Run* r, const Options* o, const Dataset* ds) {
     float* unit = NULL;
     if (o->load) {
         step = (long)ckpt_check(o->load, c, o->opt.adamw, ds->token_char).step;
-        long most = 0;
-        for (int u = 0; u < n_units(c); u++) most = unit_params(c, u) > most ? unit_params(c, u) : most;
-        unit = mallocCheck((size_t)most * sizeof(float));
+        unit = mallocCheck((size_t)max_unit_params(c) * sizeof(float));
     }
     for (int part = 0; part < (o->load && o->opt.adamw ? 3 : 1); part++) {
         float* dst = part == 0 ? r->params : part == 1 ? r->m : r->v;
@@ -261,40 +281,22 @@ static long tp_load(Run* r, const Options* o, const Dataset* ds) {
     return step;
 }
 
-// The checkpoint in train.c's layout: rank 0 gathers every rank's slice of one unit at a
-// time and puts each element where tp_canonical says.
+// The checkpoint in train.c's layout: rank 0 assembles one unit at a time and writes it.
 static void tp_save(Run* r, const char* path, int adamw, long step, const Dataset* ds) {
     const Config* c = &r->cfg;
-    Tp* t = &r->t;
-    int me = r->tp.rank, n_ranks = r->tp.size;
     CkptWriter w = {0};
     CkptHeader h = ckpt_header(c, adamw, step, ds->token_char);
-    if (me == 0) w = ckpt_create(path, &h);
-    long most = 0, most_local = 0; // every rank's slice of a unit has the same size (padded)
-    for (int u = 0; u < n_units(c); u++) {
-        most = unit_params(c, u) > most ? unit_params(c, u) : most;
-        most_local = t->size[u] > most_local ? t->size[u] : most_local;
-    }
-    float *unit = mallocCheck((size_t)most * sizeof(float)), *slices = mallocCheck((size_t)n_ranks * most_local * sizeof(float));
-    long* index = mallocCheck((size_t)n_ranks * most_local * sizeof(long));
+    if (r->tp.rank == 0) w = ckpt_create(path, &h);
+    float* unit = mallocCheck((size_t)max_unit_params(c) * sizeof(float));
     for (int part = 0; part < (adamw ? 3 : 1); part++) {
         const float* src = part == 0 ? r->params : part == 1 ? r->m : r->v;
         for (int u = 0; u < n_units(c); u++) {
-            long n = t->size[u], *mine = index + (long)me * n; // where each of my elements goes
-            for (long e = 0; e < n; e++) mine[e] = tp_canonical(t, c, u, e);
-            MPI_Gather(src + t->off[u], (int)n, MPI_FLOAT, slices, (int)n, MPI_FLOAT, 0, r->tp.comm);
-            MPI_Gather(me == 0 ? MPI_IN_PLACE : mine, (int)n, MPI_LONG, index, (int)n, MPI_LONG, 0, r->tp.comm);
-            if (me != 0) continue;
-            for (long q = 0; q < n_ranks; q++)
-                for (long e = 0; e < n; e++)
-                    if (index[q * n + e] >= 0) unit[index[q * n + e]] = slices[q * n + e];
-            ckpt_write(&w, unit, (size_t)unit_params(c, u) * sizeof(float));
+            tp_gather_unit(&r->t, c, u, src + r->t.off[u], unit);
+            if (r->tp.rank == 0) ckpt_write(&w, unit, (size_t)unit_params(c, u) * sizeof(float));
         }
     }
-    if (me == 0) ckpt_close(&w);
+    if (r->tp.rank == 0) ckpt_close(&w);
     free(unit);
-    free(slices);
-    free(index);
 }
 
 // ----------------------------------------------------------------------------
@@ -355,7 +357,9 @@ int main(int argc, char** argv) {
     run.m = o.opt.adamw ? callocCheck(np, sizeof(float)) : NULL;
     run.v = o.opt.adamw ? callocCheck(np, sizeof(float)) : NULL;
     long start = tp_load(&run, &o, &ds);
-    acts_init(&run.acts, cfg, rows, 0, n_units(cfg));
+    int width[MAX_LAYERS + 2];
+    tp_widths(&run.t, cfg, width);
+    acts_init(&run.acts, cfg, rows, 0, n_units(cfg), width);
     scratch_init(&run.scratch, cfg, rows);
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[160];

@@ -309,6 +309,48 @@ section_pp() {
 }
 
 # ----------------------------------------------------------------------------
+section_3d() {
+    local flags grid
+    # the grids of the issue, each ZeRO stage and schedule, both optimizers, clipping on and off
+    for layers in 1 3; do
+        for opt in sgd adamw; do
+            for clip in 0 0.3; do
+                flags="--steps 40 --eval-every 20 --layers $layers --optimizer $opt --clip $clip --hidden 50 --batch 30"
+                reference 3d_$layers$opt$clip $flags
+                local i=0
+                for grid in "2 2 2" "1 2 3" "2 1 3" "3 1 1" "1 3 1" "2 2 1" "1 1 4"; do
+                    set -- $grid
+                    [ "$3" -gt $((layers + 2)) ] && continue
+                    local zero=$((i % 3 + 1)) sched=$(echo naive gpipe 1f1b | cut -d' ' -f$(((i + layers) % 3 + 1)))
+                    i=$((i + 1))
+                    same_as 3d_$layers$opt$clip "3d: tp $1 x dp $2 x pp $3, L=$layers, $opt, clip $clip, ZeRO-$zero, $sched, same as train.c" \
+                        $MPIRUN -n $(($1 * $2 * $3)) ./train_3d --tp $1 --dp $2 --pp $3 --zero $zero --schedule $sched \
+                        --microbatches 3 $flags
+                done
+            done
+        done
+    done
+    flags="--steps 40 --eval-every 0 --layers 3 --optimizer adamw --clip 0.3 --hidden 50 --batch 30"
+    same_as 3d_3adamw0.3 "3d: 2 x 2 x 2 with --prefetch, same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --prefetch $flags --eval-every 20
+    reference 3d_odd $flags
+    same_as 3d_odd "3d: 2 x 2 x 2 resumed from a train.c checkpoint, same as train.c" \
+        bash -c "./train $flags --steps 15 --quiet --save $TMP/half.ckpt >/dev/null &&
+                 $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 $flags --load $TMP/half.ckpt \"\$@\"" _
+    same_as 3d_odd "3d: --tp 2 --pp 2 on 8 ranks leaves --dp 2, same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 2 --pp 2 $flags
+    run "$TMP/grid" $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --steps 2 --samples 0
+    check "3d: rank 0 prints the grid, every rank's (tp, dp, pp) and its units" \
+        bash -c "grep -q 'rank 5 *tp 1, dp 0, pp 1: linear 2 + loss' '$TMP/grid' && test \$(grep -c '^  rank [0-9]* *tp' '$TMP/grid') = 8"
+    expect_error 2 "--tp 2 x --dp 2 x --pp 2 = 8, but mpirun started 4 ranks" "3d: a grid that is not the world size is refused on every rank" -- $MPIRUN -n 4 ./train_3d --tp 2 --dp 2 --pp 2
+    expect_error 2 "say how to arrange them" "3d: an ambiguous grid is refused" -- $MPIRUN -n 4 ./train_3d --tp 2
+    expect_error 2 "--pp 4 but the model has only 3 units" "3d: more stages than units is refused" -- $MPIRUN -n 4 ./train_3d --pp 4 --dp 1
+    expect_error 2 "leaves 4 rows for 8 microbatches" "3d: too few rows per replica for the microbatches is refused" -- $MPIRUN -n 4 ./train_3d --dp 4 --pp 1 --batch 16 --microbatches 8
+    expect_error 2 "--schedule must be naive, gpipe or 1f1b" "3d: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --schedule nope
+    expect_error 2 "--prefetch applies to --zero 3 only" "3d: --prefetch with ZeRO-2 is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --zero 2 --prefetch
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -326,5 +368,6 @@ run_section dp
 run_section fsdp
 run_section tp
 run_section pp
+run_section 3d
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]

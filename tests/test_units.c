@@ -464,7 +464,7 @@ static void test_grad_model(int layers, int hidden, int context, int emb) {
     Acts a;
     Scratch s;
     Workspace ws;
-    acts_init(&a, &c, R, 0, n_units(&c));
+    acts_init(&a, &c, R, 0, n_units(&c), NULL);
     scratch_init(&s, &c, R);
     workspace_init(&ws, R, max_width(&c), max_linear_weight(&c));
     memcpy(a.tokens, tokens, sizeof(int) * R * context);
