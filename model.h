@@ -805,6 +805,14 @@ static void generate(int* names, int n_samples, int max_len, const Config* c, ui
     free(done);
 }
 
+// The names every program prints: n_samples of them, each max_len + 1 token ids (a name
+// longer than any line of the data is cut there). The caller frees the array.
+static int* generate_names(int n_samples, int max_len, const Config* c, uint64_t seed, ProbsFn probs_of, void* ctx) {
+    int* names = mallocCheck((size_t)(n_samples > 0 ? n_samples : 1) * (max_len + 1) * sizeof(int));
+    generate(names, n_samples, max_len, c, seed, probs_of, ctx);
+    return names;
+}
+
 // ----------------------------------------------------------------------------
 // checkpoints
 //

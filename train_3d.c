@@ -43,9 +43,7 @@ typedef struct {
     int u_lo, u_hi;       // this stage's units
     int width[MAX_LAYERS + 2]; // each unit's activation width on this rank
     Workspace ws;
-    const Dataset* ds;
-    long step;
-    uint64_t seed;
+    PpRows rows;          // where each stage's rows come from
 } Run;
 
 // ----------------------------------------------------------------------------
@@ -108,16 +106,6 @@ static int64_t grid_grads_sumsq(const Run* r, long batch, int e) {
         s += grads_sumsq(g, hi - lo, batch, e);
     }
     return s;
-}
-
-// Rows of a batch, drawn by whichever stage needs them.
-static void load_train_rows(void* ctx, Acts* a, long first_row, int R) {
-    Run* r = ctx;
-    dataset_batch(r->ds, r->seed, r->step, (int)first_row, (int)first_row + R, r->cfg.context, a->tokens, a->targets);
-}
-static void load_val_rows(void* ctx, Acts* a, long first_row, int R) {
-    Run* r = ctx;
-    dataset_val_rows(r->ds, first_row, R, r->cfg.context, a->tokens, a->targets);
 }
 
 // This rank's shards of its slices of its stage's units, initialised directly with the
@@ -196,7 +184,7 @@ static double evaluate(Run* r, const Dataset* ds) {
     int64_t total = 0;
     for (long first = lo, pass = 0; pass * EVAL_ROWS < per; first += EVAL_ROWS, pass++) {
         int R = (int)(hi - first < EVAL_ROWS ? (hi - first > 0 ? hi - first : 0) : EVAL_ROWS);
-        total += pp_forward_rows(&r->p, load_val_rows, r, first, R, ds->n_val_examples, 32767);
+        total += pp_forward_rows(&r->p, pp_rows_val, &r->rows, first, R, ds->n_val_examples, 32767);
     }
     if (r->pp.rank == r->P - 1) group_allreduce(&r->dp, &total, 1, MPI_INT64_T, MPI_SUM);
     MPI_Bcast(&total, 1, MPI_INT64_T, r->P - 1, r->pp.comm); // from the last stage
@@ -205,17 +193,10 @@ static double evaluate(Run* r, const Dataset* ds) {
 
 // probs[R][V] for R contexts: through the pipeline, the vocabulary gathered from the
 // tensor-parallel ranks of the last stage, then broadcast to every stage.
-static const int* sample_tokens;
-static void load_sample_rows(void* ctx, Acts* a, long first_row, int R) {
-    Run* r = ctx;
-    (void)first_row;
-    memcpy(a->tokens, sample_tokens, (size_t)R * r->cfg.context * sizeof(int));
-    memset(a->targets, 0, (size_t)R * sizeof(int));
-}
 static void probs_of(void* ctx, const int* tokens, int R, float* probs) {
     Run* r = ctx;
-    sample_tokens = tokens;
-    pp_forward_rows(&r->p, load_sample_rows, r, 0, R, R, 32766);
+    r->rows.tokens = tokens;
+    pp_forward_rows(&r->p, pp_rows_sample, &r->rows, 0, R, R, 32766);
     if (r->pp.rank == r->P - 1) memcpy(probs, tp_probs(&r->t, &r->cfg, &r->p.slot[0], R), (size_t)R * r->cfg.vocab * sizeof(float));
     MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, r->P - 1, r->pp.comm);
 }
@@ -319,8 +300,7 @@ int main(int argc, char** argv) {
     run.p.forward = stage_forward;
     run.p.backward = stage_backward;
     run.p.ctx = &run;
-    run.ds = &ds;
-    run.seed = o.seed;
+    run.rows = (PpRows){.ds = &ds, .seed = o.seed, .context = cfg->context};
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
     snprintf(layout, sizeof layout, "grid of %d tensor x %d data x %d pipeline = %d ranks; ZeRO stage %d; %d "
@@ -344,9 +324,9 @@ int main(int argc, char** argv) {
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
         double t0 = now_seconds();
-        run.step = step;
+        run.rows.step = step;
         fsdp_zero_grads(&run.f);
-        int64_t loss = pp_step(&run.p, load_train_rows, &run);
+        int64_t loss = pp_step(&run.p, pp_rows_train, &run.rows);
         fsdp_allreduce_grads(&run.f); // ZeRO-1: the whole slice's gradients, once the schedule is done
         if (last) group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows
         if (run.P > 1 && run.tp.rank == 0 && run.dp.rank == 0) { // to world rank 0, which prints
@@ -372,8 +352,7 @@ int main(int argc, char** argv) {
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
-    int* names = mallocCheck((size_t)(o.samples > 0 ? o.samples : 1) * (max_len + 1) * sizeof(int));
-    generate(names, o.samples, max_len, cfg, o.seed, probs_of, &run);
+    int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
     int mb_rows = (int)(hi - lo + run.M - 1) / run.M;
     double mine[8] = {run.tp.sent / steps, run.dp.sent / steps, run.pp.sent / steps, run.f.bytes_params,
                       run.f.bytes_grads, run.f.bytes_opt,
@@ -408,18 +387,7 @@ int main(int argc, char** argv) {
         }
     }
     free(all);
-    if (run.timeline) { // the pipeline of world rank 0
-        int n_ops = run.p.n_ops, holder = run.tp.rank == 0 && run.dp.rank == 0;
-        double *t0s = mallocCheck(sizeof(double) * run.P * n_ops), *t1s = mallocCheck(sizeof(double) * run.P * n_ops);
-        PpOp* ops = mallocCheck(sizeof(PpOp) * run.P * n_ops);
-        if (holder) {
-            MPI_Gather(run.p.t0, n_ops, MPI_DOUBLE, t0s, n_ops, MPI_DOUBLE, 0, run.pp.comm);
-            MPI_Gather(run.p.t1, n_ops, MPI_DOUBLE, t1s, n_ops, MPI_DOUBLE, 0, run.pp.comm);
-            MPI_Gather(run.p.ops, 2 * n_ops, MPI_INT, ops, 2 * n_ops, MPI_INT, 0, run.pp.comm);
-        }
-        if (world_rank == 0) pp_draw_timeline(run.P, n_ops, t0s, t1s, ops, 100);
-        free(t0s), free(t1s), free(ops);
-    }
+    if (run.timeline && run.tp.rank == 0 && run.dp.rank == 0) pp_timeline(&run.p); // world rank 0's pipeline
     if (o.save) grid_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);
 
     free(names);

@@ -405,8 +405,7 @@ int main(int argc, char** argv) {
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
-    int* names = mallocCheck((size_t)(o.samples > 0 ? o.samples : 1) * (max_len + 1) * sizeof(int));
-    generate(names, o.samples, max_len, cfg, o.seed, probs_of, &run);
+    int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
     double held[3] = {run.f.bytes_params, run.f.bytes_grads, run.f.bytes_opt}, all[3][64];
     for (int k = 0; k < 3; k++) group_gather_double(&run.dp, held[k], all[k]);
     if (world_rank == 0) {

@@ -327,6 +327,43 @@ static void pp_draw_timeline(int S, int n_ops, const double* t0, const double* t
     free(row);
 }
 
+// Gathers the last step's passes of every stage to rank 0 of the pipeline, which draws them.
+static void pp_timeline(const Pp* p) {
+    int n = p->n_ops, root = p->pp->rank == 0;
+    double *t0 = root ? mallocCheck(sizeof(double) * p->S * n) : NULL, *t1 = root ? mallocCheck(sizeof(double) * p->S * n) : NULL;
+    PpOp* ops = root ? mallocCheck(sizeof(PpOp) * p->S * n) : NULL;
+    MPI_Gather(p->t0, n, MPI_DOUBLE, t0, n, MPI_DOUBLE, 0, p->pp->comm);
+    MPI_Gather(p->t1, n, MPI_DOUBLE, t1, n, MPI_DOUBLE, 0, p->pp->comm);
+    MPI_Gather(p->ops, 2 * n, MPI_INT, ops, 2 * n, MPI_INT, 0, p->pp->comm); // a PpOp is two ints
+    if (root) pp_draw_timeline(p->S, n, t0, t1, ops, 100);
+    free(t0), free(t1), free(ops);
+}
+
+// Where a stage's rows come from: the step's global batch, the validation split, or the
+// contexts being sampled. Each stage draws them itself (the first needs the tokens, the last
+// the targets), so they never travel between stages.
+typedef struct {
+    const Dataset* ds;
+    uint64_t seed;
+    long step;         // training: whose batch
+    const int* tokens; // sampling: the contexts [R][T]
+    int context;
+} PpRows;
+static void pp_rows_train(void* ctx, Acts* a, long first_row, int R) {
+    PpRows* x = ctx;
+    dataset_batch(x->ds, x->seed, x->step, (int)first_row, (int)first_row + R, x->context, a->tokens, a->targets);
+}
+static void pp_rows_val(void* ctx, Acts* a, long first_row, int R) {
+    PpRows* x = ctx;
+    dataset_val_rows(x->ds, first_row, R, x->context, a->tokens, a->targets);
+}
+static void pp_rows_sample(void* ctx, Acts* a, long first_row, int R) {
+    PpRows* x = ctx;
+    (void)first_row;
+    memcpy(a->tokens, x->tokens, (size_t)R * x->context * sizeof(int));
+    memset(a->targets, 0, (size_t)R * sizeof(int));
+}
+
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
 
 #define RUN_LINE "mpirun -n 3 ./train_pp"
@@ -346,9 +383,7 @@ typedef struct {
     Group pp;       // every rank: rank s runs stage s
     int M, sched, timeline; // --microbatches, --schedule, --timeline
     int first[MAX_LAYERS + 3]; // stage s holds units [first[s], first[s+1])
-    const Dataset* ds;
-    long step;
-    uint64_t seed;
+    PpRows rows;    // where each stage's rows come from
 } Run;
 
 // This stage's work: its units in order, and back (pp_init's callbacks).
@@ -371,16 +406,6 @@ static void stage_backward(void* ctx, Acts* a, Scratch* sc, int R, long batch) {
     sc->din = t;
 }
 
-// Rows of the step's global batch, drawn by whichever stage needs them.
-static void load_train_rows(void* ctx, Acts* a, long first_row, int R) {
-    Run* r = ctx;
-    dataset_batch(r->ds, r->seed, r->step, (int)first_row, (int)first_row + R, r->cfg.context, a->tokens, a->targets);
-}
-static void load_val_rows(void* ctx, Acts* a, long first_row, int R) {
-    Run* r = ctx;
-    dataset_val_rows(r->ds, first_row, R, r->cfg.context, a->tokens, a->targets);
-}
-
 // ----------------------------------------------------------------------------
 // validation and sampling
 
@@ -390,7 +415,7 @@ static double evaluate(Run* r, const Dataset* ds) {
     int64_t total = 0;
     for (long first = lo; first < hi; first += EVAL_ROWS) {
         int R = (int)(hi - first < EVAL_ROWS ? hi - first : EVAL_ROWS);
-        total += pp_forward_rows(&r->p, load_val_rows, r, first, R, ds->n_val_examples, 32767);
+        total += pp_forward_rows(&r->p, pp_rows_val, &r->rows, first, R, ds->n_val_examples, 32767);
     }
     MPI_Bcast(&total, 1, MPI_INT64_T, r->pp.size - 1, r->pp.comm); // the last stage has the loss
     return fix_to(total) / (double)ds->n_val_examples;
@@ -398,17 +423,10 @@ static double evaluate(Run* r, const Dataset* ds) {
 
 // probs[R][V] for R contexts: the first stage takes the contexts, the last one's
 // probabilities are broadcast so that every rank draws the same next tokens.
-static const int* sample_tokens;
-static void load_sample_rows(void* ctx, Acts* a, long first_row, int R) {
-    Run* r = ctx;
-    (void)first_row;
-    memcpy(a->tokens, sample_tokens, (size_t)R * r->cfg.context * sizeof(int));
-    memset(a->targets, 0, (size_t)R * sizeof(int));
-}
 static void probs_of(void* ctx, const int* tokens, int R, float* probs) {
     Run* r = ctx;
-    sample_tokens = tokens;
-    pp_forward_rows(&r->p, load_sample_rows, r, 0, R, R, 32766);
+    r->rows.tokens = tokens;
+    pp_forward_rows(&r->p, pp_rows_sample, &r->rows, 0, R, R, 32766);
     if (r->p.s == r->p.S - 1) memcpy(probs, r->p.slot[0].out[r->cfg.layers + 1], (size_t)R * r->cfg.vocab * sizeof(float));
     MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, r->pp.size - 1, r->pp.comm);
 }
@@ -482,8 +500,7 @@ int main(int argc, char** argv) {
     run.p.forward = stage_forward;
     run.p.backward = stage_backward;
     run.p.ctx = &run;
-    run.ds = &ds;
-    run.seed = o.seed;
+    run.rows = (PpRows){.ds = &ds, .seed = o.seed, .context = cfg->context};
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
     snprintf(layout, sizeof layout, "pipeline of %d stages, %d microbatches, %s schedule", S, run.M,
@@ -503,9 +520,9 @@ int main(int argc, char** argv) {
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
         double t0 = now_seconds();
-        run.step = step;
+        run.rows.step = step;
         fix_zero(run.grads + p_lo, p_hi - p_lo);
-        int64_t loss = pp_step(&run.p, load_train_rows, &run);
+        int64_t loss = pp_step(&run.p, pp_rows_train, &run.rows);
         if (S > 1) { // the loss lives on the last stage; rank 0 prints it
             if (run.p.s == S - 1) group_send(&run.pp, &loss, 1, MPI_INT64_T, 0, 32765);
             if (run.p.s == 0) group_recv(&run.pp, &loss, 1, MPI_INT64_T, S - 1, 32765);
@@ -530,8 +547,7 @@ int main(int argc, char** argv) {
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
-    int* names = mallocCheck((size_t)(o.samples > 0 ? o.samples : 1) * (max_len + 1) * sizeof(int));
-    generate(names, o.samples, max_len, cfg, o.seed, probs_of, &run);
+    int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
     // per stage: bubble (idle over idle + busy), peak activations and their bytes, bytes sent
     int mb_rows = (o.batch + run.M - 1) / run.M;
     double mine[5] = {run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1), (double)run.p.peak,
@@ -539,13 +555,6 @@ int main(int argc, char** argv) {
                       (double)(p_hi - p_lo) * sizeof(float)},
            all[5][64];
     for (int k = 0; k < 5; k++) group_gather_double(&run.pp, mine[k], all[k]);
-    int n_ops = run.p.n_ops;
-    double* t0s = world_rank == 0 ? mallocCheck(sizeof(double) * S * n_ops) : NULL;
-    double* t1s = world_rank == 0 ? mallocCheck(sizeof(double) * S * n_ops) : NULL;
-    PpOp* ops = world_rank == 0 ? mallocCheck(sizeof(PpOp) * S * n_ops) : NULL;
-    MPI_Gather(run.p.t0, n_ops, MPI_DOUBLE, t0s, n_ops, MPI_DOUBLE, 0, run.pp.comm);
-    MPI_Gather(run.p.t1, n_ops, MPI_DOUBLE, t1s, n_ops, MPI_DOUBLE, 0, run.pp.comm);
-    MPI_Gather(run.p.ops, 2 * n_ops, MPI_INT, ops, 2 * n_ops, MPI_INT, 0, run.pp.comm);
     if (world_rank == 0) {
         print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
                       &ds, o.quiet);
@@ -562,9 +571,8 @@ int main(int argc, char** argv) {
                 printf("\n");
             }
         }
-        if (run.timeline) pp_draw_timeline(S, n_ops, t0s, t1s, ops, 100);
     }
-    free(t0s), free(t1s), free(ops);
+    if (run.timeline) pp_timeline(&run.p);
     if (o.save) { // each stage sends its units' part of the checkpoint to rank 0, in order
         long lo[64], hi[64];
         for (int s = 0; s < S; s++) lo[s] = unit_offset(cfg, run.first[s]), hi[s] = unit_offset(cfg, run.first[s + 1]);

@@ -395,8 +395,7 @@ int main(int argc, char** argv) {
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
-    int* names = mallocCheck((size_t)(o.samples > 0 ? o.samples : 1) * (max_len + 1) * sizeof(int));
-    generate(names, o.samples, max_len, cfg, o.seed, probs_of, &run);
+    int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
     double held[64];
     group_gather_double(&run.tp, np * (double)sizeof(float), held);
     if (world_rank == 0) {
