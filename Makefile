@@ -3,6 +3,7 @@
 #   make              build every program (installs OpenMPI first if it is missing and you are root)
 #   make run          the main job (see README)
 #   make test         every test; the last line says "N passed, N failed"
+#   make bench        the performance table of the README (installs OpenBLAS for it if missing)
 #   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
 #   make clean
 #
@@ -29,15 +30,16 @@ HEADERS = util.h model.h data.h cli.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d
 TESTS = tests/test_units tools/compare
 
-.PHONY: all run test clean mpi
+.PHONY: all run test bench clean mpi openblas
 all: $(PROGRAMS)
 
 train: train.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ train.c $(LDLIBS)
 
-# MPI programs: check for OpenMPI first (tools/need_mpi.sh installs it as root)
+# MPI programs: check for OpenMPI first (tools/need.sh installs it as root)
 mpi:
-	@tools/need_mpi.sh
+	@tools/need.sh mpicc openmpi-bin libopenmpi-dev
+	@tools/need.sh mpirun openmpi-bin
 train_%: train_%.c $(HEADERS) dist.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDLIBS)
 train_3d: train_3d.c train_fsdp.c train_tp.c train_pp.c $(HEADERS) dist.h | mpi
@@ -48,6 +50,16 @@ tests/test_units: tests/test_units.c $(HEADERS)
 tools/compare: tools/compare.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tools/compare.c $(LDLIBS)
 
+# The benchmark, and only the benchmark, links OpenBLAS
+openblas:
+	@tools/need.sh /usr/include/$(shell $(CC) -print-multiarch)/cblas.h libopenblas-dev
+bench/bench: bench/bench.c $(HEADERS) | openblas
+	$(CC) $(CFLAGS) -o $@ bench/bench.c -lopenblas $(LDLIBS)
+bench/train_omp: train.c $(HEADERS)
+	$(CC) $(CFLAGS) -fopenmp -o $@ train.c $(LDLIBS)
+bench: all bench/bench bench/train_omp
+	@bash bench/run.sh
+
 run: all
 	./train
 
@@ -55,4 +67,4 @@ test: all $(TESTS)
 	@bash tests/run.sh
 
 clean:
-	rm -f $(PROGRAMS) train_dp train_fsdp train_tp train_pp train_3d $(TESTS)
+	rm -f $(PROGRAMS) $(TESTS) bench/bench bench/train_omp

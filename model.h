@@ -25,6 +25,17 @@
 #include "util.h"
 
 #define MAX_LAYERS 32
+// With `make OMP=1` the kernels and the longest loops split across threads; every element
+// is still computed by one thread in the same way, and the sums that threads share are
+// exact, so any number of threads gives the same bits. A loop enters an OpenMP region only
+// when THREADED says it is long enough: entering one costs about a microsecond even when
+// its `if` clause keeps it on one thread, about 40 microseconds a step for the small
+// default model, which would double its time.
+#ifdef _OPENMP
+#define THREADED(n) ((n) > 100000L)
+#else
+#define THREADED(n) 0
+#endif
 
 // ----------------------------------------------------------------------------
 // configuration
@@ -238,24 +249,33 @@ __attribute__((noinline)) static void matmul_float_tile(float* out, const float*
     }
 }
 
+// Panel p of b ([red][N]) into dst [red][32], zero-padded past column N.
+static void pack_panel_float(float* dst, const float* b, int red, int N, int p) {
+    for (long i = 0; i < red; i++)
+        for (int c = 0; c < MF_COLS; c++) dst[i * MF_COLS + c] = p * MF_COLS + c < N ? b[i * N + p * MF_COLS + c] : 0.0f;
+}
+// Tile t of out: panel by panel, so that a panel stays in cache across its tiles.
+static void matmul_float_at(int t, float* out, const float* a, const float* pf, int M, int red, int N) {
+    int tm = (M + MF_ROWS - 1) / MF_ROWS, p = t / tm, m0 = (t % tm) * MF_ROWS, n0 = p * MF_COLS;
+    int mb = M - m0 < MF_ROWS ? M - m0 : MF_ROWS, nb = N - n0 < MF_COLS ? N - n0 : MF_COLS;
+    const float* arow[MF_ROWS];
+    for (int r = 0; r < MF_ROWS; r++) arow[r] = a + (long)(m0 + (r < mb ? r : mb - 1)) * red;
+    matmul_float_tile(out + (long)m0 * N + n0, arow, pf + (long)p * red * MF_COLS, red, N, mb, nb);
+}
+
 // out[m][n] = sum over i of a[m][i] * b[i][n], a fused multiply-add chain in the order
-// i = 0, 1, ..., red-1 for every element, whatever tile it falls in.
+// i = 0, 1, ..., red-1 for every element, whatever tile or thread it falls in.
 static void matmul_float(float* out, const float* a, const float* b, int M, int red, int N, Workspace* ws) {
     int tm = (M + MF_ROWS - 1) / MF_ROWS, tn = (N + MF_COLS - 1) / MF_COLS;
     if ((long)tn * MF_COLS * red > ws->pf_cap) fatal("internal: workspace too small for a %d x %d matmul", red, N);
-    for (int p = 0; p < tn; p++) // pack b into panels [tn][red][32]
-        for (long i = 0; i < red; i++)
-            for (int c = 0; c < MF_COLS; c++) {
-                int n = p * MF_COLS + c;
-                ws->pf[((long)p * red + i) * MF_COLS + c] = n < N ? b[i * N + n] : 0.0f;
-            }
-#pragma omp parallel for schedule(static) if ((long)M * N * red > (1L << 20))
-    for (int t = 0; t < tm * tn; t++) {
-        int p = t / tm, m0 = (t % tm) * MF_ROWS, n0 = p * MF_COLS; // panel by panel: it stays in cache
-        int mb = M - m0 < MF_ROWS ? M - m0 : MF_ROWS, nb = N - n0 < MF_COLS ? N - n0 : MF_COLS;
-        const float* arow[MF_ROWS];
-        for (int r = 0; r < MF_ROWS; r++) arow[r] = a + (long)(m0 + (r < mb ? r : mb - 1)) * red;
-        matmul_float_tile(out + (long)m0 * N + n0, arow, ws->pf + (long)p * red * MF_COLS, red, N, mb, nb);
+    if (THREADED((long)M * N * red / 8)) {
+#pragma omp parallel for
+        for (int p = 0; p < tn; p++) pack_panel_float(ws->pf + (long)p * red * MF_COLS, b, red, N, p);
+#pragma omp parallel for
+        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, ws->pf, M, red, N);
+    } else {
+        for (int p = 0; p < tn; p++) pack_panel_float(ws->pf + (long)p * red * MF_COLS, b, red, N, p);
+        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, ws->pf, M, red, N);
     }
 }
 
@@ -291,6 +311,21 @@ EXACT_KERNEL __attribute__((noinline)) static void matmul_exact_tile(int64_t* ac
         for (int c = 8 * v; c < nb; c++) o[c] += sum[r][v][c - 8 * v] - total_bias;
     }
 }
+// Panel p of b ([red][N]) into dst [red][24] as doubles, zero-padded past column N.
+static void pack_panel_double(double* dst, const float* b, int red, int N, int p) {
+    for (long i = 0; i < red; i++)
+        for (int c = 0; c < ME_COLS; c++) dst[i * ME_COLS + c] = p * ME_COLS + c < N ? (double)b[i * N + p * ME_COLS + c] : 0.0;
+}
+// Tile t of acc, panel by panel.
+static void matmul_exact_at(int t, int64_t* acc, const double* pa, long a_sm, long a_si, const double* pb, int M,
+                            int red, int N) {
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, p = t / tm, m0 = (t % tm) * ME_ROWS, n0 = p * ME_COLS;
+    int mb = M - m0 < ME_ROWS ? M - m0 : ME_ROWS, nb = N - n0 < ME_COLS ? N - n0 : ME_COLS;
+    const double* arow[ME_ROWS];
+    for (int r = 0; r < ME_ROWS; r++) arow[r] = pa + (m0 + (r < mb ? r : mb - 1)) * a_sm;
+    matmul_exact_tile(acc + (long)m0 * N + n0, arow, a_si, pb + (long)p * red * ME_COLS, red, N, mb, nb);
+}
+
 // Exact-sum range check for a matmul: every term a(m,i)*b(i,n) must be below the limit.
 // The bound max|a| * max|b| is cheap but loose; only if it fails are the actual terms
 // examined, so that whether a run stops depends on the terms alone and not on how a
@@ -310,13 +345,18 @@ EXACT_KERNEL __attribute__((noinline)) static void matmul_exact_tile(int64_t* ac
 // max |x[i]|, or infinity if any x[i] is not finite. It takes the maximum of the bit
 // patterns of |x|: for non-negative floats their order as integers is their order as
 // numbers, infinity and NaN have the largest patterns, and an integer maximum vectorises.
+static inline uint32_t abs_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u & 0x7fffffffu;
+}
 static double max_abs(const float* x, long n) {
     uint32_t mx = 0;
-    for (long i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], sizeof u);
-        u &= 0x7fffffffu;
-        mx = u > mx ? u : mx;
+    if (THREADED(n)) {
+#pragma omp parallel for reduction(max : mx)
+        for (long i = 0; i < n; i++) mx = abs_bits(x[i]) > mx ? abs_bits(x[i]) : mx;
+    } else {
+        for (long i = 0; i < n; i++) mx = abs_bits(x[i]) > mx ? abs_bits(x[i]) : mx;
     }
     if (mx >= 0x7f800000u) return INFINITY;
     float f;
@@ -325,7 +365,12 @@ static double max_abs(const float* x, long n) {
 }
 // dst[i] = src[i] * scale as doubles; returns max |src| (infinity if any is not finite)
 static double pack_double(double* dst, const float* src, long n, double scale) {
-    for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
+    if (THREADED(n)) {
+#pragma omp parallel for
+        for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
+    } else {
+        for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
+    }
     return max_abs(src, n);
 }
 
@@ -341,24 +386,19 @@ static void matmul_exact(int64_t* acc, const float* a, long a_sm, long a_si, con
     if ((long)M * red > ws->pa_cap || (long)tn * ME_COLS * red > ws->pb_cap)
         fatal("internal: workspace too small for %s (%d x %d x %d)", what, M, red, N);
     double amax = pack_double(ws->pa, a, (long)M * red, FIX_ONE), bmax = max_abs(b, (long)red * N);
-    for (int p = 0; p < tn; p++)
-        for (long i = 0; i < red; i++)
-            for (int c = 0; c < ME_COLS; c++) {
-                int n = p * ME_COLS + c;
-                ws->pb[((long)p * red + i) * ME_COLS + c] = n < N ? (double)b[i * N + n] : 0.0;
-            }
 #define A_(m, i) a[(m) * a_sm + (i) * a_si]
 #define B_(i, n) b[(long)(i) * N + (n)]
     MATMUL_EXACT_CHECK(M, red, N, A_, B_, amax, bmax, terms, what);
 #undef A_
 #undef B_
-#pragma omp parallel for schedule(static) if ((long)M * N * red > (1L << 20))
-    for (int t = 0; t < tm * tn; t++) {
-        int p = t / tm, m0 = (t % tm) * ME_ROWS, n0 = p * ME_COLS;
-        int mb = M - m0 < ME_ROWS ? M - m0 : ME_ROWS, nb = N - n0 < ME_COLS ? N - n0 : ME_COLS;
-        const double* arow[ME_ROWS];
-        for (int r = 0; r < ME_ROWS; r++) arow[r] = ws->pa + (m0 + (r < mb ? r : mb - 1)) * a_sm;
-        matmul_exact_tile(acc + (long)m0 * N + n0, arow, a_si, ws->pb + (long)p * red * ME_COLS, red, N, mb, nb);
+    if (THREADED((long)M * N * red / 8)) {
+#pragma omp parallel for
+        for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
+#pragma omp parallel for
+        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, a_sm, a_si, ws->pb, M, red, N);
+    } else {
+        for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
+        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, a_sm, a_si, ws->pb, M, red, N);
     }
 }
 
@@ -390,8 +430,7 @@ static void embedding_backward(int64_t* demb, const int* tokens, const float* do
                                int T, int E, long batch) {
     for (long rt = 0; rt < (long)R * T; rt++) {
         int v = tokens[rt];
-        if (v < v_lo || v >= v_hi) continue;
-        fix_add(demb + (long)(v - v_lo) * E, dout + rt * E, E, batch * T, "embedding gradient");
+        if (v >= v_lo && v < v_hi) fix_add(demb + (long)(v - v_lo) * E, dout + rt * E, E, batch * T, "embedding gradient");
     }
 }
 
@@ -736,25 +775,32 @@ static float clip_scale(const Optimizer* opt, float norm) {
 // One step on n parameters: the whole model, or any contiguous shard of it. Gradient i is
 // float(g[i] * factor) * scale: factor is grad_factor(batch), scale the clipping factor.
 // `t` is the 1-based step number (for AdamW's bias correction); m and v are unused by SGD.
+static inline void sgd_update(float* p, const int64_t* g, long i, float lr, float wd, double f, float scale) {
+    float gi = grad_value(g[i], f) * scale;
+    p[i] -= lr * (gi + wd * p[i]);
+}
+static inline void adamw_update(float* p, const int64_t* g, float* m, float* v, long i, float lr, float wd, double f,
+                                float scale, float b1, float b2, float c1, float c2, float eps) {
+    float gi = grad_value(g[i], f) * scale;
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    float mhat = m[i] / c1, vhat = v[i] / c2;
+    p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+}
 static void optimizer_step(const Optimizer* opt, float* p, const int64_t* g, float* m, float* v, long n,
                            double factor, float scale, long t) {
-    float lr = opt->lr, wd = opt->weight_decay;
-    double f = factor;
-    if (!opt->adamw) {
-        for (long i = 0; i < n; i++) {
-            float gi = grad_value(g[i], f) * scale;
-            p[i] -= lr * (gi + wd * p[i]);
-        }
-        return;
-    }
-    float b1 = opt->beta1, b2 = opt->beta2;
+    float lr = opt->lr, wd = opt->weight_decay, b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
-    for (long i = 0; i < n; i++) {
-        float gi = grad_value(g[i], f) * scale;
-        m[i] = b1 * m[i] + (1.0f - b1) * gi;
-        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-        float mhat = m[i] / c1, vhat = v[i] / c2;
-        p[i] -= lr * (mhat / (sqrtf(vhat) + opt->eps) + wd * p[i]);
+    if (!opt->adamw && THREADED(n)) {
+#pragma omp parallel for
+        for (long i = 0; i < n; i++) sgd_update(p, g, i, lr, wd, factor, scale);
+    } else if (!opt->adamw) {
+        for (long i = 0; i < n; i++) sgd_update(p, g, i, lr, wd, factor, scale);
+    } else if (THREADED(n)) {
+#pragma omp parallel for
+        for (long i = 0; i < n; i++) adamw_update(p, g, m, v, i, lr, wd, factor, scale, b1, b2, c1, c2, eps);
+    } else {
+        for (long i = 0; i < n; i++) adamw_update(p, g, m, v, i, lr, wd, factor, scale, b1, b2, c1, c2, eps);
     }
 }
 

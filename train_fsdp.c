@@ -203,11 +203,7 @@ static void fsdp_step(Fsdp* f, const Optimizer* opt, double factor, float scale,
         fsdp_range(f, u, &lo, &hi);
         float *m = f->m ? f->m + f->shard_off[u] : NULL, *v = f->v ? f->v + f->shard_off[u] : NULL;
         optimizer_step(opt, fsdp_shard_params(f, u), fsdp_shard_grads(f, u), m, v, hi - lo, factor, scale, t);
-        if (f->stage < 3) {
-            float* whole = f->params + f->full_off[u];
-            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, whole, (int)f->shard[u], MPI_FLOAT, f->dp->comm);
-            f->dp->sent += (double)(f->dp->size - 1) * f->shard[u] * sizeof(float);
-        }
+        if (f->stage < 3) group_allgather(f->dp, fsdp_shard_params(f, u), f->params + f->full_off[u], f->shard[u], MPI_FLOAT);
     }
 }
 

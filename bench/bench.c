@@ -1,0 +1,185 @@
+/*
+ * bench/bench.c: the two yardsticks of the benchmark (bench/run.sh runs it; the programs
+ * themselves never link OpenBLAS).
+ *
+ *   bench/bench naive --emb 64 --hidden 1024 --batch 256 --steps 20
+ *       times a straightforward triple-loop version of one training step of the model
+ *       (forward, backward, SGD; plain float loops, no tiling, no exact sums)
+ *   bench/bench sgemm --emb 64 --hidden 1024 --batch 256 --steps 20
+ *       times OpenBLAS sgemm on exactly the matrix shapes of one training step (the
+ *       forward, weight-gradient and input-gradient product of every linear layer)
+ *
+ * Prints "ms_per_step X" (the median over --steps repetitions after one warm-up).
+ */
+#include "../model.h"
+
+#include <cblas.h>
+
+typedef struct {
+    int T, E, H, L, V, B;
+} Shape;
+
+static int in_of(const Shape* s, int l) { return l == 1 ? s->T * s->E : s->H; }
+static int out_of(const Shape* s, int l) { return l == s->L + 1 ? s->V : s->H; }
+
+// One training step written the obvious way: triple loops over rows, outputs and inputs.
+typedef struct {
+    Shape s;
+    float *emb, *w[MAX_LAYERS + 2], *b[MAX_LAYERS + 2];
+    float *gemb, *gw[MAX_LAYERS + 2], *gb[MAX_LAYERS + 2];
+    float* x[MAX_LAYERS + 2]; // x[0] embedding output, x[l] output of linear l
+    float *dx, *dy;
+    int *tok, *tgt;
+} Naive;
+
+static void naive_init(Naive* n, Shape s) {
+    n->s = s;
+    n->emb = mallocCheck(sizeof(float) * s.V * s.E);
+    n->gemb = mallocCheck(sizeof(float) * s.V * s.E);
+    for (int i = 0; i < s.V * s.E; i++) n->emb[i] = (float)rng_normal(1, 1, i);
+    int widest = s.T * s.E > s.H ? s.T * s.E : s.H;
+    for (int l = 1; l <= s.L + 1; l++) {
+        int K = in_of(&s, l), J = out_of(&s, l);
+        n->w[l] = mallocCheck(sizeof(float) * K * J);
+        n->gw[l] = mallocCheck(sizeof(float) * K * J);
+        n->b[l] = callocCheck(J, sizeof(float));
+        n->gb[l] = mallocCheck(sizeof(float) * J);
+        for (long i = 0; i < (long)K * J; i++) n->w[l][i] = (float)((rng_uniform(2, l, i) * 2 - 1) / sqrt(K));
+    }
+    for (int l = 0; l <= s.L + 1; l++) n->x[l] = mallocCheck(sizeof(float) * s.B * (l == 0 ? s.T * s.E : out_of(&s, l)));
+    n->dx = mallocCheck(sizeof(float) * s.B * (widest > s.V ? widest : s.V));
+    n->dy = mallocCheck(sizeof(float) * s.B * (widest > s.V ? widest : s.V));
+    n->tok = mallocCheck(sizeof(int) * s.B * s.T);
+    n->tgt = mallocCheck(sizeof(int) * s.B);
+    for (int i = 0; i < s.B * s.T; i++) n->tok[i] = (int)(rng_u64(3, 3, i) % s.V);
+    for (int i = 0; i < s.B; i++) n->tgt[i] = (int)(rng_u64(4, 4, i) % s.V);
+}
+
+static void naive_step(Naive* n, float lr) {
+    Shape* s = &n->s;
+    int B = s->B, TE = s->T * s->E;
+    for (int r = 0; r < B; r++) // embedding
+        for (int t = 0; t < s->T; t++)
+            for (int e = 0; e < s->E; e++) n->x[0][r * TE + t * s->E + e] = n->emb[n->tok[r * s->T + t] * s->E + e];
+    for (int l = 1; l <= s->L + 1; l++) { // linear layers
+        int K = in_of(s, l), J = out_of(s, l);
+        for (int r = 0; r < B; r++)
+            for (int j = 0; j < J; j++) {
+                float acc = n->b[l][j];
+                for (int k = 0; k < K; k++) acc += n->x[l - 1][r * K + k] * n->w[l][k * J + j];
+                n->x[l][r * J + j] = l <= s->L && acc < 0 ? 0 : acc;
+            }
+    }
+    float* logits = n->x[s->L + 1]; // softmax cross-entropy, gradient of the mean loss
+    for (int r = 0; r < B; r++) {
+        float m = -INFINITY, sum = 0;
+        for (int v = 0; v < s->V; v++) m = logits[r * s->V + v] > m ? logits[r * s->V + v] : m;
+        for (int v = 0; v < s->V; v++) sum += expf(logits[r * s->V + v] - m);
+        for (int v = 0; v < s->V; v++)
+            n->dy[r * s->V + v] = (expf(logits[r * s->V + v] - m) / sum - (v == n->tgt[r])) / B;
+    }
+    for (int l = s->L + 1; l >= 1; l--) { // backward
+        int K = in_of(s, l), J = out_of(s, l);
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < J; j++) {
+                float acc = 0;
+                for (int r = 0; r < B; r++) acc += n->x[l - 1][r * K + k] * n->dy[r * J + j];
+                n->gw[l][k * J + j] = acc;
+            }
+        for (int j = 0; j < J; j++) {
+            float acc = 0;
+            for (int r = 0; r < B; r++) acc += n->dy[r * J + j];
+            n->gb[l][j] = acc;
+        }
+        for (int r = 0; r < B; r++)
+            for (int k = 0; k < K; k++) {
+                float acc = 0;
+                for (int j = 0; j < J; j++) acc += n->dy[r * J + j] * n->w[l][k * J + j];
+                n->dx[r * K + k] = l > 1 && n->x[l - 1][r * K + k] <= 0 ? 0 : acc; // through the ReLU below
+            }
+        float* t = n->dx;
+        n->dx = n->dy;
+        n->dy = t;
+    }
+    memset(n->gemb, 0, sizeof(float) * s->V * s->E);
+    for (int r = 0; r < B; r++)
+        for (int t = 0; t < s->T; t++)
+            for (int e = 0; e < s->E; e++) n->gemb[n->tok[r * s->T + t] * s->E + e] += n->dy[r * TE + t * s->E + e];
+    for (int i = 0; i < s->V * s->E; i++) n->emb[i] -= lr * n->gemb[i]; // SGD
+    for (int l = 1; l <= s->L + 1; l++) {
+        int K = in_of(s, l), J = out_of(s, l);
+        for (long i = 0; i < (long)K * J; i++) n->w[l][i] -= lr * n->gw[l][i];
+        for (int j = 0; j < J; j++) n->b[l][j] -= lr * n->gb[l][j];
+    }
+}
+
+// The matrix products of one step, through OpenBLAS.
+static void sgemm_step(const Shape* s, float* const* m) {
+    for (int l = 1; l <= s->L + 1; l++) {
+        int K = in_of(s, l), J = out_of(s, l), B = s->B;
+        float *x = m[0], *w = m[1], *y = m[2], *dy = m[3], *dw = m[4], *dx = m[5];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, J, K, 1, x, K, w, J, 0, y, J);     // forward
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, J, B, 1, x, K, dy, J, 0, dw, J);     // weight gradient
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, K, J, 1, dy, J, w, J, 0, dx, K);     // input gradient
+    }
+}
+
+static int cmp_double(const void* a, const void* b) {
+    double x = *(const double*)a, y = *(const double*)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char** argv) {
+    Shape s = {.T = 16, .E = 16, .H = 64, .L = 1, .V = 27, .B = 32};
+    int steps = 20;
+    if (argc < 2 || (strcmp(argv[1], "naive") && strcmp(argv[1], "sgemm"))) {
+        fprintf(stderr, "usage: bench/bench naive|sgemm [--context T] [--emb E] [--hidden H] [--layers L] [--batch B] "
+                        "[--steps N]\n");
+        return 2;
+    }
+    for (int i = 2; i + 1 < argc; i += 2) {
+        int v = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--context")) s.T = v;
+        else if (!strcmp(argv[i], "--emb")) s.E = v;
+        else if (!strcmp(argv[i], "--hidden")) s.H = v;
+        else if (!strcmp(argv[i], "--layers")) s.L = v;
+        else if (!strcmp(argv[i], "--batch")) s.B = v;
+        else if (!strcmp(argv[i], "--steps")) steps = v;
+        else {
+            fprintf(stderr, "bench: unknown flag %s\n", argv[i]);
+            return 2;
+        }
+    }
+    double* ms = mallocCheck(sizeof(double) * steps);
+    if (!strcmp(argv[1], "naive")) {
+        Naive n;
+        naive_init(&n, s);
+        naive_step(&n, 0.1f); // warm-up
+        for (int i = 0; i < steps; i++) {
+            double t = now_seconds();
+            naive_step(&n, 0.1f);
+            ms[i] = 1e3 * (now_seconds() - t);
+        }
+    } else {
+        long most = 0;
+        for (int l = 1; l <= s.L + 1; l++) {
+            long k = in_of(&s, l), j = out_of(&s, l), b = s.B;
+            long sizes[] = {b * k, k * j, b * j};
+            for (int q = 0; q < 3; q++) most = sizes[q] > most ? sizes[q] : most;
+        }
+        float* m[6];
+        for (int q = 0; q < 6; q++) {
+            m[q] = mallocCheck(sizeof(float) * most);
+            for (long i = 0; i < most; i++) m[q][i] = (float)rng_uniform(5, q, i) - 0.5f;
+        }
+        sgemm_step(&s, m); // warm-up
+        for (int i = 0; i < steps; i++) {
+            double t = now_seconds();
+            sgemm_step(&s, m);
+            ms[i] = 1e3 * (now_seconds() - t);
+        }
+    }
+    qsort(ms, steps, sizeof(double), cmp_double);
+    printf("ms_per_step %.6f\n", ms[steps / 2]);
+    return 0;
+}
