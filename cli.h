@@ -33,6 +33,8 @@ typedef struct {
     const char* log;  // --log
     const char* save; // --save
     const char* load; // --load
+    const char* trace; // --trace
+    const char* summary; // --summary
     int quiet;        // --quiet
 } Options;
 
@@ -63,6 +65,8 @@ static const CliFlag cli_common[] = {
     {"log", "FILE", "write a CSV line per step: step, train loss, val loss, ms, tokens/s"},
     {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end"},
     {"load", "FILE", "start from a checkpoint written by --save (any program's)"},
+    {"trace", "FILE", "write the last step's events of every rank as a Chrome trace (Perfetto)"},
+    {"summary", "FILE", "write the run's measured figures as key=value lines (make run reads them)"},
     {"max-line", "N", "longest accepted line of --data, in bytes (default 1024)"},
     {"quiet", NULL, "print only the results: validation loss and names"},
     {"help", NULL, "print this help"},
@@ -183,6 +187,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "log")) o->log = optarg;
         else if (!strcmp(name, "save")) o->save = optarg;
         else if (!strcmp(name, "load")) o->load = optarg;
+        else if (!strcmp(name, "trace")) o->trace = optarg;
+        else if (!strcmp(name, "summary")) o->summary = optarg;
         else if (!strcmp(name, "max-line")) *err = cli_int(name, optarg, 1, 1 << 24, &o->max_line);
         else if (!strcmp(name, "quiet")) o->quiet = 1;
         else if (!strcmp(name, "help")) return 1;
@@ -310,6 +316,70 @@ static void progress_step(Progress* p, long step, double train_loss, double seco
 static void progress_end(Progress* p) {
     if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
     p->log = NULL;
+}
+
+// ----------------------------------------------------------------------------
+// figures: what a run measured, per rank, each beside the formula's prediction
+
+typedef struct {
+    double sent;          // bytes this rank sent per training step
+    double sent_axis[3];  // of which on the tensor, data and pipeline axes (train_3d.c)
+    double sent_formula;  // what the strategy's formula predicts for `sent`
+    double params, grads, optim, acts; // bytes held: parameters, gradient sums, optimizer state, activations
+    double mem_formula;   // what the formula predicts for their sum
+    double bubble;        // the pipeline's idle fraction, or -1 without a pipeline
+} Figures;
+#define FIGURES_DOUBLES ((int)(sizeof(Figures) / sizeof(double)))
+
+static double figures_memory(const Figures* f) { return f->params + f->grads + f->optim + f->acts; }
+
+static void print_size(double b) {
+    if (b < 1e3) printf("%.0f B", b);
+    else if (b < 1e6) printf("%.1f KB", b / 1e3);
+    else if (b < 1e9) printf("%.2f MB", b / 1e6);
+    else printf("%.2f GB", b / 1e9);
+}
+
+// The per-rank table (figures of n ranks), and the formulas in words.
+static void figures_print(const Figures* f, int n, const char* sent_words, const char* mem_words) {
+    printf("per rank, per training step: bytes sent (formula: %s); memory held (formula: %s)\n", sent_words,
+           mem_words);
+    for (int q = 0; q < n; q++) {
+        printf("  rank %-3d sent ", q);
+        print_size(f[q].sent);
+        printf(" (formula ");
+        print_size(f[q].sent_formula);
+        printf(") | memory ");
+        print_size(f[q].params);
+        printf(" + ");
+        print_size(f[q].grads);
+        printf(" + ");
+        print_size(f[q].optim);
+        printf(" + ");
+        print_size(f[q].acts);
+        printf(" = ");
+        print_size(figures_memory(&f[q]));
+        printf(" (formula ");
+        print_size(f[q].mem_formula);
+        printf(")");
+        if (f[q].bubble >= 0) printf(" | bubble %.3f", f[q].bubble);
+        printf("\n");
+    }
+}
+
+// --summary: the run's figures as key=value lines, every rank's in order.
+static void summary_write(const char* path, const char* program, const char* layout, double val_loss,
+                          const Progress* pr, const Figures* f, int n) {
+    FILE* out = fopen(path, "w");
+    if (!out) fatal("cannot create summary '%s': %s", path, strerror(errno));
+    fprintf(out, "program=%s\nlayout=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
+            layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
+    for (int q = 0; q < n; q++)
+        fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_formula=%.0f params=%.0f grads=%.0f "
+                     "optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f\n", q, f[q].sent, f[q].sent_axis[0],
+                f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_formula, f[q].params, f[q].grads, f[q].optim,
+                f[q].acts, f[q].mem_formula, f[q].bubble);
+    if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
 }
 
 #pragma GCC diagnostic pop

@@ -104,6 +104,11 @@ static Group group_world(const char* name) {
     return g;
 }
 
+// Adds to a group's counter, inside the measurement window of a training step (util.h).
+static void count_sent(Group* g, double bytes) {
+    if (in_step) g->sent += bytes;
+}
+
 static int type_bytes(MPI_Datatype t) {
     int s;
     MPI_Type_size(t, &s);
@@ -152,7 +157,7 @@ static void ring_step(Group* g, char* buf, long count, MPI_Datatype t, int out, 
     split_range(count, g->size, in, &ilo, &ihi);
     MPI_Sendrecv(buf + olo * b, (int)(ohi - olo), t, next, 7, into ? into : buf + ilo * b, (int)(ihi - ilo), t, prev, 7,
                  g->comm, MPI_STATUS_IGNORE);
-    g->sent += (double)(ohi - olo) * b;
+    count_sent(g, (double)(ohi - olo) * b);
 }
 
 // Ring reduce-scatter, in place: afterwards chunk r of buf holds the sum over every rank
@@ -179,27 +184,36 @@ static void ring_allgather(Group* g, void* buf, long count, MPI_Datatype t) {
 // in-place all-reduce: a ring reduce-scatter, then a ring all-gather
 static void group_allreduce(Group* g, void* buf, long count, MPI_Datatype type, MPI_Op op) {
     if (g->size == 1) return;
+    double t = now_seconds(), sent = g->sent;
     ring_reduce_scatter(g, buf, count, type, op);
     ring_allgather(g, buf, count, type);
+    trace_event("comm", t, now_seconds(), g->sent - sent, "all-reduce %s", g->name);
 }
 static void group_iallreduce(Group* g, void* buf, long count, MPI_Datatype type, MPI_Op op, MPI_Request* req) {
     *req = MPI_REQUEST_NULL;
     if (g->size == 1) return;
     MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op, g->comm, req);
-    g->sent += 2.0 * (g->size - 1) / g->size * (double)count * type_bytes(type);
+    double b = 2.0 * (g->size - 1) / g->size * (double)count * type_bytes(type);
+    count_sent(g, b);
+    trace_event("comm", now_seconds(), now_seconds(), b, "start all-reduce %s", g->name);
 }
-// recv[shard] = the sum over ranks of their buf[rank's shard]; buf holds size * shard
-// elements and is used as workspace (its contents are lost).
-static void group_reduce_scatter(Group* g, void* buf, void* recv, long shard, MPI_Datatype type, MPI_Op op) {
+// Reduce-scatter, in place: buf holds size * shard elements on every rank; afterwards
+// this rank's shard of buf (the pointer returned) holds the sum over every rank of theirs,
+// and the other shards hold partial sums.
+static void* group_reduce_scatter(Group* g, void* buf, long shard, MPI_Datatype type, MPI_Op op) {
+    double t = now_seconds(), sent = g->sent;
     ring_reduce_scatter(g, buf, shard * g->size, type, op);
-    memcpy(recv, (char*)buf + g->rank * shard * type_bytes(type), (size_t)shard * type_bytes(type));
+    trace_event("comm", t, now_seconds(), g->sent - sent, "reduce-scatter %s", g->name);
+    return (char*)buf + g->rank * shard * type_bytes(type);
 }
 // recv[size * shard] = every rank's send[shard], in rank order (send may be recv's own
 // slot, recv + rank * shard)
 static void group_allgather(Group* g, const void* send, void* recv, long shard, MPI_Datatype type) {
     char* mine = (char*)recv + g->rank * shard * type_bytes(type);
     if (send != mine) memcpy(mine, send, (size_t)shard * type_bytes(type));
+    double t = now_seconds(), sent = g->sent;
     ring_allgather(g, recv, shard * g->size, type);
+    trace_event("comm", t, now_seconds(), g->sent - sent, "all-gather %s", g->name);
 }
 static void group_iallgather(Group* g, const void* send, void* recv, long shard, MPI_Datatype type,
                              MPI_Request* req) {
@@ -209,11 +223,15 @@ static void group_iallgather(Group* g, const void* send, void* recv, long shard,
         return;
     }
     MPI_Iallgather(send, (int)shard, type, recv, (int)shard, type, g->comm, req);
-    g->sent += (double)(g->size - 1) * shard * type_bytes(type);
+    double b = (double)(g->size - 1) * shard * type_bytes(type);
+    count_sent(g, b);
+    trace_event("comm", now_seconds(), now_seconds(), b, "start all-gather %s", g->name);
 }
 static void group_send(Group* g, const void* buf, long count, MPI_Datatype type, int to, int tag) {
+    double t = now_seconds();
     MPI_Send(buf, (int)count, type, to, tag, g->comm);
-    g->sent += (double)count * type_bytes(type);
+    count_sent(g, (double)count * type_bytes(type));
+    trace_event("comm", t, now_seconds(), (double)count * type_bytes(type), "send %s %d", g->name, to);
 }
 static void group_recv(Group* g, void* buf, long count, MPI_Datatype type, int from, int tag) {
     (void)g;
@@ -222,7 +240,8 @@ static void group_recv(Group* g, void* buf, long count, MPI_Datatype type, int f
 static void group_isend(Group* g, const void* buf, long count, MPI_Datatype type, int to, int tag,
                         MPI_Request* req) {
     MPI_Isend(buf, (int)count, type, to, tag, g->comm, req);
-    g->sent += (double)count * type_bytes(type);
+    count_sent(g, (double)count * type_bytes(type));
+    trace_event("comm", now_seconds(), now_seconds(), (double)count * type_bytes(type), "send %s %d", g->name, to);
 }
 static void group_irecv(Group* g, void* buf, long count, MPI_Datatype type, int from, int tag, MPI_Request* req) {
     MPI_Irecv(buf, (int)count, type, from, tag, g->comm, req);
@@ -236,11 +255,34 @@ static void group_gather_double(Group* g, double v, double* values) {
     MPI_Gather(&v, 1, MPI_DOUBLE, values, 1, MPI_DOUBLE, 0, g->comm);
 }
 
-static void print_bytes(double b) {
-    if (b < 1e3) printf("%.0f B", b);
-    else if (b < 1e6) printf("%.1f KB", b / 1e3);
-    else if (b < 1e9) printf("%.2f MB", b / 1e6);
-    else printf("%.2f GB", b / 1e9);
+// Every rank's figures, gathered to world rank 0 (all[] needs world_size entries there).
+static void figures_gather(const Figures* mine, Figures* all) {
+    MPI_Gather(mine, FIGURES_DOUBLES, MPI_DOUBLE, all, FIGURES_DOUBLES, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+}
+
+// What the textbook ring algorithm sends from each rank: an all-reduce of `bytes` over n
+// ranks, and a reduce-scatter or an all-gather whose whole buffer is `bytes`.
+static double ring_allreduce_bytes(double bytes, int n) { return 2.0 * (n - 1) / n * bytes; }
+static double ring_half_bytes(double bytes, int n) { return (double)(n - 1) / n * bytes; }
+
+// --trace: every rank's events, gathered to world rank 0 and written as one file.
+static void dist_trace_write(const char* path) {
+    int n = (int)trace_count, *counts = NULL, *displs = NULL, *proc = NULL;
+    TraceEvent* all = NULL;
+    if (world_rank == 0) counts = mallocCheck(sizeof(int) * world_size), displs = mallocCheck(sizeof(int) * world_size);
+    MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    long total = 0;
+    if (world_rank == 0) {
+        for (int q = 0; q < world_size; q++) displs[q] = (int)(total * sizeof(TraceEvent)), total += counts[q];
+        all = mallocCheck(sizeof(TraceEvent) * (total > 0 ? total : 1));
+        proc = mallocCheck(sizeof(int) * (total > 0 ? total : 1));
+        for (int q = 0, k = 0; q < world_size; q++)
+            for (int i = 0; i < counts[q]; i++) proc[k++] = q;
+        for (int q = 0; q < world_size; q++) counts[q] *= (int)sizeof(TraceEvent);
+    }
+    MPI_Gatherv(trace_events, n * (int)sizeof(TraceEvent), MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (world_rank == 0) trace_write(path, all, proc, total);
+    free(counts), free(displs), free(proc), free(all);
 }
 
 #pragma GCC diagnostic pop

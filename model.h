@@ -654,8 +654,33 @@ static void scratch_free(Scratch* s) {
 
 // Forward of unit u over R rows; `w` points at the unit's parameters (unit_offset layout),
 // `rows_total` is the number of rows whose losses are summed (the global batch).
+static void unit_forward_(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
+                          Workspace* ws);
+static void unit_backward_(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R, long batch,
+                           Workspace* ws);
+// The name of unit u, for traces and tables.
+static const char* unit_name(const Config* c, int u) {
+    static char name[32];
+    if (u == 0) return "embedding";
+    snprintf(name, sizeof name, u == c->layers + 1 ? "linear %d + loss" : "linear %d", u);
+    return name;
+}
 static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
                          Workspace* ws) {
+    double t = trace_on ? now_seconds() : 0;
+    unit_forward_(c, u, w, a, s, R, rows_total, ws);
+    trace_event("compute", t, trace_on ? now_seconds() : 0, 0, "forward %s", unit_name(c, u));
+}
+static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R, long batch,
+                          Workspace* ws) {
+    double t = trace_on ? now_seconds() : 0;
+    unit_backward_(c, u, w, g, a, s, R, batch, ws);
+    trace_event("compute", t, trace_on ? now_seconds() : 0, 0, "backward %s", unit_name(c, u));
+}
+
+// Forward of unit u over R rows (unit_forward, traced).
+static void unit_forward_(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
+                          Workspace* ws) {
     if (u == 0) {
         embedding_forward(a->out[0], a->tokens, w, 0, c->vocab, R, c->context, c->emb);
         return;
@@ -684,8 +709,8 @@ static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratc
 // Backward of unit u: reads s->dout (gradient of the unit's output; ignored for the last
 // unit, which starts from the loss), adds the parameter gradients into g (exact sums),
 // writes the gradient of the unit's input to s->din (not for the embedding).
-static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
-                          long batch, Workspace* ws) {
+static void unit_backward_(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
+                           long batch, Workspace* ws) {
     if (u == 0) {
         embedding_backward(g, a->tokens, s->dout, 0, c->vocab, R, c->context, c->emb, batch);
         return;

@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
     int B = o.batch;
     Progress progress = progress_start(&o, 1);
     for (long step = start + 1; step <= o.steps; step++) {
+        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
         double t0 = now_seconds();
         dataset_batch(&ds, o.seed, step, 0, B, cfg->context, run.acts.tokens, run.acts.targets);
         int64_t loss = model_forward(cfg, run.params, &run.acts, &run.scratch, B, B, &run.ws);
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
         }
         optimizer_step(&o.opt, run.params, run.grads, run.m, run.v, np, grad_factor(B), scale, step);
         double seconds = now_seconds() - t0;
+        step_window_close();
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
@@ -113,6 +115,14 @@ int main(int argc, char** argv) {
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
     print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len, &ds,
                   o.quiet);
+    // memory held for training: 4 bytes a parameter, 8 a gradient sum, 8 for AdamW's m and
+    // v, and the activations of one batch
+    Figures fig = {.params = 4.0 * np, .grads = 8.0 * np, .optim = o.opt.adamw ? 8.0 * np : 0, .bubble = -1,
+                   .acts = (double)B * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL)};
+    fig.mem_formula = figures_memory(&fig);
+    if (!o.quiet) figures_print(&fig, 1, "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations");
+    if (o.summary) summary_write(o.summary, "train.c", "1 process", val_loss, &progress, &fig, 1);
+    if (o.trace) trace_write(o.trace, trace_events, NULL, trace_count);
     if (o.save)
         ckpt_save(o.save, cfg, o.opt.adamw, o.steps > start ? o.steps : start, ds.token_char, run.params, run.m, run.v);
 

@@ -323,6 +323,7 @@ int main(int argc, char** argv) {
     int last = run.pp.rank == run.P - 1;
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
+        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
         double t0 = now_seconds();
         run.rows.step = step;
         fsdp_zero_grads(&run.f);
@@ -344,47 +345,53 @@ int main(int argc, char** argv) {
         }
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
         double seconds = now_seconds() - t0;
+        step_window_close();
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
-    double steps = progress.steps > 0 ? progress.steps : 1;
 
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
+    // Each axis by its own strategy's formula: tensor parallelism for the rows of this
+    // replica through this stage's units; ZeRO on this rank's slices of them, once per
+    // microbatch; the pipeline's messages for this replica's rows, at a slice's width; and
+    // over the whole grid, the loss and the clipping norm.
     int mb_rows = (int)(hi - lo + run.M - 1) / run.M;
-    double mine[8] = {run.tp.sent / steps, run.dp.sent / steps, run.pp.sent / steps, run.f.bytes_params,
-                      run.f.bytes_grads, run.f.bytes_opt,
-                      run.p.peak * (double)mb_rows * acts_bytes_per_row(cfg, run.u_lo, run.u_hi, run.width),
-                      run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1)};
-    double* all = world_rank == 0 ? mallocCheck(sizeof(double) * 8 * world_size) : NULL;
-    MPI_Gather(mine, 8, MPI_DOUBLE, all, 8, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    double bpr = acts_bytes_per_row(cfg, run.u_lo, run.u_hi, run.width), steps_done = progress.steps ? progress.steps : 1;
+    Figures fig = {.sent_axis = {run.tp.sent / steps_done, run.dp.sent / steps_done, run.pp.sent / steps_done},
+                   .params = run.f.bytes_params, .grads = run.f.bytes_grads, .optim = run.f.bytes_opt,
+                   .acts = run.p.peak * (double)mb_rows * bpr,
+                   .bubble = run.P > 1 ? run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1) : -1};
+    fig.sent = fig.sent_axis[0] + fig.sent_axis[1] + fig.sent_axis[2] + run.world.sent / steps_done;
+    fig.sent_formula = tp_sent_formula(&run.t, cfg, run.u_lo, run.u_hi, (double)(hi - lo)) +
+                       fsdp_sent_formula(&run.f, run.M) + (last ? ring_allreduce_bytes(8, run.D) : 0) +
+                       pp_sent_formula(&run.p) - (last && !(run.tp.rank == 0 && run.dp.rank == 0) && run.P > 1 ? 8 : 0) +
+                       (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, world_size) : 0);
+    double slices = 0, biggest = 0; // this stage's tensor-parallel slices
+    for (int u = run.u_lo; u < run.u_hi; u++) slices += run.t.size[u], biggest = run.t.size[u] > biggest ? run.t.size[u] : biggest;
+    fig.mem_formula = fsdp_mem_formula(&run.f, slices, biggest, o.opt.adamw) + pp_peak_formula(&run.p) * (double)mb_rows * bpr;
+    Figures* all = callocCheck(world_size, sizeof(Figures));
+    figures_gather(&fig, all);
     if (world_rank == 0) {
         print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
                       &ds, o.quiet);
         if (!o.quiet) {
-            printf("per rank: bytes sent per step on each axis; memory held (parameters + gradients + optimizer "
-                   "state + activations); pipeline bubble\n");
+            figures_print(all, world_size, "the tensor, data and pipeline formulas on their axes, see below",
+                          "ZeRO's, on this stage's tensor-parallel slices, + peak activations");
+            printf("bytes sent per step on each axis (tensor, data, pipeline):\n");
             for (int q = 0; q < world_size; q++) {
-                double* x = all + 8 * q;
-                printf("  rank %-3d   sent tp ", q);
-                print_bytes(x[0]);
+                printf("  rank %-3d tp ", q);
+                print_size(all[q].sent_axis[0]);
                 printf(", dp ");
-                print_bytes(x[1]);
+                print_size(all[q].sent_axis[1]);
                 printf(", pp ");
-                print_bytes(x[2]);
-                printf(" | memory ");
-                print_bytes(x[3]);
-                printf(" + ");
-                print_bytes(x[4]);
-                printf(" + ");
-                print_bytes(x[5]);
-                printf(" + ");
-                print_bytes(x[6]);
-                printf(" | bubble %.2f\n", x[7]);
+                print_size(all[q].sent_axis[2]);
+                printf("\n");
             }
         }
+        if (o.summary) summary_write(o.summary, "train_3d.c", layout, val_loss, &progress, all, world_size);
     }
     free(all);
     if (run.timeline && run.tp.rank == 0 && run.dp.rank == 0) pp_timeline(&run.p); // world rank 0's pipeline
@@ -396,6 +403,7 @@ int main(int argc, char** argv) {
     pp_free(&run.p);
     workspace_free(&run.ws);
     dataset_free(&ds);
+    if (o.trace) dist_trace_write(o.trace);
     MPI_Finalize();
     return 0;
 }

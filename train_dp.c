@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
     MPI_Request reqs[MAX_LAYERS + 2];
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
+        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
         double t0 = now_seconds();
         dataset_batch(&ds, o.seed, step, (int)lo, (int)hi, cfg->context, run.acts.tokens, run.acts.targets);
         int64_t loss = model_forward(cfg, run.params, &run.acts, &run.scratch, R, B, &run.ws);
@@ -217,6 +218,7 @@ int main(int argc, char** argv) {
             optimizer_step(&o.opt, run.params, run.grads, run.m, run.v, np, grad_factor(B), scale, step);
         }
         double seconds = now_seconds() - t0;
+        step_window_close();
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
@@ -226,19 +228,29 @@ int main(int argc, char** argv) {
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
+    // Every rank all-reduces the P gradient sums (8 bytes each: exact sums travel as integers)
+    // and the loss sum: a ring all-reduce sends 2(N-1)/N of the buffer. Every rank holds a
+    // whole replica: train.c's 4 + 8 + 8 bytes a parameter, and the activations of its rows.
+    Figures fig = {.sent = sent_per_step, .params = 4.0 * np, .grads = 8.0 * np, .optim = o.opt.adamw ? 8.0 * np : 0,
+                   .acts = (double)R * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL), .bubble = -1};
+    fig.sent_formula = ring_allreduce_bytes(8.0 * np + 8.0, run.dp.size);
+    fig.mem_formula = (4.0 + 8.0 + (o.opt.adamw ? 8.0 : 0)) * np +
+                      (double)B / run.dp.size * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL);
+    Figures* all = callocCheck(world_size, sizeof(Figures));
+    figures_gather(&fig, all);
     if (world_rank == 0) {
         print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
                       &ds, o.quiet);
-        if (!o.quiet) {
-            printf("communication: ");
-            print_bytes(sent_per_step);
-            printf(" sent per step by every rank\n");
-        }
+        if (!o.quiet) figures_print(all, world_size, "2(N-1)/N x 8 B x (P gradients + 1 loss)",
+                                    "(4 + 8 + 8 with AdamW) B x P + activations of B/N rows");
         if (o.save)
             ckpt_save(o.save, cfg, o.opt.adamw, o.steps > start ? o.steps : start, ds.token_char, run.params, run.m,
                       run.v);
     }
 
+    if (o.summary && world_rank == 0) summary_write(o.summary, "train_dp.c", layout, val_loss, &progress, all, world_size);
+
+    free(all);
     free(names);
     free(run.params);
     free(run.grads);
@@ -248,6 +260,7 @@ int main(int argc, char** argv) {
     scratch_free(&run.scratch);
     workspace_free(&run.ws);
     dataset_free(&ds);
+    if (o.trace) dist_trace_write(o.trace);
     MPI_Finalize();
     return 0;
 }

@@ -51,8 +51,7 @@ typedef struct {
     int64_t* grads;     // stage 1: [full_off[n]]; stages 2, 3: [shard_off[n]]
     float* m;           // [shard_off[n]] AdamW state (NULL for SGD)
     float* v;
-    int64_t* unit_grad; // stages 2, 3: one unit's gradient over this rank's rows, before the reduce-scatter
-    int64_t* recv;      // stages 2, 3: a reduce-scattered shard, before it is added to grads
+    int64_t* unit_grad; // stages 2, 3: one unit's gradient over this rank's rows, reduce-scattered in place
     float* gathered[2]; // stage 3: a unit's parameters, gathered (the second for --prefetch)
     MPI_Request pending; // stage 3, --prefetch: the gather in flight
     int pending_unit, pending_buf;
@@ -65,14 +64,13 @@ static void fsdp_init(Fsdp* f, int stage, int prefetch, Group* dp, const long* u
     f->prefetch = prefetch && stage == 3;
     f->dp = dp;
     f->n_units = n_units;
-    long max_padded = 0, max_shard = 0;
+    long max_padded = 0;
     for (int u = 0; u < n_units; u++) {
         f->size[u] = unit_size[u];
         f->shard[u] = (unit_size[u] + dp->size - 1) / dp->size;
         f->full_off[u + 1] = f->full_off[u] + f->shard[u] * dp->size;
         f->shard_off[u + 1] = f->shard_off[u] + f->shard[u];
         if (f->shard[u] * dp->size > max_padded) max_padded = f->shard[u] * dp->size;
-        if (f->shard[u] > max_shard) max_shard = f->shard[u];
     }
     long np = stage == 3 ? f->shard_off[n_units] : f->full_off[n_units];
     long ng = stage == 1 ? f->full_off[n_units] : f->shard_off[n_units];
@@ -85,8 +83,7 @@ static void fsdp_init(Fsdp* f, int stage, int prefetch, Group* dp, const long* u
     f->bytes_opt = adamw ? 2 * f->shard_off[n_units] * (long)sizeof(float) : 0;
     if (stage >= 2) {
         f->unit_grad = callocCheck(max_padded, sizeof(int64_t));
-        f->recv = callocCheck(max_shard, sizeof(int64_t));
-        f->bytes_grads += (max_padded + max_shard) * (long)sizeof(int64_t);
+        f->bytes_grads += max_padded * (long)sizeof(int64_t);
     }
     if (stage == 3)
         for (int b = 0; b < 1 + f->prefetch; b++) {
@@ -103,7 +100,6 @@ static void fsdp_free(Fsdp* f) {
     free(f->m);
     free(f->v);
     free(f->unit_grad);
-    free(f->recv);
     free(f->gathered[0]);
     free(f->gathered[1]);
 }
@@ -161,9 +157,9 @@ static int64_t* fsdp_unit_grads(Fsdp* f, int u) {
 // receives the exact sum over every rank's rows of its own shard, and adds it.
 static void fsdp_reduce_grads(Fsdp* f, int u) {
     if (f->stage == 1) return;
-    group_reduce_scatter(f->dp, f->unit_grad, f->recv, f->shard[u], MPI_INT64_T, MPI_SUM);
-    int64_t* g = f->grads + f->shard_off[u];
-    for (long i = 0; i < f->shard[u]; i++) g[i] += f->recv[i];
+    const int64_t* sum = group_reduce_scatter(f->dp, f->unit_grad, f->shard[u], MPI_INT64_T, MPI_SUM);
+    int64_t* g = f->grads + f->shard_off[u]; // added, not copied: train_3d.c reduces once per microbatch
+    for (long i = 0; i < f->shard[u]; i++) g[i] += sum[i];
 }
 static void fsdp_zero_grads(Fsdp* f) {
     fix_zero(f->grads, f->stage == 1 ? f->full_off[f->n_units] : f->shard_off[f->n_units]);
@@ -205,6 +201,36 @@ static void fsdp_step(Fsdp* f, const Optimizer* opt, double factor, float scale,
         optimizer_step(opt, fsdp_shard_params(f, u), fsdp_shard_grads(f, u), m, v, hi - lo, factor, scale, t);
         if (f->stage < 3) group_allgather(f->dp, fsdp_shard_params(f, u), f->params + f->full_off[u], f->shard[u], MPI_FLOAT);
     }
+}
+
+// What the ZeRO stage sends per step from each rank, by the textbook ring formulas, over
+// units whose shards are `shard[u]` (padded: N * shard[u] elements): stage 1 all-reduces
+// the gradients (8 B each) and all-gathers the updated parameters (4 B); stage 2
+// reduce-scatters each unit's gradient instead; stage 3 also all-gathers each unit before
+// its forward and again before its backward, and not after the update. `passes` is how
+// many forward-and-backward passes a step makes (train_3d.c: one per microbatch).
+static double fsdp_sent_formula(const Fsdp* f, int passes) {
+    double sent = 0;
+    int N = f->dp->size;
+    for (int u = 0; u < f->n_units; u++) {
+        double padded = (double)N * f->shard[u];
+        if (f->stage == 1) sent += ring_allreduce_bytes(8 * padded, N) + ring_half_bytes(4 * padded, N);
+        if (f->stage == 2) sent += passes * ring_half_bytes(8 * padded, N) + ring_half_bytes(4 * padded, N);
+        if (f->stage == 3) sent += passes * (ring_half_bytes(8 * padded, N) + 2 * ring_half_bytes(4 * padded, N));
+    }
+    return sent;
+}
+// What the ZeRO paper's accounting predicts a rank holds, for P parameters in units of
+// which the largest has U: stage 1 the whole parameters (4 B) and gradients (8 B), 1/N of
+// the optimizer state (8 B with AdamW); stage 2 also 1/N of the gradients, plus one unit's
+// gradient in transit (8 B); stage 3 also 1/N of the parameters, plus one unit gathered
+// (4 B, twice with --prefetch).
+static double fsdp_mem_formula(const Fsdp* f, double P, double U, int adamw) {
+    int N = f->dp->size;
+    double opt = adamw ? 8.0 * P / N : 0.0, transit_grad = 8.0 * U;
+    if (f->stage == 1) return 4.0 * P + 8.0 * P + opt;
+    if (f->stage == 2) return 4.0 * P + 8.0 * P / N + transit_grad + opt;
+    return 4.0 * P / N + 4.0 * U * (1 + f->prefetch) + 8.0 * P / N + transit_grad + opt;
 }
 
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
@@ -377,6 +403,7 @@ int main(int argc, char** argv) {
     int B = o.batch, R = (int)(hi - lo);
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
+        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
         double t0 = now_seconds();
         dataset_batch(&ds, o.seed, step, (int)lo, (int)hi, cfg->context, run.acts.tokens, run.acts.targets);
         int64_t loss = fsdp_forward(&run, R, B);
@@ -393,6 +420,7 @@ int main(int argc, char** argv) {
         }
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
         double seconds = now_seconds() - t0;
+        step_window_close();
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
@@ -402,31 +430,30 @@ int main(int argc, char** argv) {
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
-    double held[3] = {run.f.bytes_params, run.f.bytes_grads, run.f.bytes_opt}, all[3][64];
-    for (int k = 0; k < 3; k++) group_gather_double(&run.dp, held[k], all[k]);
+    double P = n_params(cfg);
+    Figures fig = {.sent = sent_per_step, .params = run.f.bytes_params, .grads = run.f.bytes_grads,
+                   .optim = run.f.bytes_opt, .acts = (double)R * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL),
+                   .bubble = -1};
+    // the loss sum's all-reduce, and the two of the clipping norm, come on top of the stage's traffic
+    fig.sent_formula = fsdp_sent_formula(&run.f, 1) + ring_allreduce_bytes(8, run.dp.size) +
+                       (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, run.dp.size) : 0);
+    fig.mem_formula = fsdp_mem_formula(&run.f, P, (double)max_unit_params(cfg), o.opt.adamw) +
+                      (double)B / run.dp.size * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL);
+    Figures* all = callocCheck(world_size, sizeof(Figures));
+    figures_gather(&fig, all);
+    const char* sent_words[] = {"", "2(N-1)/N x 8 B x P gradients + (N-1)/N x 4 B x P parameters",
+                                "(N-1)/N x (8 B gradients + 4 B parameters) x P",
+                                "(N-1)/N x (8 B gradients + 2 x 4 B parameters) x P"};
+    const char* mem_words[] = {"", "(4 + 8) B x P + 8 B x P/N (AdamW) + activations",
+                               "4 B x P + (8 + 8 AdamW) B x P/N + one unit's gradient + activations",
+                               "(4 + 8 + 8 AdamW) B x P/N + one unit in transit + activations"};
     if (world_rank == 0) {
         print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
                       &ds, o.quiet);
-        if (!o.quiet) {
-            printf("communication: ");
-            print_bytes(sent_per_step);
-            printf(" sent per step by every rank\n");
-            printf("memory per rank: parameters + gradients + optimizer state (train.c: ");
-            print_bytes(n_params(cfg) * (4.0 + 8.0 + (o.opt.adamw ? 8.0 : 0.0)));
-            printf(")\n");
-            for (int q = 0; q < run.dp.size && q < 64; q++) {
-                printf("  rank %d: ", q);
-                print_bytes(all[0][q]);
-                printf(" + ");
-                print_bytes(all[1][q]);
-                printf(" + ");
-                print_bytes(all[2][q]);
-                printf(" = ");
-                print_bytes(all[0][q] + all[1][q] + all[2][q]);
-                printf(" (%.0f bytes)\n", all[0][q] + all[1][q] + all[2][q]);
-            }
-        }
+        if (!o.quiet) figures_print(all, world_size, sent_words[run.stage], mem_words[run.stage]);
+        if (o.summary) summary_write(o.summary, "train_fsdp.c", layout, val_loss, &progress, all, world_size);
     }
+    free(all);
     if (o.save) fsdp_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);
 
     free(names);
@@ -435,6 +462,7 @@ int main(int argc, char** argv) {
     scratch_free(&run.scratch);
     workspace_free(&run.ws);
     dataset_free(&ds);
+    if (o.trace) dist_trace_write(o.trace);
     MPI_Finalize();
     return 0;
 }

@@ -241,6 +241,7 @@ static void pp_forward_mb(Pp* p, int m, PpLoad load, void* load_ctx) {
     p->forward(p->ctx, a, &p->scratch, R, p->B);
     p->busy += now_seconds() - t;
     p->t0[p->op] = t - p->step_start, p->t1[p->op] = now_seconds() - p->step_start;
+    trace_event("pipeline", t, now_seconds(), 0, "F%d", m);
     if (p->s < p->S - 1)
         group_isend(p->pp, a->out[p->u_hi - 1], (long)R * p->out_width, MPI_FLOAT, p->s + 1, pp_tag(m), &p->act_req[k]);
     else p->loss += a->loss;
@@ -259,6 +260,7 @@ static void pp_backward_mb(Pp* p, int m) {
     p->backward(p->ctx, &p->slot[k], &p->scratch, R, p->B);
     p->busy += now_seconds() - t;
     p->t0[p->op] = t - p->step_start, p->t1[p->op] = now_seconds() - p->step_start;
+    trace_event("pipeline", t, now_seconds(), 0, "B%d", m);
     if (p->s > 0) {
         pp_wait(p, &p->grad_req[k]); // the buffer's previous gradient has left
         memcpy(p->grad_buf[k], p->scratch.din, (size_t)R * p->in_width * sizeof(float));
@@ -325,6 +327,24 @@ static void pp_draw_timeline(int S, int n_ops, const double* t0, const double* t
         printf("  stage %d |%s|\n", s, row);
     }
     free(row);
+}
+
+// What a stage sends per step, by the formula: the activations of every row of its
+// pipeline to the next stage, their gradients to the stage before (4 B an element), and
+// the loss sum from the last stage to the first (8 B).
+static double pp_sent_formula(const Pp* p) {
+    double sent = 0;
+    if (p->s < p->S - 1) sent += 4.0 * p->rows * p->out_width;
+    if (p->s > 0) sent += 4.0 * p->rows * p->in_width;
+    if (p->s == p->S - 1 && p->S > 1) sent += 8;
+    return sent;
+}
+// The microbatches a stage holds at once, by the schedule's definition: the naive schedule
+// one, GPipe all M, 1F1B at most S - s (the warm-up forwards and one more).
+static int pp_peak_formula(const Pp* p) {
+    if (p->sched == SCHED_NAIVE) return 1;
+    if (p->sched == SCHED_GPIPE) return p->M;
+    return p->S - p->s < p->M ? p->S - p->s : p->M;
 }
 
 // Gathers the last step's passes of every stage to rank 0 of the pipeline, which draws them.
@@ -519,6 +539,7 @@ int main(int argc, char** argv) {
     int B = o.batch;
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
+        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
         double t0 = now_seconds();
         run.rows.step = step;
         fix_zero(run.grads + p_lo, p_hi - p_lo);
@@ -539,6 +560,7 @@ int main(int argc, char** argv) {
         optimizer_step(&o.opt, run.params + p_lo, run.grads + p_lo, run.m ? run.m + p_lo : NULL,
                        run.v ? run.v + p_lo : NULL, p_hi - p_lo, grad_factor(B), scale, step);
         double seconds = now_seconds() - t0;
+        step_window_close();
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
@@ -548,30 +570,33 @@ int main(int argc, char** argv) {
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
-    // per stage: bubble (idle over idle + busy), peak activations and their bytes, bytes sent
+    // per stage: bytes sent, memory with the peak activations, bubble (idle / (idle + busy))
     int mb_rows = (o.batch + run.M - 1) / run.M;
-    double mine[5] = {run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1), (double)run.p.peak,
-                      run.p.peak * (double)mb_rows * acts_bytes_per_row(cfg, u_lo, u_hi, NULL), sent_per_step,
-                      (double)(p_hi - p_lo) * sizeof(float)},
-           all[5][64];
-    for (int k = 0; k < 5; k++) group_gather_double(&run.pp, mine[k], all[k]);
+    double bpr = acts_bytes_per_row(cfg, u_lo, u_hi, NULL), opt_bytes = o.opt.adamw ? 8.0 : 0.0, P_s = p_hi - p_lo;
+    Figures fig = {.sent = sent_per_step, .params = 4.0 * P_s, .grads = 8.0 * P_s, .optim = opt_bytes * P_s,
+                   .acts = run.p.peak * (double)mb_rows * bpr,
+                   .bubble = run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1)};
+    fig.sent_formula = pp_sent_formula(&run.p) + (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, S) : 0);
+    fig.mem_formula = (4.0 + 8.0 + opt_bytes) * P_s + pp_peak_formula(&run.p) * (double)mb_rows * bpr;
+    Figures* all = callocCheck(world_size, sizeof(Figures));
+    figures_gather(&fig, all);
+    int peak = run.p.peak, *peaks = world_rank == 0 ? mallocCheck(sizeof(int) * S) : NULL;
+    MPI_Gather(&peak, 1, MPI_INT, peaks, 1, MPI_INT, 0, run.pp.comm);
     if (world_rank == 0) {
         print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
                       &ds, o.quiet);
         if (!o.quiet) {
-            printf("pipeline: bubble (S-1)/(M+S-1) = %.3f in theory\n", (S - 1.0) / (run.M + S - 1.0));
-            for (int s = 0; s < S && s < 64; s++) {
-                printf("  stage %d: bubble %.3f measured, peak %d microbatch activations (", s, all[0][s],
-                       (int)all[1][s]);
-                print_bytes(all[2][s]);
-                printf("), sent ");
-                print_bytes(all[3][s]);
-                printf(" per step, parameters ");
-                print_bytes(all[4][s]);
-                printf("\n");
-            }
+            printf("pipeline: bubble (S-1)/(M+S-1) = %.3f in theory; microbatch activations held at the peak, "
+                   "stage by stage:", (S - 1.0) / (run.M + S - 1.0));
+            for (int q = 0; q < S; q++) printf(" %d", peaks[q]);
+            printf(" (%s)\n", run.sched == SCHED_GPIPE ? "GPipe holds all M" : run.sched == SCHED_1F1B ? "1F1B at most S - s" : "one at a time");
+            figures_print(all, world_size, "4 B x B x (the activations out + their gradients in) + 8 B loss",
+                          "(4 + 8 + 8 AdamW) B x its parameters + peak x microbatch activations");
         }
+        if (o.summary) summary_write(o.summary, "train_pp.c", layout, val_loss, &progress, all, world_size);
     }
+    free(all);
+    free(peaks);
     if (run.timeline) pp_timeline(&run.p);
     if (o.save) { // each stage sends its units' part of the checkpoint to rank 0, in order
         long lo[64], hi[64];
@@ -594,6 +619,7 @@ int main(int argc, char** argv) {
     pp_free(&run.p);
     workspace_free(&run.ws);
     dataset_free(&ds);
+    if (o.trace) dist_trace_write(o.trace);
     MPI_Finalize();
     return 0;
 }

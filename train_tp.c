@@ -115,8 +115,24 @@ static int tp_replicated(const Tp* t, int u, long e) {
 }
 
 // Forward of unit u over R rows, with this rank's slice of its parameters at w.
+static void tp_forward_(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
+                        Workspace* ws);
+static void tp_backward_(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
+                         long batch, Workspace* ws);
 static void tp_forward(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
                        Workspace* ws) {
+    double t0 = trace_on ? now_seconds() : 0;
+    tp_forward_(t, c, u, w, a, s, R, rows_total, ws);
+    trace_event("compute", t0, trace_on ? now_seconds() : 0, 0, "forward %s", unit_name(c, u));
+}
+static void tp_backward(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
+                        long batch, Workspace* ws) {
+    double t0 = trace_on ? now_seconds() : 0;
+    tp_backward_(t, c, u, w, g, a, s, R, batch, ws);
+    trace_event("compute", t0, trace_on ? now_seconds() : 0, 0, "backward %s", unit_name(c, u));
+}
+static void tp_forward_(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
+                        Workspace* ws) {
     int T = c->context, E = c->emb;
     if (u == 0) {
         embedding_forward(a->out[0], a->tokens, w, tp_v_lo(t), tp_v_lo(t) + t->vs, R, T, E);
@@ -155,8 +171,8 @@ static void tp_forward(Tp* t, const Config* c, int u, const float* w, Acts* a, S
 // Backward of unit u: reads s->dout, adds this rank's parameter gradients into g, writes
 // the input gradient (whole for a column-parallel layer, this rank's slice for a
 // row-parallel one, which is what the layer below holds) to s->din.
-static void tp_backward(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
-                        long batch, Workspace* ws) {
+static void tp_backward_(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
+                         long batch, Workspace* ws) {
     if (u == 0) {
         embedding_backward(g, a->tokens, s->dout, tp_v_lo(t), tp_v_lo(t) + t->vs, R, c->context, c->emb, batch);
         return;
@@ -201,6 +217,31 @@ static int64_t tp_grads_sumsq(const Tp* t, const Config* c, const int64_t* g, lo
         s += grads_sumsq(g + t->off[u], mine, batch, e);
     }
     return s;
+}
+
+// What tensor parallelism sends per step from each rank, by the textbook ring formula, for
+// R rows through units [u_lo, u_hi): an all-reduce of the embedding (4 B per element), of
+// every row-parallel layer's output and every column-parallel layer's input gradient
+// (8 B: exact sums), and, with the vocabulary split, of the loss's three pieces per row.
+static double tp_sent_formula(const Tp* t, const Config* c, int u_lo, int u_hi, double R) {
+    double bytes = 0;
+    for (int u = u_lo; u < u_hi; u++) {
+        if (u == 0) bytes += 4.0 * R * c->context * c->emb;
+        else bytes += 8.0 * R * (tp_column(u) ? linear_in(c, u) : linear_out(c, u));
+        if (u == c->layers + 1 && tp_column(u)) bytes += (4 + 4 + 8) * R;
+    }
+    return ring_allreduce_bytes(bytes, t->tp->size);
+}
+// The parameters a rank holds by the textbook: 1/N of every split tensor, and every
+// row-parallel bias whole.
+static double tp_params_formula(const Tp* t, const Config* c, int u_lo, int u_hi) {
+    double n = 0;
+    for (int u = u_lo; u < u_hi; u++) {
+        double weights = u == 0 ? (double)c->vocab * c->emb : (double)linear_in(c, u) * linear_out(c, u);
+        double bias = u == 0 ? 0 : linear_out(c, u);
+        n += (weights + (u > 0 && tp_column(u) ? bias : 0)) / t->tp->size + (u > 0 && !tp_column(u) ? bias : 0);
+    }
+    return n;
 }
 
 // Unit u whole, in train.c's layout, on rank 0 of the group: every rank's slice (`mine`)
@@ -371,6 +412,7 @@ int main(int argc, char** argv) {
     int B = o.batch;
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
+        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
         double t0 = now_seconds();
         dataset_batch(&ds, o.seed, step, 0, B, cfg->context, run.acts.tokens, run.acts.targets);
         int64_t loss = tp_model_forward(&run, B, B); // every rank holds the whole loss
@@ -387,6 +429,7 @@ int main(int argc, char** argv) {
         }
         optimizer_step(&o.opt, run.params, run.grads, run.m, run.v, np, grad_factor(B), scale, step);
         double seconds = now_seconds() - t0;
+        step_window_close();
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
@@ -396,24 +439,24 @@ int main(int argc, char** argv) {
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
-    double held[64];
-    group_gather_double(&run.tp, np * (double)sizeof(float), held);
+    // every rank takes every row; activations of a column-parallel layer are its slice
+    double bpr = acts_bytes_per_row(cfg, 0, n_units(cfg), width), opt_bytes = o.opt.adamw ? 8.0 : 0.0;
+    Figures fig = {.sent = sent_per_step, .params = 4.0 * np, .grads = 8.0 * np, .optim = opt_bytes * np,
+                   .acts = B * bpr, .bubble = -1};
+    fig.sent_formula = tp_sent_formula(&run.t, cfg, 0, n_units(cfg), B) +
+                       (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, run.tp.size) : 0);
+    fig.mem_formula = (4.0 + 8.0 + opt_bytes) * tp_params_formula(&run.t, cfg, 0, n_units(cfg)) + B * bpr;
+    Figures* all = callocCheck(world_size, sizeof(Figures));
+    figures_gather(&fig, all);
     if (world_rank == 0) {
         print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
                       &ds, o.quiet);
-        if (!o.quiet) {
-            printf("communication: ");
-            print_bytes(sent_per_step);
-            printf(" sent per step by every rank\nparameters per rank (train.c: ");
-            print_bytes(n_params(cfg) * 4.0);
-            printf("):");
-            for (int q = 0; q < run.tp.size && q < 64; q++) {
-                printf(" ");
-                print_bytes(held[q]);
-            }
-            printf("\n");
-        }
+        if (!o.quiet)
+            figures_print(all, world_size, "2(N-1)/N x (4 B x B x T x E + 8 B x B x (every split sum's width))",
+                          "(4 + 8 + 8 AdamW) B x (P/N + the row-parallel biases) + activations");
+        if (o.summary) summary_write(o.summary, "train_tp.c", layout, val_loss, &progress, all, world_size);
     }
+    free(all);
     if (o.save) tp_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);
 
     free(names);
@@ -426,6 +469,7 @@ int main(int argc, char** argv) {
     scratch_free(&run.scratch);
     workspace_free(&run.ws);
     dataset_free(&ds);
+    if (o.trace) dist_trace_write(o.trace);
     MPI_Finalize();
     return 0;
 }

@@ -109,5 +109,66 @@ static inline double now_seconds(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+// ----------------------------------------------------------------------------
+// trace events (--trace)
+//
+// While trace_on is set (during one chosen step), the ops, pipeline passes and messages of
+// this process record an event each: a name, a category, when it started and ended, and
+// the bytes it sent. dist.h gathers every rank's events into one Chrome trace-event file.
+
+static int trace_on; // record trace events now
+
+// The measurement window: open during each training step (from drawing its rows to its
+// optimizer step), closed for validation and sampling. Communication counters count and
+// trace events record only inside it; trace_on additionally marks the step --trace records.
+static int in_step;
+static void step_window_open(int trace) { in_step = 1, trace_on = trace; }
+static void step_window_close(void) { in_step = 0, trace_on = 0; }
+
+typedef struct {
+    char name[32];
+    char cat[12];
+    double t0, t1;  // seconds, CLOCK_MONOTONIC (one clock for every process of a machine)
+    double bytes;
+} TraceEvent;
+
+static TraceEvent* trace_events;
+static long trace_count, trace_cap;
+
+__attribute__((format(printf, 5, 6))) static void trace_event(const char* cat, double t0, double t1, double bytes,
+                                                              const char* fmt, ...) {
+    if (!trace_on) return;
+    if (trace_count == trace_cap) {
+        trace_cap = trace_cap ? 2 * trace_cap : 1024;
+        trace_events = realloc(trace_events, (size_t)trace_cap * sizeof(TraceEvent));
+        if (!trace_events) fatal("out of memory recording trace events");
+    }
+    TraceEvent* e = &trace_events[trace_count++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->name, sizeof e->name, fmt, ap);
+    va_end(ap);
+    snprintf(e->cat, sizeof e->cat, "%s", cat);
+    e->t0 = t0, e->t1 = t1, e->bytes = bytes;
+}
+
+// Writes events as a Chrome trace-event JSON file (events[i] belongs to process proc[i],
+// or to process 0 if proc is NULL): open it in https://ui.perfetto.dev or
+// chrome://tracing. One event per line, times in microseconds since the first event.
+static void trace_write(const char* path, const TraceEvent* events, const int* proc, long n) {
+    FILE* f = fopen(path, "w");
+    if (!f) fatal("cannot create trace '%s': %s", path, strerror(errno));
+    double start = n ? events[0].t0 : 0;
+    for (long i = 0; i < n; i++) start = events[i].t0 < start ? events[i].t0 : start;
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    for (long i = 0; i < n; i++)
+        fprintf(f, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, "
+                   "\"dur\": %.3f, \"args\": {\"bytes\": %.0f}}%s\n",
+                events[i].name, events[i].cat, proc ? proc[i] : 0, 1e6 * (events[i].t0 - start), 1e6 * (events[i].t1 - events[i].t0),
+                events[i].bytes, i + 1 < n ? "," : "");
+    fprintf(f, "]}\n");
+    if (fclose(f) != 0) fatal("cannot write trace '%s': %s", path, strerror(errno));
+}
+
 #pragma GCC diagnostic pop
 #endif // UTIL_H

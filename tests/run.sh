@@ -226,13 +226,14 @@ section_fsdp() {
         bash -c "./train $flags --steps 90 --quiet --save $TMP/half.ckpt >/dev/null &&
                  $MPIRUN -n 3 ./train_fsdp --zero 2 $flags --load $TMP/half.ckpt \"\$@\"" _
     # memory: ZeRO-3 with AdamW holds 1/N of train.c's 20 bytes per parameter, plus one unit in
-    # transit (gathered parameters 4 bytes, its gradient 8, a reduce-scattered shard 8)
-    run "$TMP/mem" $MPIRUN -n 4 ./train_fsdp --optimizer adamw --steps 10 --hidden 256
-    check "fsdp: ZeRO-3 memory per rank is 1/4 of train.c's plus one unit in transit ($(grep 'rank 3:' "$TMP/mem"))" \
+    # transit (its gathered parameters, 4 bytes each, and its gradient, 8)
+    run "$TMP/mem" $MPIRUN -n 4 ./train_fsdp --optimizer adamw --steps 10 --hidden 256 --summary "$TMP/mem.sum"
+    check "fsdp: ZeRO-3 memory per rank is 1/4 of train.c's plus one unit in transit ($(grep -m1 'rank=3' "$TMP/mem.sum"))" \
         awk -v P=$((432 + 256*256 + 256 + 256*27 + 27)) -v U=$((256*256 + 256)) '
-            / rank [0-9]+: / { n++; total = substr($(NF-1), 2) + 0; want = 20 * P / 4 + (4 + 8) * U + 8 * U / 4;
-                               if (total < 0.99 * want || total > 1.01 * want) bad = 1 }
-            END { exit !(n == 4 && !bad) }' "$TMP/mem"
+            /^rank=/ { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+                       held = v["params"] + v["grads"] + v["optim"]; want = 20 * P / 4 + (4 + 8) * U;
+                       if (held < 0.99 * want || held > 1.01 * want) bad = 1 }
+            END { exit !(n == 4 && !bad) }' "$TMP/mem.sum"
     expect_error 2 "--zero must be an integer from 1 to 3, got '4'" "fsdp: --zero 4 is refused" -- $MPIRUN -n 2 ./train_fsdp --zero 4
     expect_error 2 "--prefetch applies to --zero 3 only" "fsdp: --prefetch with stage 1 is refused" -- $MPIRUN -n 2 ./train_fsdp --zero 1 --prefetch
     expect_error 2 "3 ranks but a batch of 2 rows" "fsdp: more ranks than rows is refused" -- $MPIRUN -n 3 ./train_fsdp --batch 2
@@ -280,12 +281,15 @@ section_pp() {
         done
     done
     # activations held: GPipe all M microbatches on every stage, 1F1B at most S - s on stage s
-    for sched in gpipe 1f1b; do
-        run "$TMP/peak" $MPIRUN -n 5 ./train_pp --layers 3 --microbatches 8 --schedule $sched --steps 5 --samples 0
-        check "pp: $sched holds $([ $sched = gpipe ] && echo 'all 8 microbatch activations on every stage' || echo 'at most S - s = 5, 4, 3, 2, 1')" \
-            awk -v sched=$sched '/^  stage [0-9]: bubble/ { s = $2 + 0; p = $(index($0, "peak") ? 0 : 0); for (i = 1; i <= NF; i++) if ($i == "peak") p = $(i+1);
-                                   want = sched == "gpipe" ? 8 : 5 - s; n++; if (p != want) bad = 1 } END { exit !(n == 5 && !bad) }' "$TMP/peak"
-    done
+    run "$TMP/peak" $MPIRUN -n 5 ./train_pp --layers 3 --microbatches 8 --schedule gpipe --steps 5 --samples 0
+    check "pp: GPipe holds all 8 microbatch activations on every stage" \
+        grep -q 'stage by stage: 8 8 8 8 8 (GPipe' "$TMP/peak"
+    run "$TMP/peak" $MPIRUN -n 5 ./train_pp --layers 3 --microbatches 8 --schedule 1f1b --steps 5 --samples 0
+    check "pp: 1F1B holds at most S - s = 5, 4, 3, 2, 1 microbatch activations" \
+        grep -q 'stage by stage: 5 4 3 2 1 (1F1B' "$TMP/peak"
+    run "$TMP/peak" $MPIRUN -n 4 ./train_pp --layers 3 --microbatches 2 --schedule 1f1b --steps 5 --samples 0
+    check "pp: 1F1B with M < S holds at most M = 2 microbatches" \
+        grep -q 'stage by stage: 2 2 2 1 (1F1B' "$TMP/peak"
     # messages larger than MPI's eager limit (64 KiB activations): blocking sends would deadlock 1F1B
     flags="--steps 20 --eval-every 0 --hidden 512 --batch 64 --layers 2"
     reference pp_big $flags
@@ -351,6 +355,43 @@ section_3d() {
 }
 
 # ----------------------------------------------------------------------------
+# Communication and memory accounting: every program counts the bytes it sends as it sends
+# them (dist.h: the collectives are rings of point-to-point messages) and prints each
+# strategy's textbook formula beside the count. On 2 ranks every buffer divides evenly and
+# the two must agree to the byte; otherwise a ring's chunks differ by one element, so each
+# collective may differ from the formula by less than 2 elements (the bound below allows
+# 128 bytes a step, far less than any one message of these layouts). Memory agrees within
+# the padding of sizes the ranks do not divide (5%).
+accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, memory within 5%
+    local name=$1 bound=$2
+    shift 2
+    run "$TMP/acc.out" "$@" --steps 6 --samples 0 --summary "$TMP/acc.sum"
+    check "accounting: $name ($(awk '/^rank=0/ { for (i = 2; i <= NF; i++) printf "%s ", $i }' "$TMP/acc.sum" | cut -c1-80))" \
+        awk -v bound="$bound" '/^rank=/ { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+            d = v["sent"] - v["sent_formula"]; if (d < 0) d = -d; if (d > bound) bad = 1;
+            m = v["params"] + v["grads"] + v["optim"] + v["acts"]; if (m < 0.95 * v["mem_formula"] || m > 1.05 * v["mem_formula"]) bad = 1 }
+            END { exit !(n > 0 && !bad) }' "$TMP/acc.sum"
+}
+section_accounting() {
+    accounting "train.c sends nothing" 0 ./train
+    accounting "dp, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_dp
+    accounting "dp --overlap, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_dp --overlap --bucket-kb 8
+    accounting "dp, 3 ranks, hidden 100" 128 $MPIRUN -n 3 ./train_dp --hidden 100
+    for z in 1 2 3; do
+        accounting "ZeRO-$z, 2 ranks, adamw, clipping, exact" 0 $MPIRUN -n 2 ./train_fsdp --zero $z --optimizer adamw --clip 1
+        accounting "ZeRO-$z, 4 ranks, 3 layers" 128 $MPIRUN -n 4 ./train_fsdp --zero $z --layers 3
+    done
+    accounting "tp, 2 ranks, L=1, exact" 0 $MPIRUN -n 2 ./train_tp
+    accounting "tp, 2 ranks, L=2 (vocabulary-parallel loss), clipping, exact" 0 $MPIRUN -n 2 ./train_tp --layers 2 --clip 1
+    accounting "tp, 3 ranks, L=3, hidden 50" 128 $MPIRUN -n 3 ./train_tp --layers 3 --hidden 50
+    accounting "pp, 2 stages, gpipe, exact" 0 $MPIRUN -n 2 ./train_pp --schedule gpipe --microbatches 4
+    accounting "pp, 4 stages, 1f1b, 29 rows, 3 microbatches" 128 $MPIRUN -n 4 ./train_pp --layers 3 --batch 29 --microbatches 3
+    accounting "3d 2 x 2 x 2, ZeRO-3, exact" 0 $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --zero 3
+    accounting "3d 2 x 1 x 3, ZeRO-2, clipping" 128 $MPIRUN -n 6 ./train_3d --tp 2 --dp 1 --pp 3 --zero 2 --layers 3 --clip 1
+    accounting "3d 1 x 3 x 1, ZeRO-1" 128 $MPIRUN -n 3 ./train_3d --tp 1 --dp 3 --pp 1 --zero 1
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -369,5 +410,6 @@ run_section fsdp
 run_section tp
 run_section pp
 run_section 3d
+run_section accounting
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]
