@@ -1,7 +1,7 @@
 # LLM parallelisms in C, spelled out.
 #
 #   make              build every program (installs OpenMPI first if it is missing and you are root)
-#   make run          the main job (see README)
+#   make run          the main job: train.c and every strategy, compared (QUICK=1: fewer steps)
 #   make test         every test; the last line says "N passed, N failed"
 #   make bench        the performance table of the README (installs OpenBLAS for it if missing)
 #   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
@@ -28,7 +28,7 @@ MPIRUN = mpirun --oversubscribe
 
 HEADERS = util.h model.h data.h cli.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d
-TESTS = tests/test_units tools/compare
+TESTS = tests/test_units tools/compare tools/report
 
 .PHONY: all run test bench clean mpi openblas
 all: $(PROGRAMS)
@@ -49,6 +49,8 @@ tests/test_units: tests/test_units.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tests/test_units.c $(LDLIBS)
 tools/compare: tools/compare.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tools/compare.c $(LDLIBS)
+tools/report: tools/report.c util.h
+	$(CC) $(CFLAGS) -o $@ tools/report.c $(LDLIBS)
 
 # The benchmark, and only the benchmark, links OpenBLAS
 openblas:
@@ -60,10 +62,12 @@ bench/train_omp: train.c $(HEADERS)
 bench: all bench/bench bench/train_omp
 	@bash bench/run.sh
 
-run: all
-	./train
+# the main job: every program side by side (QUICK=1: fewer steps)
+run: all tools/compare tools/report
+	@QUICK=$(QUICK) bash tools/run_all.sh
 
 test: all $(TESTS)
+	@tools/need.sh xmllint libxml2-utils
 	@bash tests/run.sh
 
 clean:

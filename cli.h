@@ -367,13 +367,19 @@ static void figures_print(const Figures* f, int n, const char* sent_words, const
     }
 }
 
-// --summary: the run's figures as key=value lines, every rank's in order.
+// --summary: the run's figures as key=value lines (every rank's in order), and its names.
 static void summary_write(const char* path, const char* program, const char* layout, double val_loss,
-                          const Progress* pr, const Figures* f, int n) {
+                          const Progress* pr, const Figures* f, int n, const int* names, int max_len,
+                          const Dataset* ds) {
     FILE* out = fopen(path, "w");
     if (!out) fatal("cannot create summary '%s': %s", path, strerror(errno));
     fprintf(out, "program=%s\nlayout=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
             layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
+    for (int i = 0; i < pr->o->samples; i++) {
+        fputs("name=", out);
+        for (const int* t = names + (long)i * (max_len + 1); *t; t++) fputc(ds->token_char[*t], out);
+        fputc('\n', out);
+    }
     for (int q = 0; q < n; q++)
         fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_formula=%.0f params=%.0f grads=%.0f "
                      "optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f\n", q, f[q].sent, f[q].sent_axis[0],

@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
                    .acts = (double)B * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL)};
     fig.mem_formula = figures_memory(&fig);
     if (!o.quiet) figures_print(&fig, 1, "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations");
-    if (o.summary) summary_write(o.summary, "train.c", "1 process", val_loss, &progress, &fig, 1);
+    if (o.summary) summary_write(o.summary, "train.c", "1 process", val_loss, &progress, &fig, 1, names, max_len, &ds);
     if (o.trace) trace_write(o.trace, trace_events, NULL, trace_count);
     if (o.save)
         ckpt_save(o.save, cfg, o.opt.adamw, o.steps > start ? o.steps : start, ds.token_char, run.params, run.m, run.v);

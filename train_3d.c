@@ -391,7 +391,7 @@ int main(int argc, char** argv) {
                 printf("\n");
             }
         }
-        if (o.summary) summary_write(o.summary, "train_3d.c", layout, val_loss, &progress, all, world_size);
+        if (o.summary) summary_write(o.summary, "train_3d.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
     }
     free(all);
     if (run.timeline && run.tp.rank == 0 && run.dp.rank == 0) pp_timeline(&run.p); // world rank 0's pipeline

@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
                       run.v);
     }
 
-    if (o.summary && world_rank == 0) summary_write(o.summary, "train_dp.c", layout, val_loss, &progress, all, world_size);
+    if (o.summary && world_rank == 0) summary_write(o.summary, "train_dp.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
 
     free(all);
     free(names);

@@ -451,7 +451,7 @@ int main(int argc, char** argv) {
         print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
                       &ds, o.quiet);
         if (!o.quiet) figures_print(all, world_size, sent_words[run.stage], mem_words[run.stage]);
-        if (o.summary) summary_write(o.summary, "train_fsdp.c", layout, val_loss, &progress, all, world_size);
+        if (o.summary) summary_write(o.summary, "train_fsdp.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
     }
     free(all);
     if (o.save) fsdp_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);

@@ -593,7 +593,7 @@ int main(int argc, char** argv) {
             figures_print(all, world_size, "4 B x B x (the activations out + their gradients in) + 8 B loss",
                           "(4 + 8 + 8 AdamW) B x its parameters + peak x microbatch activations");
         }
-        if (o.summary) summary_write(o.summary, "train_pp.c", layout, val_loss, &progress, all, world_size);
+        if (o.summary) summary_write(o.summary, "train_pp.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
     }
     free(all);
     free(peaks);

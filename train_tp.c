@@ -454,7 +454,7 @@ int main(int argc, char** argv) {
         if (!o.quiet)
             figures_print(all, world_size, "2(N-1)/N x (4 B x B x T x E + 8 B x B x (every split sum's width))",
                           "(4 + 8 + 8 AdamW) B x (P/N + the row-parallel biases) + activations");
-        if (o.summary) summary_write(o.summary, "train_tp.c", layout, val_loss, &progress, all, world_size);
+        if (o.summary) summary_write(o.summary, "train_tp.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
     }
     free(all);
     if (o.save) tp_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);

@@ -122,7 +122,11 @@ static int trace_on; // record trace events now
 // optimizer step), closed for validation and sampling. Communication counters count and
 // trace events record only inside it; trace_on additionally marks the step --trace records.
 static int in_step;
-static void step_window_open(int trace) { in_step = 1, trace_on = trace; }
+static void trace_reserve(long n);
+static void step_window_open(int trace) {
+    if (trace) trace_reserve(4096); // before the step's passes, so that no pass pays for it
+    in_step = 1, trace_on = trace;
+}
 static void step_window_close(void) { in_step = 0, trace_on = 0; }
 
 typedef struct {
@@ -134,6 +138,15 @@ typedef struct {
 
 static TraceEvent* trace_events;
 static long trace_count, trace_cap;
+
+// Room for n events, allocated and touched now.
+static void trace_reserve(long n) {
+    if (trace_cap >= n) return;
+    trace_events = realloc(trace_events, (size_t)n * sizeof(TraceEvent));
+    if (!trace_events) fatal("out of memory reserving trace events");
+    memset(trace_events + trace_cap, 0, (size_t)(n - trace_cap) * sizeof(TraceEvent));
+    trace_cap = n;
+}
 
 __attribute__((format(printf, 5, 6))) static void trace_event(const char* cat, double t0, double t1, double bytes,
                                                               const char* fmt, ...) {

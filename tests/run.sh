@@ -392,6 +392,23 @@ section_accounting() {
 }
 
 # ----------------------------------------------------------------------------
+section_run() {
+    run "$TMP/run.out" env QUICK=1 OUT="$TMP/out" bash tools/run_all.sh
+    local rows
+    rows=$(grep -c '^| train' "$TMP/run.out")
+    check "run: make run QUICK=1 prints 6 rows, every one the same as train.c ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
+        bash -c "test $rows = 6 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 6"
+    check "run: the table shows measured and formula bytes and memory, and the bubble of the pipelines" \
+        bash -c "grep '^| train_pp.c' '$TMP/run.out' | grep -Eq '\| [0-9.]+ (B|KB|MB) \([0-9.]+ (B|KB|MB)\) \| .* \| [0-9.]+ \(' "
+    check "run: loss.svg is well-formed XML with one curve per run" \
+        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 6"
+    check "run: pipeline.svg is well-formed XML with a forward and a backward pass of every microbatch on every stage" \
+        bash -c "xmllint --noout '$TMP/out/pipeline.svg' && test \$(grep -c 'class=\"pass\"' '$TMP/out/pipeline.svg') = 16"
+    check "run: the pipeline run's --trace is valid JSON for Perfetto" \
+        bash -c "head -c 40 '$TMP/out/runs/pp.json' | grep -q traceEvents && tail -1 '$TMP/out/runs/pp.json' | grep -qx ']}'"
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -411,5 +428,6 @@ run_section tp
 run_section pp
 run_section 3d
 run_section accounting
+run_section run
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]

@@ -1,0 +1,302 @@
+/*
+ * tools/report.c: the table and pictures of the main job (make run; tools/run_all.sh
+ * makes the runs, then calls this).
+ *
+ *   tools/report OUT RUN...      # RUN: a name under OUT/runs/, the first one train.c's
+ *
+ * For every run it reads OUT/runs/RUN.sum (--summary), RUN.csv (--log) and RUN.cmp (what
+ * tools/compare said of it against the first run), and prints one table row: program,
+ * layout, ranks, validation loss, whether it is the same as train.c, time, tokens/s,
+ * bytes sent per step per rank and memory per rank (each measured, with the formula's
+ * prediction beside it), pipeline bubble. Then train.c's names, and a note for any run
+ * whose names differ. It writes OUT/loss.svg (every run's training loss, overlaid) and,
+ * from the first run with a trace (RUN.json, --trace), OUT/pipeline.svg (one step of the
+ * pipeline, measured).
+ */
+#include "../util.h"
+
+#define MAX_RUNS 16
+#define MAX_RANKS 256
+#define MAX_NAMES 64
+
+typedef struct {
+    char name[64], program[64], layout[200];
+    int ranks, n_names;
+    double val_loss, seconds, steps, batch;
+    double sent[MAX_RANKS], sent_formula[MAX_RANKS], mem[MAX_RANKS], mem_formula[MAX_RANKS], bubble[MAX_RANKS];
+    char names[MAX_NAMES][64];
+    char cmp[512];
+    double* loss; // per-step training loss
+    long n_loss;
+} Run;
+
+static void read_summary(Run* r, const char* path) {
+    FILE* f = fopen(path, "r");
+    if (!f) fatal("cannot open '%s': %s (did the run finish?)", path, strerror(errno));
+    char line[1024];
+    int q = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!strncmp(line, "program=", 8)) snprintf(r->program, sizeof r->program, "%.63s", line + 8);
+        else if (!strncmp(line, "layout=", 7)) snprintf(r->layout, sizeof r->layout, "%.199s", line + 7);
+        else if (!strncmp(line, "ranks=", 6)) r->ranks = atoi(line + 6);
+        else if (!strncmp(line, "val_loss=", 9)) r->val_loss = atof(line + 9);
+        else if (!strncmp(line, "seconds=", 8)) r->seconds = atof(line + 8);
+        else if (!strncmp(line, "steps=", 6)) r->steps = atof(line + 6);
+        else if (!strncmp(line, "batch=", 6)) r->batch = atof(line + 6);
+        else if (!strncmp(line, "name=", 5) && r->n_names < MAX_NAMES)
+            snprintf(r->names[r->n_names++], 64, "%.63s", line + 5);
+        else if (!strncmp(line, "rank=", 5) && q < MAX_RANKS) {
+            double params = 0, grads = 0, optim = 0, acts = 0;
+            for (char* tok = strtok(line, " "); tok; tok = strtok(NULL, " ")) {
+                char* eq = strchr(tok, '=');
+                if (!eq) continue;
+                *eq = 0;
+                double v = atof(eq + 1);
+                if (!strcmp(tok, "sent")) r->sent[q] = v;
+                if (!strcmp(tok, "sent_formula")) r->sent_formula[q] = v;
+                if (!strcmp(tok, "params")) params = v;
+                if (!strcmp(tok, "grads")) grads = v;
+                if (!strcmp(tok, "optim")) optim = v;
+                if (!strcmp(tok, "acts")) acts = v;
+                if (!strcmp(tok, "mem_formula")) r->mem_formula[q] = v;
+                if (!strcmp(tok, "bubble")) r->bubble[q] = v;
+            }
+            r->mem[q++] = params + grads + optim + acts;
+        }
+    }
+    fclose(f);
+    if (q != r->ranks) fatal("'%s': %d ranks listed, %d expected", path, q, r->ranks);
+}
+
+static void read_log(Run* r, const char* path) {
+    FILE* f = fopen(path, "r");
+    if (!f) fatal("cannot open '%s': %s", path, strerror(errno));
+    char line[512];
+    long cap = 1024;
+    r->loss = mallocCheck(sizeof(double) * cap);
+    if (!fgets(line, sizeof line, f)) fatal("'%s' is empty", path);
+    while (fgets(line, sizeof line, f)) {
+        long step;
+        double l;
+        if (sscanf(line, "%ld,%lf", &step, &l) != 2) continue;
+        if (r->n_loss == cap) r->loss = realloc(r->loss, sizeof(double) * (cap *= 2));
+        if (!r->loss) fatal("out of memory");
+        r->loss[r->n_loss++] = l;
+    }
+    fclose(f);
+}
+
+static void size_text(char* out, size_t n, double b) {
+    if (b < 1e3) snprintf(out, n, "%.0f B", b);
+    else if (b < 1e6) snprintf(out, n, "%.1f KB", b / 1e3);
+    else snprintf(out, n, "%.2f MB", b / 1e6);
+}
+
+// "yes", or where and by how much the run differs from train.c's
+static void same_text(char* out, size_t n, const Run* r, const Run* ref) {
+    int names_same = r->n_names == ref->n_names;
+    for (int i = 0; names_same && i < r->n_names; i++) names_same = !strcmp(r->names[i], ref->names[i]);
+    if (!strncmp(r->cmp, "identical", 9) && names_same && r->val_loss == ref->val_loss) {
+        snprintf(out, n, "yes");
+        return;
+    }
+    const char* first = strstr(r->cmp, "first at step");
+    if (first) snprintf(out, n, "no: %.*s", (int)strcspn(first, ";"), first);
+    else snprintf(out, n, "no: %s", names_same ? r->cmp : "different names");
+}
+
+// ----------------------------------------------------------------------------
+// loss.svg: every run's training loss (means over windows of steps), overlaid
+
+static const char* colours[] = {"#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
+
+static void write_loss_svg(const char* path, Run* runs, int n) {
+    FILE* f = fopen(path, "w");
+    if (!f) fatal("cannot create '%s': %s", path, strerror(errno));
+    long steps = runs[0].n_loss;
+    int points = steps < 100 ? (int)steps : 100;
+    long window = (steps + points - 1) / points;
+    double lo = INFINITY, hi = -INFINITY;
+    for (int k = 0; k < n; k++)
+        for (long i = 0; i + window <= runs[k].n_loss; i += window) {
+            double s = 0;
+            for (long j = i; j < i + window; j++) s += runs[k].loss[j];
+            lo = s / window < lo ? s / window : lo;
+            hi = s / window > hi ? s / window : hi;
+        }
+    if (!(hi > lo)) hi = lo + 1;
+    double W = 820, H = 440, x0 = 60, y0 = 40, pw = 560, ph = 340;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n", W, H);
+    fprintf(f, "<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Training loss of every run (mean over %ld steps): the "
+               "curves lie on top of each other</text>\n", x0, window);
+    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#999\"/>\n", x0, y0,
+            pw, ph);
+    for (int t = 0; t <= 4; t++) { // axes: 5 ticks each
+        double v = lo + (hi - lo) * t / 4, y = y0 + ph - ph * t / 4, s = (double)steps * t / 4, x = x0 + pw * t / 4;
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.2f</text>\n", x0 - 6, y + 4, v);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n", x, y0 + ph + 16, s);
+    }
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">step</text>\n", x0 + pw / 2, y0 + ph + 34);
+    for (int k = 0; k < n; k++) { // the first run widest, underneath: identical curves stay visible
+        fprintf(f, "<polyline class=\"curve\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" points=\"",
+                colours[k % 8], 1.0 + 1.6 * (n - 1 - k));
+        for (long i = 0; i + window <= runs[k].n_loss; i += window) {
+            double s = 0;
+            for (long j = i; j < i + window; j++) s += runs[k].loss[j];
+            fprintf(f, "%.1f,%.1f ", x0 + pw * (i + window / 2.0) / steps, y0 + ph - ph * (s / window - lo) / (hi - lo));
+        }
+        fprintf(f, "\"/>\n");
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
+                x0 + pw + 20, y0 + 10 + 20.0 * k, x0 + pw + 40, y0 + 10 + 20.0 * k, colours[k % 8]);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s, %d rank%s</text>\n", x0 + pw + 46, y0 + 14 + 20.0 * k,
+                runs[k].program, runs[k].ranks, runs[k].ranks > 1 ? "s" : "");
+    }
+    fprintf(f, "</svg>\n");
+    if (fclose(f) != 0) fatal("cannot write '%s'", path);
+}
+
+// ----------------------------------------------------------------------------
+// pipeline.svg: one measured training step of the pipeline run, one row per stage
+
+static void write_pipeline_svg(const char* path, const char* trace, const Run* r) {
+    FILE* in = fopen(trace, "r");
+    if (!in) fatal("cannot open '%s': %s", trace, strerror(errno));
+    enum { MAX_EV = 4096 };
+    static int pid[MAX_EV], mb[MAX_EV], fwd[MAX_EV];
+    static double ts[MAX_EV], dur[MAX_EV];
+    int n = 0, stages = 0;
+    char line[1024];
+    while (fgets(line, sizeof line, in) && n < MAX_EV) { // one event per line (util.h writes them so)
+        char name[64], cat[32];
+        int p;
+        double t, d;
+        if (sscanf(line, "{\"name\": \"%63[^\"]\", \"cat\": \"%31[^\"]\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, "
+                         "\"ts\": %lf, \"dur\": %lf", name, cat, &p, &t, &d) != 5 || strcmp(cat, "pipeline"))
+            continue;
+        pid[n] = p, ts[n] = t, dur[n] = d, fwd[n] = name[0] == 'F', mb[n] = atoi(name + 1);
+        stages = p + 1 > stages ? p + 1 : stages;
+        n++;
+    }
+    fclose(in);
+    if (n == 0) fatal("'%s' has no pipeline events", trace);
+    double start = ts[0], end = 0;
+    for (int i = 0; i < n; i++) start = ts[i] < start ? ts[i] : start;
+    for (int i = 0; i < n; i++) end = ts[i] + dur[i] - start > end ? ts[i] + dur[i] - start : end;
+    double x0 = 80, pw = 760, rowh = 34, y0 = 50, H = y0 + stages * (rowh + 10) + 70, W = x0 + pw + 30;
+    FILE* f = fopen(path, "w");
+    if (!f) fatal("cannot create '%s': %s", path, strerror(errno));
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H, W, H);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">%s: one training step, measured (%s)</text>\n", x0,
+            r->program, r->layout);
+    fprintf(f, "<text x=\"%.0f\" y=\"38\">forward passes blue, backward passes orange, numbered by microbatch; "
+               "white: the stage waits</text>\n", x0);
+    for (int s = 0; s < stages; s++) {
+        double y = y0 + s * (rowh + 10);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">stage %d</text>\n", x0 - 8, y + rowh / 2 + 4, s);
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.0f\" fill=\"white\" stroke=\"#bbb\"/>\n", x0,
+                y, pw, rowh);
+    }
+    for (int i = 0; i < n; i++) {
+        double x = x0 + pw * (ts[i] - start) / end, w = pw * dur[i] / end, y = y0 + pid[i] * (rowh + 10);
+        fprintf(f, "<rect class=\"pass\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" "
+                   "stroke=\"white\" stroke-width=\"0.5\"/>\n", x, y, w > 0.5 ? w : 0.5, rowh,
+                fwd[i] ? "#6fa8dc" : "#f6b26b");
+        if (w > 12)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", x + w / 2, y + rowh / 2 + 4,
+                    mb[i]);
+    }
+    double yaxis = y0 + stages * (rowh + 10) + 8;
+    for (int t = 0; t <= 4; t++)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.2f ms</text>\n", x0 + pw * t / 4, yaxis + 12,
+                end / 1e3 * t / 4);
+    double bub = 0;
+    for (int q = 0; q < r->ranks; q++) bub += r->bubble[q] / r->ranks;
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">bubble, measured over the whole run: %.2f of the time, mean over "
+               "stages</text>\n</svg>\n", x0, yaxis + 36, bub);
+    if (fclose(f) != 0) fatal("cannot write '%s'", path);
+}
+
+int main(int argc, char** argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: tools/report OUT RUN... (the first run is train.c's)\n");
+        return 2;
+    }
+    const char* out = argv[1];
+    int n = argc - 2 < MAX_RUNS ? argc - 2 : MAX_RUNS;
+    Run* runs = callocCheck(n, sizeof(Run));
+    char path[512];
+    for (int k = 0; k < n; k++) {
+        Run* r = &runs[k];
+        snprintf(r->name, sizeof r->name, "%s", argv[k + 2]);
+        snprintf(path, sizeof path, "%s/runs/%s.sum", out, r->name);
+        read_summary(r, path);
+        snprintf(path, sizeof path, "%s/runs/%s.csv", out, r->name);
+        read_log(r, path);
+        snprintf(path, sizeof path, "%s/runs/%s.cmp", out, r->name);
+        FILE* f = fopen(path, "r");
+        if (f) {
+            if (!fgets(r->cmp, sizeof r->cmp, f)) r->cmp[0] = 0;
+            r->cmp[strcspn(r->cmp, "\n")] = 0;
+            fclose(f);
+        } else if (k == 0) {
+            snprintf(r->cmp, sizeof r->cmp, "identical (the reference)");
+        }
+    }
+    printf("| program | layout | ranks | val loss | same as train.c | time | tokens/s | sent/step/rank (formula) | "
+           "memory/rank (formula) | bubble |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    int all_same = 1;
+    for (int k = 0; k < n; k++) {
+        Run* r = &runs[k];
+        int q = 0; // the rank that sends the most, and the one that holds the most
+        for (int i = 1; i < r->ranks; i++) q = r->sent[i] > r->sent[q] ? i : q;
+        int m = 0;
+        for (int i = 1; i < r->ranks; i++) m = r->mem[i] > r->mem[m] ? i : m;
+        char same[300], s1[32], s2[32], m1[32], m2[32], bubble[64] = "-";
+        same_text(same, sizeof same, r, &runs[0]);
+        all_same &= !strcmp(same, "yes");
+        size_text(s1, sizeof s1, r->sent[q]);
+        size_text(s2, sizeof s2, r->sent_formula[q]);
+        size_text(m1, sizeof m1, r->mem[m]);
+        size_text(m2, sizeof m2, r->mem_formula[m]);
+        double bmin = 1, bmax = 0, bsum = 0;
+        int nb = 0;
+        for (int i = 0; i < r->ranks; i++)
+            if (r->bubble[i] >= 0) bmin = r->bubble[i] < bmin ? r->bubble[i] : bmin, bmax = r->bubble[i] > bmax ? r->bubble[i] : bmax, bsum += r->bubble[i], nb++;
+        if (nb) snprintf(bubble, sizeof bubble, "%.2f (%.2f-%.2f)", bsum / nb, bmin, bmax);
+        printf("| %s | %s | %d | %.4f | %s | %.1f s | %.0f | %s (%s) | %s (%s) | %s |\n", r->program, r->layout,
+               r->ranks, r->val_loss, same, r->seconds, r->seconds > 0 ? r->steps * r->batch / r->seconds : 0.0, s1,
+               s2, m1, m2, bubble);
+    }
+    printf("\nsent and memory: the rank that sends, or holds, the most; bubble: mean over stages (least-most).\n");
+    printf("\nnames generated by train.c:");
+    for (int i = 0; i < runs[0].n_names; i++) printf(" %s", runs[0].names[i]);
+    printf("\n");
+    for (int k = 1; k < n; k++) {
+        int same = runs[k].n_names == runs[0].n_names;
+        for (int i = 0; same && i < runs[k].n_names; i++) same = !strcmp(runs[k].names[i], runs[0].names[i]);
+        if (!same) {
+            printf("NOTE: %s (%s) generated other names:", runs[k].program, runs[k].layout);
+            for (int i = 0; i < runs[k].n_names; i++) printf(" %s", runs[k].names[i]);
+            printf("\n");
+        }
+    }
+    if (all_same) printf("every run generated the same names, and is the same as train.c bit for bit.\n");
+    snprintf(path, sizeof path, "%s/loss.svg", out);
+    write_loss_svg(path, runs, n);
+    for (int k = 0; k < n; k++) {
+        snprintf(path, sizeof path, "%s/runs/%s.json", out, runs[k].name);
+        FILE* t = fopen(path, "r");
+        if (!t) continue;
+        fclose(t);
+        char svg[512];
+        snprintf(svg, sizeof svg, "%s/pipeline.svg", out);
+        write_pipeline_svg(svg, path, &runs[k]);
+        break;
+    }
+    return all_same ? 0 : 1;
+}

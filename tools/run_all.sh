@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# tools/run_all.sh: the main job, `make run`. Trains with train.c and with every strategy
+# in a small layout, compares each run with train.c (losses at every step, final
+# parameters, validation loss, names), and prints one table with the measured time,
+# bytes sent and memory of each, the formulas' predictions beside them, and the pipeline
+# bubble. Writes out/loss.svg, out/pipeline.svg and out/table.md; the runs' logs,
+# checkpoints, summaries and the pipeline's trace stay in out/runs/.
+#
+#   make run            # 25,000 steps each, the default configuration: a few minutes
+#   make run QUICK=1    # 2,500 steps each
+#
+# The layouts fit a 2-core machine where it matters: the pipeline runs 2 stages, so that
+# its timeline shows the schedule, not processes taking turns on a core; the 3D run needs
+# 8 ranks and shares the cores (its time says so, its bytes and results do not change).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+OUT=${OUT:-out}
+FLAGS="--eval-every 2500"
+[ "${QUICK:-0}" = 1 ] && FLAGS="--steps 2500 --eval-every 500"
+MPIRUN="mpirun --oversubscribe"
+mkdir -p "$OUT/runs"
+rm -f "$OUT"/runs/*
+
+# name | what | command
+RUNS="train|train.c, the reference, 1 process|./train
+dp|train_dp.c, data parallel on 2 ranks|$MPIRUN -n 2 ./train_dp
+fsdp|train_fsdp.c, ZeRO-3 on 2 ranks|$MPIRUN -n 2 ./train_fsdp --zero 3
+tp|train_tp.c, tensor parallel on 2 ranks|$MPIRUN -n 2 ./train_tp
+pp|train_pp.c, 2 pipeline stages, 1f1b, 4 microbatches|$MPIRUN -n 2 ./train_pp --schedule 1f1b --microbatches 4
+3d|train_3d.c, tensor 2 x data 2 x pipeline 2 = 8 ranks|$MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2"
+N=$(echo "$RUNS" | wc -l)
+i=0
+names=""
+while IFS='|' read -r name what cmd; do
+    i=$((i + 1))
+    echo "[$i/$N] $what"
+    extra=""
+    [ "$name" = pp ] && extra="--trace $OUT/runs/$name.json"
+    # show the progress lines as they come; keep the whole output
+    $cmd $FLAGS --log "$OUT/runs/$name.csv" --save "$OUT/runs/$name.ckpt" --summary "$OUT/runs/$name.sum" $extra \
+        </dev/null 2>&1 | tee "$OUT/runs/$name.out" | sed -n 's/^step /      step /p'
+    if [ "$name" != train ]; then
+        tools/compare "$OUT/runs/train.csv" "$OUT/runs/$name.csv" "$OUT/runs/train.ckpt" "$OUT/runs/$name.ckpt" \
+            >"$OUT/runs/$name.cmp" || true
+        echo "      compared with train.c: $(cat "$OUT/runs/$name.cmp")"
+    fi
+    names="$names $name"
+done <<<"$RUNS"
+echo
+status=0
+tools/report "$OUT" $names | tee "$OUT/table.md" || status=$?
+echo
+echo "pictures: $OUT/loss.svg (the loss curves) and $OUT/pipeline.svg (one pipeline step); the pipeline's trace"
+echo "for https://ui.perfetto.dev: $OUT/runs/pp.json (any program writes one with --trace FILE)"
+exit $status
