@@ -24,6 +24,7 @@ typedef struct {
     int ranks, n_names;
     double val_loss, seconds, steps, batch;
     double sent[MAX_RANKS], sent_formula[MAX_RANKS], mem[MAX_RANKS], mem_formula[MAX_RANKS], bubble[MAX_RANKS];
+    double axis[MAX_RANKS][3]; // train_3d.c: sent on the tensor, data, pipeline axes
     char names[MAX_NAMES][64];
     char cmp[512];
     double* loss; // per-step training loss
@@ -54,6 +55,9 @@ static void read_summary(Run* r, const char* path) {
                 *eq = 0;
                 double v = atof(eq + 1);
                 if (!strcmp(tok, "sent")) r->sent[q] = v;
+                if (!strcmp(tok, "sent_tp")) r->axis[q][0] = v;
+                if (!strcmp(tok, "sent_dp")) r->axis[q][1] = v;
+                if (!strcmp(tok, "sent_pp")) r->axis[q][2] = v;
                 if (!strcmp(tok, "sent_formula")) r->sent_formula[q] = v;
                 if (!strcmp(tok, "params")) params = v;
                 if (!strcmp(tok, "grads")) grads = v;
@@ -256,10 +260,16 @@ int main(int argc, char** argv) {
         for (int i = 1; i < r->ranks; i++) q = r->sent[i] > r->sent[q] ? i : q;
         int m = 0;
         for (int i = 1; i < r->ranks; i++) m = r->mem[i] > r->mem[m] ? i : m;
-        char same[300], s1[32], s2[32], m1[32], m2[32], bubble[64] = "-";
+        char same[300], s1[128], s2[32], m1[32], m2[32], bubble[64] = "-";
         same_text(same, sizeof same, r, &runs[0]);
         all_same &= !strcmp(same, "yes");
         size_text(s1, sizeof s1, r->sent[q]);
+        if (!strcmp(r->program, "train_3d.c")) { // and by axis
+            char a[3][32];
+            for (int x = 0; x < 3; x++) size_text(a[x], sizeof a[x], r->axis[q][x]);
+            size_t used = strlen(s1);
+            snprintf(s1 + used, sizeof s1 - used, ": tp %s, dp %s, pp %s", a[0], a[1], a[2]);
+        }
         size_text(s2, sizeof s2, r->sent_formula[q]);
         size_text(m1, sizeof m1, r->mem[m]);
         size_text(m2, sizeof m2, r->mem_formula[m]);
