@@ -44,7 +44,7 @@ ZeRO-1|2|$MPIRUN -n 2 ./train_fsdp --zero 1
 ZeRO-3|2|$MPIRUN -n 2 ./train_fsdp --zero 3
 tensor parallel|2|$MPIRUN -n 2 ./train_tp
 pipeline 1f1b, 8 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule 1f1b --microbatches 8
-3D tp 2 (dp 1, pp 1)|2|$MPIRUN -n 2 ./train_3d --tp 2 --dp 1 --pp 1
+3D tp 2 (dp 1, pp 1, 1 microbatch)|2|$MPIRUN -n 2 ./train_3d --tp 2 --dp 1 --pp 1 --microbatches 1
 triple loops (bench.c)|1|bench/bench naive
 OpenBLAS sgemm, same shapes (bench.c)|1|bench/bench sgemm
 EOF
