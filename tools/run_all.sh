@@ -39,7 +39,7 @@ while IFS='|' read -r name what cmd; do
     [ "$name" = pp ] && extra="--trace $OUT/runs/$name.json"
     # show the progress lines as they come; keep the whole output
     $cmd $FLAGS --log "$OUT/runs/$name.csv" --save "$OUT/runs/$name.ckpt" --summary "$OUT/runs/$name.sum" $extra \
-        </dev/null 2>&1 | tee "$OUT/runs/$name.out" | sed -n 's/^step /      step /p'
+        </dev/null 2>&1 | tee "$OUT/runs/$name.out" | sed -u -n 's/^step /      step /p'
     if [ "$name" != train ]; then
         tools/compare "$OUT/runs/train.csv" "$OUT/runs/$name.csv" "$OUT/runs/train.ckpt" "$OUT/runs/$name.ckpt" \
             >"$OUT/runs/$name.cmp" || true
