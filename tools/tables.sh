@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# tools/tables.sh: the measured tables of the README, one section per strategy.
+#
+#   bash tools/tables.sh dp fsdp tp pp 3d     # any of them; all of them without arguments
+#
+# dp, fsdp, tp, 3d: every run trains the default configuration (25,000 steps; 3d: fewer,
+# see below) with --log, --save and --summary; tools/compare checks each against train.c
+# and tools/report prints the table (measured bytes and memory, formulas beside them).
+# pp: short runs of wider models, one per (stages, microbatches, schedule).
+# This machine has 2 cores: runs with more ranks share them, which shows in their times
+# (and in the pipeline's measured bubble), not in their bytes, memory or results.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+make -s all tools/compare tools/report
+OUT=${OUT:-out/tables}
+MPIRUN="mpirun --oversubscribe"
+
+# one NAME FLAGS -- COMMAND...: a run into $OUT/runs/NAME.*, compared with train.c's (NAME train)
+one() {
+    local name=$1 flags=$2
+    shift 3
+    echo "  $name: $* $flags" >&2
+    "$@" $flags --log "$OUT/runs/$name.csv" --save "$OUT/runs/$name.ckpt" --summary "$OUT/runs/$name.sum" \
+        </dev/null >"$OUT/runs/$name.out" 2>&1
+    if [ "$name" != train ]; then
+        tools/compare "$OUT/runs/train.csv" "$OUT/runs/$name.csv" "$OUT/runs/train.ckpt" "$OUT/runs/$name.ckpt" \
+            >"$OUT/runs/$name.cmp" || true
+    fi
+}
+fresh() {
+    rm -rf "$OUT"
+    mkdir -p "$OUT/runs"
+}
+
+table_dp() {
+    fresh
+    local f="--eval-every 0"
+    one train "$f" -- ./train
+    for n in 2 4; do one dp$n "$f" -- $MPIRUN -n $n ./train_dp; done
+    one dp2o "$f" -- $MPIRUN -n 2 ./train_dp --overlap
+    echo "### data parallel: \`bash tools/tables.sh dp\`"
+    echo
+    tools/report "$OUT" train dp2 dp4 dp2o
+}
+
+table_fsdp() {
+    fresh
+    local f="--eval-every 0 --optimizer adamw"
+    one train "$f" -- ./train
+    for z in 1 2 3; do for n in 2 4; do one z$z-$n "$f" -- $MPIRUN -n $n ./train_fsdp --zero $z; done; done
+    echo "### ZeRO stages, AdamW: \`bash tools/tables.sh fsdp\`"
+    echo
+    tools/report "$OUT" train z1-2 z1-4 z2-2 z2-4 z3-2 z3-4
+    # and a model whose units are of similar sizes: there the 1/N of ZeRO-3 shows
+    fresh
+    f="--eval-every 0 --optimizer adamw --hidden 256 --layers 4 --steps 2000"
+    one train "$f" -- ./train
+    for z in 1 2 3; do one z$z-4 "$f" -- $MPIRUN -n 4 ./train_fsdp --zero $z; done
+    echo
+    echo "### ZeRO stages on 4 ranks, a model of 5 similar layers (\`--hidden 256 --layers 4 --steps 2000\`, AdamW): \`bash tools/tables.sh fsdp\`"
+    echo
+    tools/report "$OUT" train z1-4 z2-4 z3-4
+}
+
+table_tp() {
+    fresh
+    local f="--eval-every 0"
+    one train "$f" -- ./train
+    for n in 2 4; do one tp$n "$f" -- $MPIRUN -n $n ./train_tp; done
+    echo "### tensor parallel: \`bash tools/tables.sh tp\`"
+    echo
+    tools/report "$OUT" train tp2 tp4
+    echo
+    for n in 2 4; do
+        echo "- $n ranks, parameters per rank: $(grep -o '| memory [0-9.]* [KMG]*B' "$OUT/runs/tp$n.out" | head -1 | cut -d' ' -f3-)" \
+            "(train.c: $(grep -o '| memory [0-9.]* [KMG]*B' "$OUT/runs/train.out" | head -1 | cut -d' ' -f3-))"
+    done
+}
+
+# pp_row NAME S M SCHED: a table row from a pipeline run's summary and output
+pp_row() {
+    local name=$1 s=$2 m=$3 sched=$4
+    awk -v s=$s -v m=$m -v sched=$sched '
+        /^seconds=/ { split($0, a, "="); secs = a[2] } /^steps=/ { split($0, a, "="); steps = a[2] }
+        /^rank=/ { for (i = 1; i <= NF; i++) if ($i ~ /^bubble=/) { split($i, a, "="); b = b sprintf("%s%.2f", b == "" ? "" : " ", a[2]) } }
+        END { printf "| %d | %d | %s | %.3f | %s | %.2f | ", s, m, sched, 1e3 * secs / steps, b, (s - 1) / (m + s - 1) }' \
+        "$OUT/runs/$name.sum"
+    echo "$(sed -n 's/.*stage by stage: \([0-9 ]*\) .*/\1/p' "$OUT/runs/$name.out") | $([ "$(cut -c1-9 "$OUT/runs/$name.cmp")" = identical ] && echo yes || echo no) |"
+}
+pp_header() {
+    echo "| stages | microbatches | schedule | ms/step | bubble measured (per stage) | bubble in theory | activations held at the peak (per stage) | same as train.c |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+}
+
+table_pp() {
+    fresh
+    # 2 stages, one core each, a model whose two halves cost the same
+    local f="--layers 2 --hidden 256 --steps 300 --eval-every 0 --samples 0"
+    one train "$f" -- ./train
+    echo "### pipeline, 2 stages on 2 cores, \`--layers 2 --hidden 256 --steps 300\`: \`bash tools/tables.sh pp\`"
+    echo
+    pp_header
+    for m in 1 2 4 8 16; do
+        for sched in naive gpipe 1f1b; do
+            one pp2-$m-$sched "$f" -- $MPIRUN -n 2 ./train_pp --microbatches $m --schedule $sched
+            pp_row pp2-$m-$sched 2 $m $sched
+        done
+    done
+    # 3 and 4 stages: more ranks than this machine has cores
+    fresh
+    f="--layers 3 --hidden 256 --steps 200 --eval-every 0 --samples 0"
+    one train "$f" -- ./train
+    echo
+    echo "### pipeline, 3 and 4 stages sharing 2 cores, \`--layers 3 --hidden 256 --steps 200\`: \`bash tools/tables.sh pp\`"
+    echo
+    pp_header
+    for s in 3 4; do
+        for m in 1 4 8; do
+            for sched in naive gpipe 1f1b; do
+                one pp$s-$m-$sched "$f" -- $MPIRUN -n $s ./train_pp --microbatches $m --schedule $sched
+                pp_row pp$s-$m-$sched $s $m $sched
+            done
+        done
+    done
+    echo
+    echo "#### one gpipe step and one 1f1b step, 2 stages, 8 microbatches (\`--timeline\`)"
+    echo
+    for sched in gpipe 1f1b; do
+        echo '```'
+        echo "\$ mpirun -n 2 ./train_pp --layers 2 --hidden 256 --microbatches 8 --schedule $sched --steps 300 --eval-every 0 --samples 0 --timeline"
+        $MPIRUN -n 2 ./train_pp --layers 2 --hidden 256 --microbatches 8 --schedule $sched --steps 300 --eval-every 0 \
+            --samples 0 --timeline </dev/null | sed -n '/^timeline/,$p'
+        echo '```'
+    done
+}
+
+table_3d() {
+    fresh
+    local f="--layers 3 --steps 2500 --eval-every 0"
+    one train "$f" -- ./train
+    one g222 "$f" -- $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2
+    one g123 "$f" -- $MPIRUN -n 6 ./train_3d --tp 1 --dp 2 --pp 3 --zero 1
+    one g213 "$f" -- $MPIRUN -n 6 ./train_3d --tp 2 --dp 1 --pp 3 --schedule gpipe
+    one g411 "$f" -- $MPIRUN -n 4 ./train_3d --tp 4 --dp 1 --pp 1
+    one g141 "$f" -- $MPIRUN -n 4 ./train_3d --tp 1 --dp 4 --pp 1 --zero 2
+    echo "### 3D grids, \`--layers 3 --steps 2500\`: \`bash tools/tables.sh 3d\`"
+    echo
+    tools/report "$OUT" train g222 g123 g213 g411 g141
+}
+
+for t in ${*:-dp fsdp tp pp 3d}; do
+    "table_$t"
+    echo
+done
