@@ -54,9 +54,7 @@ __attribute__((format(printf, 3, 4), noreturn)) static void dist_exit(int status
     if (world_rank == 0) {
         va_list ap;
         va_start(ap, fmt);
-        fputs("error: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        print_error(fmt, ap);
         va_end(ap);
         if (run_line) fprintf(stderr, "run %s --help for the flags\n", run_line);
     }

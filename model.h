@@ -539,6 +539,15 @@ static int64_t xent_finish(float* probs, const int64_t* expsum, const float* row
     }
     return loss;
 }
+// the four steps on one rank holding the whole vocabulary (train.c's case): the logits
+// become the probabilities in place; returns the exact sum of the rows' losses
+static int64_t xent_forward(float* logits, int64_t* expsum, float* rowmax, float* tlogit, const int* targets, int R,
+                            int V, long rows_total) {
+    xent_rowmax(rowmax, logits, R, V, 0, V);
+    xent_target_logit(tlogit, logits, targets, R, V, 0);
+    xent_expsum(expsum, logits, logits, rowmax, R, V, 0, V);
+    return xent_finish(logits, expsum, rowmax, tlogit, R, V, rows_total);
+}
 // backward of the loss summed over rows: dlogits = probs - onehot(target)
 static void xent_backward(float* dlogits, const float* probs, const int* targets, int R, int Vl, int v_lo) {
     memcpy(dlogits, probs, (size_t)R * Vl * sizeof(float));
@@ -699,10 +708,7 @@ static void unit_forward_(const Config* c, int u, const float* w, Acts* a, Scrat
     if (u <= c->layers) {
         relu_forward(out, (long)R * J);
     } else { // the loss: out becomes the softmax probabilities
-        xent_rowmax(a->rowmax, out, R, J, 0, J);
-        xent_target_logit(a->tlogit, out, a->targets, R, J, 0);
-        xent_expsum(a->expsum, out, out, a->rowmax, R, J, 0, J);
-        a->loss = xent_finish(out, a->expsum, a->rowmax, a->tlogit, R, J, rows_total);
+        a->loss = xent_forward(out, a->expsum, a->rowmax, a->tlogit, a->targets, R, J, rows_total);
     }
 }
 

@@ -31,12 +31,17 @@
 // How a fatal error ends the program; MPI programs replace it with MPI_Abort.
 static void (*fatal_exit_hook)(int status) = exit;
 
-__attribute__((format(printf, 1, 2), noreturn)) static void fatal(const char* fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+// "error: " and the message, one line on stderr (fatal here, dist_exit in dist.h)
+static void print_error(const char* fmt, va_list ap) {
     fputs("error: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
+}
+
+__attribute__((format(printf, 1, 2), noreturn)) static void fatal(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    print_error(fmt, ap);
     va_end(ap);
     fflush(stderr);
     fatal_exit_hook(1);
