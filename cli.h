@@ -325,6 +325,7 @@ typedef struct {
     double sent;          // bytes this rank sent per training step
     double sent_axis[3];  // of which on the tensor, data and pipeline axes (train_3d.c)
     double sent_formula;  // what the strategy's formula predicts for `sent`
+    double received;      // bytes this rank received per training step
     double params, grads, optim, acts; // bytes held: parameters, gradient sums, optimizer state, activations
     double mem_formula;   // what the formula predicts for their sum
     double bubble;        // the pipeline's idle fraction, or -1 without a pipeline
@@ -342,14 +343,16 @@ static void print_size(double b) {
 
 // The per-rank table (figures of n ranks), and the formulas in words.
 static void figures_print(const Figures* f, int n, const char* sent_words, const char* mem_words) {
-    printf("per rank, per training step: bytes sent (formula: %s); memory held (formula: %s)\n", sent_words,
-           mem_words);
+    printf("per rank, per training step: bytes sent (formula: %s), and received; memory held (formula: %s)\n",
+           sent_words, mem_words);
     for (int q = 0; q < n; q++) {
         printf("  rank %-3d sent ", q);
         print_size(f[q].sent);
         printf(" (formula ");
         print_size(f[q].sent_formula);
-        printf(") | memory ");
+        printf("), received ");
+        print_size(f[q].received);
+        printf(" | memory ");
         print_size(f[q].params);
         printf(" + ");
         print_size(f[q].grads);
@@ -381,10 +384,10 @@ static void summary_write(const char* path, const char* program, const char* lay
         fputc('\n', out);
     }
     for (int q = 0; q < n; q++)
-        fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_formula=%.0f params=%.0f grads=%.0f "
-                     "optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f\n", q, f[q].sent, f[q].sent_axis[0],
-                f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_formula, f[q].params, f[q].grads, f[q].optim,
-                f[q].acts, f[q].mem_formula, f[q].bubble);
+        fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_formula=%.0f received=%.0f "
+                     "params=%.0f grads=%.0f optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f\n", q, f[q].sent,
+                f[q].sent_axis[0], f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_formula, f[q].received,
+                f[q].params, f[q].grads, f[q].optim, f[q].acts, f[q].mem_formula, f[q].bubble);
     if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
 }
 

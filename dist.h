@@ -95,16 +95,20 @@ typedef struct {
     int rank, size;
     const char* name;   // "dp", "tp", "pp"
     double sent;        // bytes this rank has sent in this group (see the top of this file)
+    double received;    // and received: over all ranks of a group, the two totals are equal
 } Group;
 
 static Group group_world(const char* name) {
-    Group g = {MPI_COMM_WORLD, world_rank, world_size, name, 0.0};
+    Group g = {MPI_COMM_WORLD, world_rank, world_size, name, 0.0, 0.0};
     return g;
 }
 
-// Adds to a group's counter, inside the measurement window of a training step (util.h).
+// Add to a group's counters, inside the measurement window of a training step (util.h).
 static void count_sent(Group* g, double bytes) {
     if (in_step) g->sent += bytes;
+}
+static void count_received(Group* g, double bytes) {
+    if (in_step) g->received += bytes;
 }
 
 static int type_bytes(MPI_Datatype t) {
@@ -156,6 +160,7 @@ static void ring_step(Group* g, char* buf, long count, MPI_Datatype t, int out, 
     MPI_Sendrecv(buf + olo * b, (int)(ohi - olo), t, next, 7, into ? into : buf + ilo * b, (int)(ihi - ilo), t, prev, 7,
                  g->comm, MPI_STATUS_IGNORE);
     count_sent(g, (double)(ohi - olo) * b);
+    count_received(g, (double)(ihi - ilo) * b);
 }
 
 // Ring reduce-scatter, in place: afterwards chunk r of buf holds the sum over every rank
@@ -193,6 +198,7 @@ static void group_iallreduce(Group* g, void* buf, long count, MPI_Datatype type,
     MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op, g->comm, req);
     double b = 2.0 * (g->size - 1) / g->size * (double)count * type_bytes(type);
     count_sent(g, b);
+    count_received(g, b);
     trace_event("comm", now_seconds(), now_seconds(), b, "start all-reduce %s", g->name);
 }
 // Reduce-scatter, in place: buf holds size * shard elements on every rank; afterwards
@@ -223,6 +229,7 @@ static void group_iallgather(Group* g, const void* send, void* recv, long shard,
     MPI_Iallgather(send, (int)shard, type, recv, (int)shard, type, g->comm, req);
     double b = (double)(g->size - 1) * shard * type_bytes(type);
     count_sent(g, b);
+    count_received(g, b);
     trace_event("comm", now_seconds(), now_seconds(), b, "start all-gather %s", g->name);
 }
 static void group_send(Group* g, const void* buf, long count, MPI_Datatype type, int to, int tag) {
@@ -232,8 +239,8 @@ static void group_send(Group* g, const void* buf, long count, MPI_Datatype type,
     trace_event("comm", t, now_seconds(), (double)count * type_bytes(type), "send %s %d", g->name, to);
 }
 static void group_recv(Group* g, void* buf, long count, MPI_Datatype type, int from, int tag) {
-    (void)g;
     MPI_Recv(buf, (int)count, type, from, tag, g->comm, MPI_STATUS_IGNORE);
+    count_received(g, (double)count * type_bytes(type));
 }
 static void group_isend(Group* g, const void* buf, long count, MPI_Datatype type, int to, int tag,
                         MPI_Request* req) {
@@ -241,8 +248,10 @@ static void group_isend(Group* g, const void* buf, long count, MPI_Datatype type
     count_sent(g, (double)count * type_bytes(type));
     trace_event("comm", now_seconds(), now_seconds(), (double)count * type_bytes(type), "send %s %d", g->name, to);
 }
+// counted when posted: every message of these programs has exactly the size its receive expects
 static void group_irecv(Group* g, void* buf, long count, MPI_Datatype type, int from, int tag, MPI_Request* req) {
     MPI_Irecv(buf, (int)count, type, from, tag, g->comm, req);
+    count_received(g, (double)count * type_bytes(type));
 }
 
 // ----------------------------------------------------------------------------

@@ -63,7 +63,7 @@ static void grid_split(Run* r) {
         MPI_Comm_rank(g[k]->comm, &g[k]->rank);
         MPI_Comm_size(g[k]->comm, &g[k]->size);
         g[k]->name = name[k];
-        g[k]->sent = 0;
+        g[k]->sent = g[k]->received = 0;
     }
     r->world = group_world("world");
 }
@@ -365,6 +365,7 @@ int main(int argc, char** argv) {
                    .acts = run.p.peak * (double)mb_rows * bpr,
                    .bubble = run.P > 1 ? run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1) : -1};
     fig.sent = fig.sent_axis[0] + fig.sent_axis[1] + fig.sent_axis[2] + run.world.sent / steps_done;
+    fig.received = (run.tp.received + run.dp.received + run.pp.received + run.world.received) / steps_done;
     fig.sent_formula = tp_sent_formula(&run.t, cfg, run.u_lo, run.u_hi, (double)(hi - lo)) +
                        fsdp_sent_formula(&run.f, run.M) + (last ? ring_allreduce_bytes(8, run.D) : 0) +
                        pp_sent_formula(&run.p) - (last && !(run.tp.rank == 0 && run.dp.rank == 0) && run.P > 1 ? 8 : 0) +

@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
-    double sent_per_step = progress.steps ? run.dp.sent / progress.steps : 0.0;
+    double steps_done = progress.steps ? progress.steps : 1;
 
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
@@ -231,7 +231,8 @@ int main(int argc, char** argv) {
     // Every rank all-reduces the P gradient sums (8 bytes each: exact sums travel as integers)
     // and the loss sum: a ring all-reduce sends 2(N-1)/N of the buffer. Every rank holds a
     // whole replica: train.c's 4 + 8 + 8 bytes a parameter, and the activations of its rows.
-    Figures fig = {.sent = sent_per_step, .params = 4.0 * np, .grads = 8.0 * np, .optim = o.opt.adamw ? 8.0 * np : 0,
+    Figures fig = {.sent = run.dp.sent / steps_done, .received = run.dp.received / steps_done,
+                   .params = 4.0 * np, .grads = 8.0 * np, .optim = o.opt.adamw ? 8.0 * np : 0,
                    .acts = (double)R * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL), .bubble = -1};
     fig.sent_formula = ring_allreduce_bytes(8.0 * np + 8.0, run.dp.size);
     fig.mem_formula = (4.0 + 8.0 + (o.opt.adamw ? 8.0 : 0)) * np +

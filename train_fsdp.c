@@ -424,16 +424,16 @@ int main(int argc, char** argv) {
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
-    double sent_per_step = progress.steps ? run.dp.sent / progress.steps : 0.0;
+    double steps_done = progress.steps ? progress.steps : 1;
 
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
     double P = n_params(cfg);
-    Figures fig = {.sent = sent_per_step, .params = run.f.bytes_params, .grads = run.f.bytes_grads,
-                   .optim = run.f.bytes_opt, .acts = (double)R * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL),
-                   .bubble = -1};
+    Figures fig = {.sent = run.dp.sent / steps_done, .received = run.dp.received / steps_done,
+                   .params = run.f.bytes_params, .grads = run.f.bytes_grads, .optim = run.f.bytes_opt,
+                   .acts = (double)R * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL), .bubble = -1};
     // the loss sum's all-reduce, and the two of the clipping norm, come on top of the stage's traffic
     fig.sent_formula = fsdp_sent_formula(&run.f, 1) + ring_allreduce_bytes(8, run.dp.size) +
                        (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, run.dp.size) : 0);

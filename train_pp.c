@@ -564,7 +564,7 @@ int main(int argc, char** argv) {
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
-    double sent_per_step = progress.steps ? run.pp.sent / progress.steps : 0.0;
+    double steps_done = progress.steps ? progress.steps : 1;
 
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
@@ -573,7 +573,8 @@ int main(int argc, char** argv) {
     // per stage: bytes sent, memory with the peak activations, bubble (idle / (idle + busy))
     int mb_rows = (o.batch + run.M - 1) / run.M;
     double bpr = acts_bytes_per_row(cfg, u_lo, u_hi, NULL), opt_bytes = o.opt.adamw ? 8.0 : 0.0, P_s = p_hi - p_lo;
-    Figures fig = {.sent = sent_per_step, .params = 4.0 * P_s, .grads = 8.0 * P_s, .optim = opt_bytes * P_s,
+    Figures fig = {.sent = run.pp.sent / steps_done, .received = run.pp.received / steps_done,
+                   .params = 4.0 * P_s, .grads = 8.0 * P_s, .optim = opt_bytes * P_s,
                    .acts = run.p.peak * (double)mb_rows * bpr,
                    .bubble = run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1)};
     fig.sent_formula = pp_sent_formula(&run.p) + (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, S) : 0);

@@ -433,7 +433,7 @@ int main(int argc, char** argv) {
         progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
     }
     progress_end(&progress);
-    double sent_per_step = progress.steps ? run.tp.sent / progress.steps : 0.0;
+    double steps_done = progress.steps ? progress.steps : 1;
 
     // validation, sampling and report
     double val_loss = evaluate(&run, &ds);
@@ -441,7 +441,8 @@ int main(int argc, char** argv) {
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
     // every rank takes every row; activations of a column-parallel layer are its slice
     double bpr = acts_bytes_per_row(cfg, 0, n_units(cfg), width), opt_bytes = o.opt.adamw ? 8.0 : 0.0;
-    Figures fig = {.sent = sent_per_step, .params = 4.0 * np, .grads = 8.0 * np, .optim = opt_bytes * np,
+    Figures fig = {.sent = run.tp.sent / steps_done, .received = run.tp.received / steps_done,
+                   .params = 4.0 * np, .grads = 8.0 * np, .optim = opt_bytes * np,
                    .acts = B * bpr, .bubble = -1};
     fig.sent_formula = tp_sent_formula(&run.t, cfg, 0, n_units(cfg), B) +
                        (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, run.tp.size) : 0);

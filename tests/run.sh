@@ -361,16 +361,18 @@ section_3d() {
 # the two must agree to the byte; otherwise a ring's chunks differ by one element, so each
 # collective may differ from the formula by less than 2 elements (the bound below allows
 # 128 bytes a step, far less than any one message of these layouts). Memory agrees within
-# the padding of sizes the ranks do not divide (5%).
-accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, memory within 5%
+# the padding of sizes the ranks do not divide (5%). And what leaves one rank arrives at
+# another: over all ranks, bytes sent and bytes received (counted separately, by the
+# receiving calls) agree, within the rounding of the per-step figures to whole bytes.
+accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, memory within 5%, sent = received
     local name=$1 bound=$2
     shift 2
     run "$TMP/acc.out" "$@" --steps 6 --samples 0 --summary "$TMP/acc.sum"
     check "accounting: $name ($(awk '/^rank=0/ { for (i = 2; i <= NF; i++) printf "%s ", $i }' "$TMP/acc.sum" | cut -c1-80))" \
         awk -v bound="$bound" '/^rank=/ { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-            d = v["sent"] - v["sent_formula"]; if (d < 0) d = -d; if (d > bound) bad = 1;
+            d = v["sent"] - v["sent_formula"]; if (d < 0) d = -d; if (d > bound) bad = 1; sent += v["sent"]; got += v["received"];
             m = v["params"] + v["grads"] + v["optim"] + v["acts"]; if (m < 0.95 * v["mem_formula"] || m > 1.05 * v["mem_formula"]) bad = 1 }
-            END { exit !(n > 0 && !bad) }' "$TMP/acc.sum"
+            END { d = sent - got; if (d < 0) d = -d; exit !(n > 0 && !bad && d <= n) }' "$TMP/acc.sum"
 }
 section_accounting() {
     accounting "train.c sends nothing" 0 ./train
