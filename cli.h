@@ -154,6 +154,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
             *err = handle(ctx, c - 2000, optarg);
             continue;
         }
+        if (c < 1000 || c >= 1000 + CLI_N_COMMON) fatal("internal: getopt_long returned %d", c);
         const char* name = cli_common[c - 1000].name;
         long lv;
         if (!strcmp(name, "data")) o->data = optarg;

@@ -58,9 +58,7 @@ static void dataset_load(Dataset* ds, const char* path, int max_line, uint64_t s
     for (;;) {
         if (size == cap) {
             cap *= 2;
-            unsigned char* bigger = realloc(text, cap);
-            if (!bigger) fatal("out of memory reading '%s'", path);
-            text = bigger;
+            text = reallocCheck(text, cap);
         }
         size_t got = fread(text + size, 1, cap - size, f);
         size += got;
@@ -98,9 +96,8 @@ static void dataset_load(Dataset* ds, const char* path, int max_line, uint64_t s
         if (L > 0) { // blank lines are skipped
             if (n == n_alloc) {
                 n_alloc *= 2;
-                start = realloc(start, n_alloc * sizeof(long));
-                len = realloc(len, n_alloc * sizeof(int));
-                if (!start || !len) fatal("out of memory reading '%s'", path);
+                start = reallocCheck(start, n_alloc * sizeof(long));
+                len = reallocCheck(len, n_alloc * sizeof(int));
             }
             start[n] = (long)pos;
             len[n] = (int)L;

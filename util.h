@@ -58,6 +58,12 @@ static void* calloc_check(size_t n, size_t size, const char* file, int line) {
     if (!p) fatal("%s:%d: out of memory allocating %zu x %zu bytes", file, line, n, size);
     return p;
 }
+// realloc that stops with a message instead of returning NULL (and losing the old block)
+static void* realloc_check(void* old, size_t size, const char* file, int line) {
+    void* p = realloc(old, size ? size : 1);
+    if (!p) fatal("%s:%d: out of memory growing a buffer to %zu bytes", file, line, size);
+    return p;
+}
 static FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
     FILE* f = fopen(path, mode);
     if (!f) fatal("%s:%d: cannot open '%s' (mode %s): %s", file, line, path, mode, strerror(errno));
@@ -65,6 +71,7 @@ static FILE* fopen_check(const char* path, const char* mode, const char* file, i
 }
 #define mallocCheck(size) malloc_check((size), __FILE__, __LINE__)
 #define callocCheck(n, size) calloc_check((n), (size), __FILE__, __LINE__)
+#define reallocCheck(p, size) realloc_check((p), (size), __FILE__, __LINE__)
 #define fopenCheck(path, mode) fopen_check((path), (mode), __FILE__, __LINE__)
 
 // ----------------------------------------------------------------------------
@@ -147,8 +154,7 @@ static long trace_count, trace_cap;
 // Room for n events, allocated and touched now.
 static void trace_reserve(long n) {
     if (trace_cap >= n) return;
-    trace_events = realloc(trace_events, (size_t)n * sizeof(TraceEvent));
-    if (!trace_events) fatal("out of memory reserving trace events");
+    trace_events = reallocCheck(trace_events, (size_t)n * sizeof(TraceEvent));
     memset(trace_events + trace_cap, 0, (size_t)(n - trace_cap) * sizeof(TraceEvent));
     trace_cap = n;
 }
@@ -158,8 +164,7 @@ __attribute__((format(printf, 5, 6))) static void trace_event(const char* cat, d
     if (!trace_on) return;
     if (trace_count == trace_cap) {
         trace_cap = trace_cap ? 2 * trace_cap : 1024;
-        trace_events = realloc(trace_events, (size_t)trace_cap * sizeof(TraceEvent));
-        if (!trace_events) fatal("out of memory recording trace events");
+        trace_events = reallocCheck(trace_events, (size_t)trace_cap * sizeof(TraceEvent));
     }
     TraceEvent* e = &trace_events[trace_count++];
     va_list ap;

@@ -33,8 +33,7 @@ static double* read_losses(const char* path, long* n, long* first) {
         if (step != *first + *n) fatal("'%s': step %ld out of order", path, step);
         if (*n == cap) {
             cap *= 2;
-            loss = realloc(loss, cap * sizeof(double));
-            if (!loss) fatal("out of memory");
+            loss = reallocCheck(loss, cap * sizeof(double));
         }
         loss[(*n)++] = l;
     }

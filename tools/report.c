@@ -84,8 +84,7 @@ static void read_log(Run* r, const char* path) {
         long step;
         double l;
         if (sscanf(line, "%ld,%lf", &step, &l) != 2) continue;
-        if (r->n_loss == cap) r->loss = realloc(r->loss, sizeof(double) * (cap *= 2));
-        if (!r->loss) fatal("out of memory");
+        if (r->n_loss == cap) r->loss = reallocCheck(r->loss, sizeof(double) * (cap *= 2));
         r->loss[r->n_loss++] = l;
     }
     fclose(f);
