@@ -59,6 +59,28 @@ static void test_matmul_float(void) {
     workspace_free(&ws);
 }
 
+// The blocked transposes against plain loops, on shapes with whole blocks, parts of
+// blocks, and both.
+static void test_transpose(void) {
+    const int shapes[][2] = {{1, 1}, {16, 16}, {17, 33}, {64, 48}, {100, 27}, {256, 1024}};
+    for (int s = 0; s < 6; s++) {
+        int R = shapes[s][0], C = shapes[s][1];
+        float *src = mallocCheck(sizeof(float) * R * C), *dst = mallocCheck(sizeof(float) * R * C);
+        int64_t* acc = mallocCheck(sizeof(int64_t) * R * C);
+        fill(src, (long)R * C, 200 + s, 1.0f);
+        for (long i = 0; i < (long)R * C; i++) acc[i] = fix_from(src[i]);
+        transpose(dst, src, R, C);
+        int same = 1;
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) same &= dst[(long)c * R + r] == src[(long)r * C + c];
+        linear_backward_input_finish(dst, acc, C, R); // din[c][r] = acc[r][c] as a float
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) same &= dst[(long)c * R + r] == (float)fix_to(acc[(long)r * C + c]);
+        check(same, "transpose and linear_backward_input_finish of %d x %d equal plain loops", R, C);
+        free(src), free(dst), free(acc);
+    }
+}
+
 // The exact kernel against llrint of every term, summed as integers.
 static void test_matmul_exact(void) {
     const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {8, 16, 24}, {9, 31, 33}, {17, 64, 27}, {256, 32, 64}, {13, 100, 50}};
@@ -567,6 +589,7 @@ static void test_rng(void) {
 int main(void) {
     test_matmul_float();
     test_matmul_exact();
+    test_transpose();
     test_fix();
     test_split_invariance();
     test_grad_linear(0, 0, 5, 7, 6);
