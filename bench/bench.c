@@ -9,7 +9,12 @@
  *       times OpenBLAS sgemm on exactly the matrix shapes of one training step (the
  *       forward, weight-gradient and input-gradient product of every linear layer)
  *
- * Prints "ms_per_step X" (the median over --steps repetitions after one warm-up).
+ *   bench/bench kernels --emb 64 --hidden 1024 --batch 256 --steps 20
+ *       times model.h's kernels, one at a time, on the products of linear 1: each exact
+ *       product beside the float version of it, and sgemm, to show what exactness costs
+ *
+ * naive and sgemm print "ms_per_step X" (the median over --steps repetitions after one
+ * warm-up); kernels prints a table of medians.
  */
 #include "../model.h"
 
@@ -129,12 +134,63 @@ static int cmp_double(const void* a, const void* b) {
     return x < y ? -1 : x > y;
 }
 
+// Median milliseconds of `steps` runs of STMT, after one warm-up.
+#define MEDIAN_MS(result, steps, STMT)                             \
+    do {                                                           \
+        double* t_ = mallocCheck(sizeof(double) * (steps));        \
+        STMT;                                                      \
+        for (int i_ = 0; i_ < (steps); i_++) {                     \
+            double t0_ = now_seconds();                            \
+            STMT;                                                  \
+            t_[i_] = 1e3 * (now_seconds() - t0_);                  \
+        }                                                          \
+        qsort(t_, (steps), sizeof(double), cmp_double);            \
+        (result) = t_[(steps) / 2];                                \
+        free(t_);                                                  \
+    } while (0)
+
+// The three products of linear 1 (rows B, inputs K = T*E, outputs J = H), each exact as
+// train.c computes it and in plain float (model.h's float kernel, after a transpose where
+// it needs one), and through sgemm.
+static void kernels(const Shape* s, int steps) {
+    int B = s->B, K = s->T * s->E, J = s->H;
+    float *x = mallocCheck(sizeof(float) * B * K), *w = mallocCheck(sizeof(float) * K * J);
+    float *dy = mallocCheck(sizeof(float) * B * J), *y = mallocCheck(sizeof(float) * B * J);
+    float *dx = mallocCheck(sizeof(float) * B * K), *dwf = mallocCheck(sizeof(float) * K * J);
+    float* xt = mallocCheck(sizeof(float) * B * K);
+    int64_t *dw = callocCheck((size_t)K * J, sizeof(int64_t)), *dxt = callocCheck((size_t)B * K, sizeof(int64_t));
+    for (long i = 0; i < (long)B * K; i++) x[i] = (float)rng_uniform(6, 0, i);
+    for (long i = 0; i < (long)K * J; i++) w[i] = (float)((rng_uniform(6, 1, i) * 2 - 1) / sqrt(K));
+    for (long i = 0; i < (long)B * J; i++) dy[i] = (float)((rng_uniform(6, 2, i) - 0.5) / B);
+    Workspace ws;
+    workspace_init(&ws, B, K > J ? K : J, (long)K * J);
+    double gflop = 2e-6 * B * K * J, ms[9];
+    MEDIAN_MS(ms[0], steps, linear_forward(y, x, w, NULL, B, K, J, &ws));
+    MEDIAN_MS(ms[1], steps, linear_forward_exact(dw, x, w, B, K, J, K, &ws));
+    MEDIAN_MS(ms[2], steps, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, J, K, 1, x, K, w, J, 0, y, J));
+    MEDIAN_MS(ms[3], steps, (transpose(xt, x, B, K), matmul_float(dwf, xt, dy, K, B, J, &ws)));
+    MEDIAN_MS(ms[4], steps, linear_backward_weight(dw, NULL, x, dy, B, K, J, B, &ws));
+    MEDIAN_MS(ms[5], steps, cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, J, B, 1, x, K, dy, J, 0, dwf, J));
+    MEDIAN_MS(ms[6], steps, linear_backward_input(dx, dy, w, B, K, J, &ws));
+    MEDIAN_MS(ms[7], steps, (linear_backward_input_exact(dxt, dy, w, B, K, J, J, &ws),
+                             linear_backward_input_finish(dx, dxt, B, K)));
+    MEDIAN_MS(ms[8], steps, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, K, J, 1, dy, J, w, J, 0, dx, K));
+    const char* what[9] = {"forward, float (train.c)", "forward, exact (tensor parallel's row-parallel layers)",
+                           "forward, sgemm", "weight gradient, float", "weight gradient, exact (train.c)",
+                           "weight gradient, sgemm", "input gradient, float", "input gradient, exact (train.c)",
+                           "input gradient, sgemm"};
+    printf("| product of linear 1 (%d x %d x %d) | ms | GFLOP/s |\n| --- | --- | --- |\n", B, K, J);
+    for (int i = 0; i < 9; i++) printf("| %s | %.3f | %.1f |\n", what[i], ms[i], gflop / ms[i]);
+    workspace_free(&ws);
+    free(x), free(w), free(dy), free(y), free(dx), free(dwf), free(xt), free(dw), free(dxt);
+}
+
 int main(int argc, char** argv) {
     Shape s = {.T = 16, .E = 16, .H = 64, .L = 1, .V = 27, .B = 32};
     int steps = 20;
-    if (argc < 2 || (strcmp(argv[1], "naive") && strcmp(argv[1], "sgemm"))) {
-        fprintf(stderr, "usage: bench/bench naive|sgemm [--context T] [--emb E] [--hidden H] [--layers L] [--batch B] "
-                        "[--steps N]\n");
+    if (argc < 2 || (strcmp(argv[1], "naive") && strcmp(argv[1], "sgemm") && strcmp(argv[1], "kernels"))) {
+        fprintf(stderr, "usage: bench/bench naive|sgemm|kernels [--context T] [--emb E] [--hidden H] [--layers L] "
+                        "[--batch B] [--steps N]\n");
         return 2;
     }
     for (int i = 2; i + 1 < argc; i += 2) {
@@ -149,6 +205,14 @@ int main(int argc, char** argv) {
             fprintf(stderr, "bench: unknown flag %s\n", argv[i]);
             return 2;
         }
+    }
+    if (steps < 1) {
+        fprintf(stderr, "bench: --steps must be at least 1\n");
+        return 2;
+    }
+    if (!strcmp(argv[1], "kernels")) {
+        kernels(&s, steps);
+        return 0;
     }
     double* ms = mallocCheck(sizeof(double) * steps);
     if (!strcmp(argv[1], "naive")) {
