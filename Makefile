@@ -3,7 +3,7 @@
 #   make              build every program (installs OpenMPI first if it is missing and you are root)
 #   make run          the main job: train.c and every strategy, compared (QUICK=1: fewer steps)
 #   make test         every test; the last line says "N passed, N failed"
-#   make bench        the performance table of the README (installs OpenBLAS for it if missing)
+#   make bench        the performance table of the README (installs OpenBLAS and PyTorch for it if missing)
 #   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
 #   make clean
 #
@@ -59,7 +59,9 @@ bench/bench: bench/bench.c $(HEADERS) | openblas
 	$(CC) $(CFLAGS) -o $@ bench/bench.c -lopenblas $(LDLIBS)
 bench/train_omp: train.c $(HEADERS)
 	$(CC) $(CFLAGS) -fopenmp -o $@ train.c $(LDLIBS)
+# and PyTorch (Debian's python3-torch) is its third yardstick: without it, those rows are left out
 bench: all bench/bench bench/train_omp
+	-@tools/need.sh /usr/lib/python3/dist-packages/torch/__init__.py python3-torch
 	@bash bench/run.sh
 
 # the main job: every program side by side (QUICK=1: fewer steps)

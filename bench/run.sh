@@ -3,10 +3,12 @@
 # what it needs and runs this; REPS=3 make bench for a quicker, noisier table.
 #
 # For the default and the large configuration it runs train.c, train.c built with OpenMP
-# on 2 threads, and every strategy on 2 ranks (this machine has 2 cores), plus two
-# yardsticks from bench/bench.c (and, with 2 hidden layers, whose units split evenly into
-# 2 pipeline stages, the pipeline schedules): a straightforward triple-loop version of the same step,
-# and OpenBLAS sgemm on the same matrix shapes. Each run's time per step is the median of
+# on 2 threads, and every strategy on 2 ranks (this machine has 2 cores), plus yardsticks
+# (and, with 2 hidden layers, whose units split evenly into 2 pipeline stages, the
+# pipeline schedules): from bench/bench.c a straightforward triple-loop version of the
+# same step and OpenBLAS sgemm on the same matrix shapes; from bench/torch_step.py the
+# same model in PyTorch, one process and DistributedDataParallel on 2 (when Debian's
+# python3-torch is installed). Each run's time per step is the median of
 # its logged per-step times after a warm-up; each row is the median over REPS repetitions,
 # taken round-robin across the rows so that a slow moment of the machine hits them all
 # alike. Speed-ups are ratios against train.c measured in the same run.
@@ -21,6 +23,12 @@ trap 'rm -rf "$TMP"' EXIT
 # per-step times do not depend on the data; a small file keeps the final validation short
 head -n 300 names.txt >"$TMP/names.txt"
 MPIRUN="mpirun --oversubscribe"
+TORCH=""
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    TORCH="PyTorch $(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null | cut -d+ -f1)"
+else
+    echo "PyTorch rows left out: Debian's python3-torch is not installed" >&2
+fi
 
 # name | ranks | command (the configuration's flags are appended); $1: which configuration
 runs() {
@@ -33,6 +41,7 @@ pipeline 1f1b, 8 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule 1f1b --microb
 pipeline gpipe, 8 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule gpipe --microbatches 8
 pipeline 1f1b, 2 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule 1f1b --microbatches 2
 EOF
+        torch_runs
         return
     fi
     cat <<EOF
@@ -48,6 +57,12 @@ pipeline 1f1b, 8 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule 1f1b --microb
 triple loops (bench.c)|1|bench/bench naive
 OpenBLAS sgemm, same shapes (bench.c)|1|bench/bench sgemm
 EOF
+    torch_runs
+}
+torch_runs() {
+    [ -n "$TORCH" ] || return 0
+    echo "$TORCH, 1 thread (torch_step.py)|1|/usr/bin/python3 bench/torch_step.py"
+    echo "$TORCH DistributedDataParallel, gloo (torch_step.py)|2|/usr/bin/python3 bench/torch_step.py --ddp 2"
 }
 
 # median of the numbers on stdin
@@ -58,7 +73,7 @@ one_run() {
     local cmd=$1 flags=$2 steps=$3 warmup=$4
     if [[ $cmd == "bench/bench naive" ]]; then # slow: a few steps are enough
         $cmd $flags --steps $((steps < 5 ? steps : 5)) | awk '/ms_per_step/ { print $2 }'
-    elif [[ $cmd == bench/bench* ]]; then
+    elif [[ $cmd == bench/bench* || $cmd == *torch_step.py* ]]; then
         $cmd $flags --steps "$steps" | awk '/ms_per_step/ { print $2 }'
     else
         $cmd $flags --data "$TMP/names.txt" --steps $((steps + warmup)) --eval-every 0 --samples 0 --quiet \
@@ -111,3 +126,7 @@ echo "bench/run.sh on $(nproc --all) cores of $(grep -m1 'model name' /proc/cpui
 bench_config default "--emb 16 --hidden 64 --batch 32" 2000 200
 bench_config large "--emb 64 --hidden 1024 --batch 256" 30 5
 bench_config deep "--emb 64 --hidden 1024 --batch 256 --layers 2" 20 5
+echo
+echo "the products of linear 1 in the large configuration, one at a time (bench/bench kernels, median of 20):"
+echo
+bench/bench kernels --emb 64 --hidden 1024 --batch 256 --steps 20
