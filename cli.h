@@ -392,5 +392,17 @@ static void summary_write(const char* path, const char* program, const char* lay
     if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
 }
 
+// The end of every program, on the process that prints: the validation loss, the training
+// time and the names; unless --quiet, the figures of n ranks with the formulas in words;
+// and the --summary file.
+static void report_print(const Options* o, const char* program, const char* layout, double val_loss,
+                         const Progress* pr, const int* names, int max_len, const Dataset* ds, const Figures* all,
+                         int n, const char* sent_words, const char* mem_words) {
+    print_results(val_loss, ds->n_val_examples, pr->seconds, pr->steps, o->batch, names, o->samples, max_len, ds,
+                  o->quiet);
+    if (!o->quiet) figures_print(all, n, sent_words, mem_words);
+    if (o->summary) summary_write(o->summary, program, layout, val_loss, pr, all, n, names, max_len, ds);
+}
+
 #pragma GCC diagnostic pop
 #endif // CLI_H

@@ -113,15 +113,13 @@ int main(int argc, char** argv) {
     double val_loss = evaluate(&run, &ds);
     int max_len = ds.max_len;
     int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
-    print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len, &ds,
-                  o.quiet);
     // memory held for training: 4 bytes a parameter, 8 a gradient sum, 8 for AdamW's m and
     // v, and the activations of one batch
     Figures fig = {.params = 4.0 * np, .grads = 8.0 * np, .optim = o.opt.adamw ? 8.0 * np : 0, .bubble = -1,
                    .acts = (double)B * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL)};
     fig.mem_formula = figures_memory(&fig);
-    if (!o.quiet) figures_print(&fig, 1, "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations");
-    if (o.summary) summary_write(o.summary, "train.c", "1 process", val_loss, &progress, &fig, 1, names, max_len, &ds);
+    report_print(&o, "train.c", "1 process", val_loss, &progress, names, max_len, &ds, &fig, 1, "nothing to send",
+                 "4 + 8 + 8 (AdamW) B per parameter + activations");
     if (o.trace) trace_write(o.trace, trace_events, NULL, trace_count);
     if (o.save)
         ckpt_save(o.save, cfg, o.opt.adamw, o.steps > start ? o.steps : start, ds.token_char, run.params, run.m, run.v);

@@ -376,11 +376,10 @@ int main(int argc, char** argv) {
     Figures* all = callocCheck(world_size, sizeof(Figures));
     figures_gather(&fig, all);
     if (world_rank == 0) {
-        print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
-                      &ds, o.quiet);
+        report_print(&o, "train_3d.c", layout, val_loss, &progress, names, max_len, &ds, all, world_size,
+                     "the tensor, data and pipeline formulas on their axes, see below",
+                     "ZeRO's, on this stage's tensor-parallel slices, + peak activations");
         if (!o.quiet) {
-            figures_print(all, world_size, "the tensor, data and pipeline formulas on their axes, see below",
-                          "ZeRO's, on this stage's tensor-parallel slices, + peak activations");
             printf("bytes sent per step on each axis (tensor, data, pipeline):\n");
             for (int q = 0; q < world_size; q++) {
                 printf("  rank %-3d tp ", q);
@@ -392,7 +391,6 @@ int main(int argc, char** argv) {
                 printf("\n");
             }
         }
-        if (o.summary) summary_write(o.summary, "train_3d.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
     }
     free(all);
     if (run.timeline && run.tp.rank == 0 && run.dp.rank == 0) pp_timeline(&run.p); // world rank 0's pipeline

@@ -240,17 +240,12 @@ int main(int argc, char** argv) {
     Figures* all = callocCheck(world_size, sizeof(Figures));
     figures_gather(&fig, all);
     if (world_rank == 0) {
-        print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
-                      &ds, o.quiet);
-        if (!o.quiet) figures_print(all, world_size, "2(N-1)/N x 8 B x (P gradients + 1 loss)",
-                                    "(4 + 8 + 8 with AdamW) B x P + activations of B/N rows");
+        report_print(&o, "train_dp.c", layout, val_loss, &progress, names, max_len, &ds, all, world_size,
+                     "2(N-1)/N x 8 B x (P gradients + 1 loss)", "(4 + 8 + 8 with AdamW) B x P + activations of B/N rows");
         if (o.save)
             ckpt_save(o.save, cfg, o.opt.adamw, o.steps > start ? o.steps : start, ds.token_char, run.params, run.m,
                       run.v);
     }
-
-    if (o.summary && world_rank == 0) summary_write(o.summary, "train_dp.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
-
     free(all);
     free(names);
     free(run.params);

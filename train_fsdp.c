@@ -447,12 +447,9 @@ int main(int argc, char** argv) {
     const char* mem_words[] = {"", "(4 + 8) B x P + 8 B x P/N (AdamW) + activations",
                                "4 B x P + (8 + 8 AdamW) B x P/N + one unit's gradient + activations",
                                "(4 + 8 + 8 AdamW) B x P/N + one unit in transit + activations"};
-    if (world_rank == 0) {
-        print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
-                      &ds, o.quiet);
-        if (!o.quiet) figures_print(all, world_size, sent_words[run.stage], mem_words[run.stage]);
-        if (o.summary) summary_write(o.summary, "train_fsdp.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
-    }
+    if (world_rank == 0)
+        report_print(&o, "train_fsdp.c", layout, val_loss, &progress, names, max_len, &ds, all, world_size,
+                     sent_words[run.stage], mem_words[run.stage]);
     free(all);
     if (o.save) fsdp_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);
 

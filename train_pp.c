@@ -584,17 +584,17 @@ int main(int argc, char** argv) {
     int peak = run.p.peak, *peaks = world_rank == 0 ? mallocCheck(sizeof(int) * S) : NULL;
     MPI_Gather(&peak, 1, MPI_INT, peaks, 1, MPI_INT, 0, run.pp.comm);
     if (world_rank == 0) {
-        print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
-                      &ds, o.quiet);
+        report_print(&o, "train_pp.c", layout, val_loss, &progress, names, max_len, &ds, all, world_size,
+                     "4 B x B x (the activations out + their gradients in) + 8 B loss",
+                     "(4 + 8 + 8 AdamW) B x its parameters + peak x microbatch activations");
         if (!o.quiet) {
             printf("pipeline: bubble (S-1)/(M+S-1) = %.3f in theory; microbatch activations held at the peak, "
                    "stage by stage:", (S - 1.0) / (run.M + S - 1.0));
             for (int q = 0; q < S; q++) printf(" %d", peaks[q]);
-            printf(" (%s)\n", run.sched == SCHED_GPIPE ? "GPipe holds all M" : run.sched == SCHED_1F1B ? "1F1B at most S - s" : "one at a time");
-            figures_print(all, world_size, "4 B x B x (the activations out + their gradients in) + 8 B loss",
-                          "(4 + 8 + 8 AdamW) B x its parameters + peak x microbatch activations");
+            printf(" (%s)\n", run.sched == SCHED_GPIPE  ? "GPipe holds all M"
+                              : run.sched == SCHED_1F1B ? "1F1B at most S - s"
+                                                        : "one at a time");
         }
-        if (o.summary) summary_write(o.summary, "train_pp.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
     }
     free(all);
     free(peaks);

@@ -449,14 +449,10 @@ int main(int argc, char** argv) {
     fig.mem_formula = (4.0 + 8.0 + opt_bytes) * tp_params_formula(&run.t, cfg, 0, n_units(cfg)) + B * bpr;
     Figures* all = callocCheck(world_size, sizeof(Figures));
     figures_gather(&fig, all);
-    if (world_rank == 0) {
-        print_results(val_loss, ds.n_val_examples, progress.seconds, progress.steps, B, names, o.samples, max_len,
-                      &ds, o.quiet);
-        if (!o.quiet)
-            figures_print(all, world_size, "2(N-1)/N x (4 B x B x T x E + 8 B x B x (every split sum's width))",
-                          "(4 + 8 + 8 AdamW) B x (P/N + the row-parallel biases) + activations");
-        if (o.summary) summary_write(o.summary, "train_tp.c", layout, val_loss, &progress, all, world_size, names, max_len, &ds);
-    }
+    if (world_rank == 0)
+        report_print(&o, "train_tp.c", layout, val_loss, &progress, names, max_len, &ds, all, world_size,
+                     "2(N-1)/N x (4 B x B x T x E + 8 B x B x (every split sum's width))",
+                     "(4 + 8 + 8 AdamW) B x (P/N + the row-parallel biases) + activations");
     free(all);
     if (o.save) tp_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);
 
