@@ -1,7 +1,6 @@
 /*
- * cli.h: the flags every program shares, their validation, and the lines every program
- * prints (configuration table, progress, results, the CSV log), so that all of them
- * accept the same flags and print the same way.
+ * cli.h: the flags every program shares and their validation, so that all of them accept
+ * the same flags and refuse bad values the same way.
  *
  * A program adds its own flags (train_pp.c: --microbatches, --schedule, ...) as a table
  * of CliFlag and a handler; an unknown flag or a bad value prints a message naming the
@@ -18,7 +17,6 @@
 #include <limits.h>
 
 #include "model.h"
-#include "data.h"
 
 typedef struct {
     const char* data; // --data
@@ -230,178 +228,18 @@ static void cli_parse_or_exit(Options* o, int argc, char** argv, const char* run
     }
 }
 
-// ----------------------------------------------------------------------------
-// what every program prints
-
-static void print_config(const Options* o, const Dataset* ds, const char* layout) {
-    const Config* c = &o->model;
-    printf("configuration\n");
-    printf("  data       %s: %d lines (%d train, %d validation), %d tokens, %ld training examples\n", o->data,
-           ds->n_lines, ds->n_train, ds->n_val, ds->vocab, ds->n_train_examples);
-    printf("  model      context %d, emb %d, hidden %d, layers %d: %ld parameters\n", c->context, c->emb, c->hidden,
-           c->layers, n_params(c));
-    printf("  optimizer  %s, lr %g, weight decay %g, clip %s", o->opt.adamw ? "adamw" : "sgd", o->opt.lr,
-           o->opt.weight_decay, o->opt.clip > 0 ? "" : "off");
-    if (o->opt.clip > 0) printf("%g", o->opt.clip);
-    printf("\n  training   %ld steps of %d rows, seed %llu%s%s\n", o->steps, o->batch, (unsigned long long)o->seed,
-           o->load ? ", from " : "", o->load ? o->load : "");
-    printf("  layout     %s\n", layout);
-    fflush(stdout);
+// The data of --data, read and checked; its vocabulary completes the model's configuration.
+static void load_data(Dataset* ds, Options* o, Config* cfg) {
+    dataset_load(ds, o->data, o->max_line, o->seed);
+    o->model.vocab = ds->vocab;
+    *cfg = o->model;
 }
 
-static void print_results(double val_loss, long n_val, double seconds, long steps, int batch, const int* names,
-                          int n_names, int max_len, const Dataset* ds, int quiet) {
-    printf("validation loss %.4f (%ld examples)\n", val_loss, n_val);
-    if (!quiet && steps > 0)
-        printf("training time %.2f s: %.4f ms/step, %.0f tokens/s\n", seconds, 1e3 * seconds / steps,
-               seconds > 0 ? (double)steps * batch / seconds : 0.0);
-    if (n_names > 0) printf("names:\n");
-    for (int i = 0; i < n_names; i++) {
-        const int* s = names + (long)i * (max_len + 1);
-        for (int p = 0; s[p] != 0; p++) putchar(ds->token_char[s[p]]);
-        putchar('\n');
-    }
-    fflush(stdout);
-}
-
-// Progress of the training loop: the CSV log (one line per step, the losses in full
-// precision so that logs of different programs can be compared for identity), a progress
-// line every --eval-every steps, and the training time. In MPI programs only rank 0 prints.
-typedef struct {
-    const Options* o;
-    int printing;    // this process prints and logs
-    FILE* log;
-    double seconds;  // time spent in training steps
-    long steps;      // steps trained
-    double interval_loss, interval_seconds;
-    long interval_steps;
-} Progress;
-
-static Progress progress_start(const Options* o, int printing) {
-    Progress p = {.o = o, .printing = printing};
-    if (printing && o->log) {
-        p.log = fopen(o->log, "w");
-        if (!p.log) fatal("cannot create log '%s': %s", o->log, strerror(errno));
-        fprintf(p.log, "step,train_loss,val_loss,ms,tokens_per_s\n");
-    }
-    return p;
-}
-// whether this step ends with a progress line, and so with a validation pass
-static int progress_due(const Progress* p, long step) {
-    return p->o->eval_every > 0 && (step % p->o->eval_every == 0 || step == p->o->steps);
-}
-static void progress_step(Progress* p, long step, double train_loss, double seconds, double val_loss) {
-    int due = progress_due(p, step), B = p->o->batch;
-    p->seconds += seconds;
-    p->steps++;
-    p->interval_loss += train_loss;
-    p->interval_seconds += seconds;
-    p->interval_steps++;
-    if (!p->printing) return;
-    if (p->log) {
-        fprintf(p->log, "%ld,%.17g,", step, train_loss);
-        if (due) fprintf(p->log, "%.17g", val_loss);
-        fprintf(p->log, ",%.4f,%.0f\n", 1e3 * seconds, seconds > 0 ? B / seconds : 0.0);
-    }
-    if (due && !p->o->quiet) {
-        int w = snprintf(NULL, 0, "%ld", p->o->steps);
-        double s = p->interval_seconds;
-        printf("step %*ld/%ld | train loss %.4f | val loss %.4f | %.3f ms/step | %.0f tokens/s\n", w, step,
-               p->o->steps, p->interval_loss / p->interval_steps, val_loss, 1e3 * s / p->interval_steps,
-               s > 0 ? p->interval_steps * B / s : 0.0);
-        fflush(stdout);
-        p->interval_loss = p->interval_seconds = 0.0;
-        p->interval_steps = 0;
-    }
-}
-static void progress_end(Progress* p) {
-    if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
-    p->log = NULL;
-}
-
-// ----------------------------------------------------------------------------
-// figures: what a run measured, per rank, each beside the formula's prediction
-
-typedef struct {
-    double sent;          // bytes this rank sent per training step
-    double sent_axis[3];  // of which on the tensor, data and pipeline axes (train_3d.c)
-    double sent_formula;  // what the strategy's formula predicts for `sent`
-    double received;      // bytes this rank received per training step
-    double params, grads, optim, acts; // bytes held: parameters, gradient sums, optimizer state, activations
-    double mem_formula;   // what the formula predicts for their sum
-    double bubble;        // the pipeline's idle fraction, or -1 without a pipeline
-} Figures;
-#define FIGURES_DOUBLES ((int)(sizeof(Figures) / sizeof(double)))
-
-static double figures_memory(const Figures* f) { return f->params + f->grads + f->optim + f->acts; }
-
-static void print_size(double b) {
-    if (b < 1e3) printf("%.0f B", b);
-    else if (b < 1e6) printf("%.1f KB", b / 1e3);
-    else if (b < 1e9) printf("%.2f MB", b / 1e6);
-    else printf("%.2f GB", b / 1e9);
-}
-
-// The per-rank table (figures of n ranks), and the formulas in words.
-static void figures_print(const Figures* f, int n, const char* sent_words, const char* mem_words) {
-    printf("per rank, per training step: bytes sent (formula: %s), and received; memory held (formula: %s)\n",
-           sent_words, mem_words);
-    for (int q = 0; q < n; q++) {
-        printf("  rank %-3d sent ", q);
-        print_size(f[q].sent);
-        printf(" (formula ");
-        print_size(f[q].sent_formula);
-        printf("), received ");
-        print_size(f[q].received);
-        printf(" | memory ");
-        print_size(f[q].params);
-        printf(" + ");
-        print_size(f[q].grads);
-        printf(" + ");
-        print_size(f[q].optim);
-        printf(" + ");
-        print_size(f[q].acts);
-        printf(" = ");
-        print_size(figures_memory(&f[q]));
-        printf(" (formula ");
-        print_size(f[q].mem_formula);
-        printf(")");
-        if (f[q].bubble >= 0) printf(" | bubble %.3f", f[q].bubble);
-        printf("\n");
-    }
-}
-
-// --summary: the run's figures as key=value lines (every rank's in order), and its names.
-static void summary_write(const char* path, const char* program, const char* layout, double val_loss,
-                          const Progress* pr, const Figures* f, int n, const int* names, int max_len,
-                          const Dataset* ds) {
-    FILE* out = fopen(path, "w");
-    if (!out) fatal("cannot create summary '%s': %s", path, strerror(errno));
-    fprintf(out, "program=%s\nlayout=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
-            layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
-    for (int i = 0; i < pr->o->samples; i++) {
-        fputs("name=", out);
-        for (const int* t = names + (long)i * (max_len + 1); *t; t++) fputc(ds->token_char[*t], out);
-        fputc('\n', out);
-    }
-    for (int q = 0; q < n; q++)
-        fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_formula=%.0f received=%.0f "
-                     "params=%.0f grads=%.0f optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f\n", q, f[q].sent,
-                f[q].sent_axis[0], f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_formula, f[q].received,
-                f[q].params, f[q].grads, f[q].optim, f[q].acts, f[q].mem_formula, f[q].bubble);
-    if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
-}
-
-// The end of every program, on the process that prints: the validation loss, the training
-// time and the names; unless --quiet, the figures of n ranks with the formulas in words;
-// and the --summary file.
-static void report_print(const Options* o, const char* program, const char* layout, double val_loss,
-                         const Progress* pr, const int* names, int max_len, const Dataset* ds, const Figures* all,
-                         int n, const char* sent_words, const char* mem_words) {
-    print_results(val_loss, ds->n_val_examples, pr->seconds, pr->steps, o->batch, names, o->samples, max_len, ds,
-                  o->quiet);
-    if (!o->quiet) figures_print(all, n, sent_words, mem_words);
-    if (o->summary) summary_write(o->summary, program, layout, val_loss, pr, all, n, names, max_len, ds);
+// Rows a process's buffers must hold: its share of a training batch, a validation pass,
+// and the contexts of every name sampled at once.
+static int pass_rows(const Options* o, long share) {
+    long rows = share > EVAL_ROWS ? share : EVAL_ROWS;
+    return (int)(o->samples > rows ? o->samples : rows);
 }
 
 #pragma GCC diagnostic pop

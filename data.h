@@ -209,5 +209,34 @@ static void dataset_val_rows(const Dataset* ds, long first, int count, int T, in
         dataset_example(ds, 1, first + i, T, tokens + (long)i * T, targets + i);
 }
 
+// Where a pass's rows come from: the training batch of a step, the validation split, or
+// contexts the caller gives (sampling; the targets are dummies). Row i of a source is
+// example offset + i of it: a data-parallel replica whose rows of the global batch start
+// at row lo sets offset = lo, and every pass below it counts rows from 0.
+typedef struct {
+    const Dataset* ds;
+    enum { ROWS_TRAIN, ROWS_VAL, ROWS_GIVEN } kind;
+    uint64_t seed;     // ROWS_TRAIN: the batch of step `step`
+    long step;
+    long offset;
+    const int* tokens; // ROWS_GIVEN: the contexts [rows][T]
+} Rows;
+
+// The rows of the global training batch of `step`, from row `offset` on.
+static Rows training_rows(const Dataset* ds, uint64_t seed, long step, long offset) {
+    return (Rows){.ds = ds, .kind = ROWS_TRAIN, .seed = seed, .step = step, .offset = offset};
+}
+
+// Rows [first, first + R) of a source: tokens [R][T], targets [R].
+static void rows_load(const Rows* src, long first, int R, int T, int* tokens, int* targets) {
+    long lo = src->offset + first;
+    if (src->kind == ROWS_TRAIN) dataset_batch(src->ds, src->seed, src->step, (int)lo, (int)lo + R, T, tokens, targets);
+    if (src->kind == ROWS_VAL) dataset_val_rows(src->ds, lo, R, T, tokens, targets);
+    if (src->kind == ROWS_GIVEN) {
+        memcpy(tokens, src->tokens + lo * T, (size_t)R * T * sizeof(int));
+        memset(targets, 0, (size_t)R * sizeof(int));
+    }
+}
+
 #pragma GCC diagnostic pop
 #endif // DATA_H

@@ -22,8 +22,8 @@
 
 #include <mpi.h>
 
-#include "util.h"
-#include "cli.h"
+#include "ckpt.h"
+#include "report.h"
 
 // A header of functions, each program using some: unused ones are not a warning.
 #pragma GCC diagnostic push
@@ -76,15 +76,16 @@ static void dist_parse_or_exit(Options* o, int argc, char** argv, const char* ru
     exit(rc == 1 ? 0 : 2);
 }
 
-// ----------------------------------------------------------------------------
-// splitting work: the global batch, a tensor, a list of units
+// Message tags, one per kind of message, so that a receive can only match its own kind.
+// A pipeline's activations and gradients are tagged with their microbatch (pp_tag in
+// train_pp.c), from TAG_MICROBATCH up: MPI promises tags up to 32767.
+enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT, TAG_MICROBATCH = 1024 };
 
-// Rows [*lo, *hi) of n items that part p of `parts` owns: the first n % parts parts take
-// one item more (32 rows on 3 ranks: 11, 11, 10).
-static void split_range(long n, int parts, int p, long* lo, long* hi) {
-    long base = n / parts, extra = n % parts;
-    *lo = p * base + (p < extra ? p : extra);
-    *hi = *lo + base + (p < extra ? 1 : 0);
+// Data parallelism (train_dp.c, train_fsdp.c) gives every rank a share of each batch's rows.
+static void dist_check_rows(const Options* o, const char* run_line) {
+    if (world_size > o->batch)
+        dist_exit(2, run_line, "%d ranks but a batch of %d rows: every rank needs at least one row (raise --batch)",
+                  world_size, o->batch);
 }
 
 // ----------------------------------------------------------------------------
@@ -157,7 +158,7 @@ static void ring_step(Group* g, char* buf, long count, MPI_Datatype t, int out, 
     long olo, ohi, ilo, ihi;
     split_range(count, g->size, out, &olo, &ohi);
     split_range(count, g->size, in, &ilo, &ihi);
-    MPI_Sendrecv(buf + olo * b, (int)(ohi - olo), t, next, 7, into ? into : buf + ilo * b, (int)(ihi - ilo), t, prev, 7,
+    MPI_Sendrecv(buf + olo * b, (int)(ohi - olo), t, next, TAG_RING, into ? into : buf + ilo * b, (int)(ihi - ilo), t, prev, TAG_RING,
                  g->comm, MPI_STATUS_IGNORE);
     count_sent(g, (double)(ohi - olo) * b);
     count_received(g, (double)(ihi - ilo) * b);
@@ -254,23 +255,59 @@ static void group_irecv(Group* g, void* buf, long count, MPI_Datatype type, int 
     count_received(g, (double)count * type_bytes(type));
 }
 
+// The callbacks through which model.h's shared code communicates: the gradient norm's two
+// pieces combined over a group (MAX, then SUM), and an exact partial sum completed over one.
+static void group_norm(void* group, float* maxabs, int64_t* sumsq) {
+    if (maxabs) group_allreduce(group, maxabs, 1, MPI_FLOAT, MPI_MAX);
+    if (sumsq) group_allreduce(group, sumsq, 1, MPI_INT64_T, MPI_SUM);
+}
+static void group_sum(void* group, int64_t* acc, long n) { group_allreduce(group, acc, n, MPI_INT64_T, MPI_SUM); }
+
 // ----------------------------------------------------------------------------
-// per-rank tables
+// checkpoints of a model spread over ranks
 
-// Gathers one value per rank of `g` to its rank 0 (values[] needs g->size entries there).
-static void group_gather_double(Group* g, double v, double* values) {
-    MPI_Gather(&v, 1, MPI_DOUBLE, values, 1, MPI_DOUBLE, 0, g->comm);
+// Writes checkpoint `path` from what every rank holds (ckpt.h), one unit at a time: each
+// rank sends its elements of the unit and where they go, world rank 0 puts them in place
+// and writes the unit. An element held by several ranks (a replicated bias) arrives from
+// each, with the same value. Every rank calls it.
+static void dist_ckpt_save(const char* path, const Holding* h, const Config* c, int adamw, long step,
+                           const unsigned char* chars) {
+    int root = world_rank == 0, *counts = NULL, *displs = NULL;
+    CkptWriter w = {0};
+    CkptHeader header = ckpt_header(c, adamw, step, chars);
+    if (root) w = ckpt_create(path, &header);
+    long most = 0;
+    for (int u = 0; u < n_units(c); u++) most = h->n[u] > most ? h->n[u] : most;
+    long* index = mallocCheck((size_t)(most > 0 ? most : 1) * sizeof(long));
+    float *unit = NULL, *values = NULL;
+    long* where = NULL;
+    if (root) {
+        counts = mallocCheck(sizeof(int) * world_size), displs = mallocCheck(sizeof(int) * world_size);
+        unit = mallocCheck((size_t)max_unit_params(c) * sizeof(float));
+    }
+    for (int part = 0; part < (adamw ? 3 : 1); part++)
+        for (int u = 0; u < n_units(c); u++) {
+            int n = (int)h->n[u], total = 0;
+            for (long e = 0; e < n; e++) index[e] = holding_index(h, c, u, e);
+            MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
+            if (root) {
+                for (int q = 0; q < world_size; q++) displs[q] = total, total += counts[q];
+                values = reallocCheck(values, sizeof(float) * (total > 0 ? total : 1));
+                where = reallocCheck(where, sizeof(long) * (total > 0 ? total : 1));
+            }
+            MPI_Gatherv(n ? h->at[part][u] : NULL, n, MPI_FLOAT, values, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+            MPI_Gatherv(index, n, MPI_LONG, where, counts, displs, MPI_LONG, 0, MPI_COMM_WORLD);
+            if (!root) continue;
+            for (int i = 0; i < total; i++)
+                if (where[i] >= 0) unit[where[i]] = values[i];
+            ckpt_write(&w, unit, (size_t)unit_params(c, u) * sizeof(float));
+        }
+    if (root) ckpt_close(&w);
+    free(index), free(unit), free(values), free(where), free(counts), free(displs);
 }
 
-// Every rank's figures, gathered to world rank 0 (all[] needs world_size entries there).
-static void figures_gather(const Figures* mine, Figures* all) {
-    MPI_Gather(mine, FIGURES_DOUBLES, MPI_DOUBLE, all, FIGURES_DOUBLES, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-}
-
-// What the textbook ring algorithm sends from each rank: an all-reduce of `bytes` over n
-// ranks, and a reduce-scatter or an all-gather whose whole buffer is `bytes`.
-static double ring_allreduce_bytes(double bytes, int n) { return 2.0 * (n - 1) / n * bytes; }
-static double ring_half_bytes(double bytes, int n) { return (double)(n - 1) / n * bytes; }
+// ----------------------------------------------------------------------------
+// the report
 
 // --trace: every rank's events, gathered to world rank 0 and written as one file.
 static void dist_trace_write(const char* path) {
@@ -291,6 +328,26 @@ static void dist_trace_write(const char* path) {
     if (world_rank == 0) trace_write(path, all, proc, total);
     free(counts), free(displs), free(proc), free(all);
 }
+
+// The end of every MPI program: the names sampled with its forward pass (every rank takes
+// part); every rank's figures gathered to world rank 0, which prints them with the
+// results (report.h); every rank's --trace events in one file. Every rank calls it.
+// Returns the figures of every rank on rank 0 (the caller frees them), NULL on the others.
+static Figures* dist_report(const Options* o, const Report* rep, Progress* pr, double val_loss, const Dataset* ds,
+                            const Figures* mine, ForwardFn forward, void* ctx) {
+    int* names = generate_names(o->samples, ds->max_len, &o->model, ds, o->seed, forward, ctx);
+    Figures* all = world_rank == 0 ? callocCheck(world_size, sizeof(Figures)) : NULL;
+    MPI_Gather(mine, FIGURES_DOUBLES, MPI_DOUBLE, all, FIGURES_DOUBLES, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (world_rank == 0) report_print(o, rep, pr, val_loss, names, ds, all, world_size);
+    if (o->trace) dist_trace_write(o->trace);
+    free(names);
+    return all;
+}
+
+// What the textbook ring algorithm sends from each rank: an all-reduce of `bytes` over n
+// ranks, and a reduce-scatter or an all-gather whose whole buffer is `bytes`.
+static double ring_allreduce_bytes(double bytes, int n) { return 2.0 * (n - 1) / n * bytes; }
+static double ring_half_bytes(double bytes, int n) { return (double)(n - 1) / n * bytes; }
 
 #pragma GCC diagnostic pop
 #endif // DIST_H

@@ -6,15 +6,33 @@
  * and each (tensor slice, stage) is sharded across D data-parallel ranks with ZeRO. It
  * prints exactly what train.c prints for the same flags, in every grid.
  *
+ *   --tp 2 --dp 2 --pp 2, world rank = (pp x D + dp) x T + tp
+ *
+ *                    data replica 0 (rows 0-15)      data replica 1 (rows 16-31)
+ *   stage 0 (pp 0)   rank 0 | rank 1   <-- ZeRO -->   rank 2 | rank 3
+ *                    tp 0     tp 1                    tp 0     tp 1
+ *                      |  activations / gradients       |
+ *   stage 1 (pp 1)   rank 4 | rank 5   <-- ZeRO -->   rank 6 | rank 7
+ *
+ * Per rank and step, each axis by its own program's formula (train_tp.c for this replica's
+ * rows through this stage's units; train_fsdp.c for this rank's slices of them, once per
+ * microbatch; train_pp.c for this replica's rows at a slice's width), plus the loss and the
+ * clipping norm over the whole grid. Memory: ZeRO's, on this stage's tensor-parallel
+ * slices, plus the pipeline's peak activations.
+ *
  *   make train_3d && mpirun -n 8 --oversubscribe ./train_3d --tp 2 --dp 2 --pp 2
  *   mpirun -n 6 --oversubscribe ./train_3d --tp 2 --pp 3 --layers 3 --zero 1 --schedule gpipe
  *
- * It adds little logic of its own: the strategies come from train_fsdp.c, train_tp.c and
- * train_pp.c, included below without their programs. What is new: the grid of
- * communicators, a stage whose units are tensor-parallel and FSDP-sharded, and the global
- * gradient norm across all three axes.
+ * Compare with ./train: the same losses, names and final checkpoint, in every grid.
  *
- * Sections: the strategy; options; data; model; training loop; validation, sampling and report.
+ * It adds little logic of its own: the strategies come from train_fsdp.c, train_tp.c and
+ * train_pp.c, included below without their programs, and compose through their
+ * parameters: a group of ranks for each, the pipeline's StageWork, FSDP's unit sizes. What
+ * is new: the grid of communicators, a stage whose units are tensor-parallel and
+ * FSDP-sharded, and the global gradient norm across all three axes.
+ *
+ * Sections: the state of one run; the strategy (the grid; a stage's work; the norm and
+ * what a rank holds); the forward pass and the figures; options; main.
  */
 #define TRAIN_3D // take the strategies of these files, not their programs
 #pragma GCC diagnostic push
@@ -25,13 +43,13 @@
 #pragma GCC diagnostic pop
 
 #define RUN_LINE "mpirun -n 8 ./train_3d --tp 2 --dp 2 --pp 2"
-#define EVAL_ROWS 256 // validation rows per forward pass (the result does not depend on it)
 
 // ----------------------------------------------------------------------------
 // the state of one run
 
 typedef struct {
     Config cfg;
+    Dataset ds;     // the data
     int T, D, P;          // --tp, --dp, --pp
     int zero, prefetch;   // --zero, --prefetch
     int M, sched, timeline; // --microbatches, --schedule, --timeline
@@ -41,10 +59,12 @@ typedef struct {
     Pp p;                 // this stage of the pipeline
     int first[MAX_LAYERS + 3]; // stage s holds units [first[s], first[s+1])
     int u_lo, u_hi;       // this stage's units
-    int width[MAX_LAYERS + 2]; // each unit's activation width on this rank
     Workspace ws;
-    PpRows rows;          // where each stage's rows come from
 } Run;
+
+static void run_free(Run* r) {
+    dataset_free(&r->ds), fsdp_free(&r->f), tp_free(&r->t), pp_free(&r->p), workspace_free(&r->ws);
+}
 
 // ----------------------------------------------------------------------------
 // the strategy: a grid of groups
@@ -68,137 +88,74 @@ static void grid_split(Run* r) {
     r->world = group_world("world");
 }
 
-// A stage's work: its units in order, each one's tensor-parallel slice gathered by FSDP
-// (stage 3) just before use; backward reduce-scatters each unit's gradient (stages 2, 3).
+// A stage's work (the pipeline's StageWork): its units in order, each one's
+// tensor-parallel slice gathered by FSDP just before use; backward reduce-scatters each
+// unit's gradient.
 static void stage_forward(void* ctx, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
     for (int u = r->u_lo; u < r->u_hi; u++) {
         const float* w = fsdp_unit_params(&r->f, u, u + 1 < r->u_hi ? u + 1 : -1);
-        tp_forward(&r->t, &r->cfg, u, w, a, sc, R, rows_total, &r->ws);
+        tp_unit_forward(&r->t, &r->cfg, u, w, a, sc, R, rows_total, &r->ws);
     }
 }
 static void stage_backward(void* ctx, Acts* a, Scratch* sc, int R, long batch) {
     Run* r = ctx;
     for (int u = r->u_hi - 1; u >= r->u_lo; u--) {
         const float* w = fsdp_unit_params(&r->f, u, u - 1 >= r->u_lo ? u - 1 : -1);
-        tp_backward(&r->t, &r->cfg, u, w, fsdp_unit_grads(&r->f, u), a, sc, R, batch, &r->ws);
-        fsdp_reduce_grads(&r->f, u);
-        float* t = sc->dout;
-        sc->dout = sc->din;
-        sc->din = t;
+        tp_unit_backward(&r->t, &r->cfg, u, w, fsdp_unit_grads(&r->f, u), a, sc, R, batch, &r->ws);
+        fsdp_reduce_unit_grads(&r->f, u);
+        scratch_step_down(sc);
     }
-    float* t = sc->dout; // leave this stage's input gradient in din
-    sc->dout = sc->din;
-    sc->din = t;
 }
 
-// The global gradient norm's sum of squares, over this rank's shards of its slices of its
-// stage's units: every element of the model counted once across the whole grid. FSDP
-// shards are disjoint and stages hold different units, but a row-parallel layer's bias is
-// held whole by every tensor-parallel rank: only tensor-parallel rank 0 counts it.
-static int64_t grid_grads_sumsq(const Run* r, long batch, int e) {
-    int64_t s = 0;
+// The gradients this rank counts in the global norm, every element of the model once
+// across the whole grid: its FSDP shard of its tensor-parallel slice of each of its
+// stage's units (shards are disjoint, stages hold different units), except that a
+// row-parallel layer's bias, held whole by every tensor-parallel rank, is counted by
+// tensor-parallel rank 0 alone (tp_counted).
+static int grid_grad_spans(const Run* r, GradSpan* spans) {
+    int n = 0;
     for (int u = r->u_lo; u < r->u_hi; u++) {
-        long lo, hi, nw = (long)r->t.k[u] * r->t.j[u]; // a linear layer's bias starts at nw
+        long lo, hi, counted = tp_counted(&r->t, u);
         fsdp_range(&r->f, u, &lo, &hi);
-        const int64_t* g = fsdp_shard_grads(&r->f, u);
-        if (r->t.tp->rank != 0 && tp_replicated(&r->t, u, r->t.size[u] - 1)) hi = hi < nw ? hi : (nw > lo ? nw : lo);
-        s += grads_sumsq(g, hi - lo, batch, e);
+        if (hi > counted) hi = counted > lo ? counted : lo;
+        spans[n++] = (GradSpan){fsdp_shard_grads(&r->f, u), hi - lo};
     }
-    return s;
+    return n;
 }
 
-// This rank's shards of its slices of its stage's units, initialised directly with the
-// values train.c uses, or read from a checkpoint one unit at a time. Returns the step.
-static long grid_load(Run* r, const Options* o, const Dataset* ds) {
-    const Config* c = &r->cfg;
-    Fsdp* f = &r->f;
-    long n = n_params(c), step = 0;
-    float* unit = NULL;
-    if (o->load) {
-        step = (long)ckpt_check(o->load, c, o->opt.adamw, ds->token_char).step;
-        unit = mallocCheck((size_t)max_unit_params(c) * sizeof(float));
-    }
-    for (int part = 0; part < (o->load && o->opt.adamw ? 3 : 1); part++)
-        for (int u = r->u_lo; u < r->u_hi; u++) {
-            long lo, hi;
-            fsdp_range(f, u, &lo, &hi);
-            float* dst = part == 1 ? f->m + f->shard_off[u] : part == 2 ? f->v + f->shard_off[u] : fsdp_shard_params(f, u);
-            if (part == 0 && f->stage < 3) { // stages 1 and 2 hold the whole slice
-                dst = f->params + f->full_off[u];
-                lo = 0, hi = f->size[u];
-            }
-            if (o->load) ckpt_read(o->load, part * n + unit_offset(c, u), unit_params(c, u), unit);
-            for (long e = lo; e < hi; e++) {
-                long k = tp_canonical(&r->t, c, u, e);
-                dst[e - lo] = k < 0 ? 0.0f : o->load ? unit[k] : unit_init_value(c, o->seed, u, k);
-            }
-        }
-    free(unit);
-    return step;
-}
-
-// The checkpoint in train.c's layout, one unit at a time: the unit's stage gathers each
-// tensor-parallel slice from its data-parallel shards, then the slices from the
-// tensor-parallel ranks, and sends the unit to world rank 0, which writes it.
-static void grid_save(Run* r, const char* path, int adamw, long step, const Dataset* ds) {
-    const Config* c = &r->cfg;
-    Fsdp* f = &r->f;
-    CkptWriter w = {0};
-    CkptHeader h = ckpt_header(c, adamw, step, ds->token_char);
-    if (world_rank == 0) w = ckpt_create(path, &h);
-    long most = 0;
-    for (int u = 0; u < n_units(c); u++) most = f->shard[u] * r->D > most ? f->shard[u] * r->D : most;
-    float *slice = mallocCheck((size_t)(most > 0 ? most : 1) * sizeof(float)),
-          *unit = mallocCheck((size_t)max_unit_params(c) * sizeof(float));
-    for (int part = 0; part < (adamw ? 3 : 1); part++)
-        for (int u = 0; u < n_units(c); u++) {
-            int owner = 0; // the stage holding unit u
-            while (u >= r->first[owner + 1]) owner++;
-            if (r->pp.rank == owner) {
-                const float* mine = part == 0 ? fsdp_shard_params(f, u) : (part == 1 ? f->m : f->v) + f->shard_off[u];
-                MPI_Gather(mine, (int)f->shard[u], MPI_FLOAT, slice, (int)f->shard[u], MPI_FLOAT, 0, r->dp.comm);
-                if (r->dp.rank == 0) tp_gather_unit(&r->t, c, u, slice, unit);
-            }
-            int holder = r->tp.rank == 0 && r->dp.rank == 0; // the pipeline of world rank 0
-            if (holder && owner != 0 && r->pp.rank == owner)
-                MPI_Send(unit, (int)unit_params(c, u), MPI_FLOAT, 0, 32763, r->pp.comm);
-            if (world_rank == 0) {
-                if (owner != 0) MPI_Recv(unit, (int)unit_params(c, u), MPI_FLOAT, owner, 32763, r->pp.comm, MPI_STATUS_IGNORE);
-                ckpt_write(&w, unit, (size_t)unit_params(c, u) * sizeof(float));
-            }
-        }
-    if (world_rank == 0) ckpt_close(&w);
-    free(slice);
-    free(unit);
+// Element e of this rank's FSDP shard of unit u, in train.c's layout: element lo + e of
+// its tensor-parallel slice (ckpt.h's Holding).
+static long canonical(const void* ctx, int u, long e) {
+    const Run* r = ctx;
+    long lo, hi;
+    fsdp_range(&r->f, u, &lo, &hi);
+    return tp_canonical(&r->t, &r->cfg, u, lo + e);
 }
 
 // ----------------------------------------------------------------------------
-// validation and sampling
+// the forward pass (validation and sampling): through this replica's pipeline, the
+// vocabulary gathered from the tensor-parallel ranks of the last stage, then broadcast
+// to every stage
 
-// Mean loss over the whole validation split: each data-parallel replica streams its share
-// through its pipeline (every replica makes the same number of passes: FSDP gathers in each).
-static double evaluate(Run* r, const Dataset* ds) {
-    long lo, hi, per = (ds->n_val_examples + r->D - 1) / r->D;
-    split_range(ds->n_val_examples, r->D, r->dp.rank, &lo, &hi);
-    int64_t total = 0;
-    for (long first = lo, pass = 0; pass * EVAL_ROWS < per; first += EVAL_ROWS, pass++) {
-        int R = (int)(hi - first < EVAL_ROWS ? (hi - first > 0 ? hi - first : 0) : EVAL_ROWS);
-        total += pp_forward_rows(&r->p, pp_rows_val, &r->rows, first, R, ds->n_val_examples, 32767);
+static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
+    Run* r = ctx;
+    int64_t loss = pp_forward_rows(&r->p, rows, first, R, rows_total, probs ? TAG_SAMPLE : TAG_EVAL);
+    if (probs) {
+        if (r->pp.rank == r->P - 1) memcpy(probs, tp_probs(&r->t, &r->cfg, &r->p.slot[0], R), (size_t)R * r->cfg.vocab * sizeof(float));
+        MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, r->P - 1, r->pp.comm);
     }
-    if (r->pp.rank == r->P - 1) group_allreduce(&r->dp, &total, 1, MPI_INT64_T, MPI_SUM);
-    MPI_Bcast(&total, 1, MPI_INT64_T, r->P - 1, r->pp.comm); // from the last stage
-    return fix_to(total) / (double)ds->n_val_examples;
+    return loss;
 }
 
-// probs[R][V] for R contexts: through the pipeline, the vocabulary gathered from the
-// tensor-parallel ranks of the last stage, then broadcast to every stage.
-static void probs_of(void* ctx, const int* tokens, int R, float* probs) {
+// Mean loss over the whole validation split: each data-parallel replica its share,
+// added across replicas on the last stage, which has the losses, then broadcast.
+static double validation_loss(void* ctx) {
     Run* r = ctx;
-    r->rows.tokens = tokens;
-    pp_forward_rows(&r->p, pp_rows_sample, &r->rows, 0, R, R, 32766);
-    if (r->pp.rank == r->P - 1) memcpy(probs, tp_probs(&r->t, &r->cfg, &r->p.slot[0], R), (size_t)R * r->cfg.vocab * sizeof(float));
-    MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, r->P - 1, r->pp.comm);
+    int64_t total = evaluate(forward, r, &r->ds, r->D, r->dp.rank);
+    if (r->pp.rank == r->P - 1) group_allreduce(&r->dp, &total, 1, MPI_INT64_T, MPI_SUM);
+    MPI_Bcast(&total, 1, MPI_INT64_T, r->P - 1, r->pp.comm);
+    return mean_loss(total, &r->ds);
 }
 
 // ----------------------------------------------------------------------------
@@ -246,6 +203,61 @@ static void grid_resolve(Run* r) {
                   r->T * r->D * r->P, world_size);
 }
 
+// Every rank's place in the grid, its units and its rows (printed by rank 0).
+static void grid_print(const Run* r, int batch) {
+    for (int q = 0; q < world_size; q++) {
+        int tp = q % r->T, dp = q / r->T % r->D, pp = q / (r->T * r->D);
+        long lo, hi;
+        split_range(batch, r->D, dp, &lo, &hi);
+        printf("  rank %-3d   tp %d, dp %d, pp %d:", q, tp, dp, pp);
+        pp_print_units(&r->cfg, r->first, pp);
+        printf(" (rows %ld-%ld, slice %d of %d, shard %d of %d)\n", lo, hi - 1, tp, r->T, dp, r->D);
+    }
+}
+
+// The formulas of figures(), in words, for the report.
+static const char sent_words[] = "the tensor, data and pipeline formulas on their axes, see below";
+static const char mem_words[] = "ZeRO's, on this stage's tensor-parallel slices, + peak activations";
+
+// What this rank sent and holds, each beside its formula: each axis by its own strategy's
+// formula (tensor parallelism for the rows of this replica through this stage's units;
+// ZeRO on this rank's slices of them, once per microbatch; the pipeline's messages for
+// this replica's rows, at a slice's width), and over the whole grid the loss and the
+// clipping norm. Memory: ZeRO's on this stage's slices, and the pipeline's peak activations.
+static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, long rows) {
+    const Config* c = &r->cfg;
+    int last = r->pp.rank == r->P - 1, mb_rows = (int)(rows + r->M - 1) / r->M, width[MAX_LAYERS + 2];
+    tp_widths(&r->t, c, width);
+    double acts_row = acts_bytes_per_row(c, r->u_lo, r->u_hi, width);
+    Figures f = {.sent_axis = {per_step(pr, r->tp.sent), per_step(pr, r->dp.sent), per_step(pr, r->pp.sent)},
+                 .params = r->f.bytes_params, .grads = r->f.bytes_grads, .optim = r->f.bytes_opt,
+                 .acts = r->p.peak * (double)mb_rows * acts_row, .bubble = r->P > 1 ? pp_bubble(&r->p) : -1};
+    f.sent = f.sent_axis[0] + f.sent_axis[1] + f.sent_axis[2] + per_step(pr, r->world.sent);
+    f.received = per_step(pr, r->tp.received + r->dp.received + r->pp.received + r->world.received);
+    int loss_relayed = last && r->P > 1 && !(r->tp.rank == 0 && r->dp.rank == 0); // only one pipeline sends it
+    f.sent_formula = tp_sent_formula(&r->t, c, r->u_lo, r->u_hi, (double)rows) + fsdp_sent_formula(&r->f, r->M) +
+                     (last ? ring_allreduce_bytes(8, r->D) : 0) + pp_sent_formula(&r->p) - (loss_relayed ? 8 : 0) +
+                     (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, world_size) : 0);
+    double slices = 0, biggest = 0; // this stage's tensor-parallel slices
+    for (int u = r->u_lo; u < r->u_hi; u++) slices += r->t.size[u], biggest = r->t.size[u] > biggest ? r->t.size[u] : biggest;
+    f.mem_formula = fsdp_mem_formula(&r->f, slices, biggest, opt->adamw) +
+                    pp_peak_formula(r->sched, r->P, r->pp.rank, r->M) * (double)mb_rows * acts_row;
+    return f;
+}
+// The bytes every rank sent per step on each axis (rank 0, from every rank's figures).
+static void grid_print_axes(const Figures* all) {
+    printf("bytes sent per step on each axis (tensor, data, pipeline):\n");
+    for (int q = 0; q < world_size; q++) {
+        printf("  rank %-3d tp ", q);
+        print_size(all[q].sent_axis[0]);
+        printf(", dp ");
+        print_size(all[q].sent_axis[1]);
+        printf(", pp ");
+        print_size(all[q].sent_axis[2]);
+        printf("\n");
+    }
+}
+
 // ----------------------------------------------------------------------------
 // main
 
@@ -254,7 +266,7 @@ int main(int argc, char** argv) {
 
     // options
     Options o;
-    Run run = {.zero = 3, .M = 4, .sched = SCHED_1F1B};
+    Run run = {.zero = 3, .M = 4, .sched = 2};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 8, grid_flag, &run);
     grid_resolve(&run);
     const Config* mc = &o.model;
@@ -271,138 +283,71 @@ int main(int argc, char** argv) {
     grid_split(&run);
 
     // data
-    Dataset ds;
-    dataset_load(&ds, o.data, o.max_line, o.seed);
-    o.model.vocab = ds.vocab;
-    if (run.T > ds.vocab)
+    load_data(&run.ds, &o, &run.cfg);
+    if (run.T > run.ds.vocab)
         dist_exit(2, RUN_LINE, "--tp %d but a vocabulary of %d tokens: every tensor-parallel rank needs at least one",
-                  run.T, ds.vocab);
+                  run.T, run.ds.vocab);
 
     // model: this rank's stage, its tensor-parallel slices, their data-parallel shards
-    run.cfg = o.model;
     Config* cfg = &run.cfg;
     pp_split(cfg, run.P, run.first);
     run.u_lo = run.first[run.pp.rank];
     run.u_hi = run.first[run.pp.rank + 1];
     long lo, hi; // this data-parallel replica's rows of every global batch
     split_range(o.batch, run.D, run.dp.rank, &lo, &hi);
-    int rows = (int)(hi - lo + run.M - 1) / run.M; // the largest microbatch, or a validation or sampling pass
-    rows = rows > EVAL_ROWS ? rows : EVAL_ROWS;
-    rows = o.samples > rows ? o.samples : rows;
+    int rows = pass_rows(&o, (hi - lo + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
     tp_init(&run.t, &run.tp, cfg, rows);
-    tp_widths(&run.t, cfg, run.width);
+    int width[MAX_LAYERS + 2];
+    tp_widths(&run.t, cfg, width);
     long slice_size[MAX_LAYERS + 2] = {0}; // FSDP shards this stage's slices; other units are empty
     for (int u = run.u_lo; u < run.u_hi; u++) slice_size[u] = run.t.size[u];
     fsdp_init(&run.f, run.zero, run.prefetch, &run.dp, slice_size, n_units(cfg), o.opt.adamw);
-    long start = grid_load(&run, &o, &ds);
-    pp_init(&run.p, &run.pp, cfg, run.P, run.M, run.sched, lo, (int)(hi - lo), o.batch, run.u_lo, run.u_hi, rows,
-            run.width);
-    run.p.forward = stage_forward;
-    run.p.backward = stage_backward;
-    run.p.ctx = &run;
-    run.rows = (PpRows){.ds = &ds, .seed = o.seed, .context = cfg->context};
+    Holding mine = fsdp_holding(&run.f);
+    mine.canonical = canonical, mine.ctx = &run;
+    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    fsdp_gather_params(&run.f);
+    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, (int)(hi - lo), o.batch, run.u_lo, run.u_hi, rows, width,
+            (StageWork){stage_forward, stage_backward, &run});
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
     snprintf(layout, sizeof layout, "grid of %d tensor x %d data x %d pipeline = %d ranks; ZeRO stage %d; %d "
-             "microbatches, %s", run.T, run.D, run.P, world_size, run.zero, run.M, sched_names[run.sched]);
+             "microbatches, %s", run.T, run.D, run.P, world_size, run.zero, run.M, schedules[run.sched].name);
     if (!o.quiet && world_rank == 0) {
-        print_config(&o, &ds, layout);
-        for (int q = 0; q < world_size; q++) {
-            int tp = q % run.T, dp = q / run.T % run.D, pp = q / (run.T * run.D);
-            printf("  rank %-3d   tp %d, dp %d, pp %d:", q, tp, dp, pp);
-            for (int u = run.first[pp]; u < run.first[pp + 1]; u++)
-                printf(u == 0 ? " embedding" : (u == cfg->layers + 1 ? " linear %d + loss" : " linear %d"), u);
-            long l2, h2;
-            split_range(o.batch, run.D, dp, &l2, &h2);
-            printf(" (rows %ld-%ld, slice %d of %d, shard %d of %d)\n", l2, h2 - 1, tp, run.T, dp, run.D);
-        }
+        print_config(&o, &run.ds, layout);
+        grid_print(&run, o.batch);
     }
 
     // training loop
-    int B = o.batch;
-    int last = run.pp.rank == run.P - 1;
+    int B = o.batch, last = run.pp.rank == run.P - 1;
+    GradSpan spans[MAX_LAYERS + 2];
+    int n_spans = grid_grad_spans(&run, spans);
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
-        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
-        double t0 = now_seconds();
-        run.rows.step = step;
+        step_begin(&progress, step);
+        Rows batch = training_rows(&run.ds, o.seed, step, lo); // this replica's rows
         fsdp_zero_grads(&run.f);
-        int64_t loss = pp_step(&run.p, pp_rows_train, &run.rows);
-        fsdp_allreduce_grads(&run.f); // ZeRO-1: the whole slice's gradients, once the schedule is done
+        int64_t loss = pp_step(&run.p, &batch); // the schedule, each stage's units tensor-parallel and sharded
+        fsdp_reduce_grads(&run.f);              // ZeRO-1: the whole slice's gradients, once the schedule is done
         if (last) group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows
         if (run.P > 1 && run.tp.rank == 0 && run.dp.rank == 0) { // to world rank 0, which prints
-            if (last) group_send(&run.pp, &loss, 1, MPI_INT64_T, 0, 32765);
-            if (run.pp.rank == 0) group_recv(&run.pp, &loss, 1, MPI_INT64_T, run.P - 1, 32765);
+            if (last) group_send(&run.pp, &loss, 1, MPI_INT64_T, 0, TAG_LOSS);
+            if (run.pp.rank == 0) group_recv(&run.pp, &loss, 1, MPI_INT64_T, run.P - 1, TAG_LOSS);
         }
-        float scale = 1.0f;
-        if (o.opt.clip > 0) { // the norm over the whole grid, every element counted once
-            float mx = fsdp_grads_maxabs(&run.f, B);
-            group_allreduce(&run.world, &mx, 1, MPI_FLOAT, MPI_MAX);
-            int e = norm_exponent(mx);
-            int64_t sumsq = grid_grads_sumsq(&run, B, e);
-            group_allreduce(&run.world, &sumsq, 1, MPI_INT64_T, MPI_SUM);
-            scale = clip_scale(&o.opt, grad_norm_value(sumsq, e));
-        }
+        float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.world); // over the whole grid
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
-        double seconds = now_seconds() - t0;
-        step_window_close();
-        progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
+        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
-    progress_end(&progress);
+    if (o.save) dist_ckpt_save(o.save, &mine, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char);
 
     // validation, sampling and report
-    double val_loss = evaluate(&run, &ds);
-    int max_len = ds.max_len;
-    int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
-    // Each axis by its own strategy's formula: tensor parallelism for the rows of this
-    // replica through this stage's units; ZeRO on this rank's slices of them, once per
-    // microbatch; the pipeline's messages for this replica's rows, at a slice's width; and
-    // over the whole grid, the loss and the clipping norm.
-    int mb_rows = (int)(hi - lo + run.M - 1) / run.M;
-    double bpr = acts_bytes_per_row(cfg, run.u_lo, run.u_hi, run.width), steps_done = progress.steps ? progress.steps : 1;
-    Figures fig = {.sent_axis = {run.tp.sent / steps_done, run.dp.sent / steps_done, run.pp.sent / steps_done},
-                   .params = run.f.bytes_params, .grads = run.f.bytes_grads, .optim = run.f.bytes_opt,
-                   .acts = run.p.peak * (double)mb_rows * bpr,
-                   .bubble = run.P > 1 ? run.p.idle / (run.p.idle + run.p.busy > 0 ? run.p.idle + run.p.busy : 1) : -1};
-    fig.sent = fig.sent_axis[0] + fig.sent_axis[1] + fig.sent_axis[2] + run.world.sent / steps_done;
-    fig.received = (run.tp.received + run.dp.received + run.pp.received + run.world.received) / steps_done;
-    fig.sent_formula = tp_sent_formula(&run.t, cfg, run.u_lo, run.u_hi, (double)(hi - lo)) +
-                       fsdp_sent_formula(&run.f, run.M) + (last ? ring_allreduce_bytes(8, run.D) : 0) +
-                       pp_sent_formula(&run.p) - (last && !(run.tp.rank == 0 && run.dp.rank == 0) && run.P > 1 ? 8 : 0) +
-                       (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, world_size) : 0);
-    double slices = 0, biggest = 0; // this stage's tensor-parallel slices
-    for (int u = run.u_lo; u < run.u_hi; u++) slices += run.t.size[u], biggest = run.t.size[u] > biggest ? run.t.size[u] : biggest;
-    fig.mem_formula = fsdp_mem_formula(&run.f, slices, biggest, o.opt.adamw) + pp_peak_formula(&run.p) * (double)mb_rows * bpr;
-    Figures* all = callocCheck(world_size, sizeof(Figures));
-    figures_gather(&fig, all);
-    if (world_rank == 0) {
-        report_print(&o, "train_3d.c", layout, val_loss, &progress, names, max_len, &ds, all, world_size,
-                     "the tensor, data and pipeline formulas on their axes, see below",
-                     "ZeRO's, on this stage's tensor-parallel slices, + peak activations");
-        if (!o.quiet) {
-            printf("bytes sent per step on each axis (tensor, data, pipeline):\n");
-            for (int q = 0; q < world_size; q++) {
-                printf("  rank %-3d tp ", q);
-                print_size(all[q].sent_axis[0]);
-                printf(", dp ");
-                print_size(all[q].sent_axis[1]);
-                printf(", pp ");
-                print_size(all[q].sent_axis[2]);
-                printf("\n");
-            }
-        }
-    }
+    double val_loss = validation_loss(&run);
+    Figures fig = figures(&run, &progress, &o.opt, hi - lo);
+    Report rep = {"train_3d.c", layout, sent_words, mem_words};
+    Figures* all = dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run);
+    if (world_rank == 0 && !o.quiet) grid_print_axes(all);
     free(all);
     if (run.timeline && run.tp.rank == 0 && run.dp.rank == 0) pp_timeline(&run.p); // world rank 0's pipeline
-    if (o.save) grid_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);
-
-    free(names);
-    fsdp_free(&run.f);
-    tp_free(&run.t);
-    pp_free(&run.p);
-    workspace_free(&run.ws);
-    dataset_free(&ds);
-    if (o.trace) dist_trace_write(o.trace);
+    run_free(&run);
     MPI_Finalize();
     return 0;
 }

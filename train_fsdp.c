@@ -5,15 +5,34 @@
  * too, so that no rank ever holds the whole model except one unit at a time. It prints
  * exactly what train.c prints for the same flags.
  *
+ *   ZeRO-3, 2 ranks; each unit (embedding, linear 1, ...) is cut into 2 shards
+ *
+ *               rank 0: rows 0-15                 rank 1: rows 16-31
+ *   forward     all-gather unit u  <------------>  all-gather unit u   (then drop it)
+ *   backward    all-gather unit u  <------------>  all-gather unit u
+ *               reduce-scatter its gradient  --->  each keeps the sum of its shard
+ *   step        update shard 0                     update shard 1
+ *
+ * Per rank and step, P parameters on N ranks (ring collectives, exact sums travel as 8 B):
+ *   stage  sent                                         memory
+ *   1      2(N-1)/N x 8 B x P + (N-1)/N x 4 B x P       (4 + 8) B x P + 8 B x P/N (AdamW)
+ *   2      (N-1)/N x (8 + 4) B x P                      4 B x P + (8 + 8 AdamW) B x P/N + a unit's gradient
+ *   3      (N-1)/N x (8 + 2 x 4) B x P                  (4 + 8 + 8 AdamW) B x P/N + one unit in transit
+ *   plus the activations of B/N rows, as in data parallelism.
+ *
  *   make train_fsdp && mpirun -n 2 ./train_fsdp          # --zero 3 (the default)
  *   mpirun -n 4 --oversubscribe ./train_fsdp --zero 1 --optimizer adamw
  *   mpirun -n 2 ./train_fsdp --prefetch                  # stage 3: gather the next unit while computing
  *
- * Sections: the strategy; options; data; model; training loop; validation, sampling and report.
+ * Compare with ./train: the same losses, names and final checkpoint, for every stage and N.
+ *
+ * Sections: the strategy; the state of one run; the forward and backward passes, and the
+ * figures; options; main.
  */
 #include "model.h"
-#include "data.h"
+#include "ckpt.h"
 #include "cli.h"
+#include "report.h"
 #include "dist.h"
 
 // ----------------------------------------------------------------------------
@@ -23,20 +42,16 @@
 // Its block is cut into N equal shards, rank r owning elements [r*s, (r+1)*s) with
 // s = ceil(size / N); the last shard is padded with zeros that never change (a zero
 // gradient and a zero parameter stay zero under SGD, AdamW and weight decay), so they
-// never touch the result. Each rank keeps:
+// never touch the result. Each rank keeps, and does at each point of a step:
 //
-//   stage  parameters          gradients                     optimizer state
-//   1      whole model         whole model, all-reduced      its shards
-//   2      whole model         its shards, reduce-scattered  its shards
-//   3      its shards          its shards, reduce-scattered  its shards
+//   stage  holds params / grads / optimizer   before a unit is used   after its backward   after backward   optimizer step
+//   1      whole / whole / its shards         -                       -                    all-reduce grads update its shards, all-gather params
+//   2      whole / its shards / its shards    -                       reduce-scatter grad  -                update its shards, all-gather params
+//   3      its shards (all three)             all-gather the unit     reduce-scatter grad  -                update its shards
 //
-// and updates only its shards. Stages 1 and 2 then all-gather the updated parameters;
-// stage 3 instead all-gathers each unit just before using it, in forward and again in
-// backward, and drops it after. Gradients are exact sums (model.h), so a reduce-scatter of
-// them is exact too.
-//
-// The functions below see a unit only as a block of `size` floats, so train_3d.c uses them
-// on the tensor-parallel slices of units too.
+// The five functions below are those columns. Gradients are exact sums (kernels.h), so a
+// reduce-scatter of them is exact too. They see a unit only as a block of `size` floats,
+// so train_3d.c uses them on the tensor-parallel slices of units too.
 
 typedef struct {
     int stage;       // ZeRO stage: 1, 2 or 3
@@ -110,7 +125,7 @@ static void fsdp_range(const Fsdp* f, int u, long* lo, long* hi) {
     *hi = *lo + f->shard[u] < f->size[u] ? *lo + f->shard[u] : f->size[u];
     if (*hi < *lo) *hi = *lo;
 }
-// Where this rank's shard of unit u lives, in params, in grads, in m and v.
+// Where this rank's shard of unit u lives, in params and in grads.
 static float* fsdp_shard_params(const Fsdp* f, int u) {
     return f->stage == 3 ? f->params + f->shard_off[u] : f->params + f->full_off[u] + f->dp->rank * f->shard[u];
 }
@@ -125,9 +140,9 @@ static void fsdp_gather(Fsdp* f, int u, int b, MPI_Request* req) {
     else group_allgather(f->dp, mine, f->gathered[b], f->shard[u], MPI_FLOAT);
 }
 
-// The whole parameters of unit u, for a forward or a backward. Stages 1 and 2 hold them
-// already; stage 3 gathers them now (or waits for the gather --prefetch started) and, with
-// --prefetch, starts gathering unit `next` (-1: none) into the other buffer.
+// Before unit u is used, in forward or backward: its whole parameters. Stages 1 and 2 hold
+// them already; stage 3 gathers them now (or waits for the gather --prefetch started) and,
+// with --prefetch, starts gathering unit `next` (-1: none) into the other buffer.
 static const float* fsdp_unit_params(Fsdp* f, int u, int next) {
     if (f->stage < 3) return f->params + f->full_off[u];
     int b = 0;
@@ -147,60 +162,72 @@ static const float* fsdp_unit_params(Fsdp* f, int u, int next) {
     return f->gathered[b];
 }
 
-// Where backward adds unit u's gradient over this rank's rows (zeroed here for stages 2, 3).
+// Where backward adds unit u's gradient over this rank's rows: stage 1 holds the whole
+// gradient; stages 2 and 3 a buffer for one unit (zeroed here).
 static int64_t* fsdp_unit_grads(Fsdp* f, int u) {
     if (f->stage == 1) return f->grads + f->full_off[u];
     fix_zero(f->unit_grad, f->shard[u] * f->dp->size);
     return f->unit_grad;
 }
-// After backward of unit u (stages 2, 3): reduce-scatter its gradient, so that each rank
-// receives the exact sum over every rank's rows of its own shard, and adds it.
-static void fsdp_reduce_grads(Fsdp* f, int u) {
+// After unit u's backward (stages 2, 3): reduce-scatter its gradient, so that each rank
+// receives the exact sum over every rank's rows of its own shard, and adds it to its
+// shard's gradient sum: added, as every backward adds into gradient sums, so that several
+// passes in one step (train_3d.c's microbatches) accumulate.
+static void fsdp_reduce_unit_grads(Fsdp* f, int u) {
     if (f->stage == 1) return;
     const int64_t* sum = group_reduce_scatter(f->dp, f->unit_grad, f->shard[u], MPI_INT64_T, MPI_SUM);
-    int64_t* g = f->grads + f->shard_off[u]; // added, not copied: train_3d.c reduces once per microbatch
+    int64_t* g = f->grads + f->shard_off[u];
     for (long i = 0; i < f->shard[u]; i++) g[i] += sum[i];
+}
+// After the whole backward (stage 1): all-reduce the gradient of the whole model.
+static void fsdp_reduce_grads(Fsdp* f) {
+    if (f->stage == 1) group_allreduce(f->dp, f->grads, f->full_off[f->n_units], MPI_INT64_T, MPI_SUM);
 }
 static void fsdp_zero_grads(Fsdp* f) {
     fix_zero(f->grads, f->stage == 1 ? f->full_off[f->n_units] : f->shard_off[f->n_units]);
 }
-// Stage 1: the gradients of the whole model, all-reduced once backward is done.
-static void fsdp_allreduce_grads(Fsdp* f) {
-    if (f->stage == 1) group_allreduce(f->dp, f->grads, f->full_off[f->n_units], MPI_INT64_T, MPI_SUM);
+
+// Stages 1 and 2 hold the whole parameters: all-gather every unit from its shards (after
+// each optimizer step, and after loading).
+static void fsdp_gather_params(Fsdp* f) {
+    if (f->stage == 3) return;
+    for (int u = 0; u < f->n_units; u++)
+        group_allgather(f->dp, fsdp_shard_params(f, u), f->params + f->full_off[u], f->shard[u], MPI_FLOAT);
 }
 
-// The gradient norm's two exact pieces over this rank's shards (to be combined across ranks:
-// MAX of the first, SUM of the second, see model.h).
-static float fsdp_grads_maxabs(const Fsdp* f, long batch) {
-    float mx = 0.0f;
-    for (int u = 0; u < f->n_units; u++) {
-        long lo, hi;
-        fsdp_range(f, u, &lo, &hi);
-        float m = grads_maxabs(fsdp_shard_grads(f, u), hi - lo, batch);
-        mx = m > mx ? m : mx;
-    }
-    return mx;
-}
-static int64_t fsdp_grads_sumsq(const Fsdp* f, long batch, int e) {
-    int64_t s = 0;
-    for (int u = 0; u < f->n_units; u++) {
-        long lo, hi;
-        fsdp_range(f, u, &lo, &hi);
-        s += grads_sumsq(fsdp_shard_grads(f, u), hi - lo, batch, e);
-    }
-    return s;
-}
-
-// The optimizer on this rank's shards only; stages 1 and 2 then all-gather every unit, so
-// that every rank holds the whole updated model again.
+// The optimizer step: every rank updates only its shards, then stages 1 and 2 all-gather.
 static void fsdp_step(Fsdp* f, const Optimizer* opt, double factor, float scale, long t) {
     for (int u = 0; u < f->n_units; u++) {
         long lo, hi;
         fsdp_range(f, u, &lo, &hi);
         float *m = f->m ? f->m + f->shard_off[u] : NULL, *v = f->v ? f->v + f->shard_off[u] : NULL;
         optimizer_step(opt, fsdp_shard_params(f, u), fsdp_shard_grads(f, u), m, v, hi - lo, factor, scale, t);
-        if (f->stage < 3) group_allgather(f->dp, fsdp_shard_params(f, u), f->params + f->full_off[u], f->shard[u], MPI_FLOAT);
     }
+    fsdp_gather_params(f);
+}
+
+// What this rank holds, for checkpoints and initialisation: its shard of every unit.
+static Holding fsdp_holding(const Fsdp* f) {
+    Holding h = {0};
+    for (int u = 0; u < f->n_units; u++) {
+        long lo, hi;
+        fsdp_range(f, u, &lo, &hi);
+        h.n[u] = hi - lo;
+        h.first[u] = lo;
+        h.at[0][u] = fsdp_shard_params(f, u);
+        h.at[1][u] = f->m ? f->m + f->shard_off[u] : NULL;
+        h.at[2][u] = f->v ? f->v + f->shard_off[u] : NULL;
+    }
+    return h;
+}
+// The gradients this rank counts in the global norm: its shards (disjoint across ranks).
+static int fsdp_grad_spans(const Fsdp* f, GradSpan* spans) {
+    for (int u = 0; u < f->n_units; u++) {
+        long lo, hi;
+        fsdp_range(f, u, &lo, &hi);
+        spans[u] = (GradSpan){fsdp_shard_grads(f, u), hi - lo};
+    }
+    return f->n_units;
 }
 
 // What the ZeRO stage sends per step from each rank, by the textbook ring formulas, over
@@ -236,115 +263,78 @@ static double fsdp_mem_formula(const Fsdp* f, double P, double U, int adamw) {
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
 
 #define RUN_LINE "mpirun -n 2 ./train_fsdp"
-#define EVAL_ROWS 256 // validation rows per forward pass (the result does not depend on it)
 
 // ----------------------------------------------------------------------------
 // the state of one run
 
 typedef struct {
     Config cfg;
+    Dataset ds;     // the data
     Fsdp f;         // parameters, gradients and optimizer state, sharded
-    Acts acts;
-    Scratch scratch;
-    Workspace ws;
+    Work work;
     Group dp;       // every rank
     int stage, prefetch; // --zero, --prefetch
 } Run;
 
-// Forward of the whole model over R rows, unit by unit (stage 3 gathers each unit).
-static int64_t fsdp_forward(Run* r, int R, long rows_total) {
-    const Config* c = &r->cfg;
-    for (int u = 0; u < n_units(c); u++)
-        unit_forward(c, u, fsdp_unit_params(&r->f, u, u + 1), &r->acts, &r->scratch, R, rows_total, &r->ws);
-    return r->acts.loss;
-}
-
-// Backward, last unit first; each unit's gradient is reduce-scattered as soon as it is done.
-static void fsdp_backward(Run* r, int R, long B) {
-    const Config* c = &r->cfg;
-    fsdp_zero_grads(&r->f);
-    for (int u = n_units(c) - 1; u >= 0; u--) {
-        const float* w = fsdp_unit_params(&r->f, u, u - 1);
-        unit_backward(c, u, w, fsdp_unit_grads(&r->f, u), &r->acts, &r->scratch, R, B, &r->ws);
-        fsdp_reduce_grads(&r->f, u);
-        float* t = r->scratch.dout;
-        r->scratch.dout = r->scratch.din;
-        r->scratch.din = t;
-    }
-    fsdp_allreduce_grads(&r->f);
-}
-
-// Every rank's shards initialised directly with the values train.c uses, or read from a
-// checkpoint: no rank builds the whole model to cut it. Returns the step to resume after.
-static long fsdp_load(Run* r, const Options* o, const Dataset* ds) {
-    Fsdp* f = &r->f;
-    const Config* c = &r->cfg;
-    long n = n_params(c), step = 0;
-    if (o->load) step = (long)ckpt_check(o->load, c, o->opt.adamw, ds->token_char).step;
-    for (int u = 0; u < f->n_units; u++) {
-        // stages 1 and 2 hold every unit whole; stage 3 only its own shard of each
-        long lo, hi;
-        fsdp_range(f, u, &lo, &hi);
-        if (f->stage < 3) lo = 0, hi = f->size[u];
-        float* p = f->stage < 3 ? f->params + f->full_off[u] + lo : fsdp_shard_params(f, u);
-        if (o->load) ckpt_read(o->load, unit_offset(c, u) + lo, hi - lo, p);
-        else
-            for (long e = lo; e < hi; e++) p[e - lo] = unit_init_value(c, o->seed, u, e);
-        fsdp_range(f, u, &lo, &hi);
-        if (o->load && f->m) {
-            ckpt_read(o->load, n + unit_offset(c, u) + lo, hi - lo, f->m + f->shard_off[u]);
-            ckpt_read(o->load, 2 * n + unit_offset(c, u) + lo, hi - lo, f->v + f->shard_off[u]);
-        }
-    }
-    return step;
-}
-
-// The checkpoint in train.c's layout: rank 0 gathers one unit at a time and writes it.
-static void fsdp_save(Run* r, const char* path, int adamw, long step, const Dataset* ds) {
-    Fsdp* f = &r->f;
-    const Config* c = &r->cfg;
-    CkptHeader h = ckpt_header(c, adamw, step, ds->token_char);
-    CkptWriter w = {0};
-    if (r->dp.rank == 0) w = ckpt_create(path, &h);
-    long most = 0; // the largest unit, padded
-    for (int u = 0; u < f->n_units; u++) most = f->full_off[u + 1] - f->full_off[u] > most ? f->full_off[u + 1] - f->full_off[u] : most;
-    float* unit = r->dp.rank == 0 ? mallocCheck((size_t)most * sizeof(float)) : NULL;
-    for (int part = 0; part < (adamw ? 3 : 1); part++)
-        for (int u = 0; u < f->n_units; u++) {
-            const float* mine = part == 0 ? fsdp_shard_params(f, u) : (part == 1 ? f->m : f->v) + f->shard_off[u];
-            MPI_Gather(mine, (int)f->shard[u], MPI_FLOAT, unit, (int)f->shard[u], MPI_FLOAT, 0, r->dp.comm);
-            if (r->dp.rank == 0) ckpt_write(&w, unit, (size_t)f->size[u] * sizeof(float));
-        }
-    if (r->dp.rank == 0) ckpt_close(&w);
-    free(unit);
+static void run_free(Run* r) {
+    dataset_free(&r->ds), fsdp_free(&r->f), work_free(&r->work);
 }
 
 // ----------------------------------------------------------------------------
-// validation and sampling
+// the forward and backward passes: train.c's, unit by unit through the stage's hooks
+
+static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
+    Run* r = ctx;
+    const Config* c = &r->cfg;
+    Acts* a = work_load(&r->work, rows, first, R, c->context);
+    for (int u = 0; u < n_units(c); u++)
+        unit_forward(c, u, fsdp_unit_params(&r->f, u, u + 1), a, &r->work.scratch, R, rows_total, &r->work.ws);
+    if (probs) memcpy(probs, a->out[c->layers + 1], (size_t)R * c->vocab * sizeof(float));
+    return a->loss;
+}
+
+// Backward, last unit first; stages 2 and 3 reduce-scatter each unit's gradient as soon as
+// it is done, stage 1 all-reduces them all at the end.
+static void backward(Run* r, int R, long B) {
+    const Config* c = &r->cfg;
+    for (int u = n_units(c) - 1; u >= 0; u--) {
+        const float* w = fsdp_unit_params(&r->f, u, u - 1);
+        unit_backward(c, u, w, fsdp_unit_grads(&r->f, u), &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
+        fsdp_reduce_unit_grads(&r->f, u);
+        scratch_step_down(&r->work.scratch);
+    }
+    fsdp_reduce_grads(&r->f);
+}
 
 // Mean loss over the whole validation split: each rank evaluates its share of it.
-static double evaluate(Run* r, const Dataset* ds) {
-    long lo, hi, rows = (ds->n_val_examples + r->dp.size - 1) / r->dp.size;
-    split_range(ds->n_val_examples, r->dp.size, r->dp.rank, &lo, &hi);
-    int64_t total = 0;
-    // every rank makes the same number of passes (stage 3 gathers in each): the last ones may be empty
-    for (long first = lo, pass = 0; pass * EVAL_ROWS < rows; first += EVAL_ROWS, pass++) {
-        int R = (int)(hi - first < EVAL_ROWS ? (hi - first > 0 ? hi - first : 0) : EVAL_ROWS);
-        dataset_val_rows(ds, first, R, r->cfg.context, r->acts.tokens, r->acts.targets);
-        total += fsdp_forward(r, R, ds->n_val_examples);
-    }
+static double validation_loss(void* ctx) {
+    Run* r = ctx;
+    int64_t total = evaluate(forward, r, &r->ds, r->dp.size, r->dp.rank);
     group_allreduce(&r->dp, &total, 1, MPI_INT64_T, MPI_SUM);
-    return fix_to(total) / (double)ds->n_val_examples;
+    return mean_loss(total, &r->ds);
 }
 
-// probs[R][V] for R contexts: the forward pass with dummy targets (every rank calls it alike)
-static void probs_of(void* ctx, const int* tokens, int R, float* probs) {
-    Run* r = ctx;
-    memcpy(r->acts.tokens, tokens, (size_t)R * r->cfg.context * sizeof(int));
-    memset(r->acts.targets, 0, (size_t)R * sizeof(int));
-    fsdp_forward(r, R, R);
-    memcpy(probs, r->acts.out[r->cfg.layers + 1], (size_t)R * r->cfg.vocab * sizeof(float));
+// What this rank sent and holds, each beside its formula (fsdp_sent_formula and
+// fsdp_mem_formula, plus the loss sum's all-reduce, the two of the clipping norm, and the
+// activations of its rows).
+static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int R, int B) {
+    const Config* c = &r->cfg;
+    double acts_row = acts_bytes_per_row(c, 0, n_units(c), NULL);
+    Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received),
+                 .params = r->f.bytes_params, .grads = r->f.bytes_grads, .optim = r->f.bytes_opt,
+                 .acts = R * acts_row, .bubble = -1};
+    f.sent_formula = fsdp_sent_formula(&r->f, 1) + ring_allreduce_bytes(8, r->dp.size) +
+                     (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->dp.size) : 0);
+    f.mem_formula = fsdp_mem_formula(&r->f, n_params(c), max_unit_params(c), opt->adamw) +
+                    (double)B / r->dp.size * acts_row;
+    return f;
 }
+static const char* const sent_words[] = {"", "2(N-1)/N x 8 B x P gradients + (N-1)/N x 4 B x P parameters",
+                                         "(N-1)/N x (8 B gradients + 4 B parameters) x P",
+                                         "(N-1)/N x (8 B gradients + 2 x 4 B parameters) x P"};
+static const char* const mem_words[] = {"", "(4 + 8) B x P + 8 B x P/N (AdamW) + activations",
+                                        "4 B x P + (8 + 8 AdamW) B x P/N + one unit's gradient + activations",
+                                        "(4 + 8 + 8 AdamW) B x P/N + one unit in transit + activations"};
 
 // ----------------------------------------------------------------------------
 // options of this program
@@ -370,96 +360,52 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.stage = 3, .dp = group_world("dp")};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, fsdp_flags, 2, fsdp_flag, &run);
-    if (world_size > o.batch)
-        dist_exit(2, RUN_LINE, "%d ranks but a batch of %d rows: every rank needs at least one row (raise --batch)",
-                  world_size, o.batch);
+    dist_check_rows(&o, RUN_LINE);
     if (run.prefetch && run.stage != 3) dist_exit(2, RUN_LINE, "--prefetch applies to --zero 3 only");
 
     // data
-    Dataset ds;
-    dataset_load(&ds, o.data, o.max_line, o.seed);
-    o.model.vocab = ds.vocab;
+    load_data(&run.ds, &o, &run.cfg);
 
     // model: parameters, exact gradient sums and optimizer state, sharded; activations
-    run.cfg = o.model;
     Config* cfg = &run.cfg;
     long unit_size[MAX_LAYERS + 2];
     for (int u = 0; u < n_units(cfg); u++) unit_size[u] = unit_params(cfg, u);
     fsdp_init(&run.f, run.stage, run.prefetch, &run.dp, unit_size, n_units(cfg), o.opt.adamw);
-    long start = fsdp_load(&run, &o, &ds);
+    Holding mine = fsdp_holding(&run.f); // no rank builds the whole model to cut it
+    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    fsdp_gather_params(&run.f);
     long lo, hi; // this rank's rows of every global batch
     split_range(o.batch, run.dp.size, run.dp.rank, &lo, &hi);
-    int rows = (int)(hi - lo) > EVAL_ROWS ? (int)(hi - lo) : EVAL_ROWS;
-    rows = o.samples > rows ? o.samples : rows;
-    acts_init(&run.acts, cfg, rows, 0, n_units(cfg), NULL);
-    scratch_init(&run.scratch, cfg, rows);
-    workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
+    work_init(&run.work, cfg, pass_rows(&o, hi - lo), NULL);
     char layout[128];
     snprintf(layout, sizeof layout, "ZeRO stage %d over %d ranks (%ld rows each at most)%s", run.stage, run.dp.size,
              hi - lo, run.prefetch ? ", prefetching the next unit" : "");
-    if (!o.quiet && world_rank == 0) print_config(&o, &ds, layout);
+    if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
     int B = o.batch, R = (int)(hi - lo);
+    GradSpan spans[MAX_LAYERS + 2];
+    int n_spans = fsdp_grad_spans(&run.f, spans);
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
-        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
-        double t0 = now_seconds();
-        dataset_batch(&ds, o.seed, step, (int)lo, (int)hi, cfg->context, run.acts.tokens, run.acts.targets);
-        int64_t loss = fsdp_forward(&run, R, B);
-        fsdp_backward(&run, R, B);
+        step_begin(&progress, step);
+        Rows batch = training_rows(&run.ds, o.seed, step, 0);
+        int64_t loss = forward(&run, &batch, lo, R, B, NULL); // this rank's rows
+        fsdp_zero_grads(&run.f);
+        backward(&run, R, B);
         group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM);
-        float scale = 1.0f;
-        if (o.opt.clip > 0) { // the norm over every shard: two exact all-reduces
-            float mx = fsdp_grads_maxabs(&run.f, B);
-            group_allreduce(&run.dp, &mx, 1, MPI_FLOAT, MPI_MAX);
-            int e = norm_exponent(mx);
-            int64_t sumsq = fsdp_grads_sumsq(&run.f, B, e);
-            group_allreduce(&run.dp, &sumsq, 1, MPI_INT64_T, MPI_SUM);
-            scale = clip_scale(&o.opt, grad_norm_value(sumsq, e));
-        }
+        float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.dp); // the norm over every shard
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
-        double seconds = now_seconds() - t0;
-        step_window_close();
-        progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
+        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
-    progress_end(&progress);
-    double steps_done = progress.steps ? progress.steps : 1;
+    if (o.save) dist_ckpt_save(o.save, &mine, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char);
 
     // validation, sampling and report
-    double val_loss = evaluate(&run, &ds);
-    int max_len = ds.max_len;
-    int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
-    double P = n_params(cfg);
-    Figures fig = {.sent = run.dp.sent / steps_done, .received = run.dp.received / steps_done,
-                   .params = run.f.bytes_params, .grads = run.f.bytes_grads, .optim = run.f.bytes_opt,
-                   .acts = (double)R * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL), .bubble = -1};
-    // the loss sum's all-reduce, and the two of the clipping norm, come on top of the stage's traffic
-    fig.sent_formula = fsdp_sent_formula(&run.f, 1) + ring_allreduce_bytes(8, run.dp.size) +
-                       (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, run.dp.size) : 0);
-    fig.mem_formula = fsdp_mem_formula(&run.f, P, (double)max_unit_params(cfg), o.opt.adamw) +
-                      (double)B / run.dp.size * acts_bytes_per_row(cfg, 0, n_units(cfg), NULL);
-    Figures* all = callocCheck(world_size, sizeof(Figures));
-    figures_gather(&fig, all);
-    const char* sent_words[] = {"", "2(N-1)/N x 8 B x P gradients + (N-1)/N x 4 B x P parameters",
-                                "(N-1)/N x (8 B gradients + 4 B parameters) x P",
-                                "(N-1)/N x (8 B gradients + 2 x 4 B parameters) x P"};
-    const char* mem_words[] = {"", "(4 + 8) B x P + 8 B x P/N (AdamW) + activations",
-                               "4 B x P + (8 + 8 AdamW) B x P/N + one unit's gradient + activations",
-                               "(4 + 8 + 8 AdamW) B x P/N + one unit in transit + activations"};
-    if (world_rank == 0)
-        report_print(&o, "train_fsdp.c", layout, val_loss, &progress, names, max_len, &ds, all, world_size,
-                     sent_words[run.stage], mem_words[run.stage]);
-    free(all);
-    if (o.save) fsdp_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);
-
-    free(names);
-    fsdp_free(&run.f);
-    acts_free(&run.acts);
-    scratch_free(&run.scratch);
-    workspace_free(&run.ws);
-    dataset_free(&ds);
-    if (o.trace) dist_trace_write(o.trace);
+    double val_loss = validation_loss(&run);
+    Figures fig = figures(&run, &progress, &o.opt, R, B);
+    Report rep = {"train_fsdp.c", layout, sent_words[run.stage], mem_words[run.stage]};
+    free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
+    run_free(&run);
     MPI_Finalize();
     return 0;
 }

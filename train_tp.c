@@ -1,45 +1,49 @@
 /*
  * train_tp.c: tensor parallel (Megatron-style). Every rank sees the whole batch and holds
- * a slice of every layer: linear layers alternate column-parallel (each rank computes some
- * of the outputs) and row-parallel (each rank holds some of the inputs and computes a
- * partial sum); the embedding and, when the last layer is column-parallel, the softmax
- * cross-entropy are split by vocabulary. It prints exactly what train.c prints for the
- * same flags.
+ * a slice of every layer. Linear layers come in pairs: a column-parallel layer (each rank
+ * computes some of the outputs) feeds a row-parallel one (each rank holds the matching
+ * inputs and computes a partial sum of every output). The embedding and, when the last
+ * layer is column-parallel, the softmax cross-entropy are split by vocabulary. It prints
+ * exactly what train.c prints for the same flags.
  *
- *   make train_tp && mpirun -n 2 ./train_tp            # --oversubscribe for more ranks than cores
+ *             f                column-parallel             row-parallel                g
+ *   x ---> [fwd: identity] ---> Y_r = x A[:, r] -> ReLU -> Z_r = Y_r B[r, :] ---> [fwd: all-reduce] ---> Z + b
+ *          [bwd: all-reduce]    (rank r: columns r of A)  (rank r: rows r of B)    [bwd: identity]
+ *
+ *   f and g are conjugate: f is the identity forward and an all-reduce backward (the
+ *   input gradient of a column-parallel layer is a partial sum on each rank), g the
+ *   reverse (the output of a row-parallel layer is). One all-reduce each way per pair.
+ *
+ * Per rank and step, N ranks, batch B (every rank takes every row; exact sums travel as 8 B):
+ *   sent    2(N-1)/N x (4 B x B x T x E for the embedding
+ *                       + 8 B x B x (each row-parallel layer's outputs + each column-parallel layer's inputs)
+ *                       + 16 B x B when the loss is split by vocabulary)
+ *   memory  (4 + 8, + 8 with AdamW) B x (P/N + the row-parallel biases, held whole) + activations
+ *
+ *   make train_tp && mpirun -n 2 ./train_tp              # --oversubscribe for more ranks than cores
  *   mpirun -n 3 ./train_tp --layers 2                    # the logits split by vocabulary too
  *
- * Sections: the strategy; options; data; model; training loop; validation, sampling and report.
+ * Compare with ./train: the same losses, names and final checkpoint, whatever N.
+ *
+ * Sections: the strategy (slices; f and g; column- and row-parallel linear layers;
+ * vocabulary-parallel embedding and loss; the model's units); the state of one run; the
+ * forward and backward passes, and the figures; main.
  */
 #include "model.h"
-#include "data.h"
+#include "ckpt.h"
 #include "cli.h"
+#include "report.h"
 #include "dist.h"
 
 // ----------------------------------------------------------------------------
 // the strategy: slices of every layer
 //
-//            linear 1 (column)    linear 2 (row)            linear 3 (column) ...
-//   x ──┬──> [ W1[:, slice r] ] ─> [ W2[slice r, :] ] ─> all-reduce ─> + b2 ─> ...
-//       │     each rank: some       each rank: a partial      sum over ranks
-//       │     outputs, no comms     sum over its inputs
-//
-// Column-parallel layer l (l odd): rank r holds the columns (outputs) of its slice of W_l
-// and b_l, and computes those outputs from the whole input: no communication. Its input
-// gradient is a sum over all outputs, so each rank computes a partial sum over its own
-// and an all-reduce adds them.
-// Row-parallel layer l (l even): rank r holds the rows of W_l for the inputs it computed in
-// layer l-1, so its output is a partial sum; an all-reduce adds them and then the bias,
-// which every rank holds whole, is added once. Its input gradient needs no communication.
-// Both split sums are exact (model.h), so the all-reduces give train.c's bits.
-//
-// Embedding: rank r holds the rows of its slice of the vocabulary, looks up the tokens it
-// holds and writes zeros for the others; an all-reduce adds them (each position has one
-// non-zero contribution, so the float sum is exact).
-// Loss: when the last linear layer is column-parallel (L even), rank r holds the logits of
-// its slice of the vocabulary and the cross-entropy never gathers them: an all-reduce of the
-// row maxima, one of the target logits and one of the (exact) sums of exponentials.
-// When it is row-parallel (L odd) every rank holds all the logits after the all-reduce.
+// Column-parallel layer (odd l, model.h's linear_kind): rank r holds the columns (outputs)
+// of its slice of W_l and b_l, and computes those outputs from the whole input.
+// Row-parallel layer (even l): rank r holds the rows of W_l for the inputs it computed in
+// the layer before, so its output is a partial sum, completed by g; the bias, held whole
+// by every rank, is added once after.
+// Both split sums are exact (kernels.h), so the all-reduces give train.c's bits.
 //
 // Sizes N does not divide are padded: the hidden size 64 on 3 ranks becomes 3 slices of 22,
 // the vocabulary of 27 on 2 ranks 2 slices of 14. Padded units have zero weights and zero
@@ -59,7 +63,7 @@ typedef struct {
     float* gathered;                // [tp size][rows][vs] the slices, gathered
 } Tp;
 
-static int tp_column(int l) { return !forward_sum_is_split(l); } // odd layers: column-parallel
+static int tp_column(int l) { return linear_kind(l) == COLUMN_PARALLEL; }
 
 static void tp_init(Tp* t, Group* tp, const Config* c, int rows) {
     memset(t, 0, sizeof *t);
@@ -108,88 +112,109 @@ static long tp_canonical(const Tp* t, const Config* c, int u, long e) {
     long row = r * (long)kl + e / jl;           // rows [r*kl, (r+1)*kl) of W
     return row < K ? row * J + e % jl : -1;
 }
-// Whether element e of unit u is held whole by every rank (a row-parallel bias): the
-// gradient norm counts it on one rank only.
-static int tp_replicated(const Tp* t, int u, long e) {
-    return u > 0 && !tp_column(u) && e >= (long)t->k[u] * t->j[u];
+// Elements of unit u this rank counts in the gradient norm: all, except that a
+// row-parallel layer's bias, held whole by every rank, is counted by rank 0 alone.
+static long tp_counted(const Tp* t, int u) {
+    return u > 0 && !tp_column(u) && t->tp->rank != 0 ? (long)t->k[u] * t->j[u] : t->size[u];
 }
 
-// Forward of unit u over R rows, with this rank's slice of its parameters at w.
-static void tp_forward_(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
-                        Workspace* ws);
-static void tp_backward_(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
-                         long batch, Workspace* ws);
-static void tp_forward(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
-                       Workspace* ws) {
-    double t0 = trace_on ? now_seconds() : 0;
-    tp_forward_(t, c, u, w, a, s, R, rows_total, ws);
-    trace_event("compute", t0, trace_on ? now_seconds() : 0, 0, "forward %s", unit_name(c, u));
+// f and g, the conjugate all-reduces (model.h's SumFn: they complete an exact partial sum).
+// f: identity in forward, all-reduce in backward, before a column-parallel layer.
+static void tp_f_backward(void* ctx, int64_t* input_grad, long n) {
+    Tp* t = ctx;
+    group_allreduce(t->tp, input_grad, n, MPI_INT64_T, MPI_SUM);
 }
-static void tp_backward(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
-                        long batch, Workspace* ws) {
-    double t0 = trace_on ? now_seconds() : 0;
-    tp_backward_(t, c, u, w, g, a, s, R, batch, ws);
-    trace_event("compute", t0, trace_on ? now_seconds() : 0, 0, "backward %s", unit_name(c, u));
+// g: all-reduce in forward, identity in backward, after a row-parallel layer.
+static void tp_g_forward(void* ctx, int64_t* output, long n) {
+    Tp* t = ctx;
+    group_allreduce(t->tp, output, n, MPI_INT64_T, MPI_SUM);
 }
-static void tp_forward_(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
-                        Workspace* ws) {
-    int T = c->context, E = c->emb;
-    if (u == 0) {
-        embedding_forward(a->out[0], a->tokens, w, tp_v_lo(t), tp_v_lo(t) + t->vs, R, T, E);
-        // each position was looked up by the one rank holding its token: add them up
-        group_allreduce(t->tp, a->out[0], (long)R * T * E, MPI_FLOAT, MPI_SUM);
-        return;
-    }
+
+// Column-parallel linear layer u: this rank's outputs Y[:, slice] = X W[:, slice] + b[slice],
+// whole sums from the whole input (f's forward is the identity). Backward: its weight and
+// bias gradients are its own; the input gradient sums over every output, so each rank's
+// partial sum over its own goes through f.
+static void column_parallel_forward(Tp* t, int u, const float* w, const float* in, float* out, int R, Workspace* ws) {
     int K = t->k[u], J = t->j[u];
-    const float *in = a->out[u - 1], *bias = w + (long)K * J;
-    float* out = a->out[u];
-    if (tp_column(u)) {
-        linear_forward(out, in, w, bias, R, K, J, ws); // this rank's outputs, whole sums
-    } else {
-        fix_zero(s->acc, (long)R * J);
-        linear_forward_exact(s->acc, in, w, R, K, J, linear_in(c, u), ws);
-        // partial sums over this rank's inputs: add them across ranks (exact), then the bias once
-        group_allreduce(t->tp, s->acc, (long)R * J, MPI_INT64_T, MPI_SUM);
-        linear_forward_finish(out, s->acc, bias, R, J);
-    }
-    if (u <= c->layers) {
-        relu_forward(out, (long)R * J);
-        return;
-    }
-    int v_lo = tp_column(u) ? tp_v_lo(t) : 0; // the logits this rank holds: a slice, or all
-    xent_rowmax(a->rowmax, out, R, J, v_lo, c->vocab);
-    xent_target_logit(a->tlogit, out, a->targets, R, J, v_lo);
-    if (tp_column(u)) { // vocabulary-parallel: the maximum and the target logit over every slice
+    linear_forward(out, in, w, w + (long)K * J, R, K, J, ws);
+}
+static void column_parallel_backward(Tp* t, const Config* c, int u, const float* w, int64_t* g, const float* in,
+                                     Scratch* s, int R, long batch, Workspace* ws) {
+    int K = t->k[u], J = t->j[u];
+    linear_backward_weight(g, g + (long)K * J, in, s->dout, R, K, J, batch, ws);
+    linear_backward_input_exact(s->din, s->acc, s->dout, w, R, K, J, linear_out(c, u), tp_f_backward, t, ws);
+}
+// Row-parallel linear layer u: Z = g(X[:, slice] W[slice, :]) + b, the partial sums over
+// this rank's inputs completed by g, the bias added once. Backward: the gradient of this
+// rank's inputs needs only its rows of W (g's backward is the identity).
+static void row_parallel_forward(Tp* t, const Config* c, int u, const float* w, const float* in, float* out,
+                                 Scratch* s, int R, Workspace* ws) {
+    int K = t->k[u], J = t->j[u];
+    linear_forward_exact(out, s->acc, in, w, w + (long)K * J, R, K, J, linear_in(c, u), tp_g_forward, t, ws);
+}
+static void row_parallel_backward(Tp* t, int u, const float* w, int64_t* g, const float* in, Scratch* s, int R,
+                                  long batch, Workspace* ws) {
+    int K = t->k[u], J = t->j[u];
+    linear_backward_weight(g, g + (long)K * J, in, s->dout, R, K, J, batch, ws);
+    linear_backward_input(s->din, s->dout, w, R, K, J, ws);
+}
+
+// Vocabulary-parallel embedding: rank r holds the table rows of its slice of the vocabulary,
+// looks up the tokens it holds and writes zeros for the others; an all-reduce adds them
+// (each position has one non-zero contribution, so the float sum is exact).
+static void vocab_parallel_embedding_forward(Tp* t, const Config* c, const float* w, Acts* a, int R) {
+    embedding_forward(a->out[0], a->tokens, w, tp_v_lo(t), tp_v_lo(t) + t->vs, R, c->context, c->emb);
+    group_allreduce(t->tp, a->out[0], (long)R * c->context * c->emb, MPI_FLOAT, MPI_SUM);
+}
+
+// Softmax cross-entropy over logits [R][J]: when the last layer is column-parallel, rank r
+// holds the logits of its slice of the vocabulary, and the loss never gathers them: an
+// all-reduce of the row maxima, one of the target logits and one of the (exact) sums of
+// exponentials. When it is row-parallel every rank holds all the logits already.
+static void vocab_parallel_cross_entropy(Tp* t, const Config* c, int u, Acts* a, int R, long rows_total) {
+    int split = tp_column(u), J = t->j[u], v_lo = split ? tp_v_lo(t) : 0;
+    float* logits = a->out[u];
+    xent_rowmax(a->rowmax, logits, R, J, v_lo, c->vocab);
+    xent_target_logit(a->tlogit, logits, a->targets, R, J, v_lo);
+    if (split) {
         group_allreduce(t->tp, a->rowmax, R, MPI_FLOAT, MPI_MAX);
         group_allreduce(t->tp, a->tlogit, R, MPI_FLOAT, MPI_SUM); // one rank holds each target
     }
-    xent_expsum(a->expsum, out, out, a->rowmax, R, J, v_lo, c->vocab);
-    if (tp_column(u)) group_allreduce(t->tp, a->expsum, R, MPI_INT64_T, MPI_SUM); // exact
-    a->loss = xent_finish(out, a->expsum, a->rowmax, a->tlogit, R, J, rows_total);
+    xent_expsum(a->expsum, logits, logits, a->rowmax, R, J, v_lo, c->vocab);
+    if (split) group_allreduce(t->tp, a->expsum, R, MPI_INT64_T, MPI_SUM); // exact
+    a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, R, J, rows_total);
+}
+
+// Forward of unit u over R rows, with this rank's slice of its parameters at w.
+static void tp_unit_forward(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
+                            long rows_total, Workspace* ws) {
+    double t0 = trace_clock();
+    if (u == 0) {
+        vocab_parallel_embedding_forward(t, c, w, a, R);
+    } else {
+        if (tp_column(u)) column_parallel_forward(t, u, w, a->out[u - 1], a->out[u], R, ws);
+        else row_parallel_forward(t, c, u, w, a->out[u - 1], a->out[u], s, R, ws);
+        if (u <= c->layers) relu_forward(a->out[u], (long)R * t->j[u]);
+        else vocab_parallel_cross_entropy(t, c, u, a, R, rows_total);
+    }
+    trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
 }
 
 // Backward of unit u: reads s->dout, adds this rank's parameter gradients into g, writes
-// the input gradient (whole for a column-parallel layer, this rank's slice for a
+// the input gradient (whole after a column-parallel layer, this rank's slice after a
 // row-parallel one, which is what the layer below holds) to s->din.
-static void tp_backward_(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
-                         long batch, Workspace* ws) {
+static void tp_unit_backward(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
+                             long batch, Workspace* ws) {
+    double t0 = trace_clock();
     if (u == 0) {
         embedding_backward(g, a->tokens, s->dout, tp_v_lo(t), tp_v_lo(t) + t->vs, R, c->context, c->emb, batch);
-        return;
-    }
-    int K = t->k[u], J = t->j[u];
-    if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, J, tp_column(u) ? tp_v_lo(t) : 0);
-    else relu_backward(s->dout, a->out[u], (long)R * J);
-    linear_backward_weight(g, g + (long)K * J, a->out[u - 1], s->dout, R, K, J, batch, ws);
-    if (tp_column(u)) {
-        fix_zero(s->acc, (long)R * K);
-        linear_backward_input_exact(s->acc, s->dout, w, R, K, J, linear_out(c, u), ws);
-        // partial sums over this rank's outputs: add them across ranks (exact)
-        group_allreduce(t->tp, s->acc, (long)R * K, MPI_INT64_T, MPI_SUM);
-        linear_backward_input_finish(s->din, s->acc, R, K);
     } else {
-        linear_backward_input(s->din, s->dout, w, R, K, J, ws); // whole sums over the outputs
+        if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, t->j[u], tp_column(u) ? tp_v_lo(t) : 0);
+        else relu_backward(s->dout, a->out[u], (long)R * t->j[u]);
+        if (tp_column(u)) column_parallel_backward(t, c, u, w, g, a->out[u - 1], s, R, batch, ws);
+        else row_parallel_backward(t, u, w, g, a->out[u - 1], s, R, batch, ws);
     }
+    trace_event("compute", t0, trace_clock(), 0, "backward %s", unit_name(c, u));
 }
 
 // The whole vocabulary's probabilities of the last forward, on every rank (for sampling).
@@ -202,21 +227,6 @@ static const float* tp_probs(Tp* t, const Config* c, const Acts* a, int R) {
             for (int c0 = 0; c0 < t->vs && q * t->vs + c0 < c->vocab; c0++)
                 t->probs[(long)r * c->vocab + q * t->vs + c0] = t->gathered[((long)q * R + r) * t->vs + c0];
     return t->probs;
-}
-
-// The gradient norm's exact pieces over this rank's parameters (padding adds zeros;
-// replicated biases are counted on rank 0 of the group only).
-static float tp_grads_maxabs(const Tp* t, const Config* c, const int64_t* g, long batch) {
-    return grads_maxabs(g, t->off[n_units(c)], batch); // replicas are equal: they do not change a max
-}
-static int64_t tp_grads_sumsq(const Tp* t, const Config* c, const int64_t* g, long batch, int e) {
-    int64_t s = 0;
-    for (int u = 0; u < n_units(c); u++) {
-        long mine = t->size[u]; // a row-parallel layer's bias is held whole by every rank: count it once
-        if (tp_replicated(t, u, mine - 1) && t->tp->rank != 0) mine = (long)t->k[u] * t->j[u];
-        s += grads_sumsq(g + t->off[u], mine, batch, e);
-    }
-    return s;
 }
 
 // What tensor parallelism sends per step from each rank, by the textbook ring formula, for
@@ -244,124 +254,73 @@ static double tp_params_formula(const Tp* t, const Config* c, int u_lo, int u_hi
     return n;
 }
 
-// Unit u whole, in train.c's layout, on rank 0 of the group: every rank's slice (`mine`)
-// gathered, each element put where tp_canonical says (for checkpoints).
-static void tp_gather_unit(const Tp* t, const Config* c, int u, const float* mine, float* unit) {
-    int me = t->tp->rank, n_ranks = t->tp->size;
-    long n = t->size[u]; // every rank's slice of a unit has the same size (padded)
-    float* slices = mallocCheck((size_t)n_ranks * n * sizeof(float));
-    long* index = mallocCheck((size_t)n_ranks * n * sizeof(long));
-    for (long e = 0; e < n; e++) index[me * n + e] = tp_canonical(t, c, u, e); // where my elements go
-    MPI_Gather(mine, (int)n, MPI_FLOAT, slices, (int)n, MPI_FLOAT, 0, t->tp->comm);
-    MPI_Gather(me == 0 ? MPI_IN_PLACE : index + me * n, (int)n, MPI_LONG, index, (int)n, MPI_LONG, 0, t->tp->comm);
-    if (me == 0)
-        for (long q = 0; q < n_ranks; q++)
-            for (long e = 0; e < n; e++)
-                if (index[q * n + e] >= 0) unit[index[q * n + e]] = slices[q * n + e];
-    free(slices);
-    free(index);
-}
-
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
 
 #define RUN_LINE "mpirun -n 2 ./train_tp"
-#define EVAL_ROWS 256 // validation rows per forward pass (the result does not depend on it)
 
 // ----------------------------------------------------------------------------
 // the state of one run
 
 typedef struct {
     Config cfg;
+    Dataset ds;     // the data
     Tp t;
-    float* params;  // this rank's slices of every unit (tp_canonical maps them)
-    int64_t* grads; // their exact gradient sums
-    float* m;       // AdamW state (NULL for SGD)
-    float* v;
-    Acts acts;
-    Scratch scratch;
-    Workspace ws;
+    State st;       // this rank's slices of every unit (tp_canonical maps them), their state
+    Work work;
     Group tp;       // every rank
 } Run;
 
-static int64_t tp_model_forward(Run* r, int R, long rows_total) {
-    for (int u = 0; u < n_units(&r->cfg); u++)
-        tp_forward(&r->t, &r->cfg, u, r->params + r->t.off[u], &r->acts, &r->scratch, R, rows_total, &r->ws);
-    return r->acts.loss;
-}
-static void tp_model_backward(Run* r, int R, long B) {
-    for (int u = n_units(&r->cfg) - 1; u >= 0; u--) {
-        tp_backward(&r->t, &r->cfg, u, r->params + r->t.off[u], r->grads + r->t.off[u], &r->acts, &r->scratch, R, B,
-                    &r->ws);
-        float* tmp = r->scratch.dout;
-        r->scratch.dout = r->scratch.din;
-        r->scratch.din = tmp;
-    }
+static void run_free(Run* r) {
+    dataset_free(&r->ds), state_free(&r->st), tp_free(&r->t), work_free(&r->work);
 }
 
-// This rank's slices, initialised directly with the values train.c uses (padding: zero),
-// or read from a checkpoint one unit at a time. Returns the step to resume after.
-static long tp_load(Run* r, const Options* o, const Dataset* ds) {
-    const Config* c = &r->cfg;
-    long n = n_params(c), step = 0;
-    float* unit = NULL;
-    if (o->load) {
-        step = (long)ckpt_check(o->load, c, o->opt.adamw, ds->token_char).step;
-        unit = mallocCheck((size_t)max_unit_params(c) * sizeof(float));
-    }
-    for (int part = 0; part < (o->load && o->opt.adamw ? 3 : 1); part++) {
-        float* dst = part == 0 ? r->params : part == 1 ? r->m : r->v;
-        for (int u = 0; u < n_units(c); u++) {
-            if (o->load) ckpt_read(o->load, part * n + unit_offset(c, u), unit_params(c, u), unit);
-            for (long e = 0; e < r->t.size[u]; e++) {
-                long k = tp_canonical(&r->t, c, u, e);
-                dst[r->t.off[u] + e] = k < 0 ? 0.0f : o->load ? unit[k] : unit_init_value(c, o->seed, u, k);
-            }
-        }
-    }
-    free(unit);
-    return step;
-}
-
-// The checkpoint in train.c's layout: rank 0 assembles one unit at a time and writes it.
-static void tp_save(Run* r, const char* path, int adamw, long step, const Dataset* ds) {
-    const Config* c = &r->cfg;
-    CkptWriter w = {0};
-    CkptHeader h = ckpt_header(c, adamw, step, ds->token_char);
-    if (r->tp.rank == 0) w = ckpt_create(path, &h);
-    float* unit = mallocCheck((size_t)max_unit_params(c) * sizeof(float));
-    for (int part = 0; part < (adamw ? 3 : 1); part++) {
-        const float* src = part == 0 ? r->params : part == 1 ? r->m : r->v;
-        for (int u = 0; u < n_units(c); u++) {
-            tp_gather_unit(&r->t, c, u, src + r->t.off[u], unit);
-            if (r->tp.rank == 0) ckpt_write(&w, unit, (size_t)unit_params(c, u) * sizeof(float));
-        }
-    }
-    if (r->tp.rank == 0) ckpt_close(&w);
-    free(unit);
+// Element e of unit u here, in train.c's layout (ckpt.h's Holding).
+static long canonical(const void* ctx, int u, long e) {
+    const Run* r = ctx;
+    return tp_canonical(&r->t, &r->cfg, u, e);
 }
 
 // ----------------------------------------------------------------------------
-// validation and sampling
+// the forward and backward passes: every rank takes every row, through its slices
 
-// Mean loss over the whole validation split (every rank takes every row).
-static double evaluate(Run* r, const Dataset* ds) {
-    long lo = 0, hi = ds->n_val_examples;
-    int64_t total = 0;
-    for (long first = lo; first < hi; first += EVAL_ROWS) {
-        int R = (int)(hi - first < EVAL_ROWS ? hi - first : EVAL_ROWS);
-        dataset_val_rows(ds, first, R, r->cfg.context, r->acts.tokens, r->acts.targets);
-        total += tp_model_forward(r, R, ds->n_val_examples);
+static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
+    Run* r = ctx;
+    const Config* c = &r->cfg;
+    Acts* a = work_load(&r->work, rows, first, R, c->context);
+    for (int u = 0; u < n_units(c); u++)
+        tp_unit_forward(&r->t, c, u, r->st.params + r->t.off[u], a, &r->work.scratch, R, rows_total, &r->work.ws);
+    if (probs) memcpy(probs, tp_probs(&r->t, c, a, R), (size_t)R * c->vocab * sizeof(float));
+    return a->loss; // every rank holds the whole loss
+}
+static void backward(Run* r, int R, long B) {
+    for (int u = n_units(&r->cfg) - 1; u >= 0; u--) {
+        tp_unit_backward(&r->t, &r->cfg, u, r->st.params + r->t.off[u], r->st.grads + r->t.off[u], &r->work.acts,
+                         &r->work.scratch, R, B, &r->work.ws);
+        scratch_step_down(&r->work.scratch);
     }
-    return fix_to(total) / (double)ds->n_val_examples;
 }
 
-// probs[R][V] for R contexts: the forward pass with dummy targets, the vocabulary gathered
-static void probs_of(void* ctx, const int* tokens, int R, float* probs) {
+// Mean loss over the whole validation split (every rank takes every row).
+static double validation_loss(void* ctx) {
     Run* r = ctx;
-    memcpy(r->acts.tokens, tokens, (size_t)R * r->cfg.context * sizeof(int));
-    memset(r->acts.targets, 0, (size_t)R * sizeof(int));
-    tp_model_forward(r, R, R);
-    memcpy(probs, tp_probs(&r->t, &r->cfg, &r->acts, R), (size_t)R * r->cfg.vocab * sizeof(float));
+    return mean_loss(evaluate(forward, r, &r->ds, 1, 0), &r->ds);
+}
+
+// The formulas of figures(), in words, for the report.
+static const char sent_words[] = "2(N-1)/N x (4 B x B x T x E + 8 B x B x (every split sum's width))";
+static const char mem_words[] = "(4 + 8 + 8 AdamW) B x (P/N + the row-parallel biases) + activations";
+
+// What this rank sent and holds, each beside its formula: every rank takes every row,
+// and a column-parallel layer's activations are its slice.
+static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, const int* width, int B) {
+    const Config* c = &r->cfg;
+    long np = r->st.n;
+    double acts_row = acts_bytes_per_row(c, 0, n_units(c), width), opt_bytes = opt->adamw ? 8.0 : 0.0;
+    Figures f = {.sent = per_step(pr, r->tp.sent), .received = per_step(pr, r->tp.received), .params = 4.0 * np,
+                 .grads = 8.0 * np, .optim = opt_bytes * np, .acts = B * acts_row, .bubble = -1};
+    f.sent_formula = tp_sent_formula(&r->t, c, 0, n_units(c), B) + (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->tp.size) : 0);
+    f.mem_formula = (4.0 + 8.0 + opt_bytes) * tp_params_formula(&r->t, c, 0, n_units(c)) + B * acts_row;
+    return f;
 }
 
 // ----------------------------------------------------------------------------
@@ -379,94 +338,56 @@ int main(int argc, char** argv) {
                   "(raise --hidden or use fewer ranks)", world_size, o.model.hidden);
 
     // data
-    Dataset ds;
-    dataset_load(&ds, o.data, o.max_line, o.seed);
-    o.model.vocab = ds.vocab;
-    if (world_size > ds.vocab)
+    load_data(&run.ds, &o, &run.cfg);
+    if (world_size > run.ds.vocab)
         dist_exit(2, RUN_LINE, "%d ranks but a vocabulary of %d tokens: every rank needs at least one", world_size,
-                  ds.vocab);
+                  run.ds.vocab);
 
     // model: this rank's slice of every unit, its exact gradient sums and optimizer state
-    run.cfg = o.model;
     Config* cfg = &run.cfg;
-    int rows = o.batch > EVAL_ROWS ? o.batch : EVAL_ROWS;
-    rows = o.samples > rows ? o.samples : rows;
+    int rows = pass_rows(&o, o.batch);
     tp_init(&run.t, &run.tp, cfg, rows);
     long np = run.t.off[n_units(cfg)];
-    run.params = mallocCheck(np * sizeof(float));
-    run.grads = mallocCheck(np * sizeof(int64_t));
-    run.m = o.opt.adamw ? callocCheck(np, sizeof(float)) : NULL;
-    run.v = o.opt.adamw ? callocCheck(np, sizeof(float)) : NULL;
-    long start = tp_load(&run, &o, &ds);
+    run.st = state_alloc(np, o.opt.adamw);
+    Holding mine = {.canonical = canonical, .ctx = &run};
+    GradSpan spans[MAX_LAYERS + 2];
+    for (int u = 0; u < n_units(cfg); u++) {
+        long off = run.t.off[u];
+        mine.n[u] = run.t.size[u];
+        mine.at[0][u] = run.st.params + off, mine.at[1][u] = run.st.m ? run.st.m + off : NULL;
+        mine.at[2][u] = run.st.v ? run.st.v + off : NULL;
+        spans[u] = (GradSpan){run.st.grads + off, tp_counted(&run.t, u)};
+    }
+    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
     int width[MAX_LAYERS + 2];
     tp_widths(&run.t, cfg, width);
-    acts_init(&run.acts, cfg, rows, 0, n_units(cfg), width);
-    scratch_init(&run.scratch, cfg, rows);
-    workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
+    work_init(&run.work, cfg, rows, width);
     char layout[160];
     snprintf(layout, sizeof layout, "tensor parallel over %d ranks: hidden slices of %d%s, vocabulary slices of %d",
              run.tp.size, run.t.hs, run.t.hs * run.tp.size > cfg->hidden ? " (padded)" : "", run.t.vs);
-    if (!o.quiet && world_rank == 0) print_config(&o, &ds, layout);
+    if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
     int B = o.batch;
     Progress progress = progress_start(&o, world_rank == 0);
     for (long step = start + 1; step <= o.steps; step++) {
-        step_window_open(o.trace && step == o.steps); // count this step's messages; --trace: the last one
-        double t0 = now_seconds();
-        dataset_batch(&ds, o.seed, step, 0, B, cfg->context, run.acts.tokens, run.acts.targets);
-        int64_t loss = tp_model_forward(&run, B, B); // every rank holds the whole loss
-        fix_zero(run.grads, np);
-        tp_model_backward(&run, B, B);
-        float scale = 1.0f;
-        if (o.opt.clip > 0) { // the norm over every slice, replicated biases counted once
-            float mx = tp_grads_maxabs(&run.t, cfg, run.grads, B);
-            group_allreduce(&run.tp, &mx, 1, MPI_FLOAT, MPI_MAX);
-            int e = norm_exponent(mx);
-            int64_t sumsq = tp_grads_sumsq(&run.t, cfg, run.grads, B, e);
-            group_allreduce(&run.tp, &sumsq, 1, MPI_INT64_T, MPI_SUM);
-            scale = clip_scale(&o.opt, grad_norm_value(sumsq, e));
-        }
-        optimizer_step(&o.opt, run.params, run.grads, run.m, run.v, np, grad_factor(B), scale, step);
-        double seconds = now_seconds() - t0;
-        step_window_close();
-        progress_step(&progress, step, fix_to(loss) / B, seconds, progress_due(&progress, step) ? evaluate(&run, &ds) : 0);
+        step_begin(&progress, step);
+        Rows batch = training_rows(&run.ds, o.seed, step, 0);
+        int64_t loss = forward(&run, &batch, 0, B, B, NULL); // every rank takes every row
+        fix_zero(run.st.grads, np);
+        backward(&run, B, B);
+        float scale = clip_factor(&o.opt, spans, n_units(cfg), B, group_norm, &run.tp); // over every slice
+        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
+        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
-    progress_end(&progress);
-    double steps_done = progress.steps ? progress.steps : 1;
+    if (o.save) dist_ckpt_save(o.save, &mine, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char);
 
     // validation, sampling and report
-    double val_loss = evaluate(&run, &ds);
-    int max_len = ds.max_len;
-    int* names = generate_names(o.samples, max_len, cfg, o.seed, probs_of, &run);
-    // every rank takes every row; activations of a column-parallel layer are its slice
-    double bpr = acts_bytes_per_row(cfg, 0, n_units(cfg), width), opt_bytes = o.opt.adamw ? 8.0 : 0.0;
-    Figures fig = {.sent = run.tp.sent / steps_done, .received = run.tp.received / steps_done,
-                   .params = 4.0 * np, .grads = 8.0 * np, .optim = opt_bytes * np,
-                   .acts = B * bpr, .bubble = -1};
-    fig.sent_formula = tp_sent_formula(&run.t, cfg, 0, n_units(cfg), B) +
-                       (o.opt.clip > 0 ? ring_allreduce_bytes(4 + 8, run.tp.size) : 0);
-    fig.mem_formula = (4.0 + 8.0 + opt_bytes) * tp_params_formula(&run.t, cfg, 0, n_units(cfg)) + B * bpr;
-    Figures* all = callocCheck(world_size, sizeof(Figures));
-    figures_gather(&fig, all);
-    if (world_rank == 0)
-        report_print(&o, "train_tp.c", layout, val_loss, &progress, names, max_len, &ds, all, world_size,
-                     "2(N-1)/N x (4 B x B x T x E + 8 B x B x (every split sum's width))",
-                     "(4 + 8 + 8 AdamW) B x (P/N + the row-parallel biases) + activations");
-    free(all);
-    if (o.save) tp_save(&run, o.save, o.opt.adamw, o.steps > start ? o.steps : start, &ds);
-
-    free(names);
-    free(run.params);
-    free(run.grads);
-    free(run.m);
-    free(run.v);
-    tp_free(&run.t);
-    acts_free(&run.acts);
-    scratch_free(&run.scratch);
-    workspace_free(&run.ws);
-    dataset_free(&ds);
-    if (o.trace) dist_trace_write(o.trace);
+    double val_loss = validation_loss(&run);
+    Figures fig = figures(&run, &progress, &o.opt, width, B);
+    Report rep = {"train_tp.c", layout, sent_words, mem_words};
+    free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
+    run_free(&run);
     MPI_Finalize();
     return 0;
 }

@@ -113,6 +113,17 @@ static inline double rng_normal(uint64_t seed, uint64_t stream, uint64_t index) 
 }
 
 // ----------------------------------------------------------------------------
+// splitting work
+
+// Items [*lo, *hi) of n that part p of `parts` owns: the first n % parts parts take one
+// item more (32 rows on 3 ranks: 11, 11, 10).
+static void split_range(long n, int parts, int p, long* lo, long* hi) {
+    long base = n / parts, extra = n % parts;
+    *lo = p * base + (p < extra ? p : extra);
+    *hi = *lo + base + (p < extra ? 1 : 0);
+}
+
+// ----------------------------------------------------------------------------
 // time
 
 static inline double now_seconds(void) {
@@ -140,6 +151,8 @@ static void step_window_open(int trace) {
     in_step = 1, trace_on = trace;
 }
 static void step_window_close(void) { in_step = 0, trace_on = 0; }
+// The clock for a trace event: read only while tracing.
+static double trace_clock(void) { return trace_on ? now_seconds() : 0; }
 
 typedef struct {
     char name[32];
@@ -173,24 +186,6 @@ __attribute__((format(printf, 5, 6))) static void trace_event(const char* cat, d
     va_end(ap);
     snprintf(e->cat, sizeof e->cat, "%s", cat);
     e->t0 = t0, e->t1 = t1, e->bytes = bytes;
-}
-
-// Writes events as a Chrome trace-event JSON file (events[i] belongs to process proc[i],
-// or to process 0 if proc is NULL): open it in https://ui.perfetto.dev or
-// chrome://tracing. One event per line, times in microseconds since the first event.
-static void trace_write(const char* path, const TraceEvent* events, const int* proc, long n) {
-    FILE* f = fopen(path, "w");
-    if (!f) fatal("cannot create trace '%s': %s", path, strerror(errno));
-    double start = n ? events[0].t0 : 0;
-    for (long i = 0; i < n; i++) start = events[i].t0 < start ? events[i].t0 : start;
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    for (long i = 0; i < n; i++)
-        fprintf(f, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, "
-                   "\"dur\": %.3f, \"args\": {\"bytes\": %.0f}}%s\n",
-                events[i].name, events[i].cat, proc ? proc[i] : 0, 1e6 * (events[i].t0 - start), 1e6 * (events[i].t1 - events[i].t0),
-                events[i].bytes, i + 1 < n ? "," : "");
-    fprintf(f, "]}\n");
-    if (fclose(f) != 0) fatal("cannot write trace '%s': %s", path, strerror(errno));
 }
 
 #pragma GCC diagnostic pop

@@ -150,7 +150,7 @@ static int cmp_double(const void* a, const void* b) {
     } while (0)
 
 // The three products of linear 1 (rows B, inputs K = T*E, outputs J = H), each exact as
-// train.c computes it and in plain float (model.h's float kernel, after a transpose where
+// train.c computes it and in plain float (kernels.h's float kernel, after a transpose where
 // it needs one), and through sgemm.
 static void kernels(const Shape* s, int steps) {
     int B = s->B, K = s->T * s->E, J = s->H;
@@ -158,7 +158,8 @@ static void kernels(const Shape* s, int steps) {
     float *dy = mallocCheck(sizeof(float) * B * J), *y = mallocCheck(sizeof(float) * B * J);
     float *dx = mallocCheck(sizeof(float) * B * K), *dwf = mallocCheck(sizeof(float) * K * J);
     float* xt = mallocCheck(sizeof(float) * B * K);
-    int64_t *dw = callocCheck((size_t)K * J, sizeof(int64_t)), *dxt = callocCheck((size_t)B * K, sizeof(int64_t));
+    int64_t *dw = callocCheck((size_t)K * J, sizeof(int64_t)), *dxt = callocCheck((size_t)B * K, sizeof(int64_t)),
+            *dyx = callocCheck((size_t)B * J, sizeof(int64_t));
     for (long i = 0; i < (long)B * K; i++) x[i] = (float)rng_uniform(6, 0, i);
     for (long i = 0; i < (long)K * J; i++) w[i] = (float)((rng_uniform(6, 1, i) * 2 - 1) / sqrt(K));
     for (long i = 0; i < (long)B * J; i++) dy[i] = (float)((rng_uniform(6, 2, i) - 0.5) / B);
@@ -166,14 +167,13 @@ static void kernels(const Shape* s, int steps) {
     workspace_init(&ws, B, K > J ? K : J, (long)K * J);
     double gflop = 2e-6 * B * K * J, ms[9];
     MEDIAN_MS(ms[0], steps, linear_forward(y, x, w, NULL, B, K, J, &ws));
-    MEDIAN_MS(ms[1], steps, linear_forward_exact(dw, x, w, B, K, J, K, &ws));
+    MEDIAN_MS(ms[1], steps, linear_forward_exact(y, dyx, x, w, NULL, B, K, J, K, NULL, NULL, &ws));
     MEDIAN_MS(ms[2], steps, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, J, K, 1, x, K, w, J, 0, y, J));
     MEDIAN_MS(ms[3], steps, (transpose(xt, x, B, K), matmul_float(dwf, xt, dy, K, B, J, &ws)));
     MEDIAN_MS(ms[4], steps, linear_backward_weight(dw, NULL, x, dy, B, K, J, B, &ws));
     MEDIAN_MS(ms[5], steps, cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, J, B, 1, x, K, dy, J, 0, dwf, J));
     MEDIAN_MS(ms[6], steps, linear_backward_input(dx, dy, w, B, K, J, &ws));
-    MEDIAN_MS(ms[7], steps, (linear_backward_input_exact(dxt, dy, w, B, K, J, J, &ws),
-                             linear_backward_input_finish(dx, dxt, B, K)));
+    MEDIAN_MS(ms[7], steps, linear_backward_input_exact(dx, dxt, dy, w, B, K, J, J, NULL, NULL, &ws));
     MEDIAN_MS(ms[8], steps, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, K, J, 1, dy, J, w, J, 0, dx, K));
     const char* what[9] = {"forward, float (train.c)", "forward, exact (tensor parallel's row-parallel layers)",
                            "forward, sgemm", "weight gradient, float", "weight gradient, exact (train.c)",
@@ -182,7 +182,7 @@ static void kernels(const Shape* s, int steps) {
     printf("| product of linear 1 (%d x %d x %d) | ms | GFLOP/s |\n| --- | --- | --- |\n", B, K, J);
     for (int i = 0; i < 9; i++) printf("| %s | %.3f | %.1f |\n", what[i], ms[i], gflop / ms[i]);
     workspace_free(&ws);
-    free(x), free(w), free(dy), free(y), free(dx), free(dwf), free(xt), free(dw), free(dxt);
+    free(x), free(w), free(dy), free(y), free(dx), free(dwf), free(xt), free(dw), free(dxt), free(dyx);
 }
 
 int main(int argc, char** argv) {

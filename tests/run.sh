@@ -199,7 +199,8 @@ section_dp() {
             tools/compare --tolerance 1e-6 "$TMP/dp_w.csv" "$TMP/w.csv" "$TMP/dp_w.ckpt" "$TMP/w.ckpt"
     done
     expect_error 2 "4 ranks but a batch of 3 rows" "dp: more ranks than rows is refused on every rank" -- $MPIRUN -n 4 ./train_dp --batch 3
-    expect_error 2 "--sync weights works with sgd only" "dp: --sync weights with adamw is refused, saying why" -- $MPIRUN -n 2 ./train_dp --sync weights --optimizer adamw
+    expect_error 2 "--sync weights works with sgd and no --clip only" "dp: --sync weights with adamw is refused, saying why" -- $MPIRUN -n 2 ./train_dp --sync weights --optimizer adamw
+    expect_error 2 "--sync weights works with sgd and no --clip only" "dp: --sync weights with --clip is refused, not ignored" -- $MPIRUN -n 2 ./train_dp --sync weights --clip 1
     expect_error 2 "--sync must be grads or weights" "dp: a bad --sync is refused" -- $MPIRUN -n 2 ./train_dp --sync both
     expect_error 2 "--bucket-kb must be an integer from 1" "dp: --bucket-kb 0 is refused" -- $MPIRUN -n 2 ./train_dp --overlap --bucket-kb 0
     expect_error 2 "unknown flag '--zero'" "dp: a flag of another program is refused" -- $MPIRUN -n 2 ./train_dp --zero 2

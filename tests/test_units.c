@@ -1,5 +1,5 @@
 /*
- * tests/test_units.c: unit tests of model.h and data.h. Every check prints PASSED or
+ * tests/test_units.c: unit tests of kernels.h, model.h and data.h. Every check prints PASSED or
  * FAILED and its name; the last line counts them and the exit status is 1 on any failure.
  *
  *   make tests/test_units && tests/test_units
@@ -33,7 +33,7 @@ static void fill(float* x, long n, uint64_t seed, float scale) {
 }
 
 // ----------------------------------------------------------------------------
-// kernels against plain loops
+// kernels against their plain reference loops (kernels.h)
 
 static void test_matmul_float(void) {
     const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {8, 16, 32}, {9, 31, 33}, {17, 64, 27}, {32, 256, 64}, {40, 7, 100}};
@@ -46,12 +46,7 @@ static void test_matmul_float(void) {
         fill(a, (long)M * red, 1 + s, 1.0f);
         fill(b, (long)red * N, 100 + s, 1.0f);
         matmul_float(out, a, b, M, red, N, &ws);
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++) {
-                float acc = 0.0f;
-                for (int i = 0; i < red; i++) acc = fmaf(a[(long)m * red + i], b[(long)i * N + n], acc);
-                ref[(long)m * N + n] = acc;
-            }
+        matmul_float_ref(ref, a, b, M, red, N);
         check(!memcmp(out, ref, sizeof(float) * M * N), "matmul_float %dx%dx%d equals a plain fmaf chain bit for bit",
               M, red, N);
         free(a), free(b), free(out), free(ref);
@@ -65,19 +60,19 @@ static void test_transpose(void) {
     const int shapes[][2] = {{1, 1}, {16, 16}, {17, 33}, {64, 48}, {100, 27}, {256, 1024}};
     for (int s = 0; s < 6; s++) {
         int R = shapes[s][0], C = shapes[s][1];
-        float *src = mallocCheck(sizeof(float) * R * C), *dst = mallocCheck(sizeof(float) * R * C);
+        float *src = mallocCheck(sizeof(float) * R * C), *dst = mallocCheck(sizeof(float) * R * C),
+              *ref = mallocCheck(sizeof(float) * R * C);
         int64_t* acc = mallocCheck(sizeof(int64_t) * R * C);
         fill(src, (long)R * C, 200 + s, 1.0f);
         for (long i = 0; i < (long)R * C; i++) acc[i] = fix_from(src[i]);
         transpose(dst, src, R, C);
-        int same = 1;
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++) same &= dst[(long)c * R + r] == src[(long)r * C + c];
-        linear_backward_input_finish(dst, acc, C, R); // din[c][r] = acc[r][c] as a float
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++) same &= dst[(long)c * R + r] == (float)fix_to(acc[(long)r * C + c]);
-        check(same, "transpose and linear_backward_input_finish of %d x %d equal plain loops", R, C);
-        free(src), free(dst), free(acc);
+        transpose_ref(ref, src, R, C);
+        int same = !memcmp(dst, ref, sizeof(float) * R * C);
+        fix_transpose(dst, acc, R, C);
+        fix_transpose_ref(ref, acc, R, C);
+        same &= !memcmp(dst, ref, sizeof(float) * R * C);
+        check(same, "transpose and fix_transpose of %d x %d equal plain loops", R, C);
+        free(src), free(dst), free(ref), free(acc);
     }
 }
 
@@ -98,10 +93,7 @@ static void test_matmul_exact(void) {
             memset(acc, 0, sizeof(int64_t) * M * N);
             memset(ref, 0, sizeof(int64_t) * M * N);
             matmul_exact(acc, a, a_sm, a_si, b, M, red, N, red, "test", &ws);
-            for (int m = 0; m < M; m++)
-                for (int n = 0; n < N; n++)
-                    for (int i = 0; i < red; i++)
-                        ref[(long)m * N + n] += llrint((double)a[m * a_sm + i * a_si] * b[(long)i * N + n] * FIX_ONE);
+            matmul_exact_ref(ref, a, a_sm, a_si, b, M, red, N);
             check(!memcmp(acc, ref, sizeof(int64_t) * M * N),
                   "matmul_exact %dx%dx%d%s equals per-term llrint sums bit for bit", M, red, N,
                   transposed ? " (transposed a)" : "");
@@ -138,6 +130,11 @@ static void test_fix(void) {
 // ----------------------------------------------------------------------------
 // layout independence: an exact sum split any way gives the same bits
 
+// A stand-in for an all-reduce over two ranks: adds the other rank's partial sums.
+static void add_other(void* other, int64_t* acc, long n) {
+    for (long i = 0; i < n; i++) acc[i] += ((const int64_t*)other)[i];
+}
+
 static void test_split_invariance(void) {
     int R = 29, K = 40, J = 30;
     Workspace ws;
@@ -156,20 +153,25 @@ static void test_split_invariance(void) {
     linear_backward_weight(parts, dbp, x, dz, 11, K, J, R, &ws);
     check(!memcmp(full, parts, sizeof(int64_t) * K * J) && !memcmp(dbf, dbp, sizeof(int64_t) * J),
           "weight and bias gradients over rows split 11/11/7, added in any order, equal the whole batch's");
-    // the forward of a row-parallel layer, its inputs split 13 / 27 across two ranks
-    int64_t *accf = callocCheck((size_t)R * J, 8), *accp = callocCheck((size_t)R * J, 8);
-    linear_forward_exact(accf, x, w, R, K, J, K, &ws);
+    // the forward of a row-parallel layer, its inputs split 13 / 27 across two ranks: the
+    // second rank's partial sums, then the first's completed with them (add_other stands
+    // in for the all-reduce), equal the whole sum, to the last bit of the float output
+    float *b = mallocCheck(sizeof(float) * J), *outf = mallocCheck(sizeof(float) * R * J), *outp = mallocCheck(sizeof(float) * R * J);
+    fill(b, J, 14, 0.5f);
+    int64_t *accf = callocCheck((size_t)R * J, 8), *acc1 = callocCheck((size_t)R * J, 8), *acc2 = callocCheck((size_t)R * J, 8);
+    linear_forward_exact(outf, accf, x, w, b, R, K, J, K, NULL, NULL, &ws);
     float *x1 = mallocCheck(sizeof(float) * R * 13), *x2 = mallocCheck(sizeof(float) * R * 27);
     for (int r = 0; r < R; r++) {
         memcpy(x1 + r * 13, x + r * K, 13 * sizeof(float));
         memcpy(x2 + r * 27, x + r * K + 13, 27 * sizeof(float));
     }
-    linear_forward_exact(accp, x2, w + 13 * J, R, 27, J, K, &ws);
-    linear_forward_exact(accp, x1, w, R, 13, J, K, &ws);
-    check(!memcmp(accf, accp, sizeof(int64_t) * R * J), "a row-parallel forward split 13 + 27 equals the whole sum");
+    linear_forward_exact(outp, acc2, x2, w + 13 * J, b, R, 27, J, K, NULL, NULL, &ws);
+    linear_forward_exact(outp, acc1, x1, w, b, R, 13, J, K, add_other, acc2, &ws);
+    check(!memcmp(outf, outp, sizeof(float) * R * J), "a row-parallel forward split 13 + 27 equals the whole sum");
     // the input gradient of a column-parallel layer, its outputs split 17 / 13
-    int64_t *df = callocCheck((size_t)R * K, 8), *dp = callocCheck((size_t)R * K, 8);
-    linear_backward_input_exact(df, dz, w, R, K, J, J, &ws);
+    float *dinf = mallocCheck(sizeof(float) * R * K), *dinp = mallocCheck(sizeof(float) * R * K);
+    int64_t *df = callocCheck((size_t)R * K, 8), *dp1 = callocCheck((size_t)R * K, 8), *dp2 = callocCheck((size_t)R * K, 8);
+    linear_backward_input_exact(dinf, df, dz, w, R, K, J, J, NULL, NULL, &ws);
     float *dz1 = mallocCheck(sizeof(float) * R * 17), *dz2 = mallocCheck(sizeof(float) * R * 13),
           *w1 = mallocCheck(sizeof(float) * K * 17), *w2 = mallocCheck(sizeof(float) * K * 13);
     for (int r = 0; r < R; r++) {
@@ -180,9 +182,9 @@ static void test_split_invariance(void) {
         memcpy(w1 + k * 17, w + k * J, 17 * sizeof(float));
         memcpy(w2 + k * 13, w + k * J + 17, 13 * sizeof(float));
     }
-    linear_backward_input_exact(dp, dz1, w1, R, K, 17, J, &ws);
-    linear_backward_input_exact(dp, dz2, w2, R, K, 13, J, &ws);
-    check(!memcmp(df, dp, sizeof(int64_t) * R * K), "a column-parallel input gradient split 17 + 13 equals the whole");
+    linear_backward_input_exact(dinp, dp2, dz2, w2, R, K, 13, J, NULL, NULL, &ws);
+    linear_backward_input_exact(dinp, dp1, dz1, w1, R, K, 17, J, add_other, dp2, &ws);
+    check(!memcmp(dinf, dinp, sizeof(float) * R * K), "a column-parallel input gradient split 17 + 13 equals the whole");
     // the float forward of a column slice equals those columns of the whole
     float *of = mallocCheck(sizeof(float) * R * J), *os = mallocCheck(sizeof(float) * R * 13);
     linear_forward(of, x, w, NULL, R, K, J, &ws);
@@ -190,8 +192,9 @@ static void test_split_invariance(void) {
     int same = 1;
     for (int r = 0; r < R; r++) same &= !memcmp(os + r * 13, of + r * J + 17, 13 * sizeof(float));
     check(same, "a column-parallel float forward of columns 17..29 equals those columns of the whole");
-    free(x), free(dz), free(w), free(full), free(parts), free(dbf), free(dbp), free(accf), free(accp), free(x1),
-        free(x2), free(df), free(dp), free(dz1), free(dz2), free(w1), free(w2), free(of), free(os);
+    free(x), free(dz), free(w), free(full), free(parts), free(dbf), free(dbp), free(accf), free(acc1), free(acc2),
+        free(x1), free(x2), free(df), free(dp1), free(dp2), free(dz1), free(dz2), free(w1), free(w2), free(of), free(os),
+        free(b), free(outf), free(outp), free(dinf), free(dinp);
     workspace_free(&ws);
 }
 
@@ -251,8 +254,7 @@ static void test_grad_linear(int exact_forward, int exact_input, int R, int K, i
     float* out = mallocCheck(sizeof(float) * R * J);
     int64_t* acc = callocCheck((size_t)(R > K ? R : K) * (J > K ? J : K), 8);
     if (exact_forward) {
-        linear_forward_exact(acc, in, w, R, K, J, K, &ws);
-        linear_forward_finish(out, acc, b, R, J);
+        linear_forward_exact(out, acc, in, w, b, R, K, J, K, NULL, NULL, &ws);
     } else {
         linear_forward(out, in, w, b, R, K, J, &ws);
     }
@@ -268,9 +270,7 @@ static void test_grad_linear(int exact_forward, int exact_input, int R, int K, i
     int64_t *dw = callocCheck((size_t)K * J, 8), *db = callocCheck(J, 8);
     linear_backward_weight(dw, db, in, c, R, K, J, R, &ws);
     if (exact_input) {
-        memset(acc, 0, sizeof(int64_t) * R * K);
-        linear_backward_input_exact(acc, c, w, R, K, J, J, &ws);
-        linear_backward_input_finish(din, acc, R, K);
+        linear_backward_input_exact(din, acc, c, w, R, K, J, J, NULL, NULL, &ws);
     } else {
         linear_backward_input(din, c, w, R, K, J, &ws);
     }
@@ -475,21 +475,18 @@ static void test_grad_model(int layers, int hidden, int context, int emb) {
     int R = 5;
     long np = n_params(&c);
     float* params = mallocCheck(sizeof(float) * np);
-    params_init(params, &c, 1234 + layers);
+    for (int u = 0; u < n_units(&c); u++)
+        for (long e = 0; e < unit_params(&c, u); e++) params[unit_offset(&c, u) + e] = unit_init_value(&c, 1234 + layers, u, e);
     int tokens[5 * 8], targets[5];
     for (int i = 0; i < R * context; i++) tokens[i] = (int)(rng_u64(61, 61, i) % c.vocab);
     for (int r = 0; r < R; r++) targets[r] = (int)(rng_u64(62, 62, r) % c.vocab);
-    Acts a;
-    Scratch s;
-    Workspace ws;
-    acts_init(&a, &c, R, 0, n_units(&c), NULL);
-    scratch_init(&s, &c, R);
-    workspace_init(&ws, R, max_width(&c), max_linear_weight(&c));
-    memcpy(a.tokens, tokens, sizeof(int) * R * context);
-    memcpy(a.targets, targets, sizeof(int) * R);
-    int64_t loss = model_forward(&c, params, &a, &s, R, R, &ws);
+    Work w;
+    work_init(&w, &c, R, NULL);
+    memcpy(w.acts.tokens, tokens, sizeof(int) * R * context);
+    memcpy(w.acts.targets, targets, sizeof(int) * R);
+    int64_t loss = model_forward(&c, params, &w, R, R);
     int64_t* grads = callocCheck(np, sizeof(int64_t));
-    model_backward(&c, params, grads, &a, &s, R, R, &ws);
+    model_backward(&c, params, grads, &w, R, R);
     double *theta = mallocCheck(sizeof(double) * np), *an = mallocCheck(sizeof(double) * np),
            *num = mallocCheck(sizeof(double) * np);
     for (long i = 0; i < np; i++) theta[i] = params[i], an[i] = fix_to(grads[i]);
@@ -501,7 +498,7 @@ static void test_grad_model(int layers, int hidden, int context, int emb) {
           "gradient check: whole model, L=%d H=%d T=%d E=%d (%ld parameters): max rel error %.1e", layers, hidden,
           context, emb, np, err);
     free(params), free(grads), free(theta), free(an), free(num);
-    acts_free(&a), scratch_free(&s), workspace_free(&ws);
+    work_free(&w);
 }
 
 // ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@
  * relative size stays below X pass (exit 0) and are reported. Exit 1 if the runs differ
  * beyond that, 2 if a file cannot be read.
  */
-#include "../model.h"
+#include "../ckpt.h"
 
 // losses[step - first] for the steps of a log; *first is its first step
 static double* read_losses(const char* path, long* n, long* first) {

@@ -1,0 +1,429 @@
+/*
+ * kernels.h: the arithmetic every program's time goes into, and the exact sums that make
+ * every layout give the same bits. Each tuned kernel stands beside the plain loop it must
+ * equal bit for bit (the *_ref functions); tests/test_units.c compares them.
+ *
+ *   fixed point      fix_from / fix_to / fix_fast / fix_add: exact, associative sums
+ *   matmul_float     out = a b, one float FMA chain per element       (ref: matmul_float_ref)
+ *   matmul_exact     acc += a b, every product rounded once, int64 sum (ref: matmul_exact_ref)
+ *   transpose        by 16 x 16 blocks                                 (ref: transpose_ref)
+ *   fix_transpose    int64 sums to floats, transposed                  (ref: fix_transpose_ref)
+ *
+ * Why the tuned ones are fast: register tiles that keep every accumulator of a block of
+ * the output in registers for the whole reduction, right operands packed into contiguous
+ * panels, and (for matmul_exact) the rounding to fixed point done by one FMA per product.
+ */
+#ifndef KERNELS_H
+#define KERNELS_H
+
+// A header of functions, each program using some: unused ones are not a warning.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+
+#include "util.h"
+
+
+#define MAX_LAYERS 32
+// With `make OMP=1` the kernels and the longest loops split across threads; every element
+// is still computed by one thread in the same way, and the sums that threads share are
+// exact, so any number of threads gives the same bits. A loop enters an OpenMP region only
+// when THREADED says it is long enough: entering one costs about a microsecond even when
+// its `if` clause keeps it on one thread, about 40 microseconds a step for the small
+// default model, which would double its time.
+#ifdef _OPENMP
+#define THREADED(n) ((n) > 100000L)
+#else
+#define THREADED(n) 0
+#endif
+
+
+// ----------------------------------------------------------------------------
+// exact sums
+//
+// Float addition is not associative: a gradient summed over 32 rows differs in its last
+// bits from the same gradient summed as 16 + 16 rows, and over thousands of steps the
+// difference grows until the generated names differ. So every sum that some layout
+// splits (over the batch, across ranks, across microbatches, over a tensor-parallel
+// dimension) is accumulated exactly, in fixed point: each term is rounded once to the
+// nearest multiple of 2^-40, a rounding that depends on that term alone, and the terms
+// are added as 64-bit integers. Integer addition is associative, so the total has the
+// same bits whichever rows, ranks, microbatches or threads held which terms, and MPI can
+// all-reduce it with MPI_SUM on MPI_INT64_T in any order. It is rounded to float once.
+//
+// Exact sums: every sum over the batch (weight, bias and embedding gradients, the loss),
+// the forward of even linear layers, the input gradient of odd linear layers, the softmax
+// denominator and the gradient norm. All other sums are float chains in a fixed order.
+//
+// Range: a term must satisfy |term| < 2^11 (so the fast conversion below applies) and a
+// whole sum must stay below 2^23 (int64 holds 2^63 units of 2^-40), so a sum of n terms
+// accepts terms up to min(2^11, 2^23 / n). Values that large mean training has diverged;
+// they are a fatal error, never a silent wrap-around.
+
+#define FIX_ONE 0x1p40     // one unit is 2^-40
+#define FIX_TERM_MAX 0x1p11
+#define FIX_SUM_MAX 0x1p23
+#define FIX_BIAS 0x1.8p52  // x + FIX_BIAS rounds x to an integer when |x| < 2^51
+
+static inline int64_t fix_from(double v) { return (int64_t)llrint(v * FIX_ONE); } // needs |v| < 2^23
+static inline double fix_to(int64_t a) { return (double)a * (1.0 / FIX_ONE); }
+static inline double fix_term_limit(long terms) {
+    double lim = FIX_SUM_MAX / (double)(terms > 0 ? terms : 1);
+    return lim < FIX_TERM_MAX ? lim : FIX_TERM_MAX;
+}
+// one term of a sum of `terms` terms, range-checked
+static inline int64_t fix_term(double v, long terms, const char* what) {
+    if (!(fabs(v) < fix_term_limit(terms)))
+        fatal("%s: value %g is %s for an exact sum of %ld terms (limit %g): training has diverged; "
+              "lower --lr or use --clip", what, v, isfinite(v) ? "too large" : "not finite", terms,
+              fix_term_limit(terms));
+    return fix_from(v);
+}
+static void fix_zero(int64_t* a, long n) { memset(a, 0, (size_t)n * sizeof(int64_t)); }
+
+// The same rounding as fix_from, vectorisable, for |v| < 2^11: v * 2^40 is exact, adding
+// 1.5 * 2^52 rounds it to an integer (to nearest, ties to even, like llrint), and the bits
+// of that double minus the bits of 1.5 * 2^52 are the integer.
+static inline int64_t fix_fast(double v) {
+    double t = v * FIX_ONE + FIX_BIAS, bias = FIX_BIAS;
+    int64_t bits, bias_bits;
+    memcpy(&bits, &t, sizeof bits);
+    memcpy(&bias_bits, &bias, sizeof bias_bits);
+    return bits - bias_bits;
+}
+// acc[i] += x[i] as exact terms of a sum of `terms` terms; a fatal error if any is out of range
+static void fix_add(int64_t* acc, const float* x, long n, long terms, const char* what) {
+    float limit = (float)fix_term_limit(terms);
+    int bad = 0;
+    for (long i = 0; i < n; i++) {
+        bad |= !(fabsf(x[i]) < limit);
+        acc[i] += fix_fast(x[i]);
+    }
+    if (bad)
+        for (long i = 0; i < n; i++) fix_term(x[i], terms, what); // stops at the first bad one, with the message
+}
+
+// ----------------------------------------------------------------------------
+// matmul kernels
+//
+// Two kernels do all the arithmetic; both compute each output element in one place (one
+// register tile), so threads and layouts that split the rows or columns of the output
+// never change a bit of it.
+//
+//   matmul_float: out[m][n] = sum_i a[m][i] * b[i][n], a chain of fused multiply-adds in the
+//   order i = 0, 1, ..., red-1 (fmaf is correctly rounded, so the vector and scalar paths
+//   agree bit for bit).
+//
+//   matmul_exact: acc[m][n] += exact sum_i a(m,i) * b(i,n). Operands are first packed into
+//   doubles, a scaled by 2^40: a float times a float is exact in double, so
+//   fma(a * 2^40, b, 1.5 * 2^52) rounds the product to an integer once, and the bits of
+//   that double, minus the bits of 1.5 * 2^52, are the integer. One FMA and one integer
+//   add per term: about half the speed of the float kernel, and exact.
+
+typedef struct {
+    double* pa; // packed left operand, scaled by 2^40
+    double* pb; // packed right operand
+    float* tr;  // a transposed weight or output gradient, for the input gradient
+    float* pf;  // packed right operand of matmul_float
+    long pa_cap, pb_cap, tr_cap, pf_cap;
+} Workspace;
+
+// Sizes for any matmul of up to `rows` rows, `width` features and `weight` weight elements.
+static void workspace_init(Workspace* ws, long rows, long width, long weight) {
+    long most = weight > rows * width ? weight : rows * width; // a weight, or a batch of activations
+    long pad = 32 * (rows > width ? rows : width);              // panels round the width up to 32
+    ws->pa_cap = ws->tr_cap = most;
+    ws->pb_cap = ws->pf_cap = most + pad;
+    ws->pa = mallocCheck(ws->pa_cap * sizeof(double));
+    ws->pb = mallocCheck(ws->pb_cap * sizeof(double));
+    ws->tr = mallocCheck(ws->tr_cap * sizeof(float));
+    ws->pf = mallocCheck(ws->pf_cap * sizeof(float));
+}
+static void workspace_free(Workspace* ws) {
+    free(ws->pf);
+    free(ws->pa);
+    free(ws->pb);
+    free(ws->tr);
+}
+
+// Vector types (GCC and Clang vector extensions: portable C, lowered to whatever SIMD the
+// machine has) for the exact kernels, whose accumulators must stay in registers.
+typedef double f64x8 __attribute__((vector_size(64)));
+typedef uint64_t u64x8 __attribute__((vector_size(64)));
+#define F64X8_SPLAT(x) ((f64x8){(x), (x), (x), (x), (x), (x), (x), (x)}) // a macro: no vector ABI
+static inline uint64_t fix_bias_bits(void) {
+    double bias = FIX_BIAS;
+    uint64_t bits;
+    memcpy(&bits, &bias, sizeof bits);
+    return bits;
+}
+// In the exact kernels, a * b + FIX_BIAS has an exact product, so fusing it into one FMA
+// gives the same bits as not fusing it: let the compiler fuse there, and only there.
+#if defined(__clang__)
+#define EXACT_KERNEL
+#define EXACT_KERNEL_BODY _Pragma("clang fp contract(fast)")
+#else
+#define EXACT_KERNEL __attribute__((optimize("fp-contract=fast")))
+#define EXACT_KERNEL_BODY
+#endif
+
+// Both kernels work on register tiles: a tile of 8 rows of the output, each a few vectors
+// wide, is accumulated in registers over the whole reduction, then stored. The right
+// operand is first packed into panels as wide as a tile, contiguous and zero-padded
+// (rows of a matrix 4 KiB wide would otherwise all fall into the same cache set), and
+// rows past the last one read the last row again and are not stored, so every tile is a
+// full tile and the compiler generates one tight loop for all of them.
+
+// matmul_float: tiles of 8 rows x 32 columns. The unroll pragmas make the compiler keep
+// the 256 accumulators in registers (without them it may interchange the loops and keep
+// them in memory, 10 times slower).
+#define MF_ROWS 8
+#define MF_COLS 32
+__attribute__((noinline)) static void matmul_float_tile(float* out, const float* const* arow, const float* panel,
+                                                        int red, int N, int mb, int nb) {
+    float acc[MF_ROWS][MF_COLS];
+    for (int r = 0; r < MF_ROWS; r++)
+        for (int c = 0; c < MF_COLS; c++) acc[r][c] = 0.0f;
+    for (int i = 0; i < red; i++) {
+        const float* bi = panel + (long)i * MF_COLS;
+#pragma GCC unroll 8
+        for (int r = 0; r < MF_ROWS; r++) {
+            float ar = arow[r][i];
+#pragma GCC unroll 32
+            for (int c = 0; c < MF_COLS; c++) acc[r][c] = fmaf(ar, bi[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < mb; r++) {
+        if (nb == MF_COLS) memcpy(out + (long)r * N, acc[r], sizeof acc[r]);
+        else memcpy(out + (long)r * N, acc[r], (size_t)nb * sizeof(float));
+    }
+}
+
+// Panel p of b ([red][N]) into dst [red][32], zero-padded past column N.
+static void pack_panel_float(float* dst, const float* b, int red, int N, int p) {
+    for (long i = 0; i < red; i++)
+        for (int c = 0; c < MF_COLS; c++) dst[i * MF_COLS + c] = p * MF_COLS + c < N ? b[i * N + p * MF_COLS + c] : 0.0f;
+}
+// Tile t of out: panel by panel, so that a panel stays in cache across its tiles.
+static void matmul_float_at(int t, float* out, const float* a, const float* pf, int M, int red, int N) {
+    int tm = (M + MF_ROWS - 1) / MF_ROWS, p = t / tm, m0 = (t % tm) * MF_ROWS, n0 = p * MF_COLS;
+    int mb = M - m0 < MF_ROWS ? M - m0 : MF_ROWS, nb = N - n0 < MF_COLS ? N - n0 : MF_COLS;
+    const float* arow[MF_ROWS];
+    for (int r = 0; r < MF_ROWS; r++) arow[r] = a + (long)(m0 + (r < mb ? r : mb - 1)) * red;
+    matmul_float_tile(out + (long)m0 * N + n0, arow, pf + (long)p * red * MF_COLS, red, N, mb, nb);
+}
+
+// out[m][n] = sum over i of a[m][i] * b[i][n], a fused multiply-add chain in the order
+// i = 0, 1, ..., red-1 for every element, whatever tile or thread it falls in.
+static void matmul_float(float* out, const float* a, const float* b, int M, int red, int N, Workspace* ws) {
+    int tm = (M + MF_ROWS - 1) / MF_ROWS, tn = (N + MF_COLS - 1) / MF_COLS;
+    if ((long)tn * MF_COLS * red > ws->pf_cap) fatal("internal: workspace too small for a %d x %d matmul", red, N);
+    if (THREADED((long)M * N * red / 8)) {
+#pragma omp parallel for
+        for (int p = 0; p < tn; p++) pack_panel_float(ws->pf + (long)p * red * MF_COLS, b, red, N, p);
+#pragma omp parallel for
+        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, ws->pf, M, red, N);
+    } else {
+        for (int p = 0; p < tn; p++) pack_panel_float(ws->pf + (long)p * red * MF_COLS, b, red, N, p);
+        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, ws->pf, M, red, N);
+    }
+}
+
+// matmul_exact: tiles of 8 rows x 3 vectors of 8 columns, 24 vector accumulators.
+#define ME_ROWS 8
+#define ME_VECS 3
+#define ME_COLS (8 * ME_VECS)
+EXACT_KERNEL __attribute__((noinline)) static void matmul_exact_tile(int64_t* acc, const double* const* arow,
+                                                                     long a_si, const double* panel, int red,
+                                                                     int N, int mb, int nb) {
+    EXACT_KERNEL_BODY
+    u64x8 sum[ME_ROWS][ME_VECS];
+    memset(sum, 0, sizeof sum);
+    const f64x8 bias = F64X8_SPLAT(FIX_BIAS);
+    for (int i = 0; i < red; i++) {
+        f64x8 bv[ME_VECS];
+        for (int v = 0; v < ME_VECS; v++) memcpy(&bv[v], panel + (long)i * ME_COLS + 8 * v, sizeof bv[v]);
+        for (int r = 0; r < ME_ROWS; r++) {
+            f64x8 ar = F64X8_SPLAT(arow[r][i * a_si]);
+            for (int v = 0; v < ME_VECS; v++) sum[r][v] += (u64x8)(ar * bv[v] + bias); // the bits: see above
+        }
+    }
+    uint64_t total_bias = (uint64_t)red * fix_bias_bits(); // unsigned: the biased sums wrap, by design
+    for (int r = 0; r < mb; r++) {
+        uint64_t* o = (uint64_t*)acc + (long)r * N;
+        int v = 0;
+        for (; 8 * v + 8 <= nb; v++) { // whole vectors
+            u64x8 cur;
+            memcpy(&cur, o + 8 * v, sizeof cur);
+            cur += sum[r][v] - total_bias;
+            memcpy(o + 8 * v, &cur, sizeof cur);
+        }
+        for (int c = 8 * v; c < nb; c++) o[c] += sum[r][v][c - 8 * v] - total_bias;
+    }
+}
+// Panel p of b ([red][N]) into dst [red][24] as doubles, zero-padded past column N.
+static void pack_panel_double(double* dst, const float* b, int red, int N, int p) {
+    for (long i = 0; i < red; i++)
+        for (int c = 0; c < ME_COLS; c++) dst[i * ME_COLS + c] = p * ME_COLS + c < N ? (double)b[i * N + p * ME_COLS + c] : 0.0;
+}
+// Tile t of acc, panel by panel.
+static void matmul_exact_at(int t, int64_t* acc, const double* pa, long a_sm, long a_si, const double* pb, int M,
+                            int red, int N) {
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, p = t / tm, m0 = (t % tm) * ME_ROWS, n0 = p * ME_COLS;
+    int mb = M - m0 < ME_ROWS ? M - m0 : ME_ROWS, nb = N - n0 < ME_COLS ? N - n0 : ME_COLS;
+    const double* arow[ME_ROWS];
+    for (int r = 0; r < ME_ROWS; r++) arow[r] = pa + (m0 + (r < mb ? r : mb - 1)) * a_sm;
+    matmul_exact_tile(acc + (long)m0 * N + n0, arow, a_si, pb + (long)p * red * ME_COLS, red, N, mb, nb);
+}
+
+// Exact-sum range check for a matmul: every term a(m,i)*b(i,n) must be below the limit.
+// The bound max|a| * max|b| is cheap but loose; only if it fails are the actual terms
+// examined, so that whether a run stops depends on the terms alone and not on how a
+// layout split them. A(m, i) and B(i, n) are accessor macros.
+#define MATMUL_EXACT_CHECK(M, red, N, A, B, amax, bmax, terms, what)                                    \
+    do {                                                                                               \
+        double lim_ = fix_term_limit(terms);                                                           \
+        if (!((amax) * (bmax) < lim_))                                                                 \
+            for (int i_ = 0; i_ < (red); i_++)                                                         \
+                for (int m_ = 0; m_ < (M); m_++)                                                       \
+                    for (int n_ = 0; n_ < (N); n_++) {                                                 \
+                        double t_ = (double)(A(m_, i_)) * (B(i_, n_));                                 \
+                        if (!(fabs(t_) < lim_)) fix_term(t_, terms, what);                             \
+                    }                                                                                  \
+    } while (0)
+
+// max |x[i]|, or infinity if any x[i] is not finite. It takes the maximum of the bit
+// patterns of |x|: for non-negative floats their order as integers is their order as
+// numbers, infinity and NaN have the largest patterns, and an integer maximum vectorises.
+static inline uint32_t abs_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u & 0x7fffffffu;
+}
+static double max_abs(const float* x, long n) {
+    uint32_t mx = 0;
+    if (THREADED(n)) {
+#pragma omp parallel for reduction(max : mx)
+        for (long i = 0; i < n; i++) mx = abs_bits(x[i]) > mx ? abs_bits(x[i]) : mx;
+    } else {
+        for (long i = 0; i < n; i++) mx = abs_bits(x[i]) > mx ? abs_bits(x[i]) : mx;
+    }
+    if (mx >= 0x7f800000u) return INFINITY;
+    float f;
+    memcpy(&f, &mx, sizeof f);
+    return f;
+}
+// dst[i] = src[i] * scale as doubles; returns max |src| (infinity if any is not finite)
+static double pack_double(double* dst, const float* src, long n, double scale) {
+    if (THREADED(n)) {
+#pragma omp parallel for
+        for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
+    } else {
+        for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
+    }
+    return max_abs(src, n);
+}
+
+// acc[m][n] += exact sum over i of a(m,i) * b[i][n], with a(m,i) = a[m*a_sm + i*a_si]
+// (a is x[R][K] for a forward, m = r; or x[R][K] read as x^T for a weight gradient,
+// m = k) and b a row-major [red][N] matrix (the weight, or the output gradient).
+// `terms` is the number of terms in the whole sum, across every rank and microbatch that
+// contributes to it: it sets the range limit, so every layout applies the same one.
+static void matmul_exact(int64_t* acc, const float* a, long a_sm, long a_si, const float* b, int M, int red, int N,
+                         long terms, const char* what, Workspace* ws) {
+    // a as doubles scaled by 2^40, in its own layout; b as doubles in panels [tn][red][24]
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
+    if ((long)M * red > ws->pa_cap || (long)tn * ME_COLS * red > ws->pb_cap)
+        fatal("internal: workspace too small for %s (%d x %d x %d)", what, M, red, N);
+    double amax = pack_double(ws->pa, a, (long)M * red, FIX_ONE), bmax = max_abs(b, (long)red * N);
+#define A_(m, i) a[(m) * a_sm + (i) * a_si]
+#define B_(i, n) b[(long)(i) * N + (n)]
+    MATMUL_EXACT_CHECK(M, red, N, A_, B_, amax, bmax, terms, what);
+#undef A_
+#undef B_
+    if (THREADED((long)M * N * red / 8)) {
+#pragma omp parallel for
+        for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
+#pragma omp parallel for
+        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, a_sm, a_si, ws->pb, M, red, N);
+    } else {
+        for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
+        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, a_sm, a_si, ws->pb, M, red, N);
+    }
+}
+
+// dst[c][r] = src[r][c], by blocks of 16 x 16 through two small buffers. Rows of these
+// matrices are often a power of two bytes apart (4 KiB for 1024 floats): their cache
+// lines then all fall into the same few sets of the cache and evict each other, and an
+// element-by-element transpose misses the cache at every step (7 ms for 1024 x 1024 here).
+// Copying whole rows of a block into a buffer, transposing there, and copying whole rows
+// out touches each line once (0.75 ms).
+#define TRANSPOSE_BLOCK 16
+static void transpose(float* dst, const float* src, int rows, int cols) {
+    enum { TB = TRANSPOSE_BLOCK };
+    for (int r0 = 0; r0 < rows; r0 += TB)
+        for (int c0 = 0; c0 < cols; c0 += TB) {
+            if (r0 + TB <= rows && c0 + TB <= cols) {
+                float in[TB][TB], out[TB][TB];
+                for (int r = 0; r < TB; r++) memcpy(in[r], src + (long)(r0 + r) * cols + c0, sizeof in[r]);
+                for (int c = 0; c < TB; c++)
+                    for (int r = 0; r < TB; r++) out[c][r] = in[r][c];
+                for (int c = 0; c < TB; c++) memcpy(dst + (long)(c0 + c) * rows + r0, out[c], sizeof out[c]);
+            } else { // a block at the edge, in part
+                for (int r = r0; r < rows && r < r0 + TB; r++)
+                    for (int c = c0; c < cols && c < c0 + TB; c++) dst[(long)c * rows + r] = src[(long)r * cols + c];
+            }
+        }
+}
+
+
+// dst[c][r] = float(src[r][c]) for src [rows][cols]: exact sums rounded to float once, and
+// transposed, by blocks through buffers for the reason transpose gives.
+static void fix_transpose(float* dst, const int64_t* src, int rows, int cols) {
+    enum { TB = TRANSPOSE_BLOCK };
+    for (int r0 = 0; r0 < rows; r0 += TB)
+        for (int c0 = 0; c0 < cols; c0 += TB) {
+            if (r0 + TB <= rows && c0 + TB <= cols) {
+                int64_t in[TB][TB];
+                float out[TB][TB];
+                for (int r = 0; r < TB; r++) memcpy(in[r], src + (long)(r0 + r) * cols + c0, sizeof in[r]);
+                for (int c = 0; c < TB; c++)
+                    for (int r = 0; r < TB; r++) out[c][r] = (float)fix_to(in[r][c]);
+                for (int c = 0; c < TB; c++) memcpy(dst + (long)(c0 + c) * rows + r0, out[c], sizeof out[c]);
+            } else { // a block at the edge, in part
+                for (int r = r0; r < rows && r < r0 + TB; r++)
+                    for (int c = c0; c < cols && c < c0 + TB; c++) dst[(long)c * rows + r] = (float)fix_to(src[(long)r * cols + c]);
+            }
+        }
+}
+
+// ----------------------------------------------------------------------------
+// the plain loops the kernels above must equal, bit for bit
+
+// out[m][n] = fmaf chain over i = 0, 1, ..., red-1
+static void matmul_float_ref(float* out, const float* a, const float* b, int M, int red, int N) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float acc = 0.0f;
+            for (int i = 0; i < red; i++) acc = fmaf(a[(long)m * red + i], b[(long)i * N + n], acc);
+            out[(long)m * N + n] = acc;
+        }
+}
+// acc[m][n] += sum over i of llrint(a(m,i) * b[i][n] * 2^40), a(m,i) = a[m*a_sm + i*a_si]
+static void matmul_exact_ref(int64_t* acc, const float* a, long a_sm, long a_si, const float* b, int M, int red,
+                             int N) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < red; i++)
+                acc[(long)m * N + n] += llrint((double)a[m * a_sm + i * a_si] * b[(long)i * N + n] * FIX_ONE);
+}
+static void transpose_ref(float* dst, const float* src, int rows, int cols) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) dst[(long)c * rows + r] = src[(long)r * cols + c];
+}
+static void fix_transpose_ref(float* dst, const int64_t* src, int rows, int cols) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) dst[(long)c * rows + r] = (float)fix_to(src[(long)r * cols + c]);
+}
+
+#pragma GCC diagnostic pop
+#endif // KERNELS_H

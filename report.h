@@ -1,0 +1,266 @@
+/*
+ * report.h: what every program measures and prints, so that a strategy file calls it from
+ * two or three places and shows its strategy: the configuration table; the progress of
+ * training (a line every --eval-every steps, the CSV --log, the time of each step); the
+ * results (validation loss, names); the figures each rank measured (bytes sent and
+ * received, memory held, the pipeline's bubble) beside the formulas that predict them;
+ * --summary files for make run; --timeline pictures; --trace files for Perfetto.
+ */
+#ifndef REPORT_H
+#define REPORT_H
+
+// A header of functions, each program using some: unused ones are not a warning.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+
+#include "cli.h"
+
+// ----------------------------------------------------------------------------
+// the configuration, and the results
+
+static void print_config(const Options* o, const Dataset* ds, const char* layout) {
+    const Config* c = &o->model;
+    printf("configuration\n");
+    printf("  data       %s: %d lines (%d train, %d validation), %d tokens, %ld training examples\n", o->data,
+           ds->n_lines, ds->n_train, ds->n_val, ds->vocab, ds->n_train_examples);
+    printf("  model      context %d, emb %d, hidden %d, layers %d: %ld parameters\n", c->context, c->emb, c->hidden,
+           c->layers, n_params(c));
+    printf("  optimizer  %s, lr %g, weight decay %g, clip %s", o->opt.adamw ? "adamw" : "sgd", o->opt.lr,
+           o->opt.weight_decay, o->opt.clip > 0 ? "" : "off");
+    if (o->opt.clip > 0) printf("%g", o->opt.clip);
+    printf("\n  training   %ld steps of %d rows, seed %llu%s%s\n", o->steps, o->batch, (unsigned long long)o->seed,
+           o->load ? ", from " : "", o->load ? o->load : "");
+    printf("  layout     %s\n", layout);
+    fflush(stdout);
+}
+
+static void print_results(double val_loss, long n_val, double seconds, long steps, int batch, const int* names,
+                          int n_names, int max_len, const Dataset* ds, int quiet) {
+    printf("validation loss %.4f (%ld examples)\n", val_loss, n_val);
+    if (!quiet && steps > 0)
+        printf("training time %.2f s: %.4f ms/step, %.0f tokens/s\n", seconds, 1e3 * seconds / steps,
+               seconds > 0 ? (double)steps * batch / seconds : 0.0);
+    if (n_names > 0) printf("names:\n");
+    for (int i = 0; i < n_names; i++) {
+        const int* s = names + (long)i * (max_len + 1);
+        for (int p = 0; s[p] != 0; p++) putchar(ds->token_char[s[p]]);
+        putchar('\n');
+    }
+    fflush(stdout);
+}
+
+// Progress of the training loop: the CSV log (one line per step, the losses in full
+// precision so that logs of different programs can be compared for identity), a progress
+// line every --eval-every steps, and the training time. In MPI programs only rank 0 prints.
+typedef struct {
+    const Options* o;
+    int printing;    // this process prints and logs
+    FILE* log;
+    double seconds;  // time spent in training steps
+    long steps;      // steps trained
+    double interval_loss, interval_seconds;
+    long interval_steps;
+    double t0;       // when the current step began
+} Progress;
+
+static Progress progress_start(const Options* o, int printing) {
+    Progress p = {.o = o, .printing = printing};
+    if (printing && o->log) {
+        p.log = fopen(o->log, "w");
+        if (!p.log) fatal("cannot create log '%s': %s", o->log, strerror(errno));
+        fprintf(p.log, "step,train_loss,val_loss,ms,tokens_per_s\n");
+    }
+    return p;
+}
+// whether this step ends with a progress line, and so with a validation pass
+static int progress_due(const Progress* p, long step) {
+    return p->o->eval_every > 0 && (step % p->o->eval_every == 0 || step == p->o->steps);
+}
+static void progress_step(Progress* p, long step, double train_loss, double seconds, double val_loss) {
+    int due = progress_due(p, step), B = p->o->batch;
+    p->seconds += seconds;
+    p->steps++;
+    p->interval_loss += train_loss;
+    p->interval_seconds += seconds;
+    p->interval_steps++;
+    if (!p->printing) return;
+    if (p->log) {
+        fprintf(p->log, "%ld,%.17g,", step, train_loss);
+        if (due) fprintf(p->log, "%.17g", val_loss);
+        fprintf(p->log, ",%.4f,%.0f\n", 1e3 * seconds, seconds > 0 ? B / seconds : 0.0);
+    }
+    if (due && !p->o->quiet) {
+        int w = snprintf(NULL, 0, "%ld", p->o->steps);
+        double s = p->interval_seconds;
+        printf("step %*ld/%ld | train loss %.4f | val loss %.4f | %.3f ms/step | %.0f tokens/s\n", w, step,
+               p->o->steps, p->interval_loss / p->interval_steps, val_loss, 1e3 * s / p->interval_steps,
+               s > 0 ? p->interval_steps * B / s : 0.0);
+        fflush(stdout);
+        p->interval_loss = p->interval_seconds = 0.0;
+        p->interval_steps = 0;
+    }
+}
+// A training step begins: time it, and count its messages (dist.h) while it runs; with
+// --trace, record the events of the last one.
+static void step_begin(Progress* p, long step) {
+    step_window_open(p->o->trace && step == p->o->steps);
+    p->t0 = now_seconds();
+}
+// A training step ends, with its mean training loss; `validate` runs when a progress line
+// is due (it returns the validation loss).
+typedef double (*ValidateFn)(void* ctx);
+static void step_end(Progress* p, long step, double train_loss, ValidateFn validate, void* ctx) {
+    double seconds = now_seconds() - p->t0;
+    step_window_close();
+    progress_step(p, step, train_loss, seconds, progress_due(p, step) ? validate(ctx) : 0);
+}
+static void progress_end(Progress* p) {
+    if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
+    p->log = NULL;
+}
+
+// ----------------------------------------------------------------------------
+// figures: what a run measured, per rank, each beside the formula's prediction
+
+typedef struct {
+    double sent;          // bytes this rank sent per training step
+    double sent_axis[3];  // of which on the tensor, data and pipeline axes (train_3d.c)
+    double sent_formula;  // what the strategy's formula predicts for `sent`
+    double received;      // bytes this rank received per training step
+    double params, grads, optim, acts; // bytes held: parameters, gradient sums, optimizer state, activations
+    double mem_formula;   // what the formula predicts for their sum
+    double bubble;        // the pipeline's idle fraction, or -1 without a pipeline
+} Figures;
+#define FIGURES_DOUBLES ((int)(sizeof(Figures) / sizeof(double)))
+
+// x, counted over the whole run, per training step
+static double per_step(const Progress* pr, double x) { return x / (pr->steps > 0 ? (double)pr->steps : 1.0); }
+
+static double figures_memory(const Figures* f) { return f->params + f->grads + f->optim + f->acts; }
+
+static void print_size(double b) {
+    if (b < 1e3) printf("%.0f B", b);
+    else if (b < 1e6) printf("%.1f KB", b / 1e3);
+    else if (b < 1e9) printf("%.2f MB", b / 1e6);
+    else printf("%.2f GB", b / 1e9);
+}
+
+// The per-rank table (figures of n ranks), and the formulas in words.
+static void figures_print(const Figures* f, int n, const char* sent_words, const char* mem_words) {
+    printf("per rank, per training step: bytes sent (formula: %s), and received; memory held (formula: %s)\n",
+           sent_words, mem_words);
+    for (int q = 0; q < n; q++) {
+        printf("  rank %-3d sent ", q);
+        const double sizes[] = {f[q].sent, f[q].sent_formula, f[q].received, f[q].params, f[q].grads, f[q].optim,
+                                f[q].acts, figures_memory(&f[q]), f[q].mem_formula};
+        const char* after[] = {" (formula ", "), received ", " | memory ", " + ", " + ", " + ", " = ", " (formula ", ")"};
+        for (int i = 0; i < 9; i++) print_size(sizes[i]), fputs(after[i], stdout);
+        if (f[q].bubble >= 0) printf(" | bubble %.3f", f[q].bubble);
+        printf("\n");
+    }
+}
+
+// --summary: the run's figures as key=value lines (every rank's in order), and its names.
+static void summary_write(const char* path, const char* program, const char* layout, double val_loss,
+                          const Progress* pr, const Figures* f, int n, const int* names, int max_len,
+                          const Dataset* ds) {
+    FILE* out = fopen(path, "w");
+    if (!out) fatal("cannot create summary '%s': %s", path, strerror(errno));
+    fprintf(out, "program=%s\nlayout=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
+            layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
+    for (int i = 0; i < pr->o->samples; i++) {
+        fputs("name=", out);
+        for (const int* t = names + (long)i * (max_len + 1); *t; t++) fputc(ds->token_char[*t], out);
+        fputc('\n', out);
+    }
+    for (int q = 0; q < n; q++)
+        fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_formula=%.0f received=%.0f "
+                     "params=%.0f grads=%.0f optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f\n", q, f[q].sent,
+                f[q].sent_axis[0], f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_formula, f[q].received,
+                f[q].params, f[q].grads, f[q].optim, f[q].acts, f[q].mem_formula, f[q].bubble);
+    if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
+}
+
+// What a program says of itself in its report: its name, its layout, and the formulas
+// for bytes sent and memory held, in words.
+typedef struct {
+    const char* program;
+    const char* layout;
+    const char* sent_words;
+    const char* mem_words;
+} Report;
+
+// The end of every program, on the process that prints: the --log closed; the validation
+// loss, the training time and the names; unless --quiet, the figures of n ranks with the
+// formulas in words; and the --summary file.
+static void report_print(const Options* o, const Report* rep, Progress* pr, double val_loss, const int* names,
+                         const Dataset* ds, const Figures* all, int n) {
+    progress_end(pr);
+    print_results(val_loss, ds->n_val_examples, pr->seconds, pr->steps, o->batch, names, o->samples, ds->max_len, ds,
+                  o->quiet);
+    if (!o->quiet) figures_print(all, n, rep->sent_words, rep->mem_words);
+    if (o->summary) summary_write(o->summary, rep->program, rep->layout, val_loss, pr, all, n, names, ds->max_len, ds);
+}
+
+// ----------------------------------------------------------------------------
+// timelines (--timeline)
+
+// One row per lane (a pipeline stage), time flowing right, each column a slice of time:
+// action i of lane s ran from t0[s*n + i] to t1[s*n + i] (seconds since the step began)
+// and is drawn with mark[s*n + i]; idle time is blank. An action shorter than a column
+// still gets one (the actions after it shift right to make room).
+static void draw_timeline(int lanes, int n, const double* t0, const double* t1, const char* mark, int width,
+                          const char* legend) {
+    double end = 0;
+    for (int i = 0; i < lanes * n; i++) end = t1[i] > end ? t1[i] : end;
+    char* row = mallocCheck((size_t)width + 1);
+    printf("timeline of the last step, %.3f ms, %.1f us per column: %s, idle time blank\n", end * 1e3,
+           end / width * 1e6, legend);
+    for (int s = 0; s < lanes; s++) {
+        memset(row, ' ', (size_t)width);
+        row[width] = 0;
+        for (int i = 0, next = 0; i < n; i++) { // next: the first column not drawn yet
+            int a = (int)(t0[s * n + i] / end * width), b = (int)(t1[s * n + i] / end * width);
+            a = a > next ? a : next;
+            a = a < width ? a : width - 1;
+            for (int x = a; x < b && x < width; x++) row[x] = mark[s * n + i];
+            row[a] = mark[s * n + i];
+            next = (b > a + 1 ? b : a + 1);
+        }
+        printf("  stage %d |%s|\n", s, row);
+    }
+    free(row);
+}
+
+// ----------------------------------------------------------------------------
+// traces (--trace)
+
+// Writes events as a Chrome trace-event JSON file (events[i] belongs to process proc[i],
+// or to process 0 if proc is NULL): open it in https://ui.perfetto.dev or
+// chrome://tracing. One event per line, times in microseconds since the first event.
+static void trace_write(const char* path, const TraceEvent* events, const int* proc, long n) {
+    FILE* f = fopen(path, "w");
+    if (!f) fatal("cannot create trace '%s': %s", path, strerror(errno));
+    double start = n ? events[0].t0 : 0;
+    for (long i = 0; i < n; i++) start = events[i].t0 < start ? events[i].t0 : start;
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    for (long i = 0; i < n; i++)
+        fprintf(f, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, "
+                   "\"dur\": %.3f, \"args\": {\"bytes\": %.0f}}%s\n",
+                events[i].name, events[i].cat, proc ? proc[i] : 0, 1e6 * (events[i].t0 - start), 1e6 * (events[i].t1 - events[i].t0),
+                events[i].bytes, i + 1 < n ? "," : "");
+    fprintf(f, "]}\n");
+    if (fclose(f) != 0) fatal("cannot write trace '%s': %s", path, strerror(errno));
+}
+
+// The end of train.c: the names sampled with its forward pass, the report, the --trace.
+static void report_end(const Options* o, const Report* rep, Progress* pr, double val_loss, const Dataset* ds,
+                       const Figures* fig, ForwardFn forward, void* ctx) {
+    int* names = generate_names(o->samples, ds->max_len, &o->model, ds, o->seed, forward, ctx);
+    report_print(o, rep, pr, val_loss, names, ds, fig, 1);
+    if (o->trace) trace_write(o->trace, trace_events, NULL, trace_count);
+    free(names);
+}
+
+#pragma GCC diagnostic pop
+#endif // REPORT_H
