@@ -145,6 +145,9 @@ section_train() {
     # measured: 2.269, 2.285, 2.291 for seeds 42, 1, 2
     check "train: 2000 steps of AdamW reach a validation loss below 2.35 ($(val_loss "$TMP/l2"))" \
         awk -v l="$(val_loss "$TMP/l2")" 'BEGIN { exit !(l != "" && l < 2.35) }'
+    run "$TMP/order" bash tools/float_order.sh --steps 300 --samples 3
+    check "train: the same float sum over two halves of the batch changes the training loss at step 2 (tools/float_order.sh, train.c's header)" \
+        grep -q '^training losses first differ at step 2:' "$TMP/order"
     run "$TMP/log" $p --steps 50 --eval-every 25 --log "$TMP/log.csv" --quiet
     check "train: --log writes a header and one CSV line per step, with the validation loss where evaluated" \
         bash -c "head -1 '$TMP/log.csv' | grep -qx 'step,train_loss,val_loss,ms,tokens_per_s' &&
