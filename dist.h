@@ -34,27 +34,37 @@
 
 static int world_rank, world_size;
 
-static void abort_job(int status) {
+// Two ways an MPI program stops on an error:
+//  - fatal (util.h), for an error one rank may meet alone (a failed allocation, a diverged
+//    value, a file it cannot read): MPI_Abort ends every rank at once. When every rank
+//    meets the same error (a missing data file), the message is printed once: rank 0 says
+//    it at once, the others wait half a second, and the abort ends them before that.
+//  - dist_exit, for an error every rank detects alike, before any communication (a bad
+//    flag, a layout that does not fit): rank 0 says it and every rank exits with the same
+//    status (2 for bad usage), without an abort.
+static void fatal_end_job(const char* message) {
+    if (world_rank != 0) nanosleep(&(struct timespec){0, 500000000L}, NULL);
+    fprintf(stderr, "error: %s (rank %d of %d)\n", message, world_rank, world_size);
     fflush(stdout);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, status);
+    MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
 static void dist_init(int* argc, char*** argv) {
     MPI_Init(argc, argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    fatal_exit_hook = abort_job; // a failed check on any rank ends every rank
+    fatal_end = fatal_end_job;
 }
 
-// An error every rank detects alike (a flag, a size that does not divide): rank 0 says
-// it, and every rank leaves with the same status, without waiting for the others.
 __attribute__((format(printf, 3, 4), noreturn)) static void dist_exit(int status, const char* run_line,
                                                                      const char* fmt, ...) {
     if (world_rank == 0) {
         va_list ap;
         va_start(ap, fmt);
-        print_error(fmt, ap);
+        fputs("error: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
         va_end(ap);
         if (run_line) fprintf(stderr, "run %s --help for the flags\n", run_line);
     }

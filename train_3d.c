@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
 
     // options
     Options o;
-    Run run = {.zero = 3, .M = 4, .sched = 2};
+    Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 8, grid_flag, &run);
     grid_resolve(&run);
     const Config* mc = &o.model;

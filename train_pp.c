@@ -90,6 +90,7 @@ static int schedule_1f1b(int S, int s, int M, Action* a) {
 }
 
 typedef int (*ScheduleFn)(int S, int s, int M, Action* a);
+enum { SCHEDULE_NAIVE, SCHEDULE_GPIPE, SCHEDULE_1F1B }; // their places in the table
 static const struct {
     const char* name;
     ScheduleFn build;
@@ -122,8 +123,8 @@ static int pp_peak(const Action* a, int n) {
     return peak;
 }
 static int pp_peak_formula(int sched, int S, int s, int M) {
-    if (schedules[sched].build == schedule_naive) return 1;
-    if (schedules[sched].build == schedule_gpipe) return M;
+    if (sched == SCHEDULE_NAIVE) return 1;
+    if (sched == SCHEDULE_GPIPE) return M;
     return S - s < M ? S - s : M;
 }
 
@@ -196,7 +197,6 @@ typedef struct {
 // `width`: the width of each unit's activations on this rank (acts_init), or NULL.
 static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int rows, int B, int u_lo, int u_hi,
                     int extra_rows, const int* width, StageWork work) {
-    memset(p, 0, sizeof *p);
     *p = (Pp){.pp = pp, .S = pp->size, .s = pp->rank, .u_lo = u_lo, .u_hi = u_hi, .M = M, .sched = sched,
               .rows = rows, .B = B, .context = c->context, .work = work};
     p->in_width = u_lo > 0 ? (width ? width[u_lo - 1] : unit_width(c, u_lo - 1)) : 0;
@@ -486,7 +486,7 @@ int main(int argc, char** argv) {
 
     // options
     Options o;
-    Run run = {.pp = group_world("pp"), .M = 4, .sched = 2};
+    Run run = {.pp = group_world("pp"), .M = 4, .sched = SCHEDULE_1F1B};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, pp_flags, 3, pp_flag, &run);
     int S = world_size;
     if (S > o.model.layers + 2)

@@ -2,9 +2,9 @@
  * util.h: what every other file needs: fatal errors that end the whole job, checked
  * allocation and file opening, the counter-based random generator, and a clock.
  *
- * Fatal errors go through one hook, so that the same check ends a single process with
- * exit(1) and an MPI job with MPI_Abort (dist.h installs that hook): a check that fails
- * on one rank must never leave the other ranks waiting for it.
+ * A fatal error prints one line and ends the program: exit(1) in train.c; in an MPI
+ * program dist_init (dist.h) swaps in fatal_end_job, which ends every rank, since a check
+ * that fails on one rank must never leave the others waiting for it.
  */
 #ifndef UTIL_H
 #define UTIL_H
@@ -28,24 +28,22 @@
 // ----------------------------------------------------------------------------
 // fatal errors
 
-// How a fatal error ends the program; MPI programs replace it with MPI_Abort.
-static void (*fatal_exit_hook)(int status) = exit;
-
-// "error: " and the message, one line on stderr (fatal here, dist_exit in dist.h)
-static void print_error(const char* fmt, va_list ap) {
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+// How a fatal error ends the program: its message on stderr, then exit(1). dist_init
+// replaces this with dist.h's fatal_end_job.
+static void fatal_end_process(const char* message) {
+    fprintf(stderr, "error: %s\n", message);
+    exit(1);
 }
+static void (*fatal_end)(const char* message) = fatal_end_process;
 
 __attribute__((format(printf, 1, 2), noreturn)) static void fatal(const char* fmt, ...) {
+    char message[2048];
     va_list ap;
     va_start(ap, fmt);
-    print_error(fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    fflush(stderr);
-    fatal_exit_hook(1);
-    exit(1); // the hook must not return; if it does, still stop here
+    fatal_end(message);
+    exit(1); // fatal_end does not return; if it did, still stop here
 }
 
 static void* malloc_check(size_t size, const char* file, int line) {

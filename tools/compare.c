@@ -69,7 +69,6 @@ int main(int argc, char** argv) {
         fprintf(stderr, "usage: tools/compare [--tolerance X] a.csv b.csv a.ckpt b.ckpt\n");
         return 2;
     }
-    fatal_exit_hook = exit;
     // the logs are compared over the steps they share (a resumed run logs only its own)
     long na, nb, fa = 1, fb = 1;
     double *la = read_losses(argv[a], &na, &fa), *lb = read_losses(argv[a + 1], &nb, &fb);
