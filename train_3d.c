@@ -186,8 +186,8 @@ static const char* grid_flag(void* ctx, int index, const char* value) {
 }
 
 // The grid T x D x P must be the world size; an axis not given is 1, or, if it is the only
-// one missing, whatever the world size leaves for it.
-static void grid_resolve(Run* r) {
+// one missing, whatever the world size leaves for it. And the model must fit it.
+static void grid_resolve(Run* r, const Options* o) {
     int given = (r->T > 0) + (r->D > 0) + (r->P > 0), prod = (r->T > 0 ? r->T : 1) * (r->D > 0 ? r->D : 1) * (r->P > 0 ? r->P : 1);
     if (given == 2 && world_size % prod == 0) { // the one missing axis takes the rest
         if (r->T == 0) r->T = world_size / prod;
@@ -201,6 +201,17 @@ static void grid_resolve(Run* r) {
     if (r->T * r->D * r->P != world_size)
         dist_exit(2, RUN_LINE, "--tp %d x --dp %d x --pp %d = %d, but mpirun started %d ranks", r->T, r->D, r->P,
                   r->T * r->D * r->P, world_size);
+    const Config* mc = &o->model;
+    if (r->T > mc->hidden)
+        dist_exit(2, RUN_LINE, "--tp %d but a hidden size of %d: every tensor-parallel rank needs at least one hidden "
+                  "unit", r->T, mc->hidden);
+    if (r->P > mc->layers + 2)
+        dist_exit(2, RUN_LINE, "--pp %d but the model has only %d units (the embedding and %d linear layers): raise "
+                  "--layers", r->P, mc->layers + 2, mc->layers + 1);
+    if (o->batch / r->D < r->M)
+        dist_exit(2, RUN_LINE, "a batch of %d rows on %d data-parallel ranks leaves %d rows for %d microbatches "
+                  "(raise --batch, or lower --dp or --microbatches)", o->batch, r->D, o->batch / r->D, r->M);
+    if (r->prefetch && r->zero != 3) dist_exit(2, RUN_LINE, "--prefetch applies to --zero 3 only");
 }
 
 // Every rank's place in the grid, its units and its rows (printed by rank 0).
@@ -268,18 +279,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 8, grid_flag, &run);
-    grid_resolve(&run);
-    const Config* mc = &o.model;
-    if (run.T > mc->hidden)
-        dist_exit(2, RUN_LINE, "--tp %d but a hidden size of %d: every tensor-parallel rank needs at least one hidden "
-                  "unit", run.T, mc->hidden);
-    if (run.P > mc->layers + 2)
-        dist_exit(2, RUN_LINE, "--pp %d but the model has only %d units (the embedding and %d linear layers): raise "
-                  "--layers", run.P, mc->layers + 2, mc->layers + 1);
-    if (o.batch / run.D < run.M)
-        dist_exit(2, RUN_LINE, "a batch of %d rows on %d data-parallel ranks leaves %d rows for %d microbatches "
-                  "(raise --batch, or lower --dp or --microbatches)", o.batch, run.D, o.batch / run.D, run.M);
-    if (run.prefetch && run.zero != 3) dist_exit(2, RUN_LINE, "--prefetch applies to --zero 3 only");
+    grid_resolve(&run, &o);
     grid_split(&run);
 
     // data
@@ -329,10 +329,7 @@ int main(int argc, char** argv) {
         int64_t loss = pp_step(&run.p, &batch); // the schedule, each stage's units tensor-parallel and sharded
         fsdp_reduce_grads(&run.f);              // ZeRO-1: the whole slice's gradients, once the schedule is done
         if (last) group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows
-        if (run.P > 1 && run.tp.rank == 0 && run.dp.rank == 0) { // to world rank 0, which prints
-            if (last) group_send(&run.pp, &loss, 1, MPI_INT64_T, 0, TAG_LOSS);
-            if (run.pp.rank == 0) group_recv(&run.pp, &loss, 1, MPI_INT64_T, run.P - 1, TAG_LOSS);
-        }
+        if (run.tp.rank == 0 && run.dp.rank == 0) pp_loss_to_first(&run.p, &loss); // to world rank 0, which prints
         float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.world); // over the whole grid
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);

@@ -355,6 +355,13 @@ static void pp_timeline(const Pp* p) {
     free(mark), free(t0), free(t1), free(marks);
 }
 
+// The step's loss lives on the last stage: send it to the first, whose rank prints.
+static void pp_loss_to_first(Pp* p, int64_t* loss) {
+    if (p->S == 1) return;
+    if (p->s == p->S - 1) group_send(p->pp, loss, 1, MPI_INT64_T, 0, TAG_LOSS);
+    if (p->s == 0) group_recv(p->pp, loss, 1, MPI_INT64_T, p->S - 1, TAG_LOSS);
+}
+
 // The bubble this stage measured: the fraction of its time spent waiting for messages.
 static double pp_bubble(const Pp* p) { return p->idle / (p->idle + p->busy > 0 ? p->idle + p->busy : 1); }
 
@@ -528,10 +535,7 @@ int main(int argc, char** argv) {
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         fix_zero(run.st.grads, np);
         int64_t loss = pp_step(&run.p, &batch); // the schedule: forwards and backwards of every microbatch
-        if (S > 1) { // the loss lives on the last stage; rank 0 prints it
-            if (run.p.s == S - 1) group_send(&run.pp, &loss, 1, MPI_INT64_T, 0, TAG_LOSS);
-            if (run.p.s == 0) group_recv(&run.pp, &loss, 1, MPI_INT64_T, S - 1, TAG_LOSS);
-        }
+        pp_loss_to_first(&run.p, &loss);
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, group_norm, &run.pp); // over every stage
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
