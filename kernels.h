@@ -64,9 +64,9 @@
 #define FIX_SUM_MAX 0x1p23
 #define FIX_BIAS 0x1.8p52  // x + FIX_BIAS rounds x to an integer when |x| < 2^51
 
-static inline int64_t fix_from(double v) { return (int64_t)llrint(v * FIX_ONE); } // needs |v| < 2^23
-static inline double fix_to(int64_t a) { return (double)a * (1.0 / FIX_ONE); }
-static inline double fix_term_limit(long terms) {
+ALWAYS_INLINE int64_t fix_from(double v) { return (int64_t)llrint(v * FIX_ONE); } // needs |v| < 2^23
+ALWAYS_INLINE double fix_to(int64_t a) { return (double)a * (1.0 / FIX_ONE); }
+ALWAYS_INLINE double fix_term_limit(long terms) {
     double lim = FIX_SUM_MAX / (double)(terms > 0 ? terms : 1);
     return lim < FIX_TERM_MAX ? lim : FIX_TERM_MAX;
 }
@@ -83,7 +83,7 @@ static void fix_zero(int64_t* a, long n) { memset(a, 0, (size_t)n * sizeof(int64
 // The same rounding as fix_from, vectorisable, for |v| < 2^11: v * 2^40 is exact, adding
 // 1.5 * 2^52 rounds it to an integer (to nearest, ties to even, like llrint), and the bits
 // of that double minus the bits of 1.5 * 2^52 are the integer.
-static inline int64_t fix_fast(double v) {
+ALWAYS_INLINE int64_t fix_fast(double v) {
     double t = v * FIX_ONE + FIX_BIAS, bias = FIX_BIAS;
     int64_t bits, bias_bits;
     memcpy(&bits, &t, sizeof bits);
@@ -91,7 +91,7 @@ static inline int64_t fix_fast(double v) {
     return bits - bias_bits;
 }
 // acc[i] += x[i] as exact terms of a sum of `terms` terms; a fatal error if any is out of range
-static void fix_add(int64_t* acc, const float* x, long n, long terms, const char* what) {
+VECTOR_CLONES static void fix_add(int64_t* acc, const float* x, long n, long terms, const char* what) {
     float limit = (float)fix_term_limit(terms);
     int bad = 0;
     for (long i = 0; i < n; i++) {
@@ -150,7 +150,7 @@ static void workspace_free(Workspace* ws) {
 typedef double f64x8 __attribute__((vector_size(64)));
 typedef uint64_t u64x8 __attribute__((vector_size(64)));
 #define F64X8_SPLAT(x) ((f64x8){(x), (x), (x), (x), (x), (x), (x), (x)}) // a macro: no vector ABI
-static inline uint64_t fix_bias_bits(void) {
+ALWAYS_INLINE uint64_t fix_bias_bits(void) {
     double bias = FIX_BIAS;
     uint64_t bits;
     memcpy(&bits, &bias, sizeof bits);
@@ -166,6 +166,14 @@ static inline uint64_t fix_bias_bits(void) {
 #define EXACT_KERNEL_BODY
 #endif
 
+// One kernel, three instruction sets. Each tile kernel below is written once (its _body)
+// and compiled three times on x86-64: for AVX-512, for AVX2 with FMA, and for any x86-64
+// CPU; the first call asks the CPU which it runs. The three give the same bits: fmaf is
+// correctly rounded whether an FMA instruction or the C library computes it, and the exact
+// kernel's fused product is exact either way (see matmul_exact below). So a build without
+// -march=native is as fast as one with it, on any CPU of the last ten years.
+// (The macros are in util.h.)
+
 // Both kernels work on register tiles: a tile of 8 rows of the output, each a few vectors
 // wide, is accumulated in registers over the whole reduction, then stored. The right
 // operand is first packed into panels as wide as a tile, contiguous and zero-padded
@@ -178,8 +186,8 @@ static inline uint64_t fix_bias_bits(void) {
 // them in memory, 10 times slower).
 #define MF_ROWS 8
 #define MF_COLS 32
-__attribute__((noinline)) static void matmul_float_tile(float* out, const float* const* arow, const float* panel,
-                                                        int red, int N, int mb, int nb) {
+ALWAYS_INLINE void matmul_float_tile_body(float* out, const float* const* arow, const float* panel, int red, int N,
+                                          int mb, int nb) {
     float acc[MF_ROWS][MF_COLS];
     for (int r = 0; r < MF_ROWS; r++)
         for (int c = 0; c < MF_COLS; c++) acc[r][c] = 0.0f;
@@ -197,9 +205,12 @@ __attribute__((noinline)) static void matmul_float_tile(float* out, const float*
         else memcpy(out + (long)r * N, acc[r], (size_t)nb * sizeof(float));
     }
 }
+KERNEL_VARIANTS(, matmul_float_tile,
+                (float* out, const float* const* arow, const float* panel, int red, int N, int mb, int nb),
+                (out, arow, panel, red, N, mb, nb))
 
 // Panel p of b ([red][N]) into dst [red][32], zero-padded past column N.
-static void pack_panel_float(float* dst, const float* b, int red, int N, int p) {
+VECTOR_CLONES static void pack_panel_float(float* dst, const float* b, int red, int N, int p) {
     for (long i = 0; i < red; i++)
         for (int c = 0; c < MF_COLS; c++) dst[i * MF_COLS + c] = p * MF_COLS + c < N ? b[i * N + p * MF_COLS + c] : 0.0f;
 }
@@ -217,10 +228,11 @@ static void matmul_float_at(int t, float* out, const float* a, const float* pf, 
 static void matmul_float(float* out, const float* a, const float* b, int M, int red, int N, Workspace* ws) {
     int tm = (M + MF_ROWS - 1) / MF_ROWS, tn = (N + MF_COLS - 1) / MF_COLS;
     if ((long)tn * MF_COLS * red > ws->pf_cap) fatal("internal: workspace too small for a %d x %d matmul", red, N);
+    cpu_isa(); // asked once, before any thread reads it
     if (THREADED((long)M * N * red / 8)) {
-#pragma omp parallel for
+OMP(omp parallel for)
         for (int p = 0; p < tn; p++) pack_panel_float(ws->pf + (long)p * red * MF_COLS, b, red, N, p);
-#pragma omp parallel for
+OMP(omp parallel for)
         for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, ws->pf, M, red, N);
     } else {
         for (int p = 0; p < tn; p++) pack_panel_float(ws->pf + (long)p * red * MF_COLS, b, red, N, p);
@@ -232,9 +244,8 @@ static void matmul_float(float* out, const float* a, const float* b, int M, int 
 #define ME_ROWS 8
 #define ME_VECS 3
 #define ME_COLS (8 * ME_VECS)
-EXACT_KERNEL __attribute__((noinline)) static void matmul_exact_tile(int64_t* acc, const double* const* arow,
-                                                                     long a_si, const double* panel, int red,
-                                                                     int N, int mb, int nb) {
+EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_body(int64_t* acc, const double* const* arow, long a_si,
+                                                      const double* panel, int red, int N, int mb, int nb) {
     EXACT_KERNEL_BODY
     u64x8 sum[ME_ROWS][ME_VECS];
     memset(sum, 0, sizeof sum);
@@ -260,8 +271,11 @@ EXACT_KERNEL __attribute__((noinline)) static void matmul_exact_tile(int64_t* ac
         for (int c = 8 * v; c < nb; c++) o[c] += sum[r][v][c - 8 * v] - total_bias;
     }
 }
+KERNEL_VARIANTS(EXACT_KERNEL, matmul_exact_tile,
+                (int64_t* acc, const double* const* arow, long a_si, const double* panel, int red, int N, int mb, int nb),
+                (acc, arow, a_si, panel, red, N, mb, nb))
 // Panel p of b ([red][N]) into dst [red][24] as doubles, zero-padded past column N.
-static void pack_panel_double(double* dst, const float* b, int red, int N, int p) {
+VECTOR_CLONES static void pack_panel_double(double* dst, const float* b, int red, int N, int p) {
     for (long i = 0; i < red; i++)
         for (int c = 0; c < ME_COLS; c++) dst[i * ME_COLS + c] = p * ME_COLS + c < N ? (double)b[i * N + p * ME_COLS + c] : 0.0;
 }
@@ -294,15 +308,15 @@ static void matmul_exact_at(int t, int64_t* acc, const double* pa, long a_sm, lo
 // max |x[i]|, or infinity if any x[i] is not finite. It takes the maximum of the bit
 // patterns of |x|: for non-negative floats their order as integers is their order as
 // numbers, infinity and NaN have the largest patterns, and an integer maximum vectorises.
-static inline uint32_t abs_bits(float f) {
+ALWAYS_INLINE uint32_t abs_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u & 0x7fffffffu;
 }
-static double max_abs(const float* x, long n) {
+VECTOR_CLONES static double max_abs(const float* x, long n) {
     uint32_t mx = 0;
     if (THREADED(n)) {
-#pragma omp parallel for reduction(max : mx)
+OMP(omp parallel for reduction(max : mx))
         for (long i = 0; i < n; i++) mx = abs_bits(x[i]) > mx ? abs_bits(x[i]) : mx;
     } else {
         for (long i = 0; i < n; i++) mx = abs_bits(x[i]) > mx ? abs_bits(x[i]) : mx;
@@ -313,9 +327,9 @@ static double max_abs(const float* x, long n) {
     return f;
 }
 // dst[i] = src[i] * scale as doubles; returns max |src| (infinity if any is not finite)
-static double pack_double(double* dst, const float* src, long n, double scale) {
+VECTOR_CLONES static double pack_double(double* dst, const float* src, long n, double scale) {
     if (THREADED(n)) {
-#pragma omp parallel for
+OMP(omp parallel for)
         for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
     } else {
         for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
@@ -334,6 +348,7 @@ static void matmul_exact(int64_t* acc, const float* a, long a_sm, long a_si, con
     int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
     if ((long)M * red > ws->pa_cap || (long)tn * ME_COLS * red > ws->pb_cap)
         fatal("internal: workspace too small for %s (%d x %d x %d)", what, M, red, N);
+    cpu_isa(); // asked once, before any thread reads it
     double amax = pack_double(ws->pa, a, (long)M * red, FIX_ONE), bmax = max_abs(b, (long)red * N);
 #define A_(m, i) a[(m) * a_sm + (i) * a_si]
 #define B_(i, n) b[(long)(i) * N + (n)]
@@ -341,9 +356,9 @@ static void matmul_exact(int64_t* acc, const float* a, long a_sm, long a_si, con
 #undef A_
 #undef B_
     if (THREADED((long)M * N * red / 8)) {
-#pragma omp parallel for
+OMP(omp parallel for)
         for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
-#pragma omp parallel for
+OMP(omp parallel for)
         for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, a_sm, a_si, ws->pb, M, red, N);
     } else {
         for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
@@ -378,7 +393,7 @@ static void transpose(float* dst, const float* src, int rows, int cols) {
 
 // dst[c][r] = float(src[r][c]) for src [rows][cols]: exact sums rounded to float once, and
 // transposed, by blocks through buffers for the reason transpose gives.
-static void fix_transpose(float* dst, const int64_t* src, int rows, int cols) {
+VECTOR_CLONES static void fix_transpose(float* dst, const int64_t* src, int rows, int cols) {
     enum { TB = TRANSPOSE_BLOCK };
     for (int r0 = 0; r0 < rows; r0 += TB)
         for (int c0 = 0; c0 < cols; c0 += TB) {

@@ -468,17 +468,17 @@ typedef struct {
 } Optimizer;
 
 // g = float(sum * (2^-40 / batch)): one multiply by a constant that every layout computes alike
-static inline double grad_factor(long batch) { return (1.0 / FIX_ONE) / (double)batch; }
-static inline float grad_value(int64_t g, double factor) { return (float)((double)g * factor); }
+ALWAYS_INLINE double grad_factor(long batch) { return (1.0 / FIX_ONE) / (double)batch; }
+ALWAYS_INLINE float grad_value(int64_t g, double factor) { return (float)((double)g * factor); }
 
 // One step on n parameters: the whole model, or any contiguous shard of it. Gradient i is
 // float(g[i] * factor) * scale: factor is grad_factor(batch), scale the clipping factor.
 // `t` is the 1-based step number (for AdamW's bias correction); m and v are unused by SGD.
-static inline void sgd_update(float* p, const int64_t* g, long i, float lr, float wd, double f, float scale) {
+ALWAYS_INLINE void sgd_update(float* p, const int64_t* g, long i, float lr, float wd, double f, float scale) {
     float gi = grad_value(g[i], f) * scale;
     p[i] -= lr * (gi + wd * p[i]);
 }
-static inline void adamw_update(float* p, const int64_t* g, float* m, float* v, long i, float lr, float wd, double f,
+ALWAYS_INLINE void adamw_update(float* p, const int64_t* g, float* m, float* v, long i, float lr, float wd, double f,
                                 float scale, float b1, float b2, float c1, float c2, float eps) {
     float gi = grad_value(g[i], f) * scale;
     m[i] = b1 * m[i] + (1.0f - b1) * gi;
@@ -486,17 +486,17 @@ static inline void adamw_update(float* p, const int64_t* g, float* m, float* v, 
     float mhat = m[i] / c1, vhat = v[i] / c2;
     p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
 }
-static void optimizer_step(const Optimizer* opt, float* p, const int64_t* g, float* m, float* v, long n,
+VECTOR_CLONES static void optimizer_step(const Optimizer* opt, float* p, const int64_t* g, float* m, float* v, long n,
                            double factor, float scale, long t) {
     float lr = opt->lr, wd = opt->weight_decay, b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
     if (!opt->adamw && THREADED(n)) {
-#pragma omp parallel for
+OMP(omp parallel for)
         for (long i = 0; i < n; i++) sgd_update(p, g, i, lr, wd, factor, scale);
     } else if (!opt->adamw) {
         for (long i = 0; i < n; i++) sgd_update(p, g, i, lr, wd, factor, scale);
     } else if (THREADED(n)) {
-#pragma omp parallel for
+OMP(omp parallel for)
         for (long i = 0; i < n; i++) adamw_update(p, g, m, v, i, lr, wd, factor, scale, b1, b2, c1, c2, eps);
     } else {
         for (long i = 0; i < n; i++) adamw_update(p, g, m, v, i, lr, wd, factor, scale, b1, b2, c1, c2, eps);

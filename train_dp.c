@@ -65,6 +65,7 @@ static void run_free(Run* r) {
 static void dp_backward_overlap(Run* r, int R, long B) {
     const Config* c = &r->cfg;
     MPI_Request reqs[MAX_LAYERS + 2];
+    MPI_Status statuses[MAX_LAYERS + 2];
     int n_req = 0, bucket_top = n_units(c); // the bucket being filled: units [u, bucket_top)
     for (int u = n_units(c) - 1; u >= 0; u--) {
         long off = unit_offset(c, u);
@@ -79,10 +80,10 @@ static void dp_backward_overlap(Run* r, int R, long B) {
         // MPI advances a non-blocking collective only inside MPI calls: give it a chance
         if (n_req > 0) {
             int done;
-            MPI_Testall(n_req, reqs, &done, MPI_STATUSES_IGNORE);
+            MPI_Testall(n_req, reqs, &done, statuses);
         }
     }
-    MPI_Waitall(n_req, reqs, MPI_STATUSES_IGNORE);
+    MPI_Waitall(n_req, reqs, statuses);
 }
 
 // --sync weights: each rank steps on the gradient of its own rows, scaled by N / B so that

@@ -26,6 +26,84 @@
 #include <time.h>
 
 // ----------------------------------------------------------------------------
+// however this file is compiled, the same bits
+//
+// The promise: any C11 compiler, any flags but fast-math, any MPI, any CPU: the same losses,
+// parameters and names. Three things make it hold whatever the build line says.
+//  - Fast-math (-ffast-math, -Ofast, or a flag they imply) lets the compiler reorder sums
+//    and assume that NaN never occurs: the results change and the checks for a diverged
+//    run vanish. Refused here, at compile time.
+//  - Contraction: a compiler may fuse a * b + c into one FMA, rounded once instead of
+//    twice, wherever it likes, and so differently in two programs. Turned off here for the
+//    rest of the file (GCC: its optimize pragma; Clang: the standard pragma); the kernels
+//    ask for FMA themselves (fmaf), where it is the definition of the result.
+//  - Speed without flags: GCC also gets -O3 and -fno-math-errno here (define
+//    KEEP_OPTIMIZATION_FLAGS to build exactly as the command line says, for a debugger),
+//    and kernels.h compiles its kernels for AVX-512, for AVX2 and for any x86-64 CPU, and
+//    picks at run time, so `mpicc train_dp.c -o train_dp -lm` runs fast too.
+#if defined(__FAST_MATH__) || defined(__ASSOCIATIVE_MATH__) || defined(__RECIPROCAL_MATH__) || \
+    (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__)
+#error "built with -ffast-math or -Ofast (or a flag they imply): they let the compiler reorder sums and assume NaN never occurs, so the results would no longer match train.c's and a diverged run would go unnoticed. Build with -O3 or -O2 instead; any other flags give the same names."
+#endif
+#if defined(__clang__) && !defined(__OPTIMIZE__)
+#warning "clang without -O2: the results are the same, but about 15 times slower (clang cannot raise its optimization level from the source, as GCC can); add -O2"
+#endif
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__) && !defined(KEEP_OPTIMIZATION_FLAGS)
+#pragma GCC optimize("O3", "fp-contract=off", "no-math-errno")
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+// Instruction sets, chosen at run time (x86-64): KERNEL_VARIANTS compiles a kernel's body
+// for AVX-512, for AVX2 with FMA and for any CPU, and calls the best one this CPU runs
+// (kernels.h says why the three give the same bits); VECTOR_CLONES has the compiler do
+// the same for a loop that needs no FMA.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ISA_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
+#define ISA_AVX2 __attribute__((target("avx2,fma")))
+// Loops that need no FMA: cloned by the compiler for these instruction sets.
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
+    static int isa = -1;
+    if (isa < 0) {
+        __builtin_cpu_init();
+        int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                     __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+        isa = avx512 ? 2 : avx2;
+    }
+    return isa;
+}
+#define KERNEL_VARIANTS(attrs, name, params, args)                                                       \
+    attrs ISA_AVX512 static void name##_avx512 params { name##_body args; }                              \
+    attrs ISA_AVX2 static void name##_avx2 params { name##_body args; }                                  \
+    attrs static void name##_any params { name##_body args; }                                            \
+    static void name params {                                                                            \
+        if (cpu_isa() == 2) name##_avx512 args;                                                          \
+        else if (cpu_isa() == 1) name##_avx2 args;                                                       \
+        else name##_any args;                                                                            \
+    }
+#else
+#define VECTOR_CLONES
+static int cpu_isa(void) { return 0; }
+#define KERNEL_VARIANTS(attrs, name, params, args) \
+    attrs static void name params { name##_body args; }
+#endif
+
+// An OpenMP directive, only in a build with -fopenmp (so that other builds, -Wall
+// included, see no pragma they do not know).
+#ifdef _OPENMP
+#define OMP(directive) _Pragma(#directive)
+#else
+#define OMP(directive)
+#endif
+
+// For the tiny functions of inner loops: inlined even where GCC's optimize pragma meets a
+// command line without -O (GCC then inlines nothing else).
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+// ----------------------------------------------------------------------------
 // fatal errors
 
 // How a fatal error ends the program: its message on stderr, then exit(1). dist_init
@@ -87,19 +165,19 @@ enum {
     STREAM_SAMPLE = 4, // generation: index = sample * 2^32 + position
 };
 
-static inline uint64_t splitmix64(uint64_t x) {
+ALWAYS_INLINE uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
 
-static inline uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t index) {
+ALWAYS_INLINE uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t index) {
     return splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ index);
 }
 
 // uniform in [0, 1) with 53 random bits
-static inline double rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+ALWAYS_INLINE double rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
     return (double)(rng_u64(seed, stream, index) >> 11) * 0x1p-53;
 }
 

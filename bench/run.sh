@@ -22,7 +22,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # per-step times do not depend on the data; a small file keeps the final validation short
 head -n 300 names.txt >"$TMP/names.txt"
-MPIRUN="mpirun --oversubscribe"
+MPIRUN=tools/mpirun
 TORCH=""
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     TORCH="PyTorch $(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null | cut -d+ -f1)"
@@ -46,6 +46,7 @@ EOF
     fi
     cat <<EOF
 train.c|1|./train
+train.c built plain: cc train.c -o train -lm|1|bench/train_plain
 train.c, OpenMP 2 threads|1|env OMP_NUM_THREADS=2 bench/train_omp
 data parallel|2|$MPIRUN -n 2 ./train_dp
 data parallel --overlap|2|$MPIRUN -n 2 ./train_dp --overlap

@@ -16,8 +16,10 @@ PASSED=0
 FAILED=0
 LIMIT=${TEST_TIME_LIMIT:-300} # seconds per command
 
+SKIPPED=0
 pass() { PASSED=$((PASSED + 1)); echo "PASSED $*"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAILED $*"; }
+skip() { SKIPPED=$((SKIPPED + 1)); echo "SKIPPED $*"; }
 # check NAME COMMAND...: passes when the command succeeds (its output is not shown)
 check() {
     local name=$1
@@ -43,7 +45,7 @@ expect_error() {
         fail "$name (exit $got, expected $status; output: $(head -c 300 "$TMP/err" | tr '\n' '|'))"
     fi
 }
-MPIRUN="mpirun --oversubscribe"
+MPIRUN=tools/mpirun
 # reference TAG FLAGS...: train.c's log, checkpoint and output for these flags
 reference() {
     local tag=$1
@@ -415,6 +417,71 @@ section_run() {
 }
 
 # ----------------------------------------------------------------------------
+# Builds: no compiler, flag, CPU or MPI changes a result (util.h). Every program is built
+# by hand, as a user would (`mpicc train_dp.c -o train_dp -lm` and variations), and each
+# build is compared with make's train.c over a short run: the loss at every step, the
+# final parameters and optimizer state, the validation loss and the names.
+BUILD_FLAGS="--steps 30 --eval-every 15 --layers 2 --hidden 48 --batch 24 --optimizer adamw --clip 0.5 --samples 3"
+PROGRAMS="train train_dp train_fsdp train_tp train_pp train_3d"
+# build_all DIR CC FLAGS...: the six programs into DIR, two compilers at a time; the MPI ones
+# through $BUILD_MPICC (default mpicc), told to use CC
+build_all() {
+    local dir=$1 cc=$2
+    shift 2
+    mkdir -p "$dir"
+    for p in $PROGRAMS; do
+        if [ "$p" = train ]; then echo "$cc $* train.c -o $dir/train -lm"
+        else echo "OMPI_CC=$cc MPICH_CC=$cc ${BUILD_MPICC:-mpicc} $* $p.c -o $dir/$p -lm"; fi
+    done | xargs -P 2 -I{} sh -c '{} 2>>'"$dir/build.log"
+}
+# same_builds DIR LABEL [LAUNCHER]: every program of DIR against train.c, in a small layout each
+same_builds() {
+    local dir=$1 label=$2 mpirun=${3:-$MPIRUN}
+    same_as builds "builds: $label: train.c" "$dir/train" $BUILD_FLAGS
+    same_as builds "builds: $label: train_dp.c, 2 ranks" $mpirun -n 2 "$dir/train_dp" $BUILD_FLAGS
+    same_as builds "builds: $label: train_fsdp.c, ZeRO-3 on 2 ranks" $mpirun -n 2 "$dir/train_fsdp" $BUILD_FLAGS
+    same_as builds "builds: $label: train_tp.c, 2 ranks" $mpirun -n 2 "$dir/train_tp" $BUILD_FLAGS
+    same_as builds "builds: $label: train_pp.c, 2 stages, 3 microbatches" $mpirun -n 2 "$dir/train_pp" $BUILD_FLAGS --microbatches 3
+    same_as builds "builds: $label: train_3d.c, 2 x 1 x 2" $mpirun -n 4 "$dir/train_3d" $BUILD_FLAGS --tp 2 --dp 1 --pp 2 --microbatches 2
+}
+section_builds() {
+    reference builds $BUILD_FLAGS
+    local big="--steps 4 --eval-every 0 --hidden 512 --batch 256 --samples 2"
+    reference big $big
+    local compilers=gcc i=0
+    if command -v clang >/dev/null 2>&1; then compilers="gcc clang"; else skip "builds: clang is not installed (apt-get install clang), only gcc builds ran"; fi
+    for cc in $compilers; do
+        for set in "" "-O0" "-O2" "-O3" "-O3 -march=native" "-fopenmp" "-O2 -fopenmp"; do
+            i=$((i + 1))
+            build_all "$TMP/b$i" $cc $set
+            same_builds "$TMP/b$i" "$cc ${set:-(no flags)}"
+        done
+        # OpenMP threads splitting the kernels of a model large enough to enter them
+        same_as big "builds: $cc -O2 -fopenmp: train.c on 2 threads, hidden 512, batch 256" env OMP_NUM_THREADS=2 "$TMP/b$i/train" $big
+        for fast in "-Ofast" "-O2 -ffast-math" "-O2 -ffinite-math-only"; do
+            expect_error 1 "built with -ffast-math or -Ofast.*Build with -O3 or -O2 instead" \
+                "builds: $cc $fast is refused at compile time, saying why" -- sh -c "$cc $fast train.c -o $TMP/fast -lm || exit 1"
+        done
+    done
+    expect_error 1 "built with -ffast-math or -Ofast" "builds: mpicc -Ofast train_dp.c is refused at compile time" \
+        -- sh -c "${BUILD_MPICC:-mpicc} -Ofast train_dp.c -o $TMP/fast -lm || exit 1"
+    if command -v mpicc.mpich >/dev/null 2>&1 && command -v mpirun.mpich >/dev/null 2>&1; then
+        BUILD_MPICC=mpicc.mpich build_all "$TMP/mpich" gcc -O2
+        check "builds: MPICH's mpicc -Wall -Wextra builds every program without a warning" \
+            bash -c "for p in train_dp train_fsdp train_tp train_pp train_3d; do mpicc.mpich -O2 -Wall -Wextra \$p.c -o $TMP/w -lm 2>&1; done | grep -q . && exit 1 || exit 0"
+        same_builds "$TMP/mpich" "MPICH, mpicc.mpich -O2" "env MPIEXEC=mpirun.mpich tools/mpirun"
+    else
+        skip "builds: MPICH is not installed (apt-get install mpich libmpich-dev), only $(mpirun --version 2>&1 | head -1) ran"
+    fi
+    if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
+        aarch64-linux-gnu-gcc -O2 -static train.c -o "$TMP/train_arm" -lm 2>"$TMP/arm.log"
+        same_as builds "builds: aarch64 (gcc cross compiler, run under qemu-aarch64): train.c" qemu-aarch64 "$TMP/train_arm" $BUILD_FLAGS
+    else
+        skip "builds: no aarch64 cross compiler and qemu-aarch64 (apt-get install gcc-aarch64-linux-gnu qemu-user)"
+    fi
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -435,5 +502,6 @@ run_section pp
 run_section 3d
 run_section accounting
 run_section run
-echo "$PASSED passed, $FAILED failed"
+run_section builds
+if [ "$SKIPPED" -gt 0 ]; then echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"; else echo "$PASSED passed, $FAILED failed"; fi
 [ "$FAILED" = 0 ]

@@ -18,7 +18,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-out}
 FLAGS="--eval-every 2500"
 [ "${QUICK:-0}" = 1 ] && FLAGS="--steps 2500 --eval-every 500"
-MPIRUN="mpirun --oversubscribe"
+MPIRUN=tools/mpirun
 mkdir -p "$OUT/runs"
 rm -f "$OUT"/runs/*
 

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make -s all tools/compare tools/report
 OUT=${OUT:-out/tables}
-MPIRUN="mpirun --oversubscribe"
+MPIRUN=tools/mpirun
 
 # one NAME FLAGS -- COMMAND...: a run into $OUT/runs/NAME.*, compared with train.c's (NAME train)
 one() {
