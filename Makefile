@@ -28,7 +28,7 @@ endif
 
 HEADERS = util.h kernels.h model.h data.h ckpt.h cli.h report.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d
-TESTS = tests/test_units tools/compare tools/report
+TESTS = tests/test_units tools/compare tools/report tools/schedules
 
 .PHONY: all run test bench clean mpi openblas
 all: $(PROGRAMS)
@@ -40,9 +40,9 @@ train: train.c $(HEADERS)
 mpi:
 	@tools/need.sh $(MPICC) openmpi-bin libopenmpi-dev
 	@tools/need.sh $(MPIEXEC) openmpi-bin
-train_%: train_%.c $(HEADERS) dist.h | mpi
+train_%: train_%.c $(HEADERS) dist.h schedules.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDLIBS)
-train_3d: train_3d.c train_fsdp.c train_tp.c train_pp.c $(HEADERS) dist.h | mpi
+train_3d: train_3d.c train_fsdp.c train_tp.c train_pp.c $(HEADERS) dist.h schedules.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ train_3d.c $(LDLIBS)
 
 tests/test_units: tests/test_units.c $(HEADERS)
@@ -51,6 +51,8 @@ tools/compare: tools/compare.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tools/compare.c $(LDLIBS)
 tools/report: tools/report.c util.h
 	$(CC) $(CFLAGS) -o $@ tools/report.c $(LDLIBS)
+tools/schedules: tools/schedules.c schedules.h util.h
+	$(CC) $(CFLAGS) -o $@ tools/schedules.c $(LDLIBS)
 
 # The benchmark, and only the benchmark, links OpenBLAS
 openblas:

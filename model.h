@@ -388,23 +388,38 @@ static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratc
     trace_event("compute", t, trace_clock(), 0, "forward %s", unit_name(c, u));
 }
 
-// Backward of unit u: reads s->dout (the gradient of the unit's output; the last unit
-// starts from the loss instead), adds the parameter gradients into g (exact sums), writes
-// the gradient of the unit's input to s->din (not for the embedding).
-static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R, long batch,
-                          Workspace* ws) {
+// Backward of unit u, in two halves that zero-bubble pipeline schedules run apart (the
+// result is the same either way: gradients are exact sums).
+// The input half: reads s->dout (the gradient of the unit's output; the last unit starts
+// from the loss instead) and turns it into the gradient before the ReLU or the softmax, in
+// place; writes the gradient of the unit's input to s->din (not for the embedding).
+static void unit_backward_input(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, Workspace* ws) {
+    if (u == 0) return; // the embedding's input is tokens
+    double t = trace_clock();
+    int K = linear_in(c, u), J = linear_out(c, u);
+    if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, J, 0);
+    else relu_backward(s->dout, a->out[u], (long)R * J);
+    if (linear_kind(u) == COLUMN_PARALLEL) linear_backward_input_exact(s->din, s->acc, s->dout, w, R, K, J, J, NULL, NULL, ws);
+    else linear_backward_input(s->din, s->dout, w, R, K, J, ws);
+    trace_event("compute", t, trace_clock(), 0, "input gradient %s", unit_name(c, u));
+}
+// The weight half: adds the parameter gradients into g (exact sums), from the unit's input
+// activations and `dout`, the gradient the input half left.
+static void unit_backward_weight(const Config* c, int u, int64_t* g, const Acts* a, const float* dout, int R,
+                                 long batch, Workspace* ws) {
     double t = trace_clock();
     if (u == 0) {
-        embedding_backward(g, a->tokens, s->dout, 0, c->vocab, R, c->context, c->emb, batch);
+        embedding_backward(g, a->tokens, dout, 0, c->vocab, R, c->context, c->emb, batch);
     } else {
         int K = linear_in(c, u), J = linear_out(c, u);
-        if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, J, 0);
-        else relu_backward(s->dout, a->out[u], (long)R * J);
-        linear_backward_weight(g, g + (long)K * J, a->out[u - 1], s->dout, R, K, J, batch, ws);
-        if (linear_kind(u) == COLUMN_PARALLEL) linear_backward_input_exact(s->din, s->acc, s->dout, w, R, K, J, J, NULL, NULL, ws);
-        else linear_backward_input(s->din, s->dout, w, R, K, J, ws);
+        linear_backward_weight(g, g + (long)K * J, a->out[u - 1], dout, R, K, J, batch, ws);
     }
-    trace_event("compute", t, trace_clock(), 0, "backward %s", unit_name(c, u));
+    trace_event("compute", t, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
+}
+static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R, long batch,
+                          Workspace* ws) {
+    unit_backward_input(c, u, w, a, s, R, ws);
+    unit_backward_weight(c, u, g, a, s->dout, R, batch, ws);
 }
 
 // The whole model: units 0..L+1 in order, then back. Returns the exact loss sum.

@@ -22,6 +22,7 @@
  *
  *   make train_3d && mpirun -n 8 --oversubscribe ./train_3d --tp 2 --dp 2 --pp 2
  *   mpirun -n 6 --oversubscribe ./train_3d --tp 2 --pp 3 --layers 3 --zero 1 --schedule gpipe
+ *   mpirun -n 8 --oversubscribe ./train_3d --tp 2 --dp 2 --pp 2 --layers 4 --schedule zbv
  *
  * Compare with ./train: the same losses, names and final checkpoint, in every grid.
  *
@@ -52,13 +53,13 @@ typedef struct {
     Dataset ds;     // the data
     int T, D, P;          // --tp, --dp, --pp
     int zero, prefetch;   // --zero, --prefetch
-    int M, sched, timeline; // --microbatches, --schedule, --timeline
+    int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
     Group tp, dp, pp, world;
     Tp t;                 // this rank's tensor-parallel slice of every unit
     Fsdp f;               // those slices of this stage's units, sharded across the data-parallel ranks
     Pp p;                 // this stage of the pipeline
-    int first[MAX_LAYERS + 3]; // stage s holds units [first[s], first[s+1])
-    int u_lo, u_hi;       // this stage's units
+    int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
+    int width[MAX_LAYERS + 2]; // each unit's activation width on this rank
     Workspace ws;
 } Run;
 
@@ -88,24 +89,32 @@ static void grid_split(Run* r) {
     r->world = group_world("world");
 }
 
-// A stage's work (the pipeline's StageWork): its units in order, each one's
-// tensor-parallel slice gathered by FSDP just before use; backward reduce-scatters each
-// unit's gradient.
-static void stage_forward(void* ctx, Acts* a, Scratch* sc, int R, long rows_total) {
+// A chunk's work (the pipeline's StageWork): its units in order, each one's
+// tensor-parallel slice gathered by FSDP just before use; each unit's weight gradient,
+// whenever the schedule runs it, is reduce-scattered at once.
+static void stage_forward(void* ctx, int v, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
-    for (int u = r->u_lo; u < r->u_hi; u++) {
-        const float* w = fsdp_unit_params(&r->f, u, u + 1 < r->u_hi ? u + 1 : -1);
-        tp_unit_forward(&r->t, &r->cfg, u, w, a, sc, R, rows_total, &r->ws);
-    }
+    int lo = r->p.u_lo[v], hi = r->p.u_hi[v];
+    for (int u = lo; u < hi; u++)
+        tp_unit_forward(&r->t, &r->cfg, u, fsdp_unit_params(&r->f, u, u + 1 < hi ? u + 1 : -1), a, sc, R, rows_total, &r->ws);
 }
-static void stage_backward(void* ctx, Acts* a, Scratch* sc, int R, long batch) {
+static void unit_weight(Run* r, int u, const Acts* a, const float* dout, int R, long batch) {
+    tp_unit_backward_weight(&r->t, &r->cfg, u, fsdp_unit_grads(&r->f, u), a, dout, R, batch, &r->ws);
+    fsdp_reduce_unit_grads(&r->f, u);
+}
+static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    for (int u = r->u_hi - 1; u >= r->u_lo; u--) {
-        const float* w = fsdp_unit_params(&r->f, u, u - 1 >= r->u_lo ? u - 1 : -1);
-        tp_unit_backward(&r->t, &r->cfg, u, w, fsdp_unit_grads(&r->f, u), a, sc, R, batch, &r->ws);
-        fsdp_reduce_unit_grads(&r->f, u);
+    int lo = r->p.u_lo[v], hi = r->p.u_hi[v];
+    for (int u = hi - 1; u >= lo; u--) {
+        tp_unit_backward_input(&r->t, &r->cfg, u, fsdp_unit_params(&r->f, u, u - 1 >= lo ? u - 1 : -1), a, sc, R, &r->ws);
+        if (stash) memcpy(stash[u], sc->dout, (size_t)R * r->width[u] * sizeof(float)); // for W
+        else unit_weight(r, u, a, sc->dout, R, batch);
         scratch_step_down(sc);
     }
+}
+static void stage_backward_weight(void* ctx, int v, const Acts* a, float* const* stash, int R, long batch) {
+    Run* r = ctx;
+    for (int u = r->p.u_lo[v]; u < r->p.u_hi[v]; u++) unit_weight(r, u, a, stash[u], R, batch);
 }
 
 // The gradients this rank counts in the global norm, every element of the model once
@@ -115,7 +124,8 @@ static void stage_backward(void* ctx, Acts* a, Scratch* sc, int R, long batch) {
 // tensor-parallel rank 0 alone (tp_counted).
 static int grid_grad_spans(const Run* r, GradSpan* spans) {
     int n = 0;
-    for (int u = r->u_lo; u < r->u_hi; u++) {
+    for (int u = 0; u < n_units(&r->cfg); u++) {
+        if (r->f.size[u] == 0) continue; // a unit of another rank's chunks
         long lo, hi, counted = tp_counted(&r->t, u);
         fsdp_range(&r->f, u, &lo, &hi);
         if (hi > counted) hi = counted > lo ? counted : lo;
@@ -142,8 +152,8 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     Run* r = ctx;
     int64_t loss = pp_forward_rows(&r->p, rows, first, R, rows_total, probs ? TAG_SAMPLE : TAG_EVAL);
     if (probs) {
-        if (r->pp.rank == r->P - 1) memcpy(probs, tp_probs(&r->t, &r->cfg, &r->p.slot[0], R), (size_t)R * r->cfg.vocab * sizeof(float));
-        MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, r->P - 1, r->pp.comm);
+        if (r->pp.rank == pp_last_rank(&r->p)) memcpy(probs, tp_probs(&r->t, &r->cfg, pp_last_acts(&r->p), R), (size_t)R * r->cfg.vocab * sizeof(float));
+        MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, pp_last_rank(&r->p), r->pp.comm);
     }
     return loss;
 }
@@ -153,8 +163,8 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
 static double validation_loss(void* ctx) {
     Run* r = ctx;
     int64_t total = evaluate(forward, r, &r->ds, r->D, r->dp.rank);
-    if (r->pp.rank == r->P - 1) group_allreduce(&r->dp, &total, 1, MPI_INT64_T, MPI_SUM);
-    MPI_Bcast(&total, 1, MPI_INT64_T, r->P - 1, r->pp.comm);
+    if (r->pp.rank == pp_last_rank(&r->p)) group_allreduce(&r->dp, &total, 1, MPI_INT64_T, MPI_SUM);
+    MPI_Bcast(&total, 1, MPI_INT64_T, pp_last_rank(&r->p), r->pp.comm);
     return mean_loss(total, &r->ds);
 }
 
@@ -168,7 +178,8 @@ static const CliFlag grid_flags[] = {
     {"zero", "N", "ZeRO stage across the data-parallel ranks: 1, 2 or 3 (default 3)"},
     {"prefetch", NULL, "stage 3: gather the next unit while the current one computes"},
     {"microbatches", "M", "microbatches per data-parallel share of the batch (default 4)"},
-    {"schedule", "NAME", "naive, gpipe or 1f1b (default 1f1b)"},
+    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1 or zbv (default 1f1b)"},
+    {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},
     {"timeline", NULL, "draw the last step's pipeline timeline (data-parallel replica 0, tensor rank 0)"},
 };
 static const char* grid_flag(void* ctx, int index, const char* value) {
@@ -180,7 +191,8 @@ static const char* grid_flag(void* ctx, int index, const char* value) {
     case 3: return cli_int("zero", value, 1, 3, &r->zero);
     case 4: r->prefetch = 1; return NULL;
     case 5: return cli_int("microbatches", value, 1, 65536, &r->M);
-    case 6: return pp_schedule_flag(value, &r->sched);
+    case 6: return schedule_parse(value, &r->sched, cli_error, sizeof cli_error);
+    case 7: return cli_int("virtual", value, 1, 4, &r->V);
     default: r->timeline = 1; return NULL;
     }
 }
@@ -205,13 +217,21 @@ static void grid_resolve(Run* r, const Options* o) {
     if (r->T > mc->hidden)
         dist_exit(2, RUN_LINE, "--tp %d but a hidden size of %d: every tensor-parallel rank needs at least one hidden "
                   "unit", r->T, mc->hidden);
-    if (r->P > mc->layers + 2)
+    int chunks = schedule_chunks(r->sched, r->V > 0 ? r->V : 2);
+    char err[300];
+    if (r->V > 0 && r->sched != SCHEDULE_INTERLEAVED) dist_exit(2, RUN_LINE, "--virtual applies to --schedule interleaved only");
+    if (r->P * chunks > mc->layers + 2 && chunks == 1)
         dist_exit(2, RUN_LINE, "--pp %d but the model has only %d units (the embedding and %d linear layers): raise "
                   "--layers", r->P, mc->layers + 2, mc->layers + 1);
+    if (r->P * chunks > mc->layers + 2)
+        dist_exit(2, RUN_LINE, "--pp %d x %d chunks = %d chunks but the model has only %d units (the embedding and %d "
+                  "linear layers): raise --layers", r->P, chunks, r->P * chunks, mc->layers + 2, mc->layers + 1);
     if (o->batch / r->D < r->M)
         dist_exit(2, RUN_LINE, "a batch of %d rows on %d data-parallel ranks leaves %d rows for %d microbatches "
                   "(raise --batch, or lower --dp or --microbatches)", o->batch, r->D, o->batch / r->D, r->M);
+    if (schedule_rule(r->sched, r->P, chunks, r->M, err, sizeof err)) dist_exit(2, RUN_LINE, "%s", err);
     if (r->prefetch && r->zero != 3) dist_exit(2, RUN_LINE, "--prefetch applies to --zero 3 only");
+    r->V = chunks;
 }
 
 // Every rank's place in the grid, its units and its rows (printed by rank 0).
@@ -221,7 +241,7 @@ static void grid_print(const Run* r, int batch) {
         long lo, hi;
         split_range(batch, r->D, dp, &lo, &hi);
         printf("  rank %-3d   tp %d, dp %d, pp %d:", q, tp, dp, pp);
-        pp_print_units(&r->cfg, r->first, pp);
+        for (int v = 0; v < r->V; v++) pp_print_units(&r->cfg, r->first, chunk_global(r->sched, r->P, pp, v));
         printf(" (rows %ld-%ld, slice %d of %d, shard %d of %d)\n", lo, hi - 1, tp, r->T, dp, r->D);
     }
 }
@@ -237,22 +257,20 @@ static const char mem_words[] = "ZeRO's, on this stage's tensor-parallel slices,
 // clipping norm. Memory: ZeRO's on this stage's slices, and the pipeline's peak activations.
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, long rows) {
     const Config* c = &r->cfg;
-    int last = r->pp.rank == r->P - 1, mb_rows = (int)(rows + r->M - 1) / r->M, width[MAX_LAYERS + 2];
-    tp_widths(&r->t, c, width);
-    double acts_row = acts_bytes_per_row(c, r->u_lo, r->u_hi, width);
+    int last = r->pp.rank == pp_last_rank(&r->p), mb_rows = (int)(rows + r->M - 1) / r->M;
     Figures f = {.sent_axis = {per_step(pr, r->tp.sent), per_step(pr, r->dp.sent), per_step(pr, r->pp.sent)},
                  .params = r->f.bytes_params, .grads = r->f.bytes_grads, .optim = r->f.bytes_opt,
-                 .acts = r->p.peak * (double)mb_rows * acts_row, .bubble = r->P > 1 ? pp_bubble(&r->p) : -1};
+                 .acts = pp_acts_bytes(&r->p, c, r->width, mb_rows), .bubble = r->P > 1 ? pp_bubble(&r->p) : -1};
     f.sent = f.sent_axis[0] + f.sent_axis[1] + f.sent_axis[2] + per_step(pr, r->world.sent);
     f.received = per_step(pr, r->tp.received + r->dp.received + r->pp.received + r->world.received);
-    int loss_relayed = last && r->P > 1 && !(r->tp.rank == 0 && r->dp.rank == 0); // only one pipeline sends it
-    f.sent_formula = tp_sent_formula(&r->t, c, r->u_lo, r->u_hi, (double)rows) + fsdp_sent_formula(&r->f, r->M) +
-                     (last ? ring_allreduce_bytes(8, r->D) : 0) + pp_sent_formula(&r->p) - (loss_relayed ? 8 : 0) +
+    int loss_relayed = last && r->pp.rank != 0 && !(r->tp.rank == 0 && r->dp.rank == 0); // only one pipeline sends it
+    double tp_sent = 0, slices = 0, biggest = 0; // over this rank's chunks, of its tensor-parallel slices
+    for (int v = 0; v < r->V; v++) tp_sent += tp_sent_formula(&r->t, c, r->p.u_lo[v], r->p.u_hi[v], (double)rows);
+    for (int u = 0; u < n_units(c); u++) slices += r->f.size[u], biggest = r->f.size[u] > biggest ? r->f.size[u] : biggest;
+    f.sent_formula = tp_sent + fsdp_sent_formula(&r->f, r->M) + (last ? ring_allreduce_bytes(8, r->D) : 0) +
+                     pp_sent_formula(&r->p) - (loss_relayed ? 8 : 0) +
                      (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, world_size) : 0);
-    double slices = 0, biggest = 0; // this stage's tensor-parallel slices
-    for (int u = r->u_lo; u < r->u_hi; u++) slices += r->t.size[u], biggest = r->t.size[u] > biggest ? r->t.size[u] : biggest;
-    f.mem_formula = fsdp_mem_formula(&r->f, slices, biggest, opt->adamw) +
-                    pp_peak_formula(r->sched, r->P, r->pp.rank, r->M) * (double)mb_rows * acts_row;
+    f.mem_formula = fsdp_mem_formula(&r->f, slices, biggest, opt->adamw) + pp_acts_formula(&r->p, c, r->width, mb_rows);
     return f;
 }
 // The bytes every rank sent per step on each axis (rank 0, from every rank's figures).
@@ -278,7 +296,7 @@ int main(int argc, char** argv) {
     // options
     Options o;
     Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B};
-    dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 8, grid_flag, &run);
+    dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 9, grid_flag, &run);
     grid_resolve(&run, &o);
     grid_split(&run);
 
@@ -290,35 +308,34 @@ int main(int argc, char** argv) {
 
     // model: this rank's stage, its tensor-parallel slices, their data-parallel shards
     Config* cfg = &run.cfg;
-    pp_split(cfg, run.P, run.first);
-    run.u_lo = run.first[run.pp.rank];
-    run.u_hi = run.first[run.pp.rank + 1];
+    pp_split(cfg, run.P * run.V, run.first);
     long lo, hi; // this data-parallel replica's rows of every global batch
     split_range(o.batch, run.D, run.dp.rank, &lo, &hi);
     int rows = pass_rows(&o, (hi - lo + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
     tp_init(&run.t, &run.tp, cfg, rows);
-    int width[MAX_LAYERS + 2];
-    tp_widths(&run.t, cfg, width);
-    long slice_size[MAX_LAYERS + 2] = {0}; // FSDP shards this stage's slices; other units are empty
-    for (int u = run.u_lo; u < run.u_hi; u++) slice_size[u] = run.t.size[u];
+    tp_widths(&run.t, cfg, run.width);
+    long slice_size[MAX_LAYERS + 2] = {0}; // FSDP shards the slices of this rank's chunks; other units are empty
+    for (int v = 0; v < run.V; v++)
+        for (int k = chunk_global(run.sched, run.P, run.pp.rank, v), u = run.first[k]; u < run.first[k + 1]; u++)
+            slice_size[u] = run.t.size[u];
     fsdp_init(&run.f, run.zero, run.prefetch, &run.dp, slice_size, n_units(cfg), o.opt.adamw);
     Holding mine = fsdp_holding(&run.f);
     mine.canonical = canonical, mine.ctx = &run;
     long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
     fsdp_gather_params(&run.f);
-    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, (int)(hi - lo), o.batch, run.u_lo, run.u_hi, rows, width,
-            (StageWork){stage_forward, stage_backward, &run});
+    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, run.V, run.first, (int)(hi - lo), o.batch, rows, run.width,
+            (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
     snprintf(layout, sizeof layout, "grid of %d tensor x %d data x %d pipeline = %d ranks; ZeRO stage %d; %d "
-             "microbatches, %s", run.T, run.D, run.P, world_size, run.zero, run.M, schedules[run.sched].name);
+             "microbatches, %s", run.T, run.D, run.P, world_size, run.zero, run.M, schedule_names[run.sched]);
     if (!o.quiet && world_rank == 0) {
         print_config(&o, &run.ds, layout);
         grid_print(&run, o.batch);
     }
 
     // training loop
-    int B = o.batch, last = run.pp.rank == run.P - 1;
+    int B = o.batch, last = run.pp.rank == pp_last_rank(&run.p);
     GradSpan spans[MAX_LAYERS + 2];
     int n_spans = grid_grad_spans(&run, spans);
     Progress progress = progress_start(&o, world_rank == 0);

@@ -1,248 +1,205 @@
 /*
- * train_pp.c: pipeline parallel. The model's units are split into S contiguous stages, one
- * per rank; each global batch is cut into M microbatches that stream through the stages,
+ * train_pp.c: pipeline parallel. The model's units are cut into chunks, one or more per
+ * rank; each global batch is cut into M microbatches that stream through the chunks,
  * activations flowing forward and gradients backward as point-to-point messages, in the
- * order of a schedule: naive, GPipe or 1F1B. It prints exactly what train.c prints for the
- * same flags, whatever S, M and schedule.
+ * order of a schedule (schedules.h): naive, GPipe, 1F1B, interleaved 1F1B, and the
+ * zero-bubble ZB-H1 and ZB-V. It prints exactly what train.c prints for the same flags,
+ * whatever S, M and schedule.
  *
  *   rank 0: embedding, linear 1 --activations--> rank 1: linear 2 + loss
  *                               <--gradients----
- *   (each microbatch's rows drawn by every stage itself; only activations and gradients travel)
+ *   (each microbatch's rows drawn by every rank itself; only activations and gradients travel)
  *
- * Per stage s and step, batch B, its last unit's output width w_out, its input width w_in:
- *   sent    4 B x B x w_out (activations, to s+1) + 4 B x B x w_in (gradients, to s-1)
+ * Per rank and step, batch B, through a chunk with output width w_out and input width w_in:
+ *   sent    4 B x B x w_out (activations, to the next chunk's rank) + 4 B x B x w_in
+ *           (gradients, to the previous chunk's rank), for each chunk whose neighbour is
+ *           on another rank
  *   memory  (4 + 8, + 8 with AdamW) B x its parameters + peak x a microbatch's activations,
- *           peak = 1 (naive), M (GPipe), min(S - s, M) (1F1B)
- *   bubble  (S-1)/(M+S-1) of each stage's time idle, for GPipe and 1F1B with equal stages
+ *           peak by schedule (schedules.h: 1 naive, M GPipe, min(S-r, M) 1F1B, ...)
+ *   bubble  (S-1)/(M+S-1) of each rank's time idle for GPipe and 1F1B with equal stages,
+ *           (S-1)/(V M + S-1) interleaved, about a third of 1F1B's for ZB-H1
  *
  *   make train_pp && mpirun -n 3 ./train_pp --layers 2 --microbatches 4 --schedule 1f1b
- *   mpirun -n 4 --oversubscribe ./train_pp --layers 3 --microbatches 8 --schedule gpipe --timeline
+ *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule interleaved --virtual 2
+ *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule zbv --timeline
  *
  * Compare with ./train: the same losses, names and final checkpoint, for every S, M and schedule.
  *
- * Sections: the strategy (schedules as lists of actions; stages; the executor that runs a
- * list); the state of one run; the forward pass and the figures; options; main.
+ * Sections: the strategy (stages and chunks; the executor that runs any schedule's list);
+ * the state of one run; the forward pass and the figures; options; main.
  */
 #include "model.h"
 #include "ckpt.h"
 #include "cli.h"
 #include "report.h"
 #include "dist.h"
+#include "schedules.h"
 
 // ----------------------------------------------------------------------------
-// the strategy: schedules, a list of actions per stage
+// the strategy: chunks of units
 //
 // The global batch of B rows is cut into M microbatches of contiguous rows (32 rows into 3
-// microbatches: 11, 11, 10; split_range), every stage drawing the rows of a microbatch
+// microbatches: 11, 11, 10; split_range), every rank drawing the rows of a microbatch
 // itself (the counter-based sampler makes that free), so only activations and gradients
-// travel. Each stage adds the gradients of all M microbatches into one exact sum, so the
-// gradient is the mean over the whole batch, as in train.c, whatever M.
-//
-// A schedule is data: for each stage, the ordered list of its actions, F (forward) or B
-// (backward) of microbatch m. One executor (pp_step, below) runs any list. Time flows
-// right; S = 4 stages, M = 8 microbatches; digits are microbatches, F forward and b
-// backward (drawn as taking twice as long):
-//
-// naive: one microbatch at a time through the whole pipeline, forward then backward
-//   stage 0  F0                  b0b0F1                  b1b1 ...
-//   stage 1    F0              b0b0    F1              b1b1
-//   stage 2      F0          b0b0        F1          b1b1
-//   stage 3        F0b0b0b0b0              F1b1b1b1b1
-//
-// gpipe: all the forwards, then all the backwards (every stage holds M activations)
-//   stage 0  F0F1F2F3F4F5F6F7                        b0b0b1b1b2b2b3b3b4b4b5b5b6b6b7b7
-//   stage 1    F0F1F2F3F4F5F6F7                    b0b0b1b1b2b2b3b3b4b4b5b5b6b6b7b7
-//   stage 2      F0F1F2F3F4F5F6F7                b0b0b1b1b2b2b3b3b4b4b5b5b6b6b7b7
-//   stage 3        F0F1F2F3F4F5F6F7b0b0b1b1b2b2b3b3b4b4b5b5b6b6b7b7
-//
-// 1f1b: S-1-s forwards to fill the pipeline, then one forward, one backward, ..., then the
-// remaining backwards (stage s holds at most S-s activations, not M)
-//   stage 0  F0F1F2F3      b0b0F4  b1b1F5  b2b2F6  b3b3F7  b4b4    b5b5    b6b6    b7b7
-//   stage 1    F0F1F2    b0b0F3b1b1F4  b2b2F5  b3b3F6  b4b4F7  b5b5    b6b6    b7b7
-//   stage 2      F0F1  b0b0F2b1b1F3b2b2F4b3b3F5  b4b4F6  b5b5F7  b6b6    b7b7
-//   stage 3        F0b0b0F1b1b1F2b2b2F3b3b3F4b4b4F5b5b5F6b6b6F7b7b7
+// travel. Each rank adds the gradients of all M microbatches into one exact sum, so the
+// gradient is the mean over the whole batch, as in train.c, whatever M or schedule.
 
-typedef struct {
-    char op; // 'F' forward, 'B' backward
-    int mb;  // of this microbatch
-} Action;
-
-// Each schedule: stage s's actions (2M of them) into `a`; returns their number.
-static int schedule_naive(int S, int s, int M, Action* a) {
-    (void)S, (void)s;
-    int n = 0;
-    for (int m = 0; m < M; m++) a[n++] = (Action){'F', m}, a[n++] = (Action){'B', m};
-    return n;
-}
-static int schedule_gpipe(int S, int s, int M, Action* a) {
-    (void)S, (void)s;
-    int n = 0;
-    for (int m = 0; m < M; m++) a[n++] = (Action){'F', m};
-    for (int m = 0; m < M; m++) a[n++] = (Action){'B', m};
-    return n;
-}
-static int schedule_1f1b(int S, int s, int M, Action* a) {
-    int n = 0, f = 0, b = 0, warmup = S - 1 - s < M ? S - 1 - s : M;
-    while (f < warmup) a[n++] = (Action){'F', f++};
-    while (f < M) a[n++] = (Action){'F', f++}, a[n++] = (Action){'B', b++};
-    while (b < M) a[n++] = (Action){'B', b++};
-    return n;
-}
-
-typedef int (*ScheduleFn)(int S, int s, int M, Action* a);
-enum { SCHEDULE_NAIVE, SCHEDULE_GPIPE, SCHEDULE_1F1B }; // their places in the table
-static const struct {
-    const char* name;
-    ScheduleFn build;
-    const char* peak; // the microbatches a stage holds at once, in words
-} schedules[] = {
-    {"naive", schedule_naive, "one at a time"},
-    {"gpipe", schedule_gpipe, "GPipe holds all M"},
-    {"1f1b", schedule_1f1b, "1F1B at most S - s"},
-};
-#define N_SCHEDULES ((int)(sizeof schedules / sizeof schedules[0]))
-// --schedule NAME: NULL, or the error message
-static const char* pp_schedule_flag(const char* value, int* sched) {
-    for (int k = 0; k < N_SCHEDULES; k++)
-        if (!strcmp(value, schedules[k].name)) {
-            *sched = k;
-            return NULL;
-        }
-    snprintf(cli_error, sizeof cli_error, "--schedule must be naive, gpipe or 1f1b, got '%s'", value);
-    return cli_error;
-}
-
-// The most microbatches whose activations a stage holds at once under a list of actions,
-// and the same by the schedule's definition: naive one, GPipe all M, 1F1B at most S - s.
-static int pp_peak(const Action* a, int n) {
-    int live = 0, peak = 0;
-    for (int i = 0; i < n; i++) {
-        live += a[i].op == 'F' ? 1 : -1;
-        peak = live > peak ? live : peak;
-    }
-    return peak;
-}
-static int pp_peak_formula(int sched, int S, int s, int M) {
-    if (sched == SCHEDULE_NAIVE) return 1;
-    if (sched == SCHEDULE_GPIPE) return M;
-    return S - s < M ? S - s : M;
-}
-
-// ----------------------------------------------------------------------------
-// the strategy: stages
-
-// Splits the units into S contiguous, non-empty stages, balancing the work (a unit's cost:
+// Splits the units into n contiguous, non-empty chunks, balancing the work (a unit's cost:
 // the multiply-adds per row of its linear layer, T*E for the embedding): the split whose
-// most expensive stage is cheapest. first[s] is stage s's first unit; first[S] = n_units.
-static void pp_split(const Config* c, int S, int* first) {
+// most expensive chunk is cheapest. first[k] is chunk k's first unit; first[n] = n_units.
+static void pp_split(const Config* c, int n_chunks, int* first) {
     int n = n_units(c);
     double cost[MAX_LAYERS + 3] = {0}, best[MAX_LAYERS + 3][MAX_LAYERS + 3];
     int cut[MAX_LAYERS + 3][MAX_LAYERS + 3];
     for (int u = 0; u < n; u++) cost[u + 1] = cost[u] + (u == 0 ? (double)c->context * c->emb : (double)linear_in(c, u) * linear_out(c, u));
-    // best[k][i]: the cheapest most expensive stage when the first i units form k stages
+    // best[k][i]: the cheapest most expensive chunk when the first i units form k chunks
     for (int i = 0; i <= n; i++)
-        for (int k = 0; k <= S; k++) best[k][i] = INFINITY;
+        for (int k = 0; k <= n_chunks; k++) best[k][i] = INFINITY;
     best[0][0] = 0;
-    for (int k = 1; k <= S; k++)
+    for (int k = 1; k <= n_chunks; k++)
         for (int i = k; i <= n; i++)
             for (int j = k - 1; j < i; j++) {
                 double worst = best[k - 1][j] > cost[i] - cost[j] ? best[k - 1][j] : cost[i] - cost[j];
                 if (worst < best[k][i]) best[k][i] = worst, cut[k][i] = j;
             }
-    first[S] = n;
-    for (int k = S; k > 0; k--) first[k - 1] = cut[k][first[k]];
+    first[n_chunks] = n;
+    for (int k = n_chunks; k > 0; k--) first[k - 1] = cut[k][first[k]];
 }
-// The units of stage s, as the configuration table prints them.
-static void pp_print_units(const Config* c, const int* first, int s) {
-    for (int u = first[s]; u < first[s + 1]; u++) printf(" %s", unit_name(c, u));
+// The units of chunk k, as the configuration table prints them.
+static void pp_print_units(const Config* c, const int* first, int k) {
+    for (int u = first[k]; u < first[k + 1]; u++) printf(" %s", unit_name(c, u));
 }
 
-// What a stage computes on a microbatch (train_pp.c: its units; train_3d.c: their
-// tensor-parallel slices, FSDP-sharded). Backward reads the gradient of the stage's output
-// from s->dout and leaves the gradient of its input in s->dout.
+// What a rank computes on a microbatch through one of its chunks (train_pp.c: the chunk's
+// units; train_3d.c: their tensor-parallel slices, FSDP-sharded). Backward reads the
+// gradient of the chunk's output from s->dout and leaves the gradient of its input in
+// s->dout; with stash NULL it adds the weight gradients at once (B), otherwise it keeps
+// each unit's gradient in stash[u] for backward_weight to use later (I, then W).
 typedef struct {
-    void (*forward)(void* ctx, Acts* a, Scratch* s, int R, long rows_total);
-    void (*backward)(void* ctx, Acts* a, Scratch* s, int R, long batch);
+    void (*forward)(void* ctx, int chunk, Acts* a, Scratch* s, int R, long rows_total);
+    void (*backward)(void* ctx, int chunk, Acts* a, Scratch* s, float* const* stash, int R, long batch);
+    void (*backward_weight)(void* ctx, int chunk, const Acts* a, float* const* stash, int R, long batch);
     void* ctx;
 } StageWork;
 
+// The activations of one microbatch through one chunk, kept from its F to its B (or W).
+typedef struct {
+    Acts acts;
+    float* stash[MAX_LAYERS + 2]; // I/W schedules: each unit's output gradient, for W
+    float* grad;                  // the chunk's input gradient, while it is sent
+    MPI_Request act_req, grad_req; // the sends of its activations and of that gradient
+    int mb;                       // the microbatch it holds, or -1
+} Slot;
+
 typedef struct {
     Group* pp;
-    int S, s;          // stages, and this rank's stage
-    int u_lo, u_hi;    // this stage's units [u_lo, u_hi)
-    int M, sched;
+    int S, s;          // ranks, and this one
+    int V, K, M, sched; // chunks per rank, chunks in all (S V), microbatches, schedule
+    int u_lo[4], u_hi[4]; // chunk v's units [u_lo, u_hi) on this rank
+    int k[4];          // and its place in the model, 0..K-1
     int rows, B;       // rows this pipeline streams per step (of a global batch of B)
     int context;       // T, for drawing rows
-    int in_width, out_width; // activations received from the stage before, sent to the next
+    int in_width[4], out_width[4]; // activations received by chunk v, sent by it
     StageWork work;
-    Action* actions;   // [2M] this stage's list, from its schedule
+    Action* actions;   // this rank's list, from its schedule
     int n_actions;
-    Acts* slot;        // [peak] activations of the microbatches in flight
-    int peak;
-    int* slot_of;      // [M] the slot holding each microbatch
-    int* slot_free;    // [peak]
-    MPI_Request* act_req;  // [peak] the send of a slot's activations
-    MPI_Request* grad_req; // [peak] the send of a slot's input gradient
-    float** grad_buf;      // [peak] that gradient
+    Slot* slot[4];     // [V][peak[v]] the microbatches in flight through each chunk
+    int peak[4];
+    float* mailbox[2][4]; // the activations (0) or gradient (1) a chunk passes to a chunk of this same rank
+    int mailbox_mb[2][4]; // the microbatch they belong to
     Scratch scratch;
-    int64_t loss;      // last stage: the exact loss sum of the step's microbatches
+    int64_t loss;      // the rank with the last chunk: the exact loss sum of the step's microbatches
     double idle, busy; // seconds waiting for messages, and computing, over the whole run
     double* t0;        // the last step's actions, for --timeline: when each one's computation
     double* t1;        //   started and ended, seconds since the step began
     double step_start;
 } Pp;
 
-// The pipeline streams `rows` rows per step, of a global batch of B. `extra_rows`: slot 0
-// and the scratch also carry forward-only passes of that many rows (validation, sampling).
-// `width`: the width of each unit's activations on this rank (acts_init), or NULL.
-static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int rows, int B, int u_lo, int u_hi,
+// The most microbatches whose activations chunk v holds at once under this rank's list.
+static int pp_chunk_peak(const Action* a, int n, int v) {
+    int live = 0, peak = 0;
+    for (int i = 0; i < n; i++) {
+        if (a[i].chunk != v) continue;
+        live += a[i].op == 'F' ? 1 : a[i].op == 'I' ? 0 : -1;
+        peak = live > peak ? live : peak;
+    }
+    return peak;
+}
+
+// This rank's part of a pipeline of S V chunks cut at `first`, streaming `rows` rows per
+// step (of a global batch of B). `extra_rows`: each chunk's first slot and the scratch also
+// carry forward-only passes of that many rows (validation, sampling). `width`: the
+// width of each unit's activations on this rank (acts_init), or NULL.
+static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int V, const int* first, int rows, int B,
                     int extra_rows, const int* width, StageWork work) {
-    *p = (Pp){.pp = pp, .S = pp->size, .s = pp->rank, .u_lo = u_lo, .u_hi = u_hi, .M = M, .sched = sched,
+    *p = (Pp){.pp = pp, .S = pp->size, .s = pp->rank, .V = V, .K = pp->size * V, .M = M, .sched = sched,
               .rows = rows, .B = B, .context = c->context, .work = work};
-    p->in_width = u_lo > 0 ? (width ? width[u_lo - 1] : unit_width(c, u_lo - 1)) : 0;
-    p->out_width = width ? width[u_hi - 1] : unit_width(c, u_hi - 1);
-    p->actions = mallocCheck(sizeof(Action) * 2 * M);
-    p->n_actions = schedules[sched].build(p->S, p->s, M, p->actions);
-    p->peak = pp_peak(p->actions, p->n_actions);
-    int mb_rows = (rows + M - 1) / M; // the largest microbatch
-    p->slot = mallocCheck(sizeof(Acts) * p->peak);
-    p->slot_of = mallocCheck(sizeof(int) * M);
-    p->slot_free = mallocCheck(sizeof(int) * p->peak);
-    p->act_req = mallocCheck(sizeof(MPI_Request) * p->peak);
-    p->grad_req = mallocCheck(sizeof(MPI_Request) * p->peak);
-    p->grad_buf = mallocCheck(sizeof(float*) * p->peak);
-    for (int k = 0; k < p->peak; k++) {
-        acts_init(&p->slot[k], c, k == 0 && extra_rows > mb_rows ? extra_rows : mb_rows, u_lo, u_hi, width);
-        p->slot_free[k] = 1;
-        p->act_req[k] = p->grad_req[k] = MPI_REQUEST_NULL;
-        p->grad_buf[k] = mallocCheck((size_t)mb_rows * (p->in_width > 0 ? p->in_width : 1) * sizeof(float));
+    int mb_rows = (rows + M - 1) / M, most = 0; // the largest microbatch
+    for (int v = 0; v < V; v++) {
+        int k = p->k[v] = chunk_global(sched, p->S, p->s, v);
+        p->u_lo[v] = first[k], p->u_hi[v] = first[k + 1];
+        int lo = p->u_lo[v], hi = p->u_hi[v];
+        p->in_width[v] = lo > 0 ? (width ? width[lo - 1] : unit_width(c, lo - 1)) : 0;
+        p->out_width[v] = width ? width[hi - 1] : unit_width(c, hi - 1);
+        most = p->in_width[v] > most ? p->in_width[v] : most;
+        most = p->out_width[v] > most ? p->out_width[v] : most;
+    }
+    Action** lists = mallocCheck(sizeof(Action*) * p->S);
+    int* counts = mallocCheck(sizeof(int) * p->S);
+    for (int r = 0; r < p->S; r++) lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
+    schedule_build(sched, p->S, V, M, lists, counts);
+    p->actions = lists[p->s], p->n_actions = counts[p->s];
+    for (int r = 0; r < p->S; r++)
+        if (r != p->s) free(lists[r]);
+    free(lists), free(counts);
+    int split = 0; // whether this list runs I and W apart
+    for (int i = 0; i < p->n_actions; i++) split |= p->actions[i].op == 'W';
+    for (int v = 0; v < V; v++) {
+        p->peak[v] = pp_chunk_peak(p->actions, p->n_actions, v);
+        p->slot[v] = callocCheck(p->peak[v] > 0 ? p->peak[v] : 1, sizeof(Slot));
+        for (int j = 0; j < p->peak[v]; j++) {
+            Slot* sl = &p->slot[v][j];
+            int r = j == 0 && extra_rows > mb_rows ? extra_rows : mb_rows;
+            acts_init(&sl->acts, c, r, p->u_lo[v], p->u_hi[v], width);
+            for (int u = p->u_lo[v]; u < p->u_hi[v] && split; u++)
+                sl->stash[u] = mallocCheck((size_t)mb_rows * (width ? width[u] : unit_width(c, u)) * sizeof(float));
+            sl->grad = mallocCheck((size_t)mb_rows * (p->in_width[v] > 0 ? p->in_width[v] : 1) * sizeof(float));
+            sl->act_req = sl->grad_req = MPI_REQUEST_NULL;
+            sl->mb = -1;
+        }
+        for (int d = 0; d < 2; d++) p->mailbox[d][v] = mallocCheck((size_t)mb_rows * (most > 0 ? most : 1) * sizeof(float));
     }
     scratch_init(&p->scratch, c, extra_rows > mb_rows ? extra_rows : mb_rows);
-    p->t0 = callocCheck(2 * M, sizeof(double));
-    p->t1 = callocCheck(2 * M, sizeof(double));
+    p->t0 = callocCheck(p->n_actions, sizeof(double));
+    p->t1 = callocCheck(p->n_actions, sizeof(double));
 }
 
 static void pp_free(Pp* p) {
-    for (int k = 0; k < p->peak; k++) {
-        acts_free(&p->slot[k]);
-        free(p->grad_buf[k]);
+    for (int v = 0; v < p->V; v++) {
+        for (int j = 0; j < p->peak[v]; j++) {
+            acts_free(&p->slot[v][j].acts);
+            for (int u = 0; u < MAX_LAYERS + 2; u++) free(p->slot[v][j].stash[u]);
+            free(p->slot[v][j].grad);
+        }
+        free(p->slot[v]), free(p->mailbox[0][v]), free(p->mailbox[1][v]);
     }
-    free(p->slot), free(p->slot_of), free(p->slot_free), free(p->act_req), free(p->grad_req), free(p->grad_buf);
     free(p->actions), free(p->t0), free(p->t1);
     scratch_free(&p->scratch);
 }
 
 // ----------------------------------------------------------------------------
-// the strategy: the executor, which runs any stage's list of actions
+// the strategy: the executor, which runs any schedule's list of actions
 //
-// Deadlock: every send is non-blocking (MPI_Isend) and completes later, so a stage never
+// Deadlock: every send is non-blocking (MPI_Isend) and completes later, so a rank never
 // waits on a send while its neighbour waits on it; receives block, in list order; each
-// message is tagged with its microbatch, so a receive can only match its own microbatch's
-// message. Every schedule orders each stage's actions consistently with the actions they
-// depend on, so the waits always end, for every S, M and schedule.
+// message is tagged with its chunk, microbatch and direction, so a receive can only match
+// its own message. The checker (schedules.h) proves every list free of cycles of waits.
+// A chunk whose neighbour chunk is on the same rank (ZB-V's turn) hands its activations or
+// gradient over through a mailbox instead: the list runs the receiver after the sender.
 
-static int pp_tag(int mb) { return TAG_MICROBATCH + mb % (32768 - TAG_MICROBATCH); }
-
+static int pp_tag(const Pp* p, int k, int mb, int gradient) {
+    return TAG_MICROBATCH + ((k + p->K * mb) * 2 + gradient) % (32768 - TAG_MICROBATCH);
+}
 // Waits for a message, counting the wait as idle time.
 static void pp_wait(Pp* p, MPI_Request* req) {
     double t = now_seconds();
@@ -259,135 +216,257 @@ static void pp_computed(Pp* p, int i, double t) {
     double now = now_seconds();
     p->busy += now - t;
     p->t0[i] = t - p->step_start, p->t1[i] = now - p->step_start;
-    trace_event("pipeline", t, now, 0, "%c%d", p->actions[i].op, p->actions[i].mb);
+    const Action* a = &p->actions[i];
+    trace_event("pipeline", t, now, 0, "%c%d chunk %d", a->op, a->mb, p->k[a->chunk]);
 }
 static int pp_mb_rows(const Pp* p, int m, long* lo) {
     long hi;
     split_range(p->rows, p->M, m, lo, &hi);
     return (int)(hi - *lo);
 }
+static Slot* pp_slot_of(Pp* p, int v, int m) {
+    for (int j = 0; j < p->peak[v]; j++)
+        if (p->slot[v][j].mb == m) return &p->slot[v][j];
+    fatal("internal: no activations of microbatch %d in chunk %d", m, p->k[v]);
+}
 
-// F of microbatch m: a free slot for its activations, its rows, the activations from the
-// stage before, this stage's work, the activations to the next stage.
-static void pp_forward(Pp* p, int i, int m, const Rows* rows) {
-    int k = 0;
-    while (!p->slot_free[k]) k++; // a free slot exists: the list needs at most `peak`
-    pp_wait(p, &p->act_req[k]);   // its last activations have left
-    p->slot_free[k] = 0;
-    p->slot_of[m] = k;
-    Acts* a = &p->slot[k];
+// The rank holding the chunk before (step -1) or after (+1) chunk v, and as which of its
+// chunks; -1 past either end of the model.
+static int pp_neighbour(const Pp* p, int v, int step, int* w) {
+    int k = p->k[v] + step;
+    return k >= 0 && k < p->K ? chunk_owner(p->sched, p->S, p->V, k, w) : (*w = -1, -1);
+}
+// The mailbox of chunk v of this rank (activations in, or gradient in), as filled by a
+// neighbour chunk of this same rank for microbatch m.
+static float* pp_mailbox(Pp* p, int gradient, int v, int m, int filling) {
+    if (filling) p->mailbox_mb[gradient][v] = m;
+    else if (p->mailbox_mb[gradient][v] != m) fatal("internal: chunk %d expected microbatch %d in its mailbox", p->k[v], m);
+    return p->mailbox[gradient][v];
+}
+
+// F of microbatch m through chunk v: a free slot for its activations; its rows, or the
+// activations of the chunk before; the chunk's units; the activations to the next chunk.
+static void pp_forward(Pp* p, int i, int v, int m, const Rows* rows) {
+    int k = p->k[v], wp, wn, prev = pp_neighbour(p, v, -1, &wp), next = pp_neighbour(p, v, +1, &wn);
+    Slot* sl = p->slot[v];
+    while (sl->mb >= 0) sl++;  // a free slot exists: the list holds at most peak[v]
+    pp_wait(p, &sl->act_req);  // its last activations have left
+    sl->mb = m;
+    Acts* a = &sl->acts;
     long lo;
     int R = pp_mb_rows(p, m, &lo);
     rows_load(rows, lo, R, p->context, a->tokens, a->targets);
-    if (p->s > 0) pp_recv(p, a->out[p->u_lo - 1], (long)R * p->in_width, p->s - 1, pp_tag(m));
+    long n_in = (long)R * p->in_width[v], n_out = (long)R * p->out_width[v];
+    if (prev == p->s) memcpy(a->out[p->u_lo[v] - 1], pp_mailbox(p, 0, v, m, 0), n_in * sizeof(float));
+    else if (prev >= 0) pp_recv(p, a->out[p->u_lo[v] - 1], n_in, prev, pp_tag(p, k - 1, m, 0));
     double t = now_seconds();
-    p->work.forward(p->work.ctx, a, &p->scratch, R, p->B);
+    p->work.forward(p->work.ctx, v, a, &p->scratch, R, p->B);
     pp_computed(p, i, t);
-    if (p->s < p->S - 1)
-        group_isend(p->pp, a->out[p->u_hi - 1], (long)R * p->out_width, MPI_FLOAT, p->s + 1, pp_tag(m), &p->act_req[k]);
-    else p->loss += a->loss;
+    const float* out = a->out[p->u_hi[v] - 1];
+    if (next < 0) p->loss += a->loss;
+    else if (next == p->s) memcpy(pp_mailbox(p, 0, wn, m, 1), out, n_out * sizeof(float));
+    else group_isend(p->pp, out, n_out, MPI_FLOAT, next, pp_tag(p, k, m, 0), &sl->act_req);
 }
 
-// B of microbatch m: the gradient from the next stage (the last stage starts from the
-// loss), this stage's work (adding into the exact gradient sums), the gradient to the stage
-// before. Then the microbatch's activations are dropped.
-static void pp_backward(Pp* p, int i, int m) {
-    int k = p->slot_of[m];
+// B (or its input half I) of microbatch m through chunk v: the gradient from the chunk after
+// (the last chunk starts from the loss); the chunk's units, backward; the gradient to the
+// chunk before. B then drops the activations; I keeps them for W.
+static void pp_backward(Pp* p, int i, int v, int m, int split) {
+    int k = p->k[v], wp, wn, prev = pp_neighbour(p, v, -1, &wp), next = pp_neighbour(p, v, +1, &wn);
+    Slot* sl = pp_slot_of(p, v, m);
     long lo;
     int R = pp_mb_rows(p, m, &lo);
-    if (p->s < p->S - 1) pp_recv(p, p->scratch.dout, (long)R * p->out_width, p->s + 1, pp_tag(m));
+    long n_out = (long)R * p->out_width[v], n_in = (long)R * p->in_width[v];
+    if (next == p->s) memcpy(p->scratch.dout, pp_mailbox(p, 1, v, m, 0), n_out * sizeof(float));
+    else if (next >= 0) pp_recv(p, p->scratch.dout, n_out, next, pp_tag(p, k + 1, m, 1));
     double t = now_seconds();
-    p->work.backward(p->work.ctx, &p->slot[k], &p->scratch, R, p->B);
+    p->work.backward(p->work.ctx, v, &sl->acts, &p->scratch, split ? sl->stash : NULL, R, p->B);
     pp_computed(p, i, t);
-    if (p->s > 0) {
-        pp_wait(p, &p->grad_req[k]); // the buffer's previous gradient has left
-        memcpy(p->grad_buf[k], p->scratch.dout, (size_t)R * p->in_width * sizeof(float));
-        group_isend(p->pp, p->grad_buf[k], (long)R * p->in_width, MPI_FLOAT, p->s - 1, pp_tag(m), &p->grad_req[k]);
+    if (prev == p->s) {
+        memcpy(pp_mailbox(p, 1, wp, m, 1), p->scratch.dout, n_in * sizeof(float));
+    } else if (prev >= 0) {
+        pp_wait(p, &sl->grad_req); // the buffer's previous gradient has left
+        memcpy(sl->grad, p->scratch.dout, n_in * sizeof(float));
+        group_isend(p->pp, sl->grad, n_in, MPI_FLOAT, prev, pp_tag(p, k, m, 1), &sl->grad_req);
     }
-    p->slot_free[k] = 1;
+    if (!split) sl->mb = -1;
+}
+// W of microbatch m through chunk v: the weight gradients, from what its I kept; then the
+// activations are dropped.
+static void pp_weight(Pp* p, int i, int v, int m) {
+    Slot* sl = pp_slot_of(p, v, m);
+    long lo;
+    int R = pp_mb_rows(p, m, &lo);
+    double t = now_seconds();
+    p->work.backward_weight(p->work.ctx, v, &sl->acts, sl->stash, R, p->B);
+    pp_computed(p, i, t);
+    sl->mb = -1;
 }
 
-// One training step: this stage's actions in order, on the step's `rows`; returns (on the
-// last stage) the exact loss sum over the pipeline's rows.
+// One training step: this rank's actions in order, on the step's `rows`; returns (on the
+// rank of the last chunk) the exact loss sum over the pipeline's rows.
 static int64_t pp_step(Pp* p, const Rows* rows) {
     p->loss = 0;
     p->step_start = now_seconds();
     for (int i = 0; i < p->n_actions; i++) {
-        if (p->actions[i].op == 'F') pp_forward(p, i, p->actions[i].mb, rows);
-        else pp_backward(p, i, p->actions[i].mb);
+        const Action* a = &p->actions[i];
+        if (a->op == 'F') pp_forward(p, i, a->chunk, a->mb, rows);
+        else if (a->op == 'W') pp_weight(p, i, a->chunk, a->mb);
+        else pp_backward(p, i, a->chunk, a->mb, a->op == 'I');
     }
-    for (int k = 0; k < p->peak; k++) { // every message has left before the optimizer changes anything
-        pp_wait(p, &p->act_req[k]);
-        pp_wait(p, &p->grad_req[k]);
-    }
+    for (int v = 0; v < p->V; v++) // every message has left before the optimizer changes anything
+        for (int j = 0; j < p->peak[v]; j++) pp_wait(p, &p->slot[v][j].act_req), pp_wait(p, &p->slot[v][j].grad_req);
     return p->loss;
 }
 
-// A forward-only pass of R rows through the whole pipeline (validation, sampling): blocking
-// messages suffice, they all flow one way. Uses slot 0. Returns the loss sum on the last
-// stage.
+// A forward-only pass of R rows through the whole pipeline (validation, sampling), chunk by
+// chunk in model order: blocking messages suffice, they all flow one way. Uses the first
+// slot of each chunk. Returns the loss sum on the rank of the last chunk (whose last
+// slot's activations hold the probabilities).
+static Acts* pp_last_acts(Pp* p) { return &p->slot[p->V - 1][0].acts; }
 static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first, int R, long rows_total, int tag) {
-    Acts* a = &p->slot[0];
-    pp_wait(p, &p->act_req[0]);
-    rows_load(rows, first, R, p->context, a->tokens, a->targets);
-    if (p->s > 0) MPI_Recv(a->out[p->u_lo - 1], R * p->in_width, MPI_FLOAT, p->s - 1, tag, p->pp->comm, MPI_STATUS_IGNORE);
-    p->work.forward(p->work.ctx, a, &p->scratch, R, rows_total);
-    if (p->s < p->S - 1) MPI_Send(a->out[p->u_hi - 1], R * p->out_width, MPI_FLOAT, p->s + 1, tag, p->pp->comm);
-    return p->s == p->S - 1 ? a->loss : 0;
+    int64_t loss = 0;
+    for (int k = 0; k < p->K; k++) {
+        int v, owner = chunk_owner(p->sched, p->S, p->V, k, &v), w, prev = pp_neighbour(p, v, -1, &w);
+        if (owner != p->s) continue;
+        Acts* a = &p->slot[v][0].acts;
+        pp_wait(p, &p->slot[v][0].act_req);
+        rows_load(rows, first, R, p->context, a->tokens, a->targets);
+        float* in = k > 0 ? a->out[p->u_lo[v] - 1] : NULL;
+        if (prev == p->s) memcpy(in, p->slot[w][0].acts.out[p->u_hi[w] - 1], (size_t)R * p->in_width[v] * sizeof(float));
+        else if (k > 0) MPI_Recv(in, R * p->in_width[v], MPI_FLOAT, prev, tag, p->pp->comm, MPI_STATUS_IGNORE);
+        p->work.forward(p->work.ctx, v, a, &p->scratch, R, rows_total);
+        int next = pp_neighbour(p, v, +1, &w);
+        if (next >= 0 && next != p->s) MPI_Send(a->out[p->u_hi[v] - 1], R * p->out_width[v], MPI_FLOAT, next, tag, p->pp->comm);
+        if (k == p->K - 1) loss = a->loss;
+    }
+    return loss;
+}
+// The rank that holds the last chunk: it has the loss and the probabilities.
+static int pp_last_rank(const Pp* p) {
+    int v;
+    return chunk_owner(p->sched, p->S, p->V, p->K - 1, &v);
 }
 
-// --timeline: the last step's actions of every stage, gathered to rank 0 of the pipeline
-// and drawn there: F of microbatch m with m's digit (0-9, then A-Z), B with m's letter.
+// --timeline: the last step's actions of every rank, gathered to rank 0 of the pipeline
+// and drawn there: F of microbatch m with m's digit (0-9, then more digits from A), B or
+// its input half I with m's letter (a-z), W with m's letter in capitals.
 static void pp_timeline(const Pp* p) {
-    int n = p->n_actions, root = p->pp->rank == 0;
-    char* mark = mallocCheck((size_t)n);
+    int n = p->n_actions, root = p->pp->rank == 0, most = 0;
+    MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, p->pp->comm); // ranks' lists may differ in length
+    char* mark = callocCheck((size_t)most, 1);
+    double *t0 = callocCheck(most, sizeof(double)), *t1 = callocCheck(most, sizeof(double));
     for (int i = 0; i < n; i++) {
         int m = p->actions[i].mb;
-        mark[i] = p->actions[i].op == 'B' ? (char)('a' + m % 26) : m < 10 ? (char)('0' + m) : (char)('A' + (m - 10) % 26);
+        char op = p->actions[i].op;
+        mark[i] = op == 'F' ? (m < 10 ? (char)('0' + m) : (char)('A' + (m - 10) % 26))
+                : op == 'W' ? (char)('A' + m % 26) : (char)('a' + m % 26);
+        t0[i] = p->t0[i], t1[i] = p->t1[i];
     }
-    double *t0 = root ? mallocCheck(sizeof(double) * p->S * n) : NULL, *t1 = root ? mallocCheck(sizeof(double) * p->S * n) : NULL;
-    char* marks = root ? mallocCheck((size_t)p->S * n) : NULL;
-    MPI_Gather(p->t0, n, MPI_DOUBLE, t0, n, MPI_DOUBLE, 0, p->pp->comm);
-    MPI_Gather(p->t1, n, MPI_DOUBLE, t1, n, MPI_DOUBLE, 0, p->pp->comm);
-    MPI_Gather(mark, n, MPI_CHAR, marks, n, MPI_CHAR, 0, p->pp->comm);
-    if (root)
-        draw_timeline(p->S, n, t0, t1, marks, 100, "forward of microbatch 0, 1, 2 ... drawn as 0 1 2 ..., its backward as a b c ...");
-    free(mark), free(t0), free(t1), free(marks);
+    double *all0 = root ? mallocCheck(sizeof(double) * p->S * most) : NULL, *all1 = root ? mallocCheck(sizeof(double) * p->S * most) : NULL;
+    char* marks = root ? mallocCheck((size_t)p->S * most) : NULL;
+    MPI_Gather(t0, most, MPI_DOUBLE, all0, most, MPI_DOUBLE, 0, p->pp->comm);
+    MPI_Gather(t1, most, MPI_DOUBLE, all1, most, MPI_DOUBLE, 0, p->pp->comm);
+    MPI_Gather(mark, most, MPI_CHAR, marks, most, MPI_CHAR, 0, p->pp->comm);
+    if (root) // padding actions (mark 0) are drawn nowhere: they start and end at 0
+        draw_timeline(p->S, most, all0, all1, marks, 100, "forward of microbatch 0, 1, 2 ... drawn as 0 1 2 ..., "
+                      "its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
+    free(mark), free(t0), free(t1), free(all0), free(all1), free(marks);
 }
 
-// The step's loss lives on the last stage: send it to the first, whose rank prints.
+// The step's loss lives on the rank of the last chunk: send it to rank 0, which prints.
 static void pp_loss_to_first(Pp* p, int64_t* loss) {
-    if (p->S == 1) return;
-    if (p->s == p->S - 1) group_send(p->pp, loss, 1, MPI_INT64_T, 0, TAG_LOSS);
-    if (p->s == 0) group_recv(p->pp, loss, 1, MPI_INT64_T, p->S - 1, TAG_LOSS);
+    int last = pp_last_rank(p);
+    if (last == 0) return;
+    if (p->s == last) group_send(p->pp, loss, 1, MPI_INT64_T, 0, TAG_LOSS);
+    if (p->s == 0) group_recv(p->pp, loss, 1, MPI_INT64_T, last, TAG_LOSS);
 }
 
-// The bubble this stage measured: the fraction of its time spent waiting for messages.
+// The bubble this rank measured: the fraction of its time spent waiting for messages.
 static double pp_bubble(const Pp* p) { return p->idle / (p->idle + p->busy > 0 ? p->idle + p->busy : 1); }
 
-// What a stage sends per step, by the formula: the activations of every row of its
-// pipeline to the next stage, their gradients to the stage before (4 B an element), and
-// the loss sum from the last stage to the first (8 B).
+// What a rank sends per step, by the formula: for each of its chunks, the activations of
+// every row of its pipeline to the next chunk and their gradients to the chunk before (4 B
+// an element), when that chunk is on another rank; and the loss sum to rank 0 (8 B).
 static double pp_sent_formula(const Pp* p) {
     double sent = 0;
-    if (p->s < p->S - 1) sent += 4.0 * p->rows * p->out_width;
-    if (p->s > 0) sent += 4.0 * p->rows * p->in_width;
-    if (p->s == p->S - 1 && p->S > 1) sent += 8;
+    for (int v = 0; v < p->V; v++) {
+        int w, next = pp_neighbour(p, v, +1, &w), prev = pp_neighbour(p, v, -1, &w);
+        if (next >= 0 && next != p->s) sent += 4.0 * p->rows * p->out_width[v];
+        if (prev >= 0 && prev != p->s) sent += 4.0 * p->rows * p->in_width[v];
+    }
+    if (p->s == pp_last_rank(p) && p->s != 0) sent += 8;
     return sent;
 }
-
-// The end of the report (rank 0 of the pipeline): the bubble in theory, and the peak
-// activations every stage held.
-static void pp_print_peaks(const Pp* p) {
-    int *peaks = p->pp->rank == 0 ? mallocCheck(sizeof(int) * p->S) : NULL;
-    MPI_Gather(&p->peak, 1, MPI_INT, peaks, 1, MPI_INT, 0, p->pp->comm);
-    if (p->pp->rank == 0) {
-        printf("pipeline: bubble (S-1)/(M+S-1) = %.3f in theory; microbatch activations held at the peak, "
-               "stage by stage:", (p->S - 1.0) / (p->M + p->S - 1.0));
-        for (int q = 0; q < p->S; q++) printf(" %d", peaks[q]);
-        printf(" (%s)\n", schedules[p->sched].peak);
+// The activations a rank holds at its peak, in bytes: each chunk's peak microbatches (with
+// what W needs kept, for I/W schedules), rows of `mb_rows`.
+static double pp_acts_bytes(const Pp* p, const Config* c, const int* width, int mb_rows) {
+    double bytes = 0;
+    int split = 0;
+    for (int i = 0; i < p->n_actions; i++) split |= p->actions[i].op == 'W';
+    for (int v = 0; v < p->V; v++) {
+        double row = acts_bytes_per_row(c, p->u_lo[v], p->u_hi[v], width);
+        for (int u = p->u_lo[v]; u < p->u_hi[v] && split; u++) row += 4.0 * (width ? width[u] : unit_width(c, u));
+        bytes += p->peak[v] * (double)mb_rows * row;
     }
-    free(peaks);
+    return bytes;
+}
+
+// The same by the schedule's formula (schedules.h) where it gives one for this rank, else
+// by the list's own count.
+static double pp_acts_formula(const Pp* p, const Config* c, const int* width, int mb_rows) {
+    double peak = schedule_peak_formula(p->sched, p->S, p->V, p->M, p->s);
+    if (peak < 0 || p->V > 1) return pp_acts_bytes(p, c, width, mb_rows);
+    return pp_acts_bytes(p, c, width, mb_rows) / (p->peak[0] > 0 ? p->peak[0] : 1) * peak;
+}
+
+// The end of the report (rank 0 of the pipeline): the bubble every rank measured beside
+// what the checker predicts for this list with the durations measured here, and the
+// papers' closed form; the activations every rank held at its peak beside the formula.
+static void pp_print_theory(const Pp* p) {
+    // this rank's mean time per F, per backward (B or I) and per W, over the run
+    double f = 0, b = 0, w = 0;
+    int nf = 0, nb = 0, nw = 0;
+    for (int i = 0; i < p->n_actions; i++) {
+        double d = p->t1[i] - p->t0[i];
+        if (p->actions[i].op == 'F') f += d, nf++;
+        else if (p->actions[i].op == 'W') w += d, nw++;
+        else b += d, nb++;
+    }
+    double mine[4] = {pp_bubble(p), 0, 0, 0}, *all = p->pp->rank == 0 ? mallocCheck(sizeof mine * p->S) : NULL;
+    double peak = 0;
+    for (int v = 0; v < p->V; v++) peak += (double)p->peak[v] / p->V;
+    mine[1] = peak;
+    MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, p->pp->comm);
+    double sums[6] = {f, nf, b, nb, w, nw}, tot[6];
+    MPI_Reduce(sums, tot, 6, MPI_DOUBLE, MPI_SUM, 0, p->pp->comm);
+    if (p->pp->rank == 0) {
+        int split = tot[5] > 0;
+        Durations d = {tot[0] / (tot[1] > 0 ? tot[1] : 1), 0, 0, 0};
+        double back = tot[2] / (tot[3] > 0 ? tot[3] : 1), wt = tot[4] / (tot[5] > 0 ? tot[5] : 1);
+        d.i = split ? back : back / 2, d.w = split ? wt : back / 2; // B taken as half I, half W
+        Action** lists = mallocCheck(sizeof(Action*) * p->S);
+        int counts[64];
+        for (int r = 0; r < p->S; r++) lists[r] = mallocCheck(sizeof(Action) * 3 * p->V * p->M);
+        schedule_build(p->sched, p->S, p->V, p->M, lists, counts);
+        Check c = schedule_check(p->sched, p->S, p->V, p->M, lists, counts, d, NULL, NULL, 0);
+        double closed = schedule_bubble_formula(p->sched, p->S, p->V, p->M, d);
+        printf("pipeline, %s: F %.3f ms, %s %.3f ms, W %.3f ms on average; per rank: bubble measured (checker's, same "
+               "durations), peak activations in microbatches (formula)\n", schedule_names[p->sched], d.f * 1e3,
+               split ? "I" : "B", back * 1e3, d.w * 1e3);
+        for (int r = 0; r < p->S; r++) {
+            double pf = schedule_peak_formula(p->sched, p->S, p->V, p->M, r);
+            printf("  rank %d: bubble %.3f (%.3f), peak %.2f", r, all[4 * r], c.ok ? c.bubble[r] : -1, all[4 * r + 1]);
+            if (pf >= 0) printf(" (%.2f)", pf);
+            printf("\n");
+        }
+        printf("  all ranks: bubble %.3f of S x the step by the checker", c.bubble_total);
+        if (closed >= 0) printf(", %.3f by the closed form", closed);
+        printf("\n");
+        for (int r = 0; r < p->S; r++) free(lists[r]);
+        free(lists);
+    }
+    free(all);
 }
 
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
@@ -401,12 +480,12 @@ typedef struct {
     Config cfg;
     Dataset ds;     // the data
     Pp p;
-    long p_lo, p_hi; // this stage's parameters: [p_lo, p_hi) of train.c's layout
-    State st;        // this stage's units: parameters, exact gradient sums, AdamW state
+    long off[MAX_LAYERS + 2]; // unit u's parameters in this rank's state (its chunks' units, in model order)
+    State st;       // this rank's units: parameters, exact gradient sums, AdamW state
     Workspace ws;
-    Group pp;        // every rank: rank s runs stage s
-    int M, sched, timeline; // --microbatches, --schedule, --timeline
-    int first[MAX_LAYERS + 3]; // stage s holds units [first[s], first[s+1])
+    Group pp;       // every rank
+    int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
+    int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
 } Run;
 
 static void run_free(Run* r) {
@@ -414,58 +493,63 @@ static void run_free(Run* r) {
 }
 
 // ----------------------------------------------------------------------------
-// the stage's work, and the forward pass through the whole pipeline
+// a chunk's work, and the forward pass through the whole pipeline
 
-// This stage's units in order, and back (the pipeline's StageWork).
-static void stage_forward(void* ctx, Acts* a, Scratch* sc, int R, long rows_total) {
+// Chunk v's units in order, and back (the pipeline's StageWork).
+static void stage_forward(void* ctx, int v, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
-    for (int u = r->p.u_lo; u < r->p.u_hi; u++)
-        unit_forward(&r->cfg, u, r->st.params + unit_offset(&r->cfg, u) - r->p_lo, a, sc, R, rows_total, &r->ws);
+    for (int u = r->p.u_lo[v]; u < r->p.u_hi[v]; u++)
+        unit_forward(&r->cfg, u, r->st.params + r->off[u], a, sc, R, rows_total, &r->ws);
 }
-static void stage_backward(void* ctx, Acts* a, Scratch* sc, int R, long batch) {
+static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    for (int u = r->p.u_hi - 1; u >= r->p.u_lo; u--) {
-        long off = unit_offset(&r->cfg, u) - r->p_lo;
-        unit_backward(&r->cfg, u, r->st.params + off, r->st.grads + off, a, sc, R, batch, &r->ws);
+    for (int u = r->p.u_hi[v] - 1; u >= r->p.u_lo[v]; u--) {
+        unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
+        if (stash) memcpy(stash[u], sc->dout, (size_t)R * unit_width(&r->cfg, u) * sizeof(float)); // for W
+        else unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, sc->dout, R, batch, &r->ws);
         scratch_step_down(sc);
     }
 }
+static void stage_backward_weight(void* ctx, int v, const Acts* a, float* const* stash, int R, long batch) {
+    Run* r = ctx;
+    for (int u = r->p.u_lo[v]; u < r->p.u_hi[v]; u++)
+        unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, stash[u], R, batch, &r->ws);
+}
 
-// Validation and sampling stream through the pipeline; the last stage's probabilities are
+// Validation and sampling stream through the pipeline; the last chunk's probabilities are
 // broadcast, so that every rank draws the same next tokens.
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
     Run* r = ctx;
     int64_t loss = pp_forward_rows(&r->p, rows, first, R, rows_total, probs ? TAG_SAMPLE : TAG_EVAL);
     if (probs) {
-        if (r->p.s == r->p.S - 1) memcpy(probs, r->p.slot[0].out[r->cfg.layers + 1], (size_t)R * r->cfg.vocab * sizeof(float));
-        MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, r->p.S - 1, r->pp.comm);
+        if (r->p.s == pp_last_rank(&r->p)) memcpy(probs, pp_last_acts(&r->p)->out[r->cfg.layers + 1], (size_t)R * r->cfg.vocab * sizeof(float));
+        MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, pp_last_rank(&r->p), r->pp.comm);
     }
     return loss;
 }
 
-// Mean loss over the whole validation split; the last stage has it.
+// Mean loss over the whole validation split; the rank of the last chunk has it.
 static double validation_loss(void* ctx) {
     Run* r = ctx;
     int64_t total = evaluate(forward, r, &r->ds, 1, 0);
-    MPI_Bcast(&total, 1, MPI_INT64_T, r->p.S - 1, r->pp.comm);
+    MPI_Bcast(&total, 1, MPI_INT64_T, pp_last_rank(&r->p), r->pp.comm);
     return mean_loss(total, &r->ds);
 }
 
 // The formulas of figures(), in words, for the report.
-static const char sent_words[] = "4 B x B x (the activations out + their gradients in) + 8 B loss";
+static const char sent_words[] = "4 B x B x (activations out + gradients in, of each chunk whose neighbour is on another rank) + 8 B loss";
 static const char mem_words[] = "(4 + 8 + 8 AdamW) B x its parameters + peak x microbatch activations";
 
-// What this stage sent and holds, each beside its formula, and the bubble it measured.
+// What this rank sent and holds, each beside its formula, and the bubble it measured.
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int B) {
     const Config* c = &r->cfg;
     long np = r->st.n;
     int mb_rows = (B + r->M - 1) / r->M;
-    double acts_row = acts_bytes_per_row(c, r->p.u_lo, r->p.u_hi, NULL), opt_bytes = opt->adamw ? 8.0 : 0.0;
+    double opt_bytes = opt->adamw ? 8.0 : 0.0, acts = pp_acts_bytes(&r->p, c, NULL, mb_rows);
     Figures f = {.sent = per_step(pr, r->pp.sent), .received = per_step(pr, r->pp.received), .params = 4.0 * np,
-                 .grads = 8.0 * np, .optim = opt_bytes * np, .acts = r->p.peak * (double)mb_rows * acts_row,
-                 .bubble = pp_bubble(&r->p)};
+                 .grads = 8.0 * np, .optim = opt_bytes * np, .acts = acts, .bubble = pp_bubble(&r->p)};
     f.sent_formula = pp_sent_formula(&r->p) + (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->p.S) : 0);
-    f.mem_formula = (4.0 + 8.0 + opt_bytes) * np + pp_peak_formula(r->sched, r->p.S, r->p.s, r->M) * (double)mb_rows * acts_row;
+    f.mem_formula = (4.0 + 8.0 + opt_bytes) * np + pp_acts_formula(&r->p, c, NULL, mb_rows);
     return f;
 }
 
@@ -474,15 +558,34 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, i
 
 static const CliFlag pp_flags[] = {
     {"microbatches", "M", "microbatches per global batch (default 4)"},
-    {"schedule", "NAME", "naive, gpipe or 1f1b (default 1f1b)"},
-    {"timeline", NULL, "draw the last step's timeline, one row per stage"},
+    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1 or zbv (default 1f1b)"},
+    {"virtual", "V", "chunks per rank for --schedule interleaved, 1 to 4 (default 2)"},
+    {"timeline", NULL, "draw the last step's timeline, one row per rank"},
 };
 static const char* pp_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
     if (index == 0) return cli_int("microbatches", value, 1, 65536, &r->M);
-    if (index == 1) return pp_schedule_flag(value, &r->sched);
+    if (index == 1) return schedule_parse(value, &r->sched, cli_error, sizeof cli_error);
+    if (index == 2) return cli_int("virtual", value, 1, 4, &r->V);
     r->timeline = 1;
     return NULL;
+}
+
+// Refuses a pipeline the model or the schedule cannot take, saying why (every rank alike).
+static void pp_check_layout(const Options* o, int sched, int S, int V, int M, int virtual_given, const char* run_line) {
+    int chunks = S * schedule_chunks(sched, V), units = o->model.layers + 2;
+    char err[300];
+    if (virtual_given && sched != SCHEDULE_INTERLEAVED) dist_exit(2, run_line, "--virtual applies to --schedule interleaved only");
+    if (chunks > units && chunks == S)
+        dist_exit(2, run_line, "%d stages but the model has only %d units (the embedding and %d linear layers): raise "
+                  "--layers or use fewer ranks", S, units, units - 1);
+    if (chunks > units)
+        dist_exit(2, run_line, "%d stages x %d chunks = %d chunks but the model has only %d units (the embedding and %d "
+                  "linear layers): raise --layers or use fewer ranks or chunks", S, chunks / S, chunks, units, units - 1);
+    if (o->batch < M)
+        dist_exit(2, run_line, "a batch of %d rows cannot be cut into %d microbatches (raise --batch or lower "
+                  "--microbatches)", o->batch, M);
+    if (schedule_rule(sched, S, schedule_chunks(sched, V), M, err, sizeof err)) dist_exit(2, run_line, "%s", err);
 }
 
 // ----------------------------------------------------------------------------
@@ -493,38 +596,43 @@ int main(int argc, char** argv) {
 
     // options
     Options o;
-    Run run = {.pp = group_world("pp"), .M = 4, .sched = SCHEDULE_1F1B};
-    dist_parse_or_exit(&o, argc, argv, RUN_LINE, pp_flags, 3, pp_flag, &run);
-    int S = world_size;
-    if (S > o.model.layers + 2)
-        dist_exit(2, RUN_LINE, "%d stages but the model has only %d units (the embedding and %d linear layers): "
-                  "raise --layers or use fewer ranks", S, o.model.layers + 2, o.model.layers + 1);
-    if (o.batch < run.M)
-        dist_exit(2, RUN_LINE, "a batch of %d rows cannot be cut into %d microbatches (raise --batch or lower "
-                  "--microbatches)", o.batch, run.M);
+    Run run = {.pp = group_world("pp"), .M = 4, .sched = SCHEDULE_1F1B, .V = 0};
+    dist_parse_or_exit(&o, argc, argv, RUN_LINE, pp_flags, 4, pp_flag, &run);
+    int S = world_size, V = schedule_chunks(run.sched, run.V > 0 ? run.V : 2);
+    pp_check_layout(&o, run.sched, S, run.V > 0 ? run.V : 2, run.M, run.V > 0, RUN_LINE);
 
     // data
     load_data(&run.ds, &o, &run.cfg);
 
-    // model: this stage's units, their exact gradient sums and optimizer state
+    // model: this rank's chunks of units, their exact gradient sums and optimizer state
     Config* cfg = &run.cfg;
-    pp_split(cfg, S, run.first);
-    int u_lo = run.first[run.pp.rank], u_hi = run.first[run.pp.rank + 1];
-    run.p_lo = unit_offset(cfg, u_lo), run.p_hi = unit_offset(cfg, u_hi);
-    long np = run.p_hi - run.p_lo;
-    run.st = state_alloc(np, o.opt.adamw);
-    Holding mine = holding_units(cfg, &run.st, u_lo, u_hi, run.p_lo);
-    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    pp_split(cfg, S * V, run.first);
     int rows = pass_rows(&o, (o.batch + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
-    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, o.batch, o.batch, u_lo, u_hi, rows, NULL,
-            (StageWork){stage_forward, stage_backward, &run});
+    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, V, run.first, o.batch, o.batch, rows, NULL,
+            (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
+    long np = 0;
+    for (int v = 0; v < V; v++)
+        for (int u = run.p.u_lo[v]; u < run.p.u_hi[v]; u++) run.off[u] = np, np += unit_params(cfg, u);
+    run.st = state_alloc(np, o.opt.adamw);
+    Holding mine = {0};
+    for (int v = 0; v < V; v++)
+        for (int u = run.p.u_lo[v]; u < run.p.u_hi[v]; u++) {
+            Holding one = holding_units(cfg, &run.st, u, u + 1, unit_offset(cfg, u) - run.off[u]);
+            mine.n[u] = one.n[u], mine.at[0][u] = one.at[0][u], mine.at[1][u] = one.at[1][u], mine.at[2][u] = one.at[2][u];
+        }
+    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
-    snprintf(layout, sizeof layout, "pipeline of %d stages, %d microbatches, %s schedule", S, run.M,
-             schedules[run.sched].name);
+    snprintf(layout, sizeof layout, "pipeline of %d stages x %d chunks, %d microbatches, %s schedule", S, V, run.M,
+             schedule_names[run.sched]);
     if (!o.quiet && world_rank == 0) {
         print_config(&o, &run.ds, layout);
-        for (int s = 0; s < S; s++) printf("  stage %d    rank %d:", s, s), pp_print_units(cfg, run.first, s), printf("\n");
+        for (int r = 0; r < S; r++) {
+            printf("  rank %d    ", r);
+            for (int v = 0; v < V; v++) printf(" %schunk %d:", v ? "; " : "", chunk_global(run.sched, S, r, v)),
+                                        pp_print_units(cfg, run.first, chunk_global(run.sched, S, r, v));
+            printf("\n");
+        }
     }
 
     // training loop
@@ -534,9 +642,9 @@ int main(int argc, char** argv) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         fix_zero(run.st.grads, np);
-        int64_t loss = pp_step(&run.p, &batch); // the schedule: forwards and backwards of every microbatch
+        int64_t loss = pp_step(&run.p, &batch); // the schedule: every action of every microbatch
         pp_loss_to_first(&run.p, &loss);
-        float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, group_norm, &run.pp); // over every stage
+        float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, group_norm, &run.pp); // over every rank
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
@@ -547,8 +655,9 @@ int main(int argc, char** argv) {
     Figures fig = figures(&run, &progress, &o.opt, B);
     Report rep = {"train_pp.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
-    if (!o.quiet) pp_print_peaks(&run.p);
+    if (!o.quiet) pp_print_theory(&run.p);
     if (run.timeline) pp_timeline(&run.p);
+
     run_free(&run);
     MPI_Finalize();
     return 0;

@@ -131,18 +131,16 @@ static void tp_g_forward(void* ctx, int64_t* output, long n) {
 }
 
 // Column-parallel linear layer u: this rank's outputs Y[:, slice] = X W[:, slice] + b[slice],
-// whole sums from the whole input (f's forward is the identity). Backward: its weight and
-// bias gradients are its own; the input gradient sums over every output, so each rank's
-// partial sum over its own goes through f.
+// whole sums from the whole input (f's forward is the identity). Backward: the input
+// gradient sums over every output, so each rank's partial sum over its own goes through f;
+// its weight and bias gradients are its own.
 static void column_parallel_forward(Tp* t, int u, const float* w, const float* in, float* out, int R, Workspace* ws) {
     int K = t->k[u], J = t->j[u];
     linear_forward(out, in, w, w + (long)K * J, R, K, J, ws);
 }
-static void column_parallel_backward(Tp* t, const Config* c, int u, const float* w, int64_t* g, const float* in,
-                                     Scratch* s, int R, long batch, Workspace* ws) {
-    int K = t->k[u], J = t->j[u];
-    linear_backward_weight(g, g + (long)K * J, in, s->dout, R, K, J, batch, ws);
-    linear_backward_input_exact(s->din, s->acc, s->dout, w, R, K, J, linear_out(c, u), tp_f_backward, t, ws);
+static void column_parallel_backward_input(Tp* t, const Config* c, int u, const float* w, Scratch* s, int R,
+                                           Workspace* ws) {
+    linear_backward_input_exact(s->din, s->acc, s->dout, w, R, t->k[u], t->j[u], linear_out(c, u), tp_f_backward, t, ws);
 }
 // Row-parallel linear layer u: Z = g(X[:, slice] W[slice, :]) + b, the partial sums over
 // this rank's inputs completed by g, the bias added once. Backward: the gradient of this
@@ -152,11 +150,14 @@ static void row_parallel_forward(Tp* t, const Config* c, int u, const float* w, 
     int K = t->k[u], J = t->j[u];
     linear_forward_exact(out, s->acc, in, w, w + (long)K * J, R, K, J, linear_in(c, u), tp_g_forward, t, ws);
 }
-static void row_parallel_backward(Tp* t, int u, const float* w, int64_t* g, const float* in, Scratch* s, int R,
-                                  long batch, Workspace* ws) {
+static void row_parallel_backward_input(Tp* t, int u, const float* w, Scratch* s, int R, Workspace* ws) {
+    linear_backward_input(s->din, s->dout, w, R, t->k[u], t->j[u], ws);
+}
+// Either kind's weight and bias gradients: from its own inputs and outputs, no communication.
+static void parallel_linear_backward_weight(Tp* t, int u, int64_t* g, const float* in, const float* dout, int R,
+                                            long batch, Workspace* ws) {
     int K = t->k[u], J = t->j[u];
-    linear_backward_weight(g, g + (long)K * J, in, s->dout, R, K, J, batch, ws);
-    linear_backward_input(s->din, s->dout, w, R, K, J, ws);
+    linear_backward_weight(g, g + (long)K * J, in, dout, R, K, J, batch, ws);
 }
 
 // Vocabulary-parallel embedding: rank r holds the table rows of its slice of the vocabulary,
@@ -200,21 +201,31 @@ static void tp_unit_forward(Tp* t, const Config* c, int u, const float* w, Acts*
     trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
 }
 
-// Backward of unit u: reads s->dout, adds this rank's parameter gradients into g, writes
-// the input gradient (whole after a column-parallel layer, this rank's slice after a
-// row-parallel one, which is what the layer below holds) to s->din.
+// Backward of unit u, in two halves as model.h's unit_backward: the input half reads
+// s->dout and writes the input gradient (whole after a column-parallel layer, this rank's
+// slice after a row-parallel one, which is what the layer below holds) to s->din; the
+// weight half adds this rank's parameter gradients into g.
+static void tp_unit_backward_input(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
+                                   Workspace* ws) {
+    if (u == 0) return;
+    double t0 = trace_clock();
+    if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, t->j[u], tp_column(u) ? tp_v_lo(t) : 0);
+    else relu_backward(s->dout, a->out[u], (long)R * t->j[u]);
+    if (tp_column(u)) column_parallel_backward_input(t, c, u, w, s, R, ws);
+    else row_parallel_backward_input(t, u, w, s, R, ws);
+    trace_event("compute", t0, trace_clock(), 0, "input gradient %s", unit_name(c, u));
+}
+static void tp_unit_backward_weight(Tp* t, const Config* c, int u, int64_t* g, const Acts* a, const float* dout, int R,
+                                    long batch, Workspace* ws) {
+    double t0 = trace_clock();
+    if (u == 0) embedding_backward(g, a->tokens, dout, tp_v_lo(t), tp_v_lo(t) + t->vs, R, c->context, c->emb, batch);
+    else parallel_linear_backward_weight(t, u, g, a->out[u - 1], dout, R, batch, ws);
+    trace_event("compute", t0, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
+}
 static void tp_unit_backward(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
                              long batch, Workspace* ws) {
-    double t0 = trace_clock();
-    if (u == 0) {
-        embedding_backward(g, a->tokens, s->dout, tp_v_lo(t), tp_v_lo(t) + t->vs, R, c->context, c->emb, batch);
-    } else {
-        if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, t->j[u], tp_column(u) ? tp_v_lo(t) : 0);
-        else relu_backward(s->dout, a->out[u], (long)R * t->j[u]);
-        if (tp_column(u)) column_parallel_backward(t, c, u, w, g, a->out[u - 1], s, R, batch, ws);
-        else row_parallel_backward(t, u, w, g, a->out[u - 1], s, R, batch, ws);
-    }
-    trace_event("compute", t0, trace_clock(), 0, "backward %s", unit_name(c, u));
+    tp_unit_backward_input(t, c, u, w, a, s, R, ws);
+    tp_unit_backward_weight(t, c, u, g, a, s->dout, R, batch, ws);
 }
 
 // The whole vocabulary's probabilities of the last forward, on every rank (for sampling).

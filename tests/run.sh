@@ -287,15 +287,15 @@ section_pp() {
         done
     done
     # activations held: GPipe all M microbatches on every stage, 1F1B at most S - s on stage s
+    peaks() { sed -n 's/^  rank [0-9]*: bubble .* peak \([0-9.]*\).*/\1/p' "$1" | cut -d. -f1 | tr '\n' ' '; }
     run "$TMP/peak" $MPIRUN -n 5 ./train_pp --layers 3 --microbatches 8 --schedule gpipe --steps 5 --samples 0
-    check "pp: GPipe holds all 8 microbatch activations on every stage" \
-        grep -q 'stage by stage: 8 8 8 8 8 (GPipe' "$TMP/peak"
+    check "pp: GPipe holds all 8 microbatch activations on every stage ($(peaks "$TMP/peak"))" test "$(peaks "$TMP/peak")" = "8 8 8 8 8 "
     run "$TMP/peak" $MPIRUN -n 5 ./train_pp --layers 3 --microbatches 8 --schedule 1f1b --steps 5 --samples 0
-    check "pp: 1F1B holds at most S - s = 5, 4, 3, 2, 1 microbatch activations" \
-        grep -q 'stage by stage: 5 4 3 2 1 (1F1B' "$TMP/peak"
+    check "pp: 1F1B holds at most S - s = 5, 4, 3, 2, 1 microbatch activations ($(peaks "$TMP/peak"))" test "$(peaks "$TMP/peak")" = "5 4 3 2 1 "
     run "$TMP/peak" $MPIRUN -n 4 ./train_pp --layers 3 --microbatches 2 --schedule 1f1b --steps 5 --samples 0
-    check "pp: 1F1B with M < S holds at most M = 2 microbatches" \
-        grep -q 'stage by stage: 2 2 2 1 (1F1B' "$TMP/peak"
+    check "pp: 1F1B with M < S holds at most M = 2 microbatches ($(peaks "$TMP/peak"))" test "$(peaks "$TMP/peak")" = "2 2 2 1 "
+    run "$TMP/peak" $MPIRUN -n 4 ./train_pp --layers 3 --microbatches 8 --schedule zb1 --steps 5 --samples 0
+    check "pp: ZB-H1 holds at most S = 4 microbatches on every stage, 1F1B's peak ($(peaks "$TMP/peak"))" test "$(peaks "$TMP/peak")" = "4 4 4 4 "
     # messages larger than MPI's eager limit (64 KiB activations): blocking sends would deadlock 1F1B
     flags="--steps 20 --eval-every 0 --hidden 512 --batch 64 --layers 2"
     reference pp_big $flags
@@ -313,9 +313,56 @@ section_pp() {
         awk '/^  stage [0-9] \|/ { n++; for (m = 0; m < 4; m++) if (!index($0, m "") || !index($0, substr("abcd", m + 1, 1))) bad = 1 }
              END { exit !(n == 3 && !bad) }' "$TMP/tl"
     expect_error 2 "4 stages but the model has only 3 units" "pp: more stages than units is refused" -- $MPIRUN -n 4 ./train_pp
+    expect_error 2 "3 stages x 2 chunks = 6 chunks but the model has only 5 units" "pp: more chunks than units is refused" -- $MPIRUN -n 3 ./train_pp --layers 3 --schedule zbv
+    expect_error 2 "microbatches \(3\) must be a multiple of the stages \(2\)" "pp: interleaved with M not a multiple of S is refused, stating the rule" -- $MPIRUN -n 2 ./train_pp --layers 4 --schedule interleaved --microbatches 3
+    expect_error 2 "--virtual applies to --schedule interleaved only" "pp: --virtual with another schedule is refused" -- $MPIRUN -n 2 ./train_pp --layers 4 --virtual 2
+    expect_error 2 "--virtual must be an integer from 1 to 4, got '5'" "pp: --virtual 5 is refused" -- $MPIRUN -n 2 ./train_pp --layers 4 --schedule interleaved --virtual 5
     expect_error 2 "--microbatches must be an integer from 1 to 65536, got '0'" "pp: --microbatches 0 is refused" -- $MPIRUN -n 2 ./train_pp --microbatches 0
-    expect_error 2 "--schedule must be naive, gpipe or 1f1b, got 'zigzag'" "pp: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_pp --schedule zigzag
+    expect_error 2 "--schedule must be naive, gpipe, 1f1b, interleaved, zb1 or zbv, got 'zigzag'" "pp: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_pp --schedule zigzag
     expect_error 2 "a batch of 4 rows cannot be cut into 8 microbatches" "pp: a batch smaller than M is refused" -- $MPIRUN -n 2 ./train_pp --batch 4 --microbatches 8
+}
+
+# ----------------------------------------------------------------------------
+# Today's pipeline schedules (schedules.h): the checker over every schedule and size, then
+# every schedule against train.c, bit for bit, including M < S where a schedule allows it
+section_schedules() {
+    run "$TMP/grid" tools/schedules --grid
+    check "schedules: the checker finds every list of every schedule valid for S = 1..8, V = 1..4, M = 1..32, with the closed forms' bubble and peak ($(tail -1 "$TMP/grid"))" \
+        bash -c "grep -q '^PASSED the checker catches' '$TMP/grid' && grep -q ' schedules checked .*, 0 failed$' '$TMP/grid'"
+    local flags
+    for layers in 2 4; do
+        for opt in sgd adamw; do
+            flags="--steps 20 --eval-every 10 --layers $layers --optimizer $opt --batch 26"
+            reference sch_$layers$opt $flags
+            for S in 2 3 4; do
+                for M in 1 2 4 6; do
+                    for sched in zb1 zbv interleaved; do
+                        local chunks=1
+                        [ $sched != zb1 ] && chunks=2
+                        [ $((S * chunks)) -gt $((layers + 2)) ] && continue
+                        [ $sched = interleaved ] && [ $((M % S)) != 0 ] && continue
+                        same_as sch_$layers$opt "schedules: $sched, L=$layers, $S stages, $M microbatches, $opt, same as train.c" \
+                            $MPIRUN -n $S ./train_pp $flags --microbatches $M --schedule $sched
+                    done
+                done
+            done
+        done
+    done
+    flags="--steps 30 --eval-every 15 --layers 6 --optimizer adamw --clip 0.5 --batch 24"
+    reference sch_v3 $flags
+    same_as sch_v3 "schedules: interleaved with 3 chunks per rank on 2 stages, clipping, same as train.c" \
+        $MPIRUN -n 2 ./train_pp $flags --microbatches 4 --schedule interleaved --virtual 3
+    flags="--steps 20 --eval-every 10 --layers 4 --optimizer adamw --clip 0.3 --hidden 50 --batch 30"
+    reference sch_3d $flags
+    for sched in zb1 zbv interleaved; do
+        same_as sch_3d "schedules: train_3d 2 x 2 x 2, $sched, same as train.c" \
+            $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --microbatches 2 --schedule $sched $flags
+    done
+    run "$TMP/tl" $MPIRUN -n 2 ./train_pp --layers 2 --microbatches 4 --schedule zb1 --steps 5 --samples 0 --timeline
+    check "schedules: --timeline draws F, I and W apart (digits, letters, capitals) for zb1" \
+        awk '/^  stage [0-9] \|/ { n++; if ($0 !~ /[0-9]/ || $0 !~ /[a-d]/ || $0 !~ /[A-D]/) bad = 1 } END { exit !(n == 2 && !bad) }' "$TMP/tl"
+    check "schedules: the report prints each rank's measured bubble beside the checker's and the closed form" \
+        grep -q '^  all ranks: bubble [0-9.]* of S x the step by the checker, [0-9.]* by the closed form' "$TMP/tl"
 }
 
 # ----------------------------------------------------------------------------
@@ -356,7 +403,7 @@ section_3d() {
     expect_error 2 "say how to arrange them" "3d: an ambiguous grid is refused" -- $MPIRUN -n 4 ./train_3d --tp 2
     expect_error 2 "--pp 4 but the model has only 3 units" "3d: more stages than units is refused" -- $MPIRUN -n 4 ./train_3d --pp 4 --dp 1
     expect_error 2 "leaves 4 rows for 8 microbatches" "3d: too few rows per replica for the microbatches is refused" -- $MPIRUN -n 4 ./train_3d --dp 4 --pp 1 --batch 16 --microbatches 8
-    expect_error 2 "--schedule must be naive, gpipe or 1f1b" "3d: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --schedule nope
+    expect_error 2 "--schedule must be naive, gpipe, 1f1b, interleaved, zb1 or zbv" "3d: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --schedule nope
     expect_error 2 "--prefetch applies to --zero 3 only" "3d: --prefetch with ZeRO-2 is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --zero 2 --prefetch
 }
 
@@ -499,6 +546,7 @@ run_section dp
 run_section fsdp
 run_section tp
 run_section pp
+run_section schedules
 run_section 3d
 run_section accounting
 run_section run
