@@ -264,5 +264,30 @@ __attribute__((format(printf, 5, 6))) static void trace_event(const char* cat, d
     e->t0 = t0, e->t1 = t1, e->bytes = bytes;
 }
 
+// The pipeline actions of a trace written by trace_write (train_pp.c names them "F3 chunk 1":
+// the action, its microbatch, its chunk): at most `max` of them into ev; returns how many.
+typedef struct {
+    int rank, mb;
+    char op;
+    double t0, dur; // microseconds
+} PipeEvent;
+static int trace_read_pipeline(const char* path, PipeEvent* ev, int max) {
+    FILE* in = fopen(path, "r");
+    if (!in) fatal("cannot open trace '%s': %s", path, strerror(errno));
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, in) && n < max) { // one event per line, as trace_write writes them
+        char name[64], cat[32];
+        PipeEvent e;
+        if (sscanf(line, "{\"name\": \"%63[^\"]\", \"cat\": \"%31[^\"]\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, "
+                         "\"ts\": %lf, \"dur\": %lf", name, cat, &e.rank, &e.t0, &e.dur) != 5 || strcmp(cat, "pipeline"))
+            continue;
+        e.op = name[0], e.mb = atoi(name + 1);
+        ev[n++] = e;
+    }
+    fclose(in);
+    return n;
+}
+
 #pragma GCC diagnostic pop
 #endif // UTIL_H

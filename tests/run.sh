@@ -459,6 +459,10 @@ section_run() {
         bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 6"
     check "run: pipeline.svg is well-formed XML with a forward and a backward pass of every microbatch on every stage" \
         bash -c "xmllint --noout '$TMP/out/pipeline.svg' && test \$(grep -c 'class=\"pass\"' '$TMP/out/pipeline.svg') = 16"
+    check "run: the schedules table has a row for each of the 6 schedules, each the same as train.c" \
+        bash -c "test \$(grep -cE '^\| (naive|gpipe|1f1b|interleaved|zb1|zbv) \| yes \|' '$TMP/run.out') = 6"
+    check "run: schedules.svg is well-formed XML with every schedule's measured and simulated actions" \
+        bash -c "xmllint --noout '$TMP/out/schedules.svg' && test \$(grep -c 'class=\"action\"' '$TMP/out/schedules.svg') -gt 1000"
     check "run: the pipeline run's --trace is valid JSON for Perfetto" \
         bash -c "head -c 40 '$TMP/out/runs/pp.json' | grep -q traceEvents && tail -1 '$TMP/out/runs/pp.json' | grep -qx ']}'"
 }

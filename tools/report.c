@@ -165,25 +165,15 @@ static void write_loss_svg(const char* path, Run* runs, int n) {
 // pipeline.svg: one measured training step of the pipeline run, one row per stage
 
 static void write_pipeline_svg(const char* path, const char* trace, const Run* r) {
-    FILE* in = fopen(trace, "r");
-    if (!in) fatal("cannot open '%s': %s", trace, strerror(errno));
     enum { MAX_EV = 4096 };
+    static PipeEvent ev[MAX_EV];
     static int pid[MAX_EV], mb[MAX_EV], fwd[MAX_EV];
     static double ts[MAX_EV], dur[MAX_EV];
-    int n = 0, stages = 0;
-    char line[1024];
-    while (fgets(line, sizeof line, in) && n < MAX_EV) { // one event per line (util.h writes them so)
-        char name[64], cat[32];
-        int p;
-        double t, d;
-        if (sscanf(line, "{\"name\": \"%63[^\"]\", \"cat\": \"%31[^\"]\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, "
-                         "\"ts\": %lf, \"dur\": %lf", name, cat, &p, &t, &d) != 5 || strcmp(cat, "pipeline"))
-            continue;
-        pid[n] = p, ts[n] = t, dur[n] = d, fwd[n] = name[0] == 'F', mb[n] = atoi(name + 1);
-        stages = p + 1 > stages ? p + 1 : stages;
-        n++;
+    int n = trace_read_pipeline(trace, ev, MAX_EV), stages = 0;
+    for (int i = 0; i < n; i++) {
+        pid[i] = ev[i].rank, ts[i] = ev[i].t0, dur[i] = ev[i].dur, fwd[i] = ev[i].op == 'F', mb[i] = ev[i].mb;
+        stages = pid[i] + 1 > stages ? pid[i] + 1 : stages;
     }
-    fclose(in);
     if (n == 0) fatal("'%s' has no pipeline events", trace);
     double start = ts[0], end = 0;
     for (int i = 0; i < n; i++) start = ts[i] < start ? ts[i] : start;
