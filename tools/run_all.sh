@@ -51,33 +51,10 @@ echo
 status=0
 tools/report "$OUT" $names | tee "$OUT/table.md" || status=$?
 
-# The pipeline schedules side by side: 4 ranks, 8 microbatches, a model of 8 units (6
-# hidden layers, so that interleaved and zbv have 2 chunks per rank), each run against
-# train.c with the same flags, and one picture of them all (measured beside simulated).
-SFLAGS="$FLAGS --layers 6 --hidden 128"
+# The pipeline schedules side by side, and one picture of them all
 echo
-echo "pipeline schedules, 4 ranks, 8 microbatches ($SFLAGS):"
-./train $SFLAGS --log "$OUT/runs/sched-ref.csv" --save "$OUT/runs/sched-ref.ckpt" --quiet </dev/null >/dev/null
-traces=""
-echo "| schedule | same as train.c | ms/step | bubble measured, mean over ranks | checker, same durations | closed form | peak activations per rank, in microbatches (formula) |"
-echo "| --- | --- | --- | --- | --- | --- | --- |"
-for sched in naive gpipe 1f1b interleaved zb1 zbv; do
-    base="$OUT/runs/sched-$sched"
-    $MPIRUN -n 4 ./train_pp --microbatches 8 --schedule $sched $SFLAGS --log "$base.csv" --save "$base.ckpt" \
-        --summary "$base.sum" --trace "$base.json" </dev/null >"$base.out" 2>&1 || status=1
-    traces="$traces $base.json"
-    same=no
-    tools/compare "$OUT/runs/sched-ref.csv" "$base.csv" "$OUT/runs/sched-ref.ckpt" "$base.ckpt" >"$base.cmp" && same=yes
-    [ $same = yes ] || status=1
-    awk -v sched=$sched -v same=$same '
-        /^seconds=/ { split($0, kv, "="); sec = kv[2] } /^steps=/ { split($0, kv, "="); steps = kv[2] }
-        /^rank=/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "bubble") { b += kv[2]; n++ } } }
-        END { printf "| %s | %s | %.3f | %.3f |", sched, same, (steps > 0 ? 1e3 * sec / steps : 0), (n ? b / n : 0) }' "$base.sum"
-    awk '/^  rank [0-9]*: bubble / { r = $0; sub(/.*peak /, "", r); peaks = peaks (peaks ? ", " : "") r }
-         /^  all ranks: bubble / { checker = $4; closed = "-"; if ($0 ~ /closed form/) { closed = $(NF - 4) } }
-         END { printf " %s | %s | %s |\n", checker, closed, peaks }' "$base.out"
-done
-tools/schedules --svg "$OUT/schedules.svg" 4 8 $traces
+bash tools/schedule_table.sh "$OUT" 8 $FLAGS || status=1
+tools/schedules --svg "$OUT/schedules.svg" 4 8 "$OUT"/runs/sched-8-{naive,gpipe,1f1b,interleaved,zb1,zbv}.json
 echo
 echo "pictures: $OUT/loss.svg (the loss curves), $OUT/pipeline.svg (one pipeline step) and $OUT/schedules.svg"
 echo "(every schedule, measured and simulated); the traces for https://ui.perfetto.dev: $OUT/runs/pp.json and"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # tools/tables.sh: the measured tables of the README, one section per strategy.
 #
-#   bash tools/tables.sh dp fsdp tp pp 3d     # any of them; all of them without arguments
+#   bash tools/tables.sh dp fsdp tp pp 3d schedules   # any of them; all of them without arguments
 #
 # dp, fsdp, tp, 3d: every run trains the default configuration (25,000 steps; 3d: fewer,
 # see below) with --log, --save and --summary; tools/compare checks each against train.c
 # and tools/report prints the table (measured bytes and memory, formulas beside them).
 # pp: short runs of wider models, one per (stages, microbatches, schedule).
+# schedules: every pipeline schedule on 4 ranks, 8 and 16 microbatches (tools/schedule_table.sh).
 # This machine has 2 cores: runs with more ranks share them, which shows in their times
 # (and in the pipeline's measured bubble), not in their bytes, memory or results.
 set -euo pipefail
@@ -28,9 +29,16 @@ one() {
             >"$OUT/runs/$name.cmp" || true
     fi
 }
+# A fresh $OUT/runs: emptied only if this script made it (its marker file is there), so
+# that an OUT pointing at a folder of the user's loses nothing.
 fresh() {
-    rm -rf "$OUT"
+    if [ -e "$OUT/runs" ] && [ ! -e "$OUT/runs/.made-by-tables.sh" ]; then
+        echo "tools/tables.sh: $OUT/runs exists and was not made by this script; set OUT to another folder" >&2
+        exit 1
+    fi
+    rm -rf "$OUT/runs"
     mkdir -p "$OUT/runs"
+    touch "$OUT/runs/.made-by-tables.sh"
 }
 
 table_dp() {
@@ -86,7 +94,7 @@ pp_row() {
         /^rank=/ { for (i = 1; i <= NF; i++) if ($i ~ /^bubble=/) { split($i, a, "="); b = b sprintf("%s%.2f", b == "" ? "" : " ", a[2]) } }
         END { printf "| %d | %d | %s | %.3f | %s | %.2f | ", s, m, sched, 1e3 * secs / steps, b, (s - 1) / (m + s - 1) }' \
         "$OUT/runs/$name.sum"
-    echo "$(sed -n 's/.*stage by stage: \([0-9 ]*\) .*/\1/p' "$OUT/runs/$name.out") | $([ "$(cut -c1-9 "$OUT/runs/$name.cmp")" = identical ] && echo yes || echo no) |"
+    echo "$(sed -n 's/^  rank [0-9]*: bubble .* peak \([0-9]*\).*/\1/p' "$OUT/runs/$name.out" | tr '\n' ' ' | sed 's/ $//') | $([ "$(cut -c1-9 "$OUT/runs/$name.cmp")" = identical ] && echo yes || echo no) |"
 }
 pp_header() {
     echo "| stages | microbatches | schedule | ms/step | bubble measured (per stage) | bubble in theory | activations held at the peak (per stage) | same as train.c |"
@@ -149,7 +157,20 @@ table_3d() {
     tools/report "$OUT" train g222 g123 g213 g411 g141
 }
 
-for t in ${*:-dp fsdp tp pp 3d}; do
+table_schedules() {
+    fresh
+    make -s tools/schedules
+    for m in 8 16; do
+        echo "### \`bash tools/tables.sh schedules\`: 4 ranks (on 2 cores), $m microbatches"
+        echo
+        bash tools/schedule_table.sh "$OUT" $m --steps 300 --eval-every 0 --samples 0 | tail -n +3
+        echo
+    done
+    tools/schedules --svg "$OUT/schedules.svg" 4 8 "$OUT"/runs/sched-8-{naive,gpipe,1f1b,interleaved,zb1,zbv}.json
+    echo "picture: $OUT/schedules.svg"
+}
+
+for t in ${*:-dp fsdp tp pp 3d schedules}; do
     "table_$t"
     echo
 done
