@@ -15,134 +15,158 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 
-#include "model.h"
+#include "model.h" // first: util.h sets the POSIX feature level
+#include "cli.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // the file
+//
+// Written so that nothing is lost: to a temporary file in the same folder, flushed to the
+// disk, then renamed over the old checkpoint (a rename is atomic), so a kill or a full disk
+// during a save leaves the previous checkpoint whole. Read so that nothing is silent: the
+// header says which byte order wrote it, and holds every flag that decides the result
+// (seed, batch, optimizer and its settings, a checksum of the data file); resuming with
+// any of them changed is refused, naming each difference, unless --allow-changes says
+// the change is deliberate. The data are read once, checked as they are read (the
+// checksum, and that every value is finite), before training starts.
 
-#define CKPT_MAGIC "MLPCKPT1"
+#define CKPT_MAGIC "MLPCKPT2"
+#define CKPT_BYTE_ORDER 0x01020304u // reads as 0x04030201 on a machine of the other byte order
 typedef struct {
     char magic[8];
+    uint32_t byte_order;
     int32_t vocab, context, emb, hidden, layers, adamw;
     int64_t step;     // completed training steps
     int64_t n_params;
     unsigned char chars[256]; // the vocabulary, so that another dataset is caught
+    uint64_t seed, data_sum;  // what else decides the result
+    int32_t batch, pad;
+    float lr, weight_decay, beta1, beta2, eps, clip;
 } CkptHeader;
 
-static uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-    const unsigned char* p = data;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-#define FNV_START 0xcbf29ce484222325ull
-
-static CkptHeader ckpt_header(const Config* c, int adamw, long step, const unsigned char* chars) {
+static CkptHeader ckpt_header(const Config* c, const Options* o, const Dataset* ds, long step) {
     CkptHeader h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CKPT_MAGIC, 8);
-    h.vocab = c->vocab;
-    h.context = c->context;
-    h.emb = c->emb;
-    h.hidden = c->hidden;
-    h.layers = c->layers;
-    h.adamw = adamw;
+    h.byte_order = CKPT_BYTE_ORDER;
+    h.vocab = c->vocab, h.context = c->context, h.emb = c->emb, h.hidden = c->hidden, h.layers = c->layers;
+    h.adamw = o->opt.adamw;
     h.step = step;
     h.n_params = n_params(c);
-    memcpy(h.chars, chars, (size_t)c->vocab);
+    memcpy(h.chars, ds->token_char, (size_t)c->vocab);
+    h.seed = o->seed, h.data_sum = ds->checksum, h.batch = o->batch;
+    h.lr = o->opt.lr, h.weight_decay = o->opt.weight_decay, h.beta1 = o->opt.beta1, h.beta2 = o->opt.beta2;
+    h.eps = o->opt.eps, h.clip = o->opt.clip;
     return h;
 }
 static long ckpt_floats(const CkptHeader* h) { return (h->adamw ? 3 : 1) * (long)h->n_params; }
 
-// Writes the header, then `n` floats gathered by the caller, then the checksum.
+// Reads and checks a header: this project's, this byte order, sizes that fit the file.
+static void ckpt_read_header(FILE* f, const char* path, CkptHeader* h) {
+    if (fread(h, 1, sizeof *h, f) != sizeof *h || memcmp(h->magic, "MLPCKPT", 7) != 0)
+        fatal("'%s' is not a checkpoint of this project (bad header)", path);
+    if (memcmp(h->magic, CKPT_MAGIC, 8) != 0)
+        fatal("checkpoint '%s' has format %.8s, this program reads %s: save it again with the program that wrote it",
+              path, h->magic, CKPT_MAGIC);
+    if (h->byte_order != CKPT_BYTE_ORDER)
+        fatal("checkpoint '%s' was written on a machine of the other byte order; this program reads its own only", path);
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (h->n_params <= 0 || h->n_params > (1L << 31) || h->step < 0 || h->step > 1000000000L || (h->adamw != 0 && h->adamw != 1) ||
+        size != (long)sizeof *h + ckpt_floats(h) * (long)sizeof(float) + (long)sizeof(uint64_t))
+        fatal("checkpoint '%s' is corrupt or truncated (its header does not match its size)", path);
+    fseek(f, (long)sizeof *h, SEEK_SET);
+}
+
+// Refuses a checkpoint that does not fit this run, naming every difference.
+static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* c, const Options* o, const Dataset* ds) {
+    if (h->vocab != c->vocab || h->context != c->context || h->emb != c->emb || h->hidden != c->hidden ||
+        h->layers != c->layers || h->n_params != n_params(c))
+        fatal("checkpoint '%s' is of a different model (vocabulary %d, context %d, emb %d, hidden %d, layers %d); "
+              "pass the same --context --emb --hidden --layers and data", path, h->vocab, h->context, h->emb,
+              h->hidden, h->layers);
+    if (memcmp(h->chars, ds->token_char, (size_t)c->vocab) != 0)
+        fatal("checkpoint '%s' was trained on data with a different vocabulary", path);
+    if (h->adamw != o->opt.adamw)
+        fatal("checkpoint '%s' holds %s state; pass --optimizer %s", path, h->adamw ? "AdamW" : "SGD",
+              h->adamw ? "adamw" : "sgd");
+    if (o->steps < h->step)
+        fatal("checkpoint '%s' is at step %lld, past --steps %ld: this run would train nothing; pass --steps %lld or "
+              "more (%lld only evaluates)", path, (long long)h->step, o->steps, (long long)h->step, (long long)h->step);
+    char diff[768] = "";
+    size_t n = 0;
+#define CKPT_DIFF(cond, ...) if (cond) n += (size_t)snprintf(diff + n, n < sizeof diff ? sizeof diff - n : 0, __VA_ARGS__)
+    CKPT_DIFF(h->seed != o->seed, " --seed %llu (now %llu);", (unsigned long long)h->seed, (unsigned long long)o->seed);
+    CKPT_DIFF(h->batch != o->batch, " --batch %d (now %d);", h->batch, o->batch);
+    CKPT_DIFF(h->lr != o->opt.lr, " --lr %g (now %g);", h->lr, o->opt.lr);
+    CKPT_DIFF(h->weight_decay != o->opt.weight_decay, " --weight-decay %g (now %g);", h->weight_decay, o->opt.weight_decay);
+    CKPT_DIFF(h->clip != o->opt.clip, " --clip %g (now %g);", h->clip, o->opt.clip);
+    CKPT_DIFF(h->beta1 != o->opt.beta1 || h->beta2 != o->opt.beta2 || h->eps != o->opt.eps, " AdamW's betas or eps;");
+    CKPT_DIFF(h->data_sum != ds->checksum, " the data file's contents;");
+#undef CKPT_DIFF
+    if (n > 0 && !o->allow_changes)
+        fatal("checkpoint '%s' was trained with other settings:%s resuming would not continue that run. Pass the "
+              "same flags, or --allow-changes to change them deliberately", path, diff);
+}
+
+// Writes the header, then the floats the caller hands it, then the checksum, to a
+// temporary file that ckpt_close renames over `path`.
 typedef struct {
     FILE* f;
     uint64_t sum;
     const char* path;
+    char tmp[4096];
 } CkptWriter;
+static void ckpt_fail(CkptWriter* w, const char* what) {
+    int err = errno;
+    if (w->f) fclose(w->f);
+    remove(w->tmp);
+    fatal("cannot %s checkpoint '%s': %s; the previous one, if any, is untouched", what, w->path, strerror(err));
+}
 static void ckpt_write(CkptWriter* w, const void* data, size_t n) {
-    if (fwrite(data, 1, n, w->f) != n) fatal("cannot write checkpoint '%s': %s", w->path, strerror(errno));
+    if (fwrite(data, 1, n, w->f) != n) ckpt_fail(w, "write");
     w->sum = fnv1a(w->sum, data, n);
 }
-static CkptWriter ckpt_create(const char* path, const CkptHeader* h) {
-    CkptWriter w = {fopen(path, "wb"), FNV_START, path};
-    if (!w.f) fatal("cannot create checkpoint '%s': %s", path, strerror(errno));
-    ckpt_write(&w, h, sizeof *h);
-    return w;
+static void ckpt_create(CkptWriter* w, const char* path, const CkptHeader* h) {
+    *w = (CkptWriter){.sum = FNV_START, .path = path};
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
+    w->f = fopen(w->tmp, "wb");
+    if (!w->f) ckpt_fail(w, "create");
+    ckpt_write(w, h, sizeof *h);
 }
+// The checksum; the data on the disk (fsync); then the new file in the old one's place, and
+// that renaming on the disk too (fsync of the folder).
 static void ckpt_close(CkptWriter* w) {
     uint64_t sum = w->sum;
     ckpt_write(w, &sum, sizeof sum);
-    if (fclose(w->f) != 0) fatal("cannot write checkpoint '%s': %s", w->path, strerror(errno));
+    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) ckpt_fail(w, "write");
+    if (fclose(w->f) != 0) w->f = NULL, ckpt_fail(w, "write");
+    w->f = NULL;
+    if (rename(w->tmp, w->path) != 0) ckpt_fail(w, "replace");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", w->path);
+    char* slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    int fd = open(dir, O_RDONLY);
+    if (fd >= 0) fsync(fd), close(fd);
 }
 
-// Writes a whole checkpoint from one process that holds every parameter (n of them).
-static void ckpt_save(const char* path, const Config* c, int adamw, long step, const unsigned char* chars,
-                      const float* params, const float* m, const float* v) {
-    CkptHeader h = ckpt_header(c, adamw, step, chars);
-    CkptWriter w = ckpt_create(path, &h);
+// Writes a whole checkpoint at `step` from one process that holds every parameter.
+static void ckpt_save(const Options* o, const Dataset* ds, const Config* c, long step, const State* s) {
+    CkptHeader h = ckpt_header(c, o, ds, step);
+    CkptWriter w;
+    ckpt_create(&w, o->save, &h);
     long n = n_params(c);
-    ckpt_write(&w, params, (size_t)n * sizeof(float));
-    if (adamw) {
-        ckpt_write(&w, m, (size_t)n * sizeof(float));
-        ckpt_write(&w, v, (size_t)n * sizeof(float));
+    ckpt_write(&w, s->params, (size_t)n * sizeof(float));
+    if (o->opt.adamw) {
+        ckpt_write(&w, s->m, (size_t)n * sizeof(float));
+        ckpt_write(&w, s->v, (size_t)n * sizeof(float));
     }
     ckpt_close(&w);
-}
-
-// Checks a checkpoint without loading it: header, size, checksum (read in pieces), and
-// agreement with this run's model, optimizer and data. Returns the header.
-static CkptHeader ckpt_check(const char* path, const Config* c, int adamw, const unsigned char* chars) {
-    FILE* f = fopen(path, "rb");
-    if (!f) fatal("cannot open checkpoint '%s': %s", path, strerror(errno));
-    CkptHeader h;
-    if (fread(&h, 1, sizeof h, f) != sizeof h || memcmp(h.magic, CKPT_MAGIC, 8) != 0)
-        fatal("'%s' is not a checkpoint of this project (bad header)", path);
-    if (h.vocab != c->vocab || h.context != c->context || h.emb != c->emb || h.hidden != c->hidden ||
-        h.layers != c->layers)
-        fatal("checkpoint '%s' is of a different model (vocabulary %d, context %d, emb %d, hidden %d, layers %d); "
-              "pass the same --context --emb --hidden --layers and data", path, h.vocab, h.context, h.emb, h.hidden,
-              h.layers);
-    if (h.n_params != n_params(c) || h.step < 0) fatal("checkpoint '%s' is corrupt (bad sizes)", path);
-    if (memcmp(h.chars, chars, (size_t)c->vocab) != 0)
-        fatal("checkpoint '%s' was trained on data with a different vocabulary", path);
-    if (h.adamw != adamw)
-        fatal("checkpoint '%s' holds %s state; pass --optimizer %s", path, h.adamw ? "AdamW" : "SGD",
-              h.adamw ? "adamw" : "sgd");
-    uint64_t sum = fnv1a(FNV_START, &h, sizeof h), stored;
-    unsigned char buf[1 << 16];
-    for (long left = ckpt_floats(&h) * (long)sizeof(float); left > 0;) {
-        size_t want = left < (long)sizeof buf ? (size_t)left : sizeof buf;
-        if (fread(buf, 1, want, f) != want) fatal("checkpoint '%s' is truncated", path);
-        sum = fnv1a(sum, buf, want);
-        left -= (long)want;
-    }
-    if (fread(&stored, 1, sizeof stored, f) != sizeof stored) fatal("checkpoint '%s' is truncated", path);
-    if (fgetc(f) != EOF) fatal("checkpoint '%s' is corrupt (trailing bytes)", path);
-    if (sum != stored) fatal("checkpoint '%s' is corrupt (checksum mismatch)", path);
-    fclose(f);
-    return h;
-}
-
-// Reads floats [first, first+count) of a checked checkpoint's data (parameters, then m, then v).
-static void ckpt_read(const char* path, long first, long count, float* dst) {
-    FILE* f = fopen(path, "rb");
-    if (!f || fseek(f, (long)sizeof(CkptHeader) + first * (long)sizeof(float), SEEK_SET) != 0 ||
-        fread(dst, sizeof(float), (size_t)count, f) != (size_t)count)
-        fatal("cannot read checkpoint '%s'", path);
-    fclose(f);
-}
-
-// Restores every parameter (and AdamW's state) of a checkpoint; returns its step.
-static long ckpt_restore(const char* path, const Config* c, int adamw, const unsigned char* chars, float* params,
-                         float* m, float* v) {
-    CkptHeader h = ckpt_check(path, c, adamw, chars);
-    long n = n_params(c);
-    ckpt_read(path, 0, n, params);
-    if (adamw) {
-        ckpt_read(path, n, n, m);
-        ckpt_read(path, 2 * n, n, v);
-    }
-    return (long)h.step;
 }
 
 // ----------------------------------------------------------------------------
@@ -167,36 +191,56 @@ static long holding_index(const Holding* h, const Config* c, int u, long e) {
     return k < unit_params(c, u) ? k : -1;
 }
 
-// Fills what this process holds: from checkpoint `path` (its parameters, and its m and v
-// with AdamW), or, without a path, the parameters with the initial values train.c uses
-// (m and v stay 0). One unit at a time: no process builds the whole model. Returns the
-// checkpoint's step, or 0.
-static long holding_load(const Holding* h, const char* path, const Config* c, int adamw, uint64_t seed,
-                         const unsigned char* chars) {
-    long n = n_params(c), step = path ? (long)ckpt_check(path, c, adamw, chars).step : 0;
+// Fills what this process holds: from the checkpoint of --load (its parameters, and its m
+// and v with AdamW), or without one, the parameters with the initial values train.c uses
+// (m and v stay 0). One unit at a time: no process builds the whole model. The checkpoint
+// is read once, front to back, every byte into the checksum and every value checked
+// finite, and refused before training if anything is wrong. Returns its step, or 0.
+static long holding_load(const Holding* h, const Options* o, const Dataset* ds, const Config* c) {
+    const char* path = o->load;
     float* unit = mallocCheck((size_t)max_unit_params(c) * sizeof(float));
-    for (int part = 0; part < (path && adamw ? 3 : 1); part++)
+    CkptHeader hd = {0};
+    FILE* f = NULL;
+    uint64_t sum = FNV_START, stored;
+    if (path) {
+        f = fopen(path, "rb");
+        if (!f) fatal("cannot open checkpoint '%s': %s", path, strerror(errno));
+        ckpt_read_header(f, path, &hd);
+        ckpt_check_fit(&hd, path, c, o, ds);
+        sum = fnv1a(sum, &hd, sizeof hd);
+    }
+    for (int part = 0; part < (path && o->opt.adamw ? 3 : 1); part++)
         for (int u = 0; u < n_units(c); u++) {
-            if (h->n[u] == 0) continue;
-            if (path) ckpt_read(path, part * n + unit_offset(c, u), unit_params(c, u), unit);
-            else
-                for (long e = 0; e < unit_params(c, u); e++) unit[e] = unit_init_value(c, seed, u, e);
+            long count = unit_params(c, u);
+            if (path) {
+                if (fread(unit, sizeof(float), (size_t)count, f) != (size_t)count) fatal("checkpoint '%s' is truncated", path);
+                sum = fnv1a(sum, unit, (size_t)count * sizeof(float));
+                for (long e = 0; e < count; e++)
+                    if (!isfinite(unit[e]))
+                        fatal("checkpoint '%s' holds a value that is not finite (%s of %s, element %ld): the run it "
+                              "saved had diverged", path, part == 0 ? "a parameter" : "optimizer state", unit_name(c, u), e);
+            } else {
+                for (long e = 0; e < count; e++) unit[e] = unit_init_value(c, o->seed, u, e);
+            }
             for (long e = 0; e < h->n[u]; e++) {
                 long k = holding_index(h, c, u, e);
                 h->at[part][u][e] = k < 0 ? 0.0f : unit[k];
             }
         }
+    if (path) {
+        if (fread(&stored, 1, sizeof stored, f) != sizeof stored) fatal("checkpoint '%s' is truncated", path);
+        if (sum != stored) fatal("checkpoint '%s' is corrupt (checksum mismatch)", path);
+        fclose(f);
+    }
     free(unit);
-    return step;
+    return (long)hd.step;
 }
 
-// The whole model in one process's State: filled from checkpoint `path`, or with the
-// initial values (path NULL). Returns the checkpoint's step, or 0.
+// The whole model in one process's State, filled as holding_load does.
 static Holding holding_units(const Config* c, const State* s, int u_lo, int u_hi, long base);
-static long state_load(State* s, const char* path, const Config* c, int adamw, uint64_t seed,
-                       const unsigned char* chars) {
+static long state_load(State* s, const Options* o, const Dataset* ds, const Config* c) {
     Holding all = holding_units(c, s, 0, n_units(c), 0);
-    return holding_load(&all, path, c, adamw, seed, chars);
+    return holding_load(&all, o, ds, c);
 }
 
 // Units [u_lo, u_hi) whole, in train.c's layout, in a State whose first element is element

@@ -13,6 +13,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 
+#include <float.h>
 #include <getopt.h>
 #include <limits.h>
 
@@ -34,6 +35,7 @@ typedef struct {
     const char* trace; // --trace
     const char* summary; // --summary
     int quiet;        // --quiet
+    int allow_changes; // --allow-changes
 } Options;
 
 // A flag: long name, the name of its value (NULL for a switch), and its help line.
@@ -66,6 +68,7 @@ static const CliFlag cli_common[] = {
     {"trace", "FILE", "write the last step's events of every rank as a Chrome trace (Perfetto)"},
     {"summary", "FILE", "write the run's measured figures as key=value lines (make run reads them)"},
     {"max-line", "N", "longest accepted line of --data, in bytes (default 1024)"},
+    {"allow-changes", NULL, "--load: resume even with another seed, batch, optimizer setting or data file"},
     {"quiet", NULL, "print only the results: validation loss and names"},
     {"help", NULL, "print this help"},
 };
@@ -105,9 +108,16 @@ static const char* cli_float(const char* flag, const char* s, double lo, double 
     char* end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || (lo_open && v == lo) || v > hi) {
-        snprintf(cli_error, sizeof cli_error, "--%s must be a number %s %g and at most %g, got '%s'", flag,
+    // decimal numbers only: strtod also takes hexadecimal, infinity and NaN
+    int decimal = s[strspn(s, "0123456789.eE+-")] == 0;
+    if (!decimal || errno || end == s || *end || !isfinite(v) || v < lo || (lo_open && v == lo) || v > hi) {
+        snprintf(cli_error, sizeof cli_error, "--%s must be a decimal number %s %g and at most %g, got '%s'", flag,
                  lo_open ? "above" : "from", lo, hi, s);
+        return cli_error;
+    }
+    if (v != 0 && !isnormal((float)v)) { // it would be 0, or lose its precision, as a float
+        snprintf(cli_error, sizeof cli_error, "--%s %s is too small to act as a float (at least %g), got '%s'", flag,
+                 lo_open ? "must be above 0 and" : "is 0 to turn it off, else", (double)FLT_MIN, s);
         return cli_error;
     }
     *out = (float)v;
@@ -190,6 +200,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "summary")) o->summary = optarg;
         else if (!strcmp(name, "max-line")) *err = cli_int(name, optarg, 1, 1 << 24, &o->max_line);
         else if (!strcmp(name, "quiet")) o->quiet = 1;
+        else if (!strcmp(name, "allow-changes")) o->allow_changes = 1;
         else if (!strcmp(name, "help")) return 1;
     }
     if (!*err && optind < argc) {

@@ -18,8 +18,10 @@
  * draws exactly those, never the rest.
  *
  * Input checks (each message names the file and line): unreadable file, empty file, no
- * usable lines, fewer lines than a split needs, NUL or other control bytes, lines longer
- * than the limit (--max-line). CRLF line endings and blank lines are accepted.
+ * usable lines, fewer lines than a split needs, NUL or other control bytes, bytes that are
+ * not ASCII (UTF-8 names are refused with the line and column: a token is one ASCII
+ * character), lines longer than the limit (--max-line). CRLF line endings, blank lines and
+ * a leading UTF-8 byte-order mark are accepted.
  */
 #ifndef DATA_H
 #define DATA_H
@@ -36,6 +38,7 @@
 typedef struct {
     const char* path;
     int vocab;                      // number of tokens, boundary included
+    uint64_t checksum;              // of the file's bytes (checkpoints record it)
     unsigned char token_char[256];  // token -> byte it stands for (token 0: '.')
     int char_token[256];            // byte -> token, or -1 if the byte never occurs
     int n_lines, n_train, n_val;    // lines [0, n_train) train, [n_train, n_lines) validate
@@ -67,6 +70,8 @@ static void dataset_load(Dataset* ds, const char* path, int max_line, uint64_t s
     if (ferror(f)) fatal("cannot read data file '%s': %s", path, strerror(errno));
     fclose(f);
     if (size == 0) fatal("data file '%s' is empty", path);
+    ds->checksum = fnv1a(FNV_START, text, size);
+    size_t bom = size >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0; // a UTF-8 byte-order mark: not text
 
     // Pass 1: find the lines, check their bytes and lengths, collect the vocabulary.
     int present[256] = {0};
@@ -74,7 +79,7 @@ static void dataset_load(Dataset* ds, const char* path, int max_line, uint64_t s
     long* start = mallocCheck(n_alloc * sizeof(long));
     int* len = mallocCheck(n_alloc * sizeof(int));
     long line_no = 0;
-    for (size_t pos = 0; pos < size;) {
+    for (size_t pos = bom; pos < size;) {
         line_no++;
         size_t end = pos;
         while (end < size && text[end] != '\n') end++;
@@ -87,6 +92,9 @@ static void dataset_load(Dataset* ds, const char* path, int max_line, uint64_t s
             if (c < 0x20 || c == 0x7f)
                 fatal("%s:%ld: control byte 0x%02x at column %zu; lines must be plain text", path,
                       line_no, c, i - pos + 1);
+            if (c >= 0x80)
+                fatal("%s:%ld: byte 0x%02x at column %zu is not ASCII; tokens are single ASCII characters, so "
+                      "transliterate the file first (iconv -t ASCII//TRANSLIT)", path, line_no, c, i - pos + 1);
             present[c] = 1;
         }
         long L = (long)(stop - pos);

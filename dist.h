@@ -280,12 +280,12 @@ static void group_sum(void* group, int64_t* acc, long n) { group_allreduce(group
 // rank sends its elements of the unit and where they go, world rank 0 puts them in place
 // and writes the unit. An element held by several ranks (a replicated bias) arrives from
 // each, with the same value. Every rank calls it.
-static void dist_ckpt_save(const char* path, const Holding* h, const Config* c, int adamw, long step,
-                           const unsigned char* chars) {
+static void dist_ckpt_save(const Holding* h, const Options* o, const Dataset* ds, const Config* c, long step) {
     int root = world_rank == 0, *counts = NULL, *displs = NULL;
-    CkptWriter w = {0};
-    CkptHeader header = ckpt_header(c, adamw, step, chars);
-    if (root) w = ckpt_create(path, &header);
+    int adamw = o->opt.adamw;
+    CkptWriter w;
+    CkptHeader header = ckpt_header(c, o, ds, step);
+    if (root) ckpt_create(&w, o->save, &header);
     long most = 0;
     for (int u = 0; u < n_units(c); u++) most = h->n[u] > most ? h->n[u] : most;
     long* index = mallocCheck((size_t)(most > 0 ? most : 1) * sizeof(long));

@@ -624,18 +624,18 @@ static int sample_token(const float* probs, int V, uint64_t seed, int n, int p) 
 static int* generate_names(int n_samples, int max_len, const Config* c, const Dataset* ds, uint64_t seed,
                            ForwardFn forward, void* ctx) {
     int T = c->context, V = c->vocab;
-    int* names = callocCheck((size_t)(n_samples > 0 ? n_samples : 1) * (max_len + 1), sizeof(int));
+    int* names = callocCheck((size_t)(n_samples > 0 ? n_samples : 1) * ((size_t)max_len + 1), sizeof(int));
     int* tokens = callocCheck((size_t)n_samples * T, sizeof(int));
     float* probs = mallocCheck((size_t)n_samples * V * sizeof(float));
     int* done = callocCheck((size_t)n_samples, sizeof(int));
     Rows contexts = {.ds = ds, .kind = ROWS_GIVEN, .tokens = tokens};
-    for (int p = 0; p < max_len; p++) {
+    for (int p = 0, left = n_samples; p < max_len && left > 0; p++) { // until every name has ended
         forward(ctx, &contexts, 0, n_samples, n_samples, probs);
         for (int i = 0; i < n_samples; i++) {
             if (done[i]) continue;
             int next = sample_token(probs + (long)i * V, V, seed, i, p);
             if (next == 0) {
-                done[i] = 1;
+                done[i] = 1, left--;
                 continue;
             }
             names[(long)i * (max_len + 1) + p] = next;

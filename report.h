@@ -200,6 +200,7 @@ static void report_print(const Options* o, const Report* rep, Progress* pr, doub
                   o->quiet);
     if (!o->quiet) figures_print(all, n, rep->sent_words, rep->mem_words);
     if (o->summary) summary_write(o->summary, rep->program, rep->layout, val_loss, pr, all, n, names, ds->max_len, ds);
+    if (fflush(stdout) != 0 || ferror(stdout)) fatal("cannot write the results to the standard output: %s", strerror(errno));
 }
 
 // ----------------------------------------------------------------------------

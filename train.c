@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     Config* cfg = &run.cfg;
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
-    long start = state_load(&run.st, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    long start = state_load(&run.st, &o, &run.ds, cfg);
     work_init(&run.work, cfg, pass_rows(&o, o.batch), NULL);
     if (!o.quiet) print_config(&o, &run.ds, "1 process");
 
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
-    if (o.save) ckpt_save(o.save, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char, run.st.params, run.st.m, run.st.v);
+    if (o.save) ckpt_save(&o, &run.ds, cfg, start + progress.steps, &run.st);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

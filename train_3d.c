@@ -321,7 +321,7 @@ int main(int argc, char** argv) {
     fsdp_init(&run.f, run.zero, run.prefetch, &run.dp, slice_size, n_units(cfg), o.opt.adamw);
     Holding mine = fsdp_holding(&run.f);
     mine.canonical = canonical, mine.ctx = &run;
-    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    long start = holding_load(&mine, &o, &run.ds, cfg);
     fsdp_gather_params(&run.f);
     pp_init(&run.p, &run.pp, cfg, run.M, run.sched, run.V, run.first, (int)(hi - lo), o.batch, rows, run.width,
             (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
@@ -351,7 +351,7 @@ int main(int argc, char** argv) {
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
-    if (o.save) dist_ckpt_save(o.save, &mine, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char);
+    if (o.save) dist_ckpt_save(&mine, &o, &run.ds, cfg, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     Config* cfg = &run.cfg;
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
-    long start = state_load(&run.st, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    long start = state_load(&run.st, &o, &run.ds, cfg);
     long lo, hi; // this rank's rows of every global batch
     split_range(o.batch, run.dp.size, run.dp.rank, &lo, &hi);
     work_init(&run.work, cfg, pass_rows(&o, hi - lo), NULL);
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
     if (o.save && world_rank == 0) // every rank holds the same replica: one writes it
-        ckpt_save(o.save, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char, run.st.params, run.st.m, run.st.v);
+        ckpt_save(&o, &run.ds, cfg, start + progress.steps, &run.st);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

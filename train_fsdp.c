@@ -372,7 +372,7 @@ int main(int argc, char** argv) {
     for (int u = 0; u < n_units(cfg); u++) unit_size[u] = unit_params(cfg, u);
     fsdp_init(&run.f, run.stage, run.prefetch, &run.dp, unit_size, n_units(cfg), o.opt.adamw);
     Holding mine = fsdp_holding(&run.f); // no rank builds the whole model to cut it
-    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    long start = holding_load(&mine, &o, &run.ds, cfg);
     fsdp_gather_params(&run.f);
     long lo, hi; // this rank's rows of every global batch
     split_range(o.batch, run.dp.size, run.dp.rank, &lo, &hi);
@@ -398,7 +398,7 @@ int main(int argc, char** argv) {
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
-    if (o.save) dist_ckpt_save(o.save, &mine, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char);
+    if (o.save) dist_ckpt_save(&mine, &o, &run.ds, cfg, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

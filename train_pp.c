@@ -620,7 +620,7 @@ int main(int argc, char** argv) {
             Holding one = holding_units(cfg, &run.st, u, u + 1, unit_offset(cfg, u) - run.off[u]);
             mine.n[u] = one.n[u], mine.at[0][u] = one.at[0][u], mine.at[1][u] = one.at[1][u], mine.at[2][u] = one.at[2][u];
         }
-    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    long start = holding_load(&mine, &o, &run.ds, cfg);
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
     snprintf(layout, sizeof layout, "pipeline of %d stages x %d chunks, %d microbatches, %s schedule", S, V, run.M,
@@ -648,7 +648,7 @@ int main(int argc, char** argv) {
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
-    if (o.save) dist_ckpt_save(o.save, &mine, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char);
+    if (o.save) dist_ckpt_save(&mine, &o, &run.ds, cfg, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

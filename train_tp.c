@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
         mine.at[2][u] = run.st.v ? run.st.v + off : NULL;
         spans[u] = (GradSpan){run.st.grads + off, tp_counted(&run.t, u)};
     }
-    long start = holding_load(&mine, o.load, cfg, o.opt.adamw, o.seed, run.ds.token_char);
+    long start = holding_load(&mine, &o, &run.ds, cfg);
     int width[MAX_LAYERS + 2];
     tp_widths(&run.t, cfg, width);
     work_init(&run.work, cfg, rows, width);
@@ -391,7 +391,7 @@ int main(int argc, char** argv) {
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
         step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
     }
-    if (o.save) dist_ckpt_save(o.save, &mine, cfg, o.opt.adamw, start + progress.steps, run.ds.token_char);
+    if (o.save) dist_ckpt_save(&mine, &o, &run.ds, cfg, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

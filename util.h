@@ -189,6 +189,16 @@ static inline double rng_normal(uint64_t seed, uint64_t stream, uint64_t index) 
 }
 
 // ----------------------------------------------------------------------------
+// checksums: 64-bit FNV-1a, of checkpoints and of the data file
+
+#define FNV_START 0xcbf29ce484222325ull
+static uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+    const unsigned char* p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// ----------------------------------------------------------------------------
 // splitting work
 
 // Items [*lo, *hi) of n that part p of `parts` owns: the first n % parts parts take one

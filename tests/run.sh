@@ -92,8 +92,11 @@ section_cli() {
     expect_error 2 "usage: " "cli: a bad flag prints the usage" -- $p --bogus
     expect_error 2 "--batch must be an integer from 1 to 65536, got '0'" "cli: --batch 0 is refused with its range" -- $p --batch 0
     expect_error 2 "--batch must be an integer from 1 to 65536, got '12x'" "cli: --batch 12x is refused" -- $p --batch 12x
-    expect_error 2 "--lr must be a number above 0" "cli: --lr -1 is refused" -- $p --lr -1
-    expect_error 2 "--lr must be a number above 0" "cli: --lr nan is refused" -- $p --lr nan
+    expect_error 2 "--lr must be a decimal number above 0" "cli: --lr -1 is refused" -- $p --lr -1
+    expect_error 2 "--lr must be a decimal number above 0" "cli: --lr nan is refused" -- $p --lr nan
+    expect_error 2 "--lr must be a decimal number" "cli: --lr 0x1p-3 (hexadecimal) is refused" -- $p --lr 0x1p-3
+    expect_error 2 "--lr must be above 0 and is too small to act as a float" "cli: --lr 1e-50, 0 as a float, is refused" -- $p --lr 1e-50
+    expect_error 2 "--clip is 0 to turn it off, else is too small" "cli: --clip 1e-50 does not silently turn clipping off" -- $p --clip 1e-50
     expect_error 2 "--optimizer must be sgd or adamw, got 'adam'" "cli: an unknown optimizer is refused" -- $p --optimizer adam
     expect_error 2 "--layers must be an integer from 1 to 32" "cli: --layers 40 is refused" -- $p --layers 40
     expect_error 2 "--seed must be an integer" "cli: a negative seed is refused" -- $p --seed -3
@@ -123,6 +126,12 @@ section_data() {
     expect_error 1 "long.txt:21: line is 2000 bytes long, more than the limit of 1024 \(raise it with --max-line\)" "data: a long line names the limit and the flag" -- $p --data "$TMP/long.txt"
     expect_error 0 "validation loss" "data: --max-line raises the limit" -- $p --data "$TMP/long.txt" --max-line 4000 --steps 5 --samples 0 --quiet
     expect_error 0 "validation loss" "data: CRLF endings and blank lines are accepted" -- $p --data "$TMP/crlf.txt" --steps 5 --quiet
+    { printf '\xef\xbb\xbf'; for i in $(seq 1 20); do echo "name$i"; done; } >"$TMP/bom.txt"
+    run "$TMP/bom" $p --data "$TMP/bom.txt" --steps 5
+    check "data: a leading UTF-8 byte-order mark is skipped, not made tokens (vocabulary 15)" grep -q ', 15 tokens,' "$TMP/bom"
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9\n'; } >"$TMP/utf8.txt"
+    expect_error 1 "utf8.txt:21: byte 0xc3 at column 4 is not ASCII" "data: a UTF-8 character is refused with its line and column" -- $p --data "$TMP/utf8.txt"
+    expect_error 1 "cannot write the results to the standard output" "data: a full disk under the standard output is an error, not exit 0" -- sh -c "$p --steps 5 >/dev/full"
 }
 
 # ----------------------------------------------------------------------------
@@ -171,12 +180,67 @@ section_checkpoint() {
     printf '\x01' | dd of="$TMP/flip.ckpt" bs=1 seek=1000 conv=notrunc 2>/dev/null
     head -c 5000 "$TMP/full.ckpt" >"$TMP/trunc.ckpt"
     head -c 100 names.txt >"$TMP/text.ckpt"
-    expect_error 1 "checksum mismatch" "checkpoint: a flipped byte is caught by the checksum" -- $p --load "$TMP/flip.ckpt" --optimizer adamw --steps 0
-    expect_error 1 "is truncated" "checkpoint: a truncated file is refused" -- $p --load "$TMP/trunc.ckpt" --optimizer adamw --steps 0
+    expect_error 1 "checksum mismatch" "checkpoint: a flipped byte is caught by the checksum" -- $p --load "$TMP/flip.ckpt" --optimizer adamw --steps 200
+    expect_error 1 "truncated" "checkpoint: a truncated file is refused" -- $p --load "$TMP/trunc.ckpt" --optimizer adamw --steps 200
     expect_error 1 "not a checkpoint of this project" "checkpoint: another kind of file is refused" -- $p --load "$TMP/text.ckpt" --steps 0
-    expect_error 1 "is of a different model .*hidden 64" "checkpoint: another model size is refused, naming it" -- $p --load "$TMP/full.ckpt" --optimizer adamw --hidden 32 --steps 0
-    expect_error 1 "holds AdamW state; pass --optimizer adamw" "checkpoint: another optimizer is refused" -- $p --load "$TMP/full.ckpt" --steps 0
+    expect_error 1 "is of a different model .*hidden 64" "checkpoint: another model size is refused, naming it" -- $p --load "$TMP/full.ckpt" --optimizer adamw --hidden 32 --steps 200
+    expect_error 1 "holds AdamW state; pass --optimizer adamw" "checkpoint: another optimizer is refused" -- $p --load "$TMP/full.ckpt" --steps 200
     expect_error 1 "cannot open checkpoint" "checkpoint: a missing file is named" -- $p --load "$TMP/none.ckpt"
+    # what a resume must not do silently
+    run "$TMP/c4" $p --steps 120 --save "$TMP/s120.ckpt" --log "$TMP/s120.csv" --quiet
+    expect_error 1 "other settings: --seed 42 \(now 7\); --lr 0.1 \(now 0.05\);.*--allow-changes" \
+        "checkpoint: resuming with another seed and learning rate is refused, naming both" -- $p --load "$TMP/s120.ckpt" --steps 150 --seed 7 --lr 0.05
+    expect_error 0 "validation loss" "checkpoint: --allow-changes resumes with them deliberately" -- $p --load "$TMP/s120.ckpt" --steps 150 --seed 7 --allow-changes --quiet
+    expect_error 1 "is at step 120, past --steps 50: this run would train nothing" "checkpoint: --steps below the checkpoint's step is an error" -- $p --load "$TMP/s120.ckpt" --steps 50
+    head -n 2000 names.txt >"$TMP/other.txt"
+    expect_error 1 "the data file's contents" "checkpoint: another data file with the same vocabulary is refused" -- $p --load "$TMP/s120.ckpt" --steps 150 --data "$TMP/other.txt"
+    if command -v python3 >/dev/null 2>&1; then
+        # a checkpoint whose values or header were edited, with its checksum made right again
+        poke() { python3 - "$@" <<'PY'
+import struct, sys
+src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
+b = bytearray(open(src, "rb").read())
+if what == "nan": b[360 + 40:360 + 44] = struct.pack("<f", float("nan"))
+if what == "order": b[8:12] = bytes(reversed(b[8:12]))
+if what == "v1": b[0:8] = b"MLPCKPT1"
+if what == "big": b[48:56] = struct.pack("<q", struct.unpack("<q", b[48:56])[0] + 1000)
+h = 0xcbf29ce484222325
+for x in b[:-8]: h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
+b[-8:] = struct.pack("<Q", h)
+open(dst, "wb").write(b)
+PY
+        }
+        poke "$TMP/s120.ckpt" "$TMP/nan.ckpt" nan
+        expect_error 1 "holds a value that is not finite \(a parameter of embedding, element 10\)" "checkpoint: a NaN parameter is refused on load, naming where" -- $p --load "$TMP/nan.ckpt" --steps 150
+        poke "$TMP/s120.ckpt" "$TMP/order.ckpt" order
+        expect_error 1 "other byte order" "checkpoint: a foreign byte order is refused" -- $p --load "$TMP/order.ckpt" --steps 150
+        poke "$TMP/s120.ckpt" "$TMP/v1.ckpt" v1
+        expect_error 1 "has format MLPCKPT1" "checkpoint: an older format is refused, saying so" -- $p --load "$TMP/v1.ckpt" --steps 150
+        poke "$TMP/s120.ckpt" "$TMP/big.ckpt" big
+        expect_error 1 "does not match its size" "checkpoint: a header claiming more parameters than the file holds is refused" -- $p --load "$TMP/big.ckpt" --steps 150
+        expect_error 1 "does not match its size" "checkpoint: tools/compare refuses it too (it overflowed its buffer before)" -- tools/compare "$TMP/s120.csv" "$TMP/s120.csv" "$TMP/s120.ckpt" "$TMP/big.ckpt"
+    else
+        skip "checkpoint: edited checkpoints (NaN, byte order, format, sizes) need python3 to make"
+    fi
+    # a kill during a save leaves the previous checkpoint whole: a model of 25 MB with AdamW,
+    # killed at 8 moments of its save; after each, the checkpoint still loads
+    head -n 300 names.txt >"$TMP/small.txt"
+    local big="--data $TMP/small.txt --hidden 2048 --emb 64 --optimizer adamw --samples 0 --eval-every 0"
+    run "$TMP/k0" $p $big --steps 1 --save "$TMP/kill.ckpt" --quiet
+    cp "$TMP/kill.ckpt" "$TMP/kill.orig"
+    local intact=0 tries=0
+    for d in 0.02 0.05 0.08 0.11 0.14 0.17 0.20 0.25; do
+        $p $big --steps 2 --load "$TMP/kill.orig" --save "$TMP/kill.ckpt" --quiet >/dev/null 2>&1 &
+        local pid=$!
+        sleep $d
+        kill -9 $pid 2>/dev/null
+        wait $pid 2>/dev/null
+        tries=$((tries + 1))
+        $p $big --steps 2 --load "$TMP/kill.ckpt" --quiet --allow-changes >/dev/null 2>&1 && intact=$((intact + 1))
+        cp "$TMP/kill.orig" "$TMP/kill.ckpt"
+    done
+    check "checkpoint: killed at $tries moments of a save, the checkpoint loads every time ($intact of $tries)" test $intact = $tries
+    rm -f "$TMP"/kill.ckpt.tmp-*
 }
 
 # ----------------------------------------------------------------------------
