@@ -118,6 +118,7 @@ typedef struct {
     FILE* f;
     uint64_t sum;
     const char* path;
+    int keep;        // --keep: the last `keep` checkpoints stay, as path, path.1, ...
     char tmp[4096];
 } CkptWriter;
 static void ckpt_fail(CkptWriter* w, const char* what) {
@@ -130,8 +131,8 @@ static void ckpt_write(CkptWriter* w, const void* data, size_t n) {
     if (fwrite(data, 1, n, w->f) != n) ckpt_fail(w, "write");
     w->sum = fnv1a(w->sum, data, n);
 }
-static void ckpt_create(CkptWriter* w, const char* path, const CkptHeader* h) {
-    *w = (CkptWriter){.sum = FNV_START, .path = path};
+static void ckpt_create(CkptWriter* w, const char* path, int keep, const CkptHeader* h) {
+    *w = (CkptWriter){.sum = FNV_START, .path = path, .keep = keep};
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
     w->f = fopen(w->tmp, "wb");
     if (!w->f) ckpt_fail(w, "create");
@@ -145,6 +146,12 @@ static void ckpt_close(CkptWriter* w) {
     if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) ckpt_fail(w, "write");
     if (fclose(w->f) != 0) w->f = NULL, ckpt_fail(w, "write");
     w->f = NULL;
+    for (int i = w->keep - 1; i >= 1; i--) { // path.(i-1) becomes path.i, the oldest is dropped
+        char from[4200], to[4200];
+        snprintf(from, sizeof from, i == 1 ? "%s" : "%s.%d", w->path, i - 1);
+        snprintf(to, sizeof to, "%s.%d", w->path, i);
+        if (rename(from, to) != 0 && errno != ENOENT) ckpt_fail(w, "keep the previous");
+    }
     if (rename(w->tmp, w->path) != 0) ckpt_fail(w, "replace");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", w->path);
@@ -159,7 +166,7 @@ static void ckpt_close(CkptWriter* w) {
 static void ckpt_save(const Options* o, const Dataset* ds, const Config* c, long step, const State* s) {
     CkptHeader h = ckpt_header(c, o, ds, step);
     CkptWriter w;
-    ckpt_create(&w, o->save, &h);
+    ckpt_create(&w, o->save, o->keep, &h);
     long n = n_params(c);
     ckpt_write(&w, s->params, (size_t)n * sizeof(float));
     if (o->opt.adamw) {

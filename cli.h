@@ -16,6 +16,8 @@
 #include <float.h>
 #include <getopt.h>
 #include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "model.h"
 
@@ -36,6 +38,8 @@ typedef struct {
     const char* summary; // --summary
     int quiet;        // --quiet
     int allow_changes; // --allow-changes
+    long save_every;  // --save-every
+    int keep;         // --keep
 } Options;
 
 // A flag: long name, the name of its value (NULL for a switch), and its help line.
@@ -63,7 +67,9 @@ static const CliFlag cli_common[] = {
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
     {"samples", "N", "names to generate at the end (default 10)"},
     {"log", "FILE", "write a CSV line per step: step, train loss, val loss, ms, tokens/s"},
-    {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end"},
+    {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end, or on SIGINT or SIGTERM"},
+    {"save-every", "N", "with --save: also write it every N steps"},
+    {"keep", "K", "with --save: keep the last K checkpoints, FILE, FILE.1, ... (default 2)"},
     {"load", "FILE", "start from a checkpoint written by --save (any program's)"},
     {"trace", "FILE", "write the last step's events of every rank as a Chrome trace (Perfetto)"},
     {"summary", "FILE", "write the run's measured figures as key=value lines (make run reads them)"},
@@ -124,6 +130,42 @@ static const char* cli_float(const char* flag, const char* s, double lo, double 
     return NULL;
 }
 
+// Two paths name the same file (that exists), or the same string.
+static int same_file(const char* a, const char* b) {
+    struct stat sa, sb;
+    if (!a || !b) return 0;
+    if (!strcmp(a, b)) return 1;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+// Before any training: every output can be written (its folder exists and is writable),
+// and none is an input or another output. --save may be --load: resuming overwrites the
+// checkpoint it started from, safely (ckpt.h).
+static const char* cli_check_outputs(const Options* o) {
+    const char* names[] = {"log", "save", "trace", "summary"};
+    const char* paths[] = {o->log, o->save, o->trace, o->summary};
+    for (int i = 0; i < 4; i++) {
+        if (!paths[i]) continue;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", paths[i]);
+        char* slash = strrchr(dir, '/');
+        if (slash) slash == dir ? (void)(dir[1] = 0) : (void)(*slash = 0);
+        else snprintf(dir, sizeof dir, ".");
+        const char* why = same_file(paths[i], o->data) ? "is the --data file"
+                          : (i != 1 && same_file(paths[i], o->load)) ? "is the --load checkpoint"
+                          : access(dir, W_OK) != 0 ? "is in a folder that does not exist or cannot be written"
+                          : (access(paths[i], F_OK) == 0 && access(paths[i], W_OK) != 0) ? "exists and cannot be written"
+                                                                                            : NULL;
+        for (int j = 0; j < i && !why; j++)
+            if (paths[j] && same_file(paths[i], paths[j])) why = "is also another output";
+        if (why) {
+            snprintf(cli_error, sizeof cli_error, "--%s '%s' %s: refusing to start (nothing was written)", names[i],
+                     paths[i], why);
+            return cli_error;
+        }
+    }
+    return NULL;
+}
+
 // Parses argv into o. Returns 0 to run, 1 after --help (usage printed to stdout), 2 on a
 // bad flag or value (the message is in *err; the caller prints it with the usage).
 static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, int n_extra, CliHandler handle,
@@ -137,7 +179,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                            .eps = 1e-8f, .clip = 0.0f},
                    .seed = 42,
                    .eval_every = 2500,
-                   .samples = 10};
+                   .samples = 10,
+                   .keep = 2};
     struct option longopts[CLI_N_COMMON + 32 + 1];
     if (n_extra > 32) n_extra = 32;
     int n = 0;
@@ -201,10 +244,17 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "max-line")) *err = cli_int(name, optarg, 1, 1 << 24, &o->max_line);
         else if (!strcmp(name, "quiet")) o->quiet = 1;
         else if (!strcmp(name, "allow-changes")) o->allow_changes = 1;
+        else if (!strcmp(name, "save-every")) *err = cli_long(name, optarg, 1, 1000000000L, &o->save_every);
+        else if (!strcmp(name, "keep")) *err = cli_int(name, optarg, 1, 100, &o->keep);
         else if (!strcmp(name, "help")) return 1;
     }
     if (!*err && optind < argc) {
         snprintf(cli_error, sizeof cli_error, "unexpected argument '%s' (flags start with --)", argv[optind]);
+        *err = cli_error;
+    }
+    if (!*err) *err = cli_check_outputs(o);
+    if (!*err && (o->save_every || o->keep != 2) && !o->save) {
+        snprintf(cli_error, sizeof cli_error, "--save-every and --keep apply to --save FILE only");
         *err = cli_error;
     }
     if (*err) return 2;

@@ -273,6 +273,13 @@ static void group_norm(void* group, float* maxabs, int64_t* sumsq) {
 }
 static void group_sum(void* group, int64_t* acc, long n) { group_allreduce(group, acc, n, MPI_INT64_T, MPI_SUM); }
 
+// Whether any rank's flag is set (every rank calls it): how ranks agree to stop at the same
+// step when a signal reached some of them (report.h's step_end).
+static int dist_any(int flag) {
+    MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return flag;
+}
+
 // ----------------------------------------------------------------------------
 // checkpoints of a model spread over ranks
 
@@ -285,7 +292,7 @@ static void dist_ckpt_save(const Holding* h, const Options* o, const Dataset* ds
     int adamw = o->opt.adamw;
     CkptWriter w;
     CkptHeader header = ckpt_header(c, o, ds, step);
-    if (root) ckpt_create(&w, o->save, &header);
+    if (root) ckpt_create(&w, o->save, o->keep, &header);
     long most = 0;
     for (int u = 0; u < n_units(c); u++) most = h->n[u] > most ? h->n[u] : most;
     long* index = mallocCheck((size_t)(most > 0 ? most : 1) * sizeof(long));

@@ -15,6 +15,8 @@
 
 #include "cli.h"
 
+#include <signal.h>
+
 // ----------------------------------------------------------------------------
 // the configuration, and the results
 
@@ -52,8 +54,17 @@ static void print_results(double val_loss, long n_val, double seconds, long step
 // Progress of the training loop: the CSV log (one line per step, the losses in full
 // precision so that logs of different programs can be compared for identity), a progress
 // line every --eval-every steps, and the training time. In MPI programs only rank 0 prints.
+// --save: how a program writes its checkpoint at a step (every rank calls it), and how its
+// ranks agree on a flag (dist.h's dist_any; NULL for one process).
+typedef void (*SaveFn)(void* ctx, const Options* o, long step);
+typedef int (*AgreeFn)(int flag);
+
 typedef struct {
     const Options* o;
+    SaveFn save;
+    void* save_ctx;
+    AgreeFn agree;
+    long saved;      // the step of the last checkpoint written, or -1
     int printing;    // this process prints and logs
     FILE* log;
     double seconds;  // time spent in training steps
@@ -63,8 +74,21 @@ typedef struct {
     double t0;       // when the current step began
 } Progress;
 
-static Progress progress_start(const Options* o, int printing) {
-    Progress p = {.o = o, .printing = printing};
+// SIGINT or SIGTERM with --save: the first asks training to stop after the current step,
+// with a checkpoint; a second ends the process at once.
+static volatile sig_atomic_t stop_signals;
+static void on_stop_signal(int sig) {
+    if (stop_signals++) signal(sig, SIG_DFL), raise(sig);
+}
+
+static Progress progress_start(const Options* o, int printing, SaveFn save, void* save_ctx, AgreeFn agree) {
+    Progress p = {.o = o, .printing = printing, .save = save, .save_ctx = save_ctx, .agree = agree, .saved = -1};
+    if (o->save) {
+        struct sigaction sa = {.sa_handler = on_stop_signal};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
     if (printing && o->log) {
         p.log = fopen(o->log, "w");
         if (!p.log) fatal("cannot create log '%s': %s", o->log, strerror(errno));
@@ -106,13 +130,29 @@ static void step_begin(Progress* p, long step) {
     step_window_open(p->o->trace && step == p->o->steps);
     p->t0 = now_seconds();
 }
+// The checkpoint of --save at `step`, unless it is written already.
+static void save_at(Progress* p, long step) {
+    if (!p->o->save || p->saved == step) return;
+    p->save(p->save_ctx, p->o, step);
+    p->saved = step;
+}
+
 // A training step ends, with its mean training loss; `validate` runs when a progress line
-// is due (it returns the validation loss).
+// is due (it returns the validation loss). With --save, the checkpoint is written every
+// --save-every steps, and, if a SIGINT or SIGTERM reached any rank, now: then it returns 1,
+// training stops, and every rank stops after the same step.
 typedef double (*ValidateFn)(void* ctx);
-static void step_end(Progress* p, long step, double train_loss, ValidateFn validate, void* ctx) {
+static int step_end(Progress* p, long step, double train_loss, ValidateFn validate, void* ctx) {
     double seconds = now_seconds() - p->t0;
     step_window_close();
     progress_step(p, step, train_loss, seconds, progress_due(p, step) ? validate(ctx) : 0);
+    if (!p->o->save) return 0;
+    int stop = p->agree ? p->agree(stop_signals > 0) : stop_signals > 0;
+    if (stop || (p->o->save_every > 0 && step % p->o->save_every == 0)) save_at(p, step);
+    if (stop && p->printing)
+        fprintf(stderr, "stopped by a signal after step %ld: checkpoint '%s' written; resume with --load %s\n", step,
+                p->o->save, p->o->save);
+    return stop;
 }
 static void progress_end(Progress* p) {
     if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));

@@ -49,6 +49,12 @@ static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), work_free(&r->work);
 }
 
+// --save: this run's checkpoint at `step` (every rank calls it)
+static void save(void* ctx, const Options* o, long step) {
+    Run* r = ctx;
+    ckpt_save(o, &r->ds, &r->cfg, step, &r->st);
+}
+
 // ----------------------------------------------------------------------------
 // the forward pass (model.h's ForwardFn: training, validation and sampling all use it)
 
@@ -95,7 +101,7 @@ int main(int argc, char** argv) {
 
     // training loop
     int B = o.batch;
-    Progress progress = progress_start(&o, 1);
+    Progress progress = progress_start(&o, 1, save, &run, NULL);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
@@ -104,9 +110,9 @@ int main(int argc, char** argv) {
         model_backward(cfg, run.st.params, run.st.grads, &run.work, B, B);
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, NULL, NULL);
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
-        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
+        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
     }
-    if (o.save) ckpt_save(&o, &run.ds, cfg, start + progress.steps, &run.st);
+    save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

@@ -61,10 +61,17 @@ typedef struct {
     int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
     int width[MAX_LAYERS + 2]; // each unit's activation width on this rank
     Workspace ws;
+    Holding mine;   // what this rank holds of the model, for checkpoints
 } Run;
 
 static void run_free(Run* r) {
     dataset_free(&r->ds), fsdp_free(&r->f), tp_free(&r->t), pp_free(&r->p), workspace_free(&r->ws);
+}
+
+// --save: this run's checkpoint at `step` (every rank calls it)
+static void save(void* ctx, const Options* o, long step) {
+    Run* r = ctx;
+    dist_ckpt_save(&r->mine, o, &r->ds, &r->cfg, step);
 }
 
 // ----------------------------------------------------------------------------
@@ -319,9 +326,9 @@ int main(int argc, char** argv) {
         for (int k = chunk_global(run.sched, run.P, run.pp.rank, v), u = run.first[k]; u < run.first[k + 1]; u++)
             slice_size[u] = run.t.size[u];
     fsdp_init(&run.f, run.zero, run.prefetch, &run.dp, slice_size, n_units(cfg), o.opt.adamw);
-    Holding mine = fsdp_holding(&run.f);
-    mine.canonical = canonical, mine.ctx = &run;
-    long start = holding_load(&mine, &o, &run.ds, cfg);
+    run.mine = fsdp_holding(&run.f);
+    run.mine.canonical = canonical, run.mine.ctx = &run;
+    long start = holding_load(&run.mine, &o, &run.ds, cfg);
     fsdp_gather_params(&run.f);
     pp_init(&run.p, &run.pp, cfg, run.M, run.sched, run.V, run.first, (int)(hi - lo), o.batch, rows, run.width,
             (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
@@ -338,7 +345,7 @@ int main(int argc, char** argv) {
     int B = o.batch, last = run.pp.rank == pp_last_rank(&run.p);
     GradSpan spans[MAX_LAYERS + 2];
     int n_spans = grid_grad_spans(&run, spans);
-    Progress progress = progress_start(&o, world_rank == 0);
+    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, lo); // this replica's rows
@@ -349,9 +356,9 @@ int main(int argc, char** argv) {
         if (run.tp.rank == 0 && run.dp.rank == 0) pp_loss_to_first(&run.p, &loss); // to world rank 0, which prints
         float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.world); // over the whole grid
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
-        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
+        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
     }
-    if (o.save) dist_ckpt_save(&mine, &o, &run.ds, cfg, start + progress.steps);
+    save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

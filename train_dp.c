@@ -50,6 +50,12 @@ static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), work_free(&r->work);
 }
 
+// --save: this run's checkpoint at `step` (every rank calls it)
+static void save(void* ctx, const Options* o, long step) {
+    Run* r = ctx;
+    if (world_rank == 0) ckpt_save(o, &r->ds, &r->cfg, step, &r->st); // every rank holds the same replica: one writes it
+}
+
 // ----------------------------------------------------------------------------
 // the strategy: gradients summed across ranks
 //
@@ -196,7 +202,7 @@ int main(int argc, char** argv) {
 
     // training loop
     int B = o.batch, R = (int)(hi - lo);
-    Progress progress = progress_start(&o, world_rank == 0);
+    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
@@ -215,10 +221,9 @@ int main(int argc, char** argv) {
             float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, NULL, NULL);
             optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
         }
-        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
+        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
     }
-    if (o.save && world_rank == 0) // every rank holds the same replica: one writes it
-        ckpt_save(&o, &run.ds, cfg, start + progress.steps, &run.st);
+    save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

@@ -274,10 +274,17 @@ typedef struct {
     Work work;
     Group dp;       // every rank
     int stage, prefetch; // --zero, --prefetch
+    Holding mine;   // what this rank holds of the model, for checkpoints
 } Run;
 
 static void run_free(Run* r) {
     dataset_free(&r->ds), fsdp_free(&r->f), work_free(&r->work);
+}
+
+// --save: this run's checkpoint at `step` (every rank calls it)
+static void save(void* ctx, const Options* o, long step) {
+    Run* r = ctx;
+    dist_ckpt_save(&r->mine, o, &r->ds, &r->cfg, step);
 }
 
 // ----------------------------------------------------------------------------
@@ -371,8 +378,8 @@ int main(int argc, char** argv) {
     long unit_size[MAX_LAYERS + 2];
     for (int u = 0; u < n_units(cfg); u++) unit_size[u] = unit_params(cfg, u);
     fsdp_init(&run.f, run.stage, run.prefetch, &run.dp, unit_size, n_units(cfg), o.opt.adamw);
-    Holding mine = fsdp_holding(&run.f); // no rank builds the whole model to cut it
-    long start = holding_load(&mine, &o, &run.ds, cfg);
+    run.mine = fsdp_holding(&run.f); // no rank builds the whole model to cut it
+    long start = holding_load(&run.mine, &o, &run.ds, cfg);
     fsdp_gather_params(&run.f);
     long lo, hi; // this rank's rows of every global batch
     split_range(o.batch, run.dp.size, run.dp.rank, &lo, &hi);
@@ -386,7 +393,7 @@ int main(int argc, char** argv) {
     int B = o.batch, R = (int)(hi - lo);
     GradSpan spans[MAX_LAYERS + 2];
     int n_spans = fsdp_grad_spans(&run.f, spans);
-    Progress progress = progress_start(&o, world_rank == 0);
+    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
@@ -396,9 +403,9 @@ int main(int argc, char** argv) {
         group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM);
         float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.dp); // the norm over every shard
         fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
-        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
+        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
     }
-    if (o.save) dist_ckpt_save(&mine, &o, &run.ds, cfg, start + progress.steps);
+    save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

@@ -486,10 +486,17 @@ typedef struct {
     Group pp;       // every rank
     int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
     int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
+    Holding mine;   // what this rank holds of the model, for checkpoints
 } Run;
 
 static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), pp_free(&r->p), workspace_free(&r->ws);
+}
+
+// --save: this run's checkpoint at `step` (every rank calls it)
+static void save(void* ctx, const Options* o, long step) {
+    Run* r = ctx;
+    dist_ckpt_save(&r->mine, o, &r->ds, &r->cfg, step);
 }
 
 // ----------------------------------------------------------------------------
@@ -614,13 +621,13 @@ int main(int argc, char** argv) {
     for (int v = 0; v < V; v++)
         for (int u = run.p.u_lo[v]; u < run.p.u_hi[v]; u++) run.off[u] = np, np += unit_params(cfg, u);
     run.st = state_alloc(np, o.opt.adamw);
-    Holding mine = {0};
+    run.mine = (Holding){0};
     for (int v = 0; v < V; v++)
         for (int u = run.p.u_lo[v]; u < run.p.u_hi[v]; u++) {
             Holding one = holding_units(cfg, &run.st, u, u + 1, unit_offset(cfg, u) - run.off[u]);
-            mine.n[u] = one.n[u], mine.at[0][u] = one.at[0][u], mine.at[1][u] = one.at[1][u], mine.at[2][u] = one.at[2][u];
+            run.mine.n[u] = one.n[u], run.mine.at[0][u] = one.at[0][u], run.mine.at[1][u] = one.at[1][u], run.mine.at[2][u] = one.at[2][u];
         }
-    long start = holding_load(&mine, &o, &run.ds, cfg);
+    long start = holding_load(&run.mine, &o, &run.ds, cfg);
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
     snprintf(layout, sizeof layout, "pipeline of %d stages x %d chunks, %d microbatches, %s schedule", S, V, run.M,
@@ -637,7 +644,7 @@ int main(int argc, char** argv) {
 
     // training loop
     int B = o.batch;
-    Progress progress = progress_start(&o, world_rank == 0);
+    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
@@ -646,9 +653,9 @@ int main(int argc, char** argv) {
         pp_loss_to_first(&run.p, &loss);
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, group_norm, &run.pp); // over every rank
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
-        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
+        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
     }
-    if (o.save) dist_ckpt_save(&mine, &o, &run.ds, cfg, start + progress.steps);
+    save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

@@ -279,10 +279,17 @@ typedef struct {
     State st;       // this rank's slices of every unit (tp_canonical maps them), their state
     Work work;
     Group tp;       // every rank
+    Holding mine;   // what this rank holds of the model, for checkpoints
 } Run;
 
 static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), tp_free(&r->t), work_free(&r->work);
+}
+
+// --save: this run's checkpoint at `step` (every rank calls it)
+static void save(void* ctx, const Options* o, long step) {
+    Run* r = ctx;
+    dist_ckpt_save(&r->mine, o, &r->ds, &r->cfg, step);
 }
 
 // Element e of unit u here, in train.c's layout (ckpt.h's Holding).
@@ -360,16 +367,16 @@ int main(int argc, char** argv) {
     tp_init(&run.t, &run.tp, cfg, rows);
     long np = run.t.off[n_units(cfg)];
     run.st = state_alloc(np, o.opt.adamw);
-    Holding mine = {.canonical = canonical, .ctx = &run};
+    run.mine = (Holding){.canonical = canonical, .ctx = &run};
     GradSpan spans[MAX_LAYERS + 2];
     for (int u = 0; u < n_units(cfg); u++) {
         long off = run.t.off[u];
-        mine.n[u] = run.t.size[u];
-        mine.at[0][u] = run.st.params + off, mine.at[1][u] = run.st.m ? run.st.m + off : NULL;
-        mine.at[2][u] = run.st.v ? run.st.v + off : NULL;
+        run.mine.n[u] = run.t.size[u];
+        run.mine.at[0][u] = run.st.params + off, run.mine.at[1][u] = run.st.m ? run.st.m + off : NULL;
+        run.mine.at[2][u] = run.st.v ? run.st.v + off : NULL;
         spans[u] = (GradSpan){run.st.grads + off, tp_counted(&run.t, u)};
     }
-    long start = holding_load(&mine, &o, &run.ds, cfg);
+    long start = holding_load(&run.mine, &o, &run.ds, cfg);
     int width[MAX_LAYERS + 2];
     tp_widths(&run.t, cfg, width);
     work_init(&run.work, cfg, rows, width);
@@ -380,7 +387,7 @@ int main(int argc, char** argv) {
 
     // training loop
     int B = o.batch;
-    Progress progress = progress_start(&o, world_rank == 0);
+    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
@@ -389,9 +396,9 @@ int main(int argc, char** argv) {
         backward(&run, B, B);
         float scale = clip_factor(&o.opt, spans, n_units(cfg), B, group_norm, &run.tp); // over every slice
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
-        step_end(&progress, step, fix_to(loss) / B, validation_loss, &run);
+        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
     }
-    if (o.save) dist_ckpt_save(&mine, &o, &run.ds, cfg, start + progress.steps);
+    save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);

@@ -241,6 +241,37 @@ PY
     done
     check "checkpoint: killed at $tries moments of a save, the checkpoint loads every time ($intact of $tries)" test $intact = $tries
     rm -f "$TMP"/kill.ckpt.tmp-*
+    # --save-every and --keep: checkpoints at 100, 200, 300 and the end, the last 3 kept
+    run "$TMP/every" $p --steps 350 --save "$TMP/ev.ckpt" --save-every 100 --keep 3 --quiet
+    run "$TMP/at300" $p --steps 300 --save "$TMP/at300.ckpt" --quiet
+    check "checkpoint: --save-every 100 --keep 3 keeps FILE (step 350), FILE.1 (300, the same as a run to 300) and FILE.2, no more" \
+        bash -c "cmp -s '$TMP/at300.ckpt' '$TMP/ev.ckpt.1' && test -e '$TMP/ev.ckpt.2' && ! test -e '$TMP/ev.ckpt.3' && cmp -s '$TMP/c1' '$TMP/c1'"
+    cp names.txt "$TMP/data.txt"
+    expect_error 2 "--log '$TMP/data.txt' is the --data file: refusing to start" "checkpoint: --log onto the data file is refused before step 1" -- $p --data "$TMP/data.txt" --log "$TMP/data.txt"
+    expect_error 2 "--save '$TMP/data.txt' is the --data file" "checkpoint: --save onto the data file is refused" -- $p --data "$TMP/data.txt" --save "$TMP/data.txt"
+    check "checkpoint: and the data file is untouched" cmp -s names.txt "$TMP/data.txt"
+    expect_error 2 "--summary '$TMP/s120.ckpt' is the --load checkpoint" "checkpoint: --summary onto the --load checkpoint is refused" -- $p --load "$TMP/s120.ckpt" --steps 150 --summary "$TMP/s120.ckpt"
+    expect_error 2 "--save '/nonexistent/x.ckpt' is in a folder that does not exist" "checkpoint: --save into a missing folder is refused before training, not after" -- $p --save /nonexistent/x.ckpt
+    expect_error 2 "--save-every and --keep apply to --save FILE only" "checkpoint: --save-every without --save is refused" -- $p --save-every 10
+    # SIGTERM: the step finishes, the checkpoint is written, and resuming gives the same bits as never stopping
+    # (train.c exits 0; mpirun, which forwards the signal to the ranks, reports it with its own status)
+    sigterm_resume() { # NAME COMMAND...: the command, stopped by SIGTERM after a second, then resumed to 40000 steps
+        local name=$1
+        shift
+        rm -f "$TMP/sig.ckpt"*
+        "$@" --steps 40000 --save "$TMP/sig.ckpt" --quiet --samples 0 >"$TMP/sig.out" 2>&1 &
+        local pid=$!
+        sleep 1
+        kill -TERM $pid
+        wait $pid
+        local status=$?
+        run "$TMP/sig2.out" "$@" --steps 40000 --load "$TMP/sig.ckpt" --save "$TMP/sig.ckpt" --quiet --samples 0
+        check "checkpoint: $name stopped by SIGTERM (exit $status, $(grep -o 'after step [0-9]*' "$TMP/sig.out")) saves, and resumes to the same bits as a run never stopped" \
+            bash -c "{ test $status = 0 || test '$name' != train.c; } && grep -q 'stopped by a signal after step' '$TMP/sig.out' && cmp -s '$TMP/sig.ckpt' '$TMP/nonstop.ckpt'"
+    }
+    run "$TMP/nonstop" $p --steps 40000 --save "$TMP/nonstop.ckpt" --quiet --samples 0
+    sigterm_resume "train.c" $p
+    sigterm_resume "train_dp.c on 2 ranks" $MPIRUN -n 2 ./train_dp
 }
 
 # ----------------------------------------------------------------------------
