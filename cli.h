@@ -40,6 +40,7 @@ typedef struct {
     int allow_changes; // --allow-changes
     long save_every;  // --save-every
     int keep;         // --keep
+    int timeout;      // --timeout
 } Options;
 
 // A flag: long name, the name of its value (NULL for a switch), and its help line.
@@ -74,6 +75,7 @@ static const CliFlag cli_common[] = {
     {"trace", "FILE", "write the last step's events of every rank as a Chrome trace (Perfetto)"},
     {"summary", "FILE", "write the run's measured figures as key=value lines (make run reads them)"},
     {"max-line", "N", "longest accepted line of --data, in bytes (default 1024)"},
+    {"timeout", "SECONDS", "end the job when no training step finishes for that long, saying where it waits (default 300; 0: never)"},
     {"allow-changes", NULL, "--load: resume even with another seed, batch, optimizer setting or data file"},
     {"quiet", NULL, "print only the results: validation loss and names"},
     {"help", NULL, "print this help"},
@@ -180,7 +182,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                    .seed = 42,
                    .eval_every = 2500,
                    .samples = 10,
-                   .keep = 2};
+                   .keep = 2,
+                   .timeout = 300};
     struct option longopts[CLI_N_COMMON + 32 + 1];
     if (n_extra > 32) n_extra = 32;
     int n = 0;
@@ -246,6 +249,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "allow-changes")) o->allow_changes = 1;
         else if (!strcmp(name, "save-every")) *err = cli_long(name, optarg, 1, 1000000000L, &o->save_every);
         else if (!strcmp(name, "keep")) *err = cli_int(name, optarg, 1, 100, &o->keep);
+        else if (!strcmp(name, "timeout")) *err = cli_int(name, optarg, 0, 1000000, &o->timeout);
         else if (!strcmp(name, "help")) return 1;
     }
     if (!*err && optind < argc) {

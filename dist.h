@@ -168,8 +168,12 @@ static void ring_step(Group* g, char* buf, long count, MPI_Datatype t, int out, 
     long olo, ohi, ilo, ihi;
     split_range(count, g->size, out, &olo, &ohi);
     split_range(count, g->size, in, &ilo, &ihi);
+    static char what[64]; // for the watchdog's message
+    snprintf(what, sizeof what, "a collective of the %s group", g->name);
+    waiting_for = what;
     MPI_Sendrecv(buf + olo * b, (int)(ohi - olo), t, next, TAG_RING, into ? into : buf + ilo * b, (int)(ihi - ilo), t, prev, TAG_RING,
                  g->comm, MPI_STATUS_IGNORE);
+    waiting_for = NULL;
     count_sent(g, (double)(ohi - olo) * b);
     count_received(g, (double)(ihi - ilo) * b);
 }

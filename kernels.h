@@ -73,9 +73,9 @@ ALWAYS_INLINE double fix_term_limit(long terms) {
 // one term of a sum of `terms` terms, range-checked
 static inline int64_t fix_term(double v, long terms, const char* what) {
     if (!(fabs(v) < fix_term_limit(terms)))
-        fatal("%s: value %g is %s for an exact sum of %ld terms (limit %g): training has diverged; "
+        fatal("%s: value %g is %s for an exact sum of %ld terms (limit %g)%s%ld: training has diverged; "
               "lower --lr or use --clip", what, v, isfinite(v) ? "too large" : "not finite", terms,
-              fix_term_limit(terms));
+              fix_term_limit(terms), current_step > 0 ? " at step " : ", before step ", current_step > 0 ? current_step : 1L);
     return fix_from(v);
 }
 static void fix_zero(int64_t* a, long n) { memset(a, 0, (size_t)n * sizeof(int64_t)); }

@@ -81,8 +81,25 @@ static void on_stop_signal(int sig) {
     if (stop_signals++) signal(sig, SIG_DFL), raise(sig);
 }
 
+// --timeout: when no training step has begun for that long, a rank is stuck (a stopped or
+// hung process, a lost message): say where this rank waits, and end the whole job.
+static int watchdog_seconds;
+static void on_watchdog(int sig) {
+    (void)sig;
+    const char* w = waiting_for;
+    fatal("watchdog: no training step finished in %d s (--timeout) after step %ld; this process is %s%s%s",
+          watchdog_seconds, current_step, w ? "waiting for " : "computing", w ? w : "", w ? " (another process is stuck or stopped)" : "");
+}
+
 static Progress progress_start(const Options* o, int printing, SaveFn save, void* save_ctx, AgreeFn agree) {
     Progress p = {.o = o, .printing = printing, .save = save, .save_ctx = save_ctx, .agree = agree, .saved = -1};
+    if (o->timeout > 0) {
+        watchdog_seconds = o->timeout;
+        struct sigaction sa = {.sa_handler = on_watchdog};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGALRM, &sa, NULL);
+        alarm((unsigned)o->timeout);
+    }
     if (o->save) {
         struct sigaction sa = {.sa_handler = on_stop_signal};
         sigemptyset(&sa.sa_mask);
@@ -127,6 +144,8 @@ static void progress_step(Progress* p, long step, double train_loss, double seco
 // A training step begins: time it, and count its messages (dist.h) while it runs; with
 // --trace, record the events of the last one.
 static void step_begin(Progress* p, long step) {
+    current_step = step;
+    if (p->o->timeout > 0) alarm((unsigned)p->o->timeout); // the watchdog, wound up again
     step_window_open(p->o->trace && step == p->o->steps);
     p->t0 = now_seconds();
 }
@@ -155,6 +174,7 @@ static int step_end(Progress* p, long step, double train_loss, ValidateFn valida
     return stop;
 }
 static void progress_end(Progress* p) {
+    if (p->o->timeout > 0) alarm((unsigned)p->o->timeout); // validation and sampling: one more span
     if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
     p->log = NULL;
 }

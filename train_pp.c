@@ -203,7 +203,9 @@ static int pp_tag(const Pp* p, int k, int mb, int gradient) {
 // Waits for a message, counting the wait as idle time.
 static void pp_wait(Pp* p, MPI_Request* req) {
     double t = now_seconds();
+    waiting_for = "a pipeline message";
     MPI_Wait(req, MPI_STATUS_IGNORE);
+    waiting_for = NULL;
     p->idle += now_seconds() - t;
 }
 static void pp_recv(Pp* p, float* buf, long count, int from, int tag) {

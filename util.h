@@ -227,6 +227,11 @@ static inline double now_seconds(void) {
 
 static int trace_on; // record trace events now
 
+// What the program is doing, for the messages of a hang or a divergence: the training step
+// it is in (0 before the first), and what it waits for (NULL: it computes).
+static long current_step;
+static const char* volatile waiting_for;
+
 // The measurement window: open during each training step (from drawing its rows to its
 // optimizer step), closed for validation and sampling. Communication counters count and
 // trace events record only inside it; trace_on additionally marks the step --trace records.

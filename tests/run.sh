@@ -159,6 +159,7 @@ section_train() {
     run "$TMP/order" bash tools/float_order.sh --steps 300 --samples 3
     check "train: the same float sum over two halves of the batch changes the training loss at step 2 (tools/float_order.sh, train.c's header)" \
         grep -q '^training losses first differ at step 2:' "$TMP/order"
+    expect_error 1 "at step 2: training has diverged; lower --lr or use --clip" "train: a diverged run stops with a message naming the step" -- $p --lr 100 --steps 50
     run "$TMP/log" $p --steps 50 --eval-every 25 --log "$TMP/log.csv" --quiet
     check "train: --log writes a header and one CSV line per step, with the validation loss where evaluated" \
         bash -c "head -1 '$TMP/log.csv' | grep -qx 'step,train_loss,val_loss,ms,tokens_per_s' &&
@@ -272,6 +273,18 @@ PY
     run "$TMP/nonstop" $p --steps 40000 --save "$TMP/nonstop.ckpt" --quiet --samples 0
     sigterm_resume "train.c" $p
     sigterm_resume "train_dp.c on 2 ranks" $MPIRUN -n 2 ./train_dp
+    # a stopped rank (SIGSTOP: a stuck node) is caught by the watchdog, which says where the others wait
+    (timeout 60 $MPIRUN -n 2 ./train_dp --steps 100000000 --timeout 2 --quiet >"$TMP/wd.out" 2>&1) &
+    local job=$! victim="" t0
+    for _ in $(seq 1 50); do victim=$(pgrep -f "^./train_dp --steps 100000000" | tail -1); [ -n "$victim" ] && break; sleep 0.1; done
+    sleep 1
+    kill -STOP $victim 2>/dev/null
+    t0=$(date +%s)
+    wait $job
+    local took=$(($(date +%s) - t0))
+    pkill -KILL -f "train_dp --steps 100000000" 2>/dev/null
+    check "checkpoint: a rank stopped with SIGSTOP ends the job in ${took} s with the watchdog's message (--timeout 2)" \
+        bash -c "test $took -le 10 && grep -q 'watchdog: no training step finished in 2 s.*waiting for a collective of the dp group' '$TMP/wd.out'"
 }
 
 # ----------------------------------------------------------------------------
