@@ -327,6 +327,18 @@ static void dist_ckpt_save(const Holding* h, const Options* o, const Dataset* ds
     free(index), free(unit), free(values), free(where), free(counts), free(displs);
 }
 
+// --save for a program whose ranks each hold part of the model (report.h's SaveFn, with a
+// DistSave as its context): what this rank holds, the data, the model.
+typedef struct {
+    const Holding* holding;
+    const Dataset* ds;
+    const Config* cfg;
+} DistSave;
+static void dist_save(void* ctx, const Options* o, long step) {
+    const DistSave* s = ctx;
+    dist_ckpt_save(s->holding, o, s->ds, s->cfg, step);
+}
+
 // ----------------------------------------------------------------------------
 // the report
 

@@ -68,12 +68,6 @@ static void run_free(Run* r) {
     dataset_free(&r->ds), fsdp_free(&r->f), tp_free(&r->t), pp_free(&r->p), workspace_free(&r->ws);
 }
 
-// --save: this run's checkpoint at `step` (every rank calls it)
-static void save(void* ctx, const Options* o, long step) {
-    Run* r = ctx;
-    dist_ckpt_save(&r->mine, o, &r->ds, &r->cfg, step);
-}
-
 // ----------------------------------------------------------------------------
 // the strategy: a grid of groups
 //
@@ -184,10 +178,7 @@ static const CliFlag grid_flags[] = {
     {"pp", "P", "pipeline stages"},
     {"zero", "N", "ZeRO stage across the data-parallel ranks: 1, 2 or 3 (default 3)"},
     {"prefetch", NULL, "stage 3: gather the next unit while the current one computes"},
-    {"microbatches", "M", "microbatches per data-parallel share of the batch (default 4)"},
-    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1 or zbv (default 1f1b)"},
-    {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},
-    {"timeline", NULL, "draw the last step's pipeline timeline (data-parallel replica 0, tensor rank 0)"},
+    PIPELINE_FLAGS,
 };
 static const char* grid_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
@@ -345,7 +336,7 @@ int main(int argc, char** argv) {
     int B = o.batch, last = run.pp.rank == pp_last_rank(&run.p);
     GradSpan spans[MAX_LAYERS + 2];
     int n_spans = grid_grad_spans(&run, spans);
-    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
+    Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, lo); // this replica's rows

@@ -281,12 +281,6 @@ static void run_free(Run* r) {
     dataset_free(&r->ds), fsdp_free(&r->f), work_free(&r->work);
 }
 
-// --save: this run's checkpoint at `step` (every rank calls it)
-static void save(void* ctx, const Options* o, long step) {
-    Run* r = ctx;
-    dist_ckpt_save(&r->mine, o, &r->ds, &r->cfg, step);
-}
-
 // ----------------------------------------------------------------------------
 // the forward and backward passes: train.c's, unit by unit through the stage's hooks
 
@@ -393,7 +387,7 @@ int main(int argc, char** argv) {
     int B = o.batch, R = (int)(hi - lo);
     GradSpan spans[MAX_LAYERS + 2];
     int n_spans = fsdp_grad_spans(&run.f, spans);
-    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
+    Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);

@@ -344,6 +344,13 @@ static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first, int R, long 
     }
     return loss;
 }
+// The flags of a pipeline, in train_pp.c and in train_3d.c.
+#define PIPELINE_FLAGS                                                                                          \
+    {"microbatches", "M", "microbatches per global batch, or per data-parallel share of it (default 4)"},     \
+    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1 or zbv (default 1f1b)"},                       \
+    {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},             \
+    {"timeline", NULL, "draw the last step's timeline, one row per pipeline rank (train_3d.c: tensor rank 0, data replica 0)"}
+
 // The rank that holds the last chunk: it has the loss and the probabilities.
 static int pp_last_rank(const Pp* p) {
     int v;
@@ -495,12 +502,6 @@ static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), pp_free(&r->p), workspace_free(&r->ws);
 }
 
-// --save: this run's checkpoint at `step` (every rank calls it)
-static void save(void* ctx, const Options* o, long step) {
-    Run* r = ctx;
-    dist_ckpt_save(&r->mine, o, &r->ds, &r->cfg, step);
-}
-
 // ----------------------------------------------------------------------------
 // a chunk's work, and the forward pass through the whole pipeline
 
@@ -565,12 +566,7 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, i
 // ----------------------------------------------------------------------------
 // options of this program
 
-static const CliFlag pp_flags[] = {
-    {"microbatches", "M", "microbatches per global batch (default 4)"},
-    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1 or zbv (default 1f1b)"},
-    {"virtual", "V", "chunks per rank for --schedule interleaved, 1 to 4 (default 2)"},
-    {"timeline", NULL, "draw the last step's timeline, one row per rank"},
-};
+static const CliFlag pp_flags[] = {PIPELINE_FLAGS};
 static const char* pp_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
     if (index == 0) return cli_int("microbatches", value, 1, 65536, &r->M);
@@ -646,7 +642,7 @@ int main(int argc, char** argv) {
 
     // training loop
     int B = o.batch;
-    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
+    Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);

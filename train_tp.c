@@ -286,12 +286,6 @@ static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), tp_free(&r->t), work_free(&r->work);
 }
 
-// --save: this run's checkpoint at `step` (every rank calls it)
-static void save(void* ctx, const Options* o, long step) {
-    Run* r = ctx;
-    dist_ckpt_save(&r->mine, o, &r->ds, &r->cfg, step);
-}
-
 // Element e of unit u here, in train.c's layout (ckpt.h's Holding).
 static long canonical(const void* ctx, int u, long e) {
     const Run* r = ctx;
@@ -387,7 +381,7 @@ int main(int argc, char** argv) {
 
     // training loop
     int B = o.batch;
-    Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
+    Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
