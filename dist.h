@@ -269,13 +269,12 @@ static void group_irecv(Group* g, void* buf, long count, MPI_Datatype type, int 
     count_received(g, (double)count * type_bytes(type));
 }
 
-// The callbacks through which model.h's shared code communicates: the gradient norm's two
-// pieces combined over a group (MAX, then SUM), and an exact partial sum completed over one.
+// The callback through which model.h's clip_factor communicates: the gradient norm's two
+// pieces combined over a group (MAX, then SUM).
 static void group_norm(void* group, float* maxabs, int64_t* sumsq) {
     if (maxabs) group_allreduce(group, maxabs, 1, MPI_FLOAT, MPI_MAX);
     if (sumsq) group_allreduce(group, sumsq, 1, MPI_INT64_T, MPI_SUM);
 }
-static void group_sum(void* group, int64_t* acc, long n) { group_allreduce(group, acc, n, MPI_INT64_T, MPI_SUM); }
 
 // Whether any rank's flag is set (every rank calls it): how ranks agree to stop at the same
 // step when a signal reached some of them (report.h's step_end).
