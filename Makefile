@@ -3,6 +3,7 @@
 #   make              build every program (installs OpenMPI first if it is missing and you are root)
 #   make run          the main job: train.c and every strategy, compared (QUICK=1: fewer steps)
 #   make test         every test; the last line says "N passed, N failed"
+#   make check        every program built with AddressSanitizer and UBSan, and a fast subset of the tests
 #   make bench        the performance table of the README (installs OpenBLAS and PyTorch for it if missing)
 #   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
 #   make clean
@@ -30,7 +31,7 @@ HEADERS = util.h kernels.h model.h data.h ckpt.h cli.h report.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d
 TESTS = tests/test_units tools/compare tools/report tools/schedules
 
-.PHONY: all run test bench clean mpi openblas
+.PHONY: all run test check bench clean mpi openblas
 all: $(PROGRAMS)
 
 train: train.c $(HEADERS)
@@ -76,6 +77,10 @@ run: all tools/compare tools/report
 test: all $(TESTS)
 	@tools/need.sh xmllint libxml2-utils
 	@bash tests/run.sh
+
+# sanitizers: a copy of the tree built with ASan and UBSan, a subset of the tests on it
+check:
+	@bash tools/check.sh
 
 clean:
 	rm -f $(PROGRAMS) $(TESTS) bench/bench bench/train_omp bench/train_plain
