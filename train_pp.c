@@ -103,6 +103,7 @@ typedef struct {
     StageWork work;
     Action* actions;   // this rank's list, from its schedule
     int n_actions;
+    int split;         // whether the list runs I and W apart (then slots keep what W needs)
     Slot* slot[4];     // [V][peak[v]] the microbatches in flight through each chunk
     int peak[4];
     float* mailbox[2][4]; // the activations (0) or gradient (1) a chunk passes to a chunk of this same rank
@@ -152,8 +153,7 @@ static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int V, 
     for (int r = 0; r < p->S; r++)
         if (r != p->s) free(lists[r]);
     free(lists), free(counts);
-    int split = 0; // whether this list runs I and W apart
-    for (int i = 0; i < p->n_actions; i++) split |= p->actions[i].op == 'W';
+    for (int i = 0; i < p->n_actions; i++) p->split |= p->actions[i].op == 'W';
     for (int v = 0; v < V; v++) {
         p->peak[v] = pp_chunk_peak(p->actions, p->n_actions, v);
         p->slot[v] = callocCheck(p->peak[v] > 0 ? p->peak[v] : 1, sizeof(Slot));
@@ -161,7 +161,7 @@ static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int V, 
             Slot* sl = &p->slot[v][j];
             int r = j == 0 && extra_rows > mb_rows ? extra_rows : mb_rows;
             acts_init(&sl->acts, c, r, p->u_lo[v], p->u_hi[v], width);
-            for (int u = p->u_lo[v]; u < p->u_hi[v] && split; u++)
+            for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++)
                 sl->stash[u] = mallocCheck((size_t)mb_rows * (width ? width[u] : unit_width(c, u)) * sizeof(float));
             sl->grad = mallocCheck((size_t)mb_rows * (p->in_width[v] > 0 ? p->in_width[v] : 1) * sizeof(float));
             sl->act_req = sl->grad_req = MPI_REQUEST_NULL;
@@ -329,8 +329,9 @@ static Acts* pp_last_acts(Pp* p) { return &p->slot[p->V - 1][0].acts; }
 static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first, int R, long rows_total, int tag) {
     int64_t loss = 0;
     for (int k = 0; k < p->K; k++) {
-        int v, owner = chunk_owner(p->sched, p->S, p->V, k, &v), w, prev = pp_neighbour(p, v, -1, &w);
-        if (owner != p->s) continue;
+        int v, w;
+        if (chunk_owner(p->sched, p->S, p->V, k, &v) != p->s) continue;
+        int prev = pp_neighbour(p, v, -1, &w);
         Acts* a = &p->slot[v][0].acts;
         pp_wait(p, &p->slot[v][0].act_req);
         rows_load(rows, first, R, p->context, a->tokens, a->targets);
@@ -411,11 +412,9 @@ static double pp_sent_formula(const Pp* p) {
 // what W needs kept, for I/W schedules), rows of `mb_rows`.
 static double pp_acts_bytes(const Pp* p, const Config* c, const int* width, int mb_rows) {
     double bytes = 0;
-    int split = 0;
-    for (int i = 0; i < p->n_actions; i++) split |= p->actions[i].op == 'W';
     for (int v = 0; v < p->V; v++) {
         double row = acts_bytes_per_row(c, p->u_lo[v], p->u_hi[v], width);
-        for (int u = p->u_lo[v]; u < p->u_hi[v] && split; u++) row += 4.0 * (width ? width[u] : unit_width(c, u));
+        for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++) row += 4.0 * (width ? width[u] : unit_width(c, u));
         bytes += p->peak[v] * (double)mb_rows * row;
     }
     return bytes;
