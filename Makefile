@@ -4,6 +4,7 @@
 #   make run          the main job: train.c and every strategy, compared (QUICK=1: fewer steps)
 #   make test         every test; the last line says "N passed, N failed"
 #   make check        every program built with AddressSanitizer and UBSan, and a fast subset of the tests
+#   make fuzz         the data loader, checkpoint reader and flag parser under libFuzzer (clang)
 #   make bench        the performance table of the README (installs OpenBLAS and PyTorch for it if missing)
 #   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
 #   make clean
@@ -31,7 +32,7 @@ HEADERS = util.h kernels.h model.h data.h ckpt.h cli.h report.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d
 TESTS = tests/test_units tools/compare tools/report tools/schedules
 
-.PHONY: all run test check bench clean mpi openblas
+.PHONY: all run test check fuzz bench clean mpi openblas
 all: $(PROGRAMS)
 
 train: train.c $(HEADERS)
@@ -81,6 +82,10 @@ test: all $(TESTS)
 # sanitizers: a copy of the tree built with ASan and UBSan, a subset of the tests on it
 check:
 	@bash tools/check.sh
+
+# libFuzzer on the readers of outside input, a million inputs each (tests/fuzz.c)
+fuzz: train
+	@bash tools/fuzz.sh
 
 clean:
 	rm -f $(PROGRAMS) $(TESTS) bench/bench bench/train_omp bench/train_plain

@@ -194,7 +194,11 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         longopts[n++] = (struct option){extra[i].name, extra[i].value ? required_argument : no_argument, 0, 2000 + i};
     longopts[n] = (struct option){0, 0, 0, 0};
     opterr = 0; // we print our own messages
+#ifdef __GLIBC__
+    optind = 0; // glibc: a full restart, forgetting a half-read "-abc" of an earlier parse
+#else
     optind = 1;
+#endif
     *err = NULL;
     int c;
     while (!*err && (c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {

@@ -192,6 +192,8 @@ static void dataset_line_example(const Dataset* ds, int line, int p, int T, int*
 // Example `index` of a split (0: train, 1: validation), located by binary search.
 static void dataset_example(const Dataset* ds, int split, long index, int T, int* context, int* target) {
     int lo = split ? ds->n_train : 0, hi = split ? ds->n_lines : ds->n_train;
+    long n = split ? ds->n_val_examples : ds->n_train_examples;
+    if (index < 0 || index >= n) fatal("internal: example %ld of a split of %ld", index, n);
     while (lo < hi) { // first line whose example_end exceeds index
         int mid = lo + (hi - lo) / 2;
         if (ds->example_end[mid] > index) hi = mid;

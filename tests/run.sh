@@ -83,6 +83,22 @@ section_units() {
         esac
     done <"$TMP/units"
     grep -q ' passed, 0 failed$' "$TMP/units" || fail "unit tests did not finish: $(tail -n 3 "$TMP/units" | tr '\n' '|')"
+    # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
+    local t
+    for t in data ckpt cli; do
+        ls tests/fuzz/$t/* >/dev/null 2>&1 || continue
+        if ! cc -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -DREPLAY -DTARGET_$t \
+            tests/fuzz.c -o "$TMP/replay_$t" -lm 2>"$TMP/replay.err"; then
+            skip "fuzz regressions of $t: this compiler cannot build with -fsanitize ($(head -c 200 "$TMP/replay.err"))"
+            continue
+        fi
+        if run "$TMP/replay" env ASAN_OPTIONS=detect_leaks=1 "$TMP/replay_$t" tests/fuzz/$t/* &&
+            ! grep -qE 'runtime error|Sanitizer|internal:' "$TMP/replay"; then
+            pass "fuzz regressions of $t: $(ls tests/fuzz/$t | wc -l) inputs that once crashed, handled"
+        else
+            fail "fuzz regressions of $t: $(grep -m2 -E 'ERROR|runtime error|internal' "$TMP/replay" | tr '\n' '|')"
+        fi
+    done
 }
 
 # ----------------------------------------------------------------------------
@@ -285,6 +301,47 @@ PY
     pkill -KILL -f "train_dp --steps 100000000" 2>/dev/null
     check "checkpoint: a rank stopped with SIGSTOP ends the job in ${took} s with the watchdog's message (--timeout 2)" \
         bash -c "test $took -le 10 && grep -q 'watchdog: no training step finished in 2 s.*waiting for a collective of the dp group' '$TMP/wd.out'"
+}
+
+# ----------------------------------------------------------------------------
+# Every bad input, to every MPI program: one message (printed once, not once per rank), a
+# non-zero exit, and the outputs the run was told to write untouched
+section_faults() {
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'bad\0name\n'; } >"$TMP/f_nul.txt"
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9\n'; } >"$TMP/f_utf8.txt"
+    run "$TMP/f0" ./train --steps 20 --save "$TMP/f_good.ckpt" --quiet --samples 0
+    cp "$TMP/f_good.ckpt" "$TMP/f_flip.ckpt"
+    printf '\x01' | dd of="$TMP/f_flip.ckpt" bs=1 seek=1000 conv=notrunc 2>/dev/null
+    head -c 3000 "$TMP/f_good.ckpt" >"$TMP/f_trunc.ckpt"
+    cp names.txt "$TMP/f_data.txt"
+    local prog name input pattern status
+    for prog in "train_dp" "train_fsdp --zero 3" "train_tp" "train_pp --schedule 1f1b" "train_3d --dp 1 --tp 1 --pp 2"; do
+        name=${prog%% *}
+        while IFS='|' read -r input status pattern; do
+            echo "precious" >"$TMP/f_out.ckpt"
+            echo "precious" >"$TMP/f_out.csv"
+            run "$TMP/f_err" $MPIRUN -n 2 ./$prog $input --steps 30 --save "$TMP/f_out.ckpt" --log "$TMP/f_out.csv" </dev/null
+            local got=$? said
+            said=$(grep -c '^error: ' "$TMP/f_err")
+            if [ $got = "$status" ] && [ "$said" = 1 ] && grep -Eq -- "$pattern" "$TMP/f_err" &&
+                [ "$(cat "$TMP/f_out.ckpt" "$TMP/f_out.csv")" = "precious"$'\n'"precious" ]; then
+                pass "faults: $name $input: '$pattern' once, exit $got, its outputs untouched"
+            else
+                fail "faults: $name $input (exit $got, expected $status; $said error lines; $(grep -m2 error "$TMP/f_err" | tr '\n' '|'); outputs: $(cat "$TMP/f_out.ckpt" "$TMP/f_out.csv" | tr '\n' ' '))"
+            fi
+        done <<EOT
+--data $TMP/none.txt|1|cannot open data file
+--data $TMP/f_nul.txt|1|f_nul.txt:21: NUL byte at column 4
+--data $TMP/f_utf8.txt|1|f_utf8.txt:21: byte 0xc3 at column 4 is not ASCII
+--load $TMP/f_flip.ckpt|1|checksum mismatch
+--load $TMP/f_trunc.ckpt|1|corrupt or truncated
+--load $TMP/f_good.ckpt --hidden 32|1|is of a different model
+--load $TMP/f_good.ckpt --seed 7|1|other settings: --seed 42 \(now 7\)
+--lr 1e-50|2|--lr must be above 0 and is too small
+--data $TMP/f_data.txt --summary $TMP/f_data.txt|2|is the --data file: refusing to start
+EOT
+    done
+    check "faults: and the data file given as an output is untouched" cmp -s names.txt "$TMP/f_data.txt"
 }
 
 # ----------------------------------------------------------------------------
@@ -654,6 +711,7 @@ run_section cli
 run_section data
 run_section train
 run_section checkpoint
+run_section faults
 run_section dp
 run_section fsdp
 run_section tp

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# tools/fuzz.sh: `make fuzz`. The three readers of outside input (tests/fuzz.c: the data
+# loader, the checkpoint reader, the flag parser) under libFuzzer with AddressSanitizer and
+# UBSan, each for RUNS inputs (default 1 million) or at most SECONDS seconds (default 900).
+# Prints executions, time and findings per target; an input that crashes is copied to
+# tests/fuzz/<target>/, where make test replays it from then on, and the run fails.
+#
+#   make fuzz                      # about 2 minutes on 2 cores
+#   RUNS=10000000 make fuzz        # longer
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-1000000}
+SECONDS_MAX=${SECONDS:-900}
+tools/need.sh clang clang || exit 1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+# seed inputs: real files the fuzzer mutates from (libFuzzer also keeps what it finds)
+mkdir -p "$dir/data" "$dir/ckpt" "$dir/cli"
+head -40 names.txt >"$dir/data/names"
+printf 'emma\r\nolivia\r\n\r\nava\r\nmia\r\nzoe\r\nli\r\nbo\r\nal\r\ncy\r\ned\r\n' >"$dir/data/crlf"
+printf '\xef\xbb\xbfemma\nolivia\nava\nmia\nzoe\nli\nbo\nal\ncy\ned\n' >"$dir/data/bom"
+cp tests/fuzz/data/* "$dir/data/" 2>/dev/null
+# the checkpoint target's data file and model (tests/fuzz.c), trained for a few steps
+printf 'emma\nolivia\nava\nisabella\nsophia\ncharlotte\nmia\namelia\nharper\nevelyn\n' >"$dir/ten.txt"
+for opt in sgd adamw; do
+    ./train --data "$dir/ten.txt" --context 3 --emb 2 --hidden 4 --layers 2 --batch 8 --steps 5 --samples 0 \
+        --quiet --optimizer $opt --save "$dir/ckpt/$opt" >/dev/null || { echo "cannot make the seed checkpoints"; exit 1; }
+done
+cp tests/fuzz/ckpt/* "$dir/ckpt/" 2>/dev/null
+printf -- '--steps\0100\0--lr\0000.5\0--optimizer\0adamw\0--clip\0001.0' >"$dir/cli/a"
+printf -- '--batch\08\0--hidden\0128\0--save\0/tmp/x\0--save-every\0010\0--keep\03' >"$dir/cli/b"
+printf -- '--seed\018446744073709551615\0--timeout\00\0--quiet\0--allow-changes' >"$dir/cli/c"
+cp tests/fuzz/cli/* "$dir/cli/" 2>/dev/null
+
+failed=0
+printf '%-6s %12s %8s %10s  %s\n' target executions seconds per-second findings
+for t in data ckpt cli; do
+    clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTARGET_$t \
+        tests/fuzz.c -o "$dir/fuzz_$t" -lm || exit 1
+    mkdir -p "$dir/found_$t"
+    # the flag parser looks for output folders: run where it can find nothing of ours
+    (cd "$dir/found_$t" && "$dir/fuzz_$t" -runs="$RUNS" -max_total_time="$SECONDS_MAX" -timeout=10 \
+        -rss_limit_mb=2048 -artifact_prefix="$dir/found_$t/" -print_final_stats=1 "$dir/$t" >"$dir/$t.log" 2>&1)
+    status=$?
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/$t.log")
+    secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$dir/$t.log")
+    found=$(ls "$dir/found_$t" | grep -E '^(crash|leak|timeout|oom|slow-unit)-' || true)
+    if [ $status != 0 ] || [ -n "$found" ]; then
+        failed=1
+        mkdir -p tests/fuzz/$t
+        for f in $found; do cp "$dir/found_$t/$f" tests/fuzz/$t/; done
+        printf '%-6s %12s %8s %10s  %s\n' $t "${runs:-?}" "${secs:-?}" - "FOUND (exit $status): ${found:-see log}"
+        grep -m3 -E 'ERROR|runtime error|SUMMARY' "$dir/$t.log"
+    else
+        printf '%-6s %12s %8s %10s  none\n' $t "$runs" "$secs" $((runs / (secs > 0 ? secs : 1)))
+    fi
+done
+if [ $failed = 1 ]; then
+    echo "make fuzz: findings copied to tests/fuzz/; fix them, and make test replays them from now on"
+    exit 1
+fi
+echo "make fuzz: no findings"
