@@ -5,6 +5,7 @@
 #   make test         every test; the last line says "N passed, N failed"
 #   make check        every program built with AddressSanitizer and UBSan, and a fast subset of the tests
 #   make fuzz         the data loader, checkpoint reader and flag parser under libFuzzer (clang)
+#   make zoo          the bug zoo: 15 classic bugs of distributed training, each caught by a test
 #   make bench        the performance table of the README (installs OpenBLAS and PyTorch for it if missing)
 #   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
 #   make clean
@@ -32,7 +33,7 @@ HEADERS = util.h kernels.h model.h data.h ckpt.h cli.h report.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d
 TESTS = tests/test_units tools/compare tools/report tools/schedules
 
-.PHONY: all run test check fuzz bench clean mpi openblas
+.PHONY: all run test check fuzz zoo bench clean mpi openblas
 all: $(PROGRAMS)
 
 train: train.c $(HEADERS)
@@ -86,6 +87,12 @@ check:
 # libFuzzer on the readers of outside input, a million inputs each (tests/fuzz.c)
 fuzz: train
 	@bash tools/fuzz.sh
+
+# the bug zoo (tests/zoo/*.patch): each bug applied to a copy, the suite run until it fails
+zoo:
+	@tools/need.sh patch patch
+	@tools/need.sh bc bc
+	@bash tools/zoo.sh
 
 clean:
 	rm -f $(PROGRAMS) $(TESTS) bench/bench bench/train_omp bench/train_plain

@@ -18,7 +18,14 @@ LIMIT=${TEST_TIME_LIMIT:-300} # seconds per command
 
 SKIPPED=0
 pass() { PASSED=$((PASSED + 1)); echo "PASSED $*"; }
-fail() { FAILED=$((FAILED + 1)); echo "FAILED $*"; }
+fail() {
+    FAILED=$((FAILED + 1))
+    echo "FAILED $*"
+    if [ -n "${STOP_AT_FAILURE:-}" ]; then # make zoo: the first test that catches a bug is enough
+        echo "$PASSED passed, $FAILED failed (stopped at the first failure)"
+        exit 1
+    fi
+}
 skip() { SKIPPED=$((SKIPPED + 1)); echo "SKIPPED $*"; }
 # check NAME COMMAND...: passes when the command succeeds (its output is not shown)
 check() {
@@ -58,8 +65,10 @@ reference() {
 same_as() {
     local tag=$1 name=$2
     shift 2
-    if ! run "$TMP/x.out" "$@" --quiet --log "$TMP/x.csv" --save "$TMP/x.ckpt"; then
-        fail "$name (exit $?: $(tail -c 300 "$TMP/x.out" | tr '\n' '|'))"
+    run "$TMP/x.out" "$@" --quiet --log "$TMP/x.csv" --save "$TMP/x.ckpt"
+    local status=$?
+    if [ $status != 0 ]; then
+        fail "$name (exit $status: $(grep -m2 -E '^error|internal' "$TMP/x.out" | tr '\n' '|')$(tail -c 200 "$TMP/x.out" | tr '\n' '|'))"
     elif ! tools/compare "$TMP/$tag.csv" "$TMP/x.csv" "$TMP/$tag.ckpt" "$TMP/x.ckpt" >"$TMP/cmp"; then
         fail "$name ($(cat "$TMP/cmp"))"
     elif ! cmp -s "$TMP/$tag.out" "$TMP/x.out"; then
@@ -355,6 +364,10 @@ section_dp() {
                 $MPIRUN -n $n ./train_dp $flags --optimizer $opt --overlap --bucket-kb 4
         done
     done
+    # a resume: train.c's checkpoint at step 120, continued on 2 ranks, is train.c's run of 200 steps
+    run "$TMP/r120" ./train $flags --optimizer adamw --steps 120 --save "$TMP/dp_r120.ckpt" --quiet
+    same_as dp_adamw "dp: 2 ranks resume train.c's AdamW checkpoint of step 120, same as train.c's 200 steps" \
+        $MPIRUN -n 2 ./train_dp $flags --optimizer adamw --load "$TMP/dp_r120.ckpt"
     # 27 rows on 4 ranks (7, 7, 7, 6), three layers, clipping
     flags="--steps 150 --eval-every 0 --batch 27 --layers 3 --clip 0.5 --optimizer adamw"
     reference dp_odd $flags
