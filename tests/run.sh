@@ -711,6 +711,71 @@ section_builds() {
 }
 
 # ----------------------------------------------------------------------------
+# Emulated hosts (tools/cluster.sh): network namespaces joined by a bridge, TCP between them
+section_cluster() {
+    local why=""
+    if [ "$(id -u)" != 0 ]; then why="not root: network namespaces need root"
+    elif ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then why="no iproute2 or unshare"
+    elif ! ip netns add mlpc_probe$$ 2>/dev/null; then why="network namespaces are not available here"
+    elif ! "${MPIEXEC:-mpirun}" --version 2>&1 | grep -q 'Open MPI'; then ip netns del mlpc_probe$$; why="the emulated cluster needs OpenMPI's mpirun"
+    else ip netns del mlpc_probe$$; fi
+    if [ -n "$why" ]; then
+        skip "cluster: every test of the emulated hosts ($why)"
+        return
+    fi
+    local C=tools/cluster.sh flags="--steps 150 --eval-every 75"
+    reference cl $flags
+    same_as cl "cluster: train_dp, 2 ranks on 2 hosts (TCP), same as train.c" $C --hosts 2 -- -n 2 ./train_dp $flags
+    same_as cl "cluster: train_fsdp ZeRO-3, 2 ranks on 2 hosts, same as train.c" $C --hosts 2 -- -n 2 ./train_fsdp --zero 3 $flags
+    same_as cl "cluster: train_tp, 2 ranks on 2 hosts, same as train.c" $C --hosts 2 -- -n 2 ./train_tp $flags
+    same_as cl "cluster: train_pp 1f1b, 2 stages on 2 hosts, same as train.c" $C --hosts 2 -- -n 2 ./train_pp --schedule 1f1b $flags
+    same_as cl "cluster: train_dp, 4 ranks on 2 hosts over a 100mbit link, same as train.c" $C --hosts 2 --link 100mbit -- -n 4 ./train_dp $flags
+    same_as cl "cluster: train_3d 2x2x2 across 4 hosts, same as train.c" $C --hosts 4 -- -n 8 ./train_3d --tp 2 --dp 2 --pp 2 $flags
+    run "$TMP/hosts" $C --hosts 4 -- -n 4 sh -c 'echo $(hostname) $(readlink /proc/self/ns/net)'
+    check "cluster: 4 ranks on 4 hosts see 4 hostnames and 4 network namespaces" \
+        bash -c "test \$(cut -d' ' -f1 '$TMP/hosts' | sort -u | grep -c '^host[0-3]\$') = 4 && test \$(cut -d' ' -f2 '$TMP/hosts' | sort -u | wc -l) = 4"
+    # a rank killed on one host: the job ends within 5 seconds, saying so
+    $C --hosts 2 -- -n 2 ./train_dp --steps 100000000 --quiet >"$TMP/kill.out" 2>&1 </dev/null &
+    local job=$! victim="" t0 ns
+    for _ in $(seq 1 100); do
+        ns=$(ip netns list | grep -o 'mlpc[0-9]*_host1' | head -1)
+        [ -n "$ns" ] && victim=$(ip netns pids "$ns" 2>/dev/null | while read -r pid; do
+            grep -q '^./train_dp' "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"; done | head -1)
+        [ -n "$victim" ] && break
+        sleep 0.1
+    done
+    sleep 1
+    t0=$(date +%s.%N)
+    kill -9 "$victim" 2>/dev/null
+    wait $job
+    local status=$? took
+    took=$(echo "$(date +%s.%N) - $t0" | bc)
+    check "cluster: a rank killed on host1 ends the job in $(printf %.1f "$took") s (exit $status) with mpirun's message" \
+        bash -c "test -n '$victim' && test $status != 0 && awk -v t=$took 'BEGIN { exit !(t < 5) }' && grep -qi 'signal 9\\|killed' '$TMP/kill.out'"
+    run "$TMP/to" $C --hosts 2 --timeout 3 -- -n 2 ./train_dp --steps 100000000 --quiet
+    check "cluster: --timeout 3 ends a job that runs longer, saying so" grep -q 'ran past --timeout 3 s' "$TMP/to"
+    # as in a terminal: a job started with & ignores SIGINT unless told otherwise
+    perl -e '$SIG{INT} = "DEFAULT"; exec @ARGV' $C --hosts 2 -- -n 2 ./train_dp --steps 100000000 --quiet >"$TMP/int.out" 2>&1 </dev/null &
+    job=$!
+    sleep 3
+    kill -INT $job
+    wait $job
+    check "cluster: Ctrl-C (SIGINT) to tools/cluster.sh removes the hosts" grep -q 'interrupted; removing the hosts' "$TMP/int.out"
+    sleep 0.5
+    local left
+    left=$(ip netns list | grep mlpc; ip link | grep -E 'v[hb][0-9]+@'; pgrep -af 'train_dp --steps 100000000')
+    check "cluster: afterwards no namespace, no link and no process of the emulated hosts remain${left:+ (left: $left)}" test -z "$left"
+    expect_error 2 "need root" "cluster: without root it refuses before making anything" -- setpriv --reuid=65534 --regid=65534 --clear-groups $C --hosts 2 -- -n 2 ./train_dp
+    expect_error 2 "--hosts must be 2 to 8" "cluster: a bad --hosts is refused" -- $C --hosts 1 -- -n 2 ./train_dp
+    expect_error 2 "--link must be none or a rate" "cluster: a bad --link is refused" -- $C --link fast -- -n 2 ./train_dp
+    if command -v mpirun.mpich >/dev/null; then
+        expect_error 2 "launches with OpenMPI's mpirun, and 'mpirun.mpich' is another MPI" "cluster: MPICH's launcher is refused, saying why" -- env MPIEXEC=mpirun.mpich $C -- -n 2 ./train_dp
+    else
+        skip "cluster: MPICH's launcher refused (mpirun.mpich is not installed)"
+    fi
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -734,5 +799,6 @@ run_section 3d
 run_section accounting
 run_section run
 run_section builds
+run_section cluster
 if [ "$SKIPPED" -gt 0 ]; then echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"; else echo "$PASSED passed, $FAILED failed"; fi
 [ "$FAILED" = 0 ]
