@@ -6,6 +6,8 @@
 #   make check        every program built with AddressSanitizer and UBSan, and a fast subset of the tests
 #   make fuzz         the data loader, checkpoint reader and flag parser under libFuzzer (clang)
 #   make zoo          the bug zoo: 15 classic bugs of distributed training, each caught by a test
+#   make cluster      make run's comparison across emulated hosts (root), with a cost model's predictions
+#                     (HOSTS=2 or 4, LINK="1gbit 100mbit", QUICK=1)
 #   make bench        the performance table of the README (installs OpenBLAS and PyTorch for it if missing)
 #   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
 #   make clean
@@ -31,9 +33,9 @@ endif
 
 HEADERS = util.h kernels.h model.h data.h ckpt.h cli.h report.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d
-TESTS = tests/test_units tools/compare tools/report tools/schedules
+TESTS = tests/test_units tools/compare tools/report tools/schedules tools/costmodel tools/pingpong
 
-.PHONY: all run test check fuzz zoo bench clean mpi openblas
+.PHONY: all run test check fuzz zoo cluster bench clean mpi openblas
 all: $(PROGRAMS)
 
 train: train.c $(HEADERS)
@@ -56,6 +58,10 @@ tools/report: tools/report.c util.h
 	$(CC) $(CFLAGS) -o $@ tools/report.c $(LDLIBS)
 tools/schedules: tools/schedules.c schedules.h util.h
 	$(CC) $(CFLAGS) -o $@ tools/schedules.c $(LDLIBS)
+tools/costmodel: tools/costmodel.c $(HEADERS) schedules.h
+	$(CC) $(CFLAGS) -o $@ tools/costmodel.c $(LDLIBS)
+tools/pingpong: tools/pingpong.c util.h dist.h | mpi
+	$(MPICC) $(CFLAGS) -o $@ tools/pingpong.c $(LDLIBS)
 
 # The benchmark, and only the benchmark, links OpenBLAS
 openblas:
@@ -89,6 +95,10 @@ fuzz: train
 	@bash tools/fuzz.sh
 
 # the bug zoo (tests/zoo/*.patch): each bug applied to a copy, the suite run until it fails
+# make run across emulated hosts (network namespaces; root): tools/cluster.sh, tools/costmodel.c
+cluster: all tools/compare tools/report tools/costmodel tools/pingpong
+	@HOSTS=$(HOSTS) LINK="$(LINK)" QUICK=$(QUICK) bash tools/cluster_run.sh
+
 zoo:
 	@tools/need.sh patch patch
 	@tools/need.sh bc bc

@@ -115,8 +115,11 @@ static Group group_world(const char* name) {
 }
 
 // Add to a group's counters, inside the measurement window of a training step (util.h).
+// Every message this rank sends, in any group, also counts once in messages_sent: a cost
+// model (tools/costmodel.c) charges each a latency.
+static double messages_sent;
 static void count_sent(Group* g, double bytes) {
-    if (in_step) g->sent += bytes;
+    if (in_step) g->sent += bytes, messages_sent += 1;
 }
 static void count_received(Group* g, double bytes) {
     if (in_step) g->received += bytes;
@@ -369,7 +372,9 @@ static Figures* dist_report(const Options* o, const Report* rep, Progress* pr, d
                             const Figures* mine, ForwardFn forward, void* ctx) {
     int* names = generate_names(o->samples, ds->max_len, &o->model, ds, o->seed, forward, ctx);
     Figures* all = world_rank == 0 ? callocCheck(world_size, sizeof(Figures)) : NULL;
-    MPI_Gather(mine, FIGURES_DOUBLES, MPI_DOUBLE, all, FIGURES_DOUBLES, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    Figures with = *mine;
+    with.messages = per_step(pr, messages_sent);
+    MPI_Gather(&with, FIGURES_DOUBLES, MPI_DOUBLE, all, FIGURES_DOUBLES, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (world_rank == 0) report_print(o, rep, pr, val_loss, names, ds, all, world_size);
     if (o->trace) dist_trace_write(o->trace);
     free(names);

@@ -190,6 +190,7 @@ typedef struct {
     double params, grads, optim, acts; // bytes held: parameters, gradient sums, optimizer state, activations
     double mem_formula;   // what the formula predicts for their sum
     double bubble;        // the pipeline's idle fraction, or -1 without a pipeline
+    double messages;      // messages this rank sent per training step (dist.h counts them)
 } Figures;
 #define FIGURES_DOUBLES ((int)(sizeof(Figures) / sizeof(double)))
 
@@ -235,9 +236,9 @@ static void summary_write(const char* path, const char* program, const char* lay
     }
     for (int q = 0; q < n; q++)
         fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_formula=%.0f received=%.0f "
-                     "params=%.0f grads=%.0f optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f\n", q, f[q].sent,
+                     "params=%.0f grads=%.0f optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f messages=%.1f\n", q, f[q].sent,
                 f[q].sent_axis[0], f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_formula, f[q].received,
-                f[q].params, f[q].grads, f[q].optim, f[q].acts, f[q].mem_formula, f[q].bubble);
+                f[q].params, f[q].grads, f[q].optim, f[q].acts, f[q].mem_formula, f[q].bubble, f[q].messages);
     if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
 }
 

@@ -92,6 +92,15 @@ section_units() {
         esac
     done <"$TMP/units"
     grep -q ' passed, 0 failed$' "$TMP/units" || fail "unit tests did not finish: $(tail -n 3 "$TMP/units" | tr '\n' '|')"
+    # the cost model's arithmetic (tools/costmodel.c), on cases computed by hand
+    tools/costmodel selftest >"$TMP/cost" 2>&1
+    while read -r word rest; do
+        case $word in
+            PASSED) pass "costmodel: $rest" ;;
+            FAILED) fail "costmodel: $rest" ;;
+        esac
+    done <"$TMP/cost"
+    grep -q ' passed, 0 failed$' "$TMP/cost" || fail "costmodel selftest did not finish: $(tail -n 2 "$TMP/cost" | tr '\n' '|')"
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
     for t in data ckpt cli; do

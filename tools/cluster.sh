@@ -93,12 +93,12 @@ trap 'echo "tools/cluster.sh: interrupted; removing the hosts" >&2; exit 130' IN
 mk() { ip netns add "$1" || die "cannot make network namespace $1 (are namespaces available here?)"; made+=("$1"); }
 mk ${P}_br
 ip -n ${P}_br link add br0 type bridge && ip -n ${P}_br link set br0 up || die "cannot make the bridge"
-shape() { # NAMESPACE DEVICE: tc tbf at the link's rate, 10 ms worth of burst
+shape() { # NAMESPACE DEVICE: tc tbf at the link's rate, 1 ms worth of burst (a larger burst lets whole messages pass unshaped)
     [ "$link" = none ] && return 0
     local num=${link%%[a-z]*} unit=${link##*[0-9]} bps
     case $unit in kbit) bps=$((num * 1000)) ;; mbit) bps=$((num * 1000000)) ;; gbit) bps=$((num * 1000000000)) ;; esac
-    local burst=$((bps / 8 / 100))
-    [ $burst -lt 16000 ] && burst=16000
+    local burst=$((bps / 8 / 1000))
+    [ $burst -lt 4000 ] && burst=4000
     ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$link" burst "$burst" latency 100ms ||
         die "tc tbf refused rate $link on $2"
 }
@@ -109,6 +109,9 @@ for ((h = 0; h < hosts; h++)); do
     ip -n ${P}_host$h addr add 10.99.0.$((h + 1))/24 dev vh$h
     ip -n ${P}_host$h link set vh$h up
     ip -n ${P}_host$h link set lo up
+    # TCP restarts slow start after an idle moment by default: between a step's messages it
+    # would never reach the link's rate (an MPI fabric does not behave so)
+    ip netns exec ${P}_host$h sysctl -q -w net.ipv4.tcp_slow_start_after_idle=0 2>/dev/null
     shape ${P}_host$h vh$h # what the host sends
     shape ${P}_br vb$h     # what it receives
 done

@@ -18,7 +18,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-out}
 FLAGS="--eval-every 2500"
 [ "${QUICK:-0}" = 1 ] && FLAGS="--steps 2500 --eval-every 500"
-MPIRUN=tools/mpirun
+MPIRUN=${MPIRUN:-tools/mpirun} # make cluster: tools/cluster.sh --hosts N --link RATE --
 mkdir -p "$OUT/runs"
 rm -f "$OUT"/runs/*
 
@@ -51,6 +51,7 @@ echo
 status=0
 tools/report "$OUT" $names | tee "$OUT/table.md" || status=$?
 
+[ "${SCHEDULES:-1}" = 0 ] && exit $status # make cluster: the table only
 # The pipeline schedules side by side, and one picture of them all
 echo
 bash tools/schedule_table.sh "$OUT" 8 $FLAGS || status=1

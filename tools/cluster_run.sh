@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# tools/cluster_run.sh: `make cluster`. The comparison of `make run`, with the ranks spread
+# over emulated hosts (tools/cluster.sh), at each link speed; every row checked against
+# train.c. Then one table: each program's step time in shared memory and at each link
+# speed, measured beside what tools/costmodel.c predicts from this machine's compute rate,
+# each link's alpha and beta (tools/pingpong across the hosts) and the program's bytes and
+# messages per step.
+#
+#   make cluster                               # 2 hosts; links 1gbit and 100mbit; QUICK=1: fewer steps
+#   make cluster HOSTS=4 LINK="10gbit 1gbit"   # LINK: rates for tc, or "none" (unshaped)
+#
+# Writes out/cluster/: the runs of each link under out/cluster/LINK/, the final table in
+# out/cluster/table.md. Needs root (network namespaces) and OpenMPI; says so otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+HOSTS=${HOSTS:-2}
+LINKS=${LINK:-1gbit 100mbit}
+OUT=out/cluster
+mkdir -p "$OUT"
+tools/cluster.sh --hosts "$HOSTS" -- -n 1 true || exit 2 # refuses clearly (not root, no namespaces, not OpenMPI)
+
+echo "== this machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
+echo "== compute: train.c's model, one step, by rows (tools/costmodel compute)"
+tools/costmodel compute | tee "$OUT/compute.txt"
+
+measure_link() { # NAME LAUNCHER...: alpha and beta of the link, by tools/pingpong
+    local name=$1
+    shift
+    "$@" -n 2 tools/pingpong >"$OUT/$name.link" 2>&1 || { cat "$OUT/$name.link"; exit 1; }
+    echo "== link $name: $(cat "$OUT/$name.link") (alpha in seconds, beta in bytes/s)"
+}
+status=0
+columns="shm"
+measure_link shm tools/mpirun
+echo "== shared memory: every program on this machine's cores"
+OUT="$OUT/shm" SCHEDULES=0 QUICK=${QUICK:-0} bash tools/run_all.sh | tail -n +1 >"$OUT/shm.log" 2>&1 || status=1
+grep -A12 '^| program' "$OUT/shm/table.md" 2>/dev/null || tail -5 "$OUT/shm.log"
+for link in $LINKS; do
+    launcher="tools/cluster.sh --hosts $HOSTS --link $link --"
+    measure_link "$link" $launcher
+    echo "== $HOSTS hosts, links of $link: every program, ranks spread over the hosts"
+    MPIRUN="$launcher" OUT="$OUT/$link" SCHEDULES=0 QUICK=${QUICK:-0} bash tools/run_all.sh >"$OUT/$link.log" 2>&1 || status=1
+    cat "$OUT/$link/table.md" 2>/dev/null || tail -20 "$OUT/$link.log"
+    columns="$columns $link"
+done
+
+# the second table: step time, measured and predicted, in every setting
+{
+    echo
+    echo "step time in ms, measured / predicted by tools/costmodel.c ($HOSTS emulated hosts; shm: every rank on this machine, shared memory)"
+    echo
+    printf '| program |'
+    for c in $columns; do printf ' %s |' "$c"; done
+    echo
+    printf '| --- |'
+    for c in $columns; do printf ' --- |'; done
+    echo
+    for run in train dp fsdp tp pp 3d; do
+        printf '| %s |' "$(sed -n 's/^program=//p' "$OUT/shm/runs/$run.sum" 2>/dev/null) ($(sed -n 's/^ranks=//p' "$OUT/shm/runs/$run.sum" 2>/dev/null) ranks)"
+        for c in $columns; do
+            sum="$OUT/$c/runs/$run.sum"
+            if [ ! -f "$sum" ]; then printf ' - |'; continue; fi
+            measured=$(awk -F= '/^seconds=/ { s = $2 } /^steps=/ { n = $2 } END { printf "%.3f", 1000 * s / n }' "$sum")
+            read -r alpha beta < <(sed 's/alpha=//; s/beta=//' "$OUT/$c.link")
+            read -r salpha sbeta < <(sed 's/alpha=//; s/beta=//' "$OUT/shm.link")
+            hosts=$HOSTS
+            [ "$c" = shm ] && hosts=1
+            predicted=$(tools/costmodel predict "$sum" "$alpha" "$beta" "$OUT/compute.txt" "$salpha" "$sbeta" "$hosts" | sed 's/predicted_ms=\([0-9.]*\).*/\1/')
+            ratio=$(awk -v m="$measured" -v p="$predicted" 'BEGIN { printf "%+.0f%%", 100 * (p - m) / m }')
+            printf ' %s / %s (%s) |' "$measured" "$predicted" "$ratio"
+        done
+        echo
+    done
+} | tee "$OUT/table.md"
+if grep -h 'compared with train.c' "$OUT"/*.log | grep -v identical; then
+    echo "make cluster: a run differs from train.c (above)"
+    status=1
+fi
+exit $status
