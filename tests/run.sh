@@ -758,7 +758,7 @@ section_cluster() {
     kill -9 "$victim" 2>/dev/null
     wait $job
     local status=$? took
-    took=$(echo "$(date +%s.%N) - $t0" | bc)
+    took=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')
     check "cluster: a rank killed on host1 ends the job in $(printf %.1f "$took") s (exit $status) with mpirun's message" \
         bash -c "test -n '$victim' && test $status != 0 && awk -v t=$took 'BEGIN { exit !(t < 5) }' && grep -qi 'signal 9\\|killed' '$TMP/kill.out'"
     run "$TMP/to" $C --hosts 2 --timeout 3 -- -n 2 ./train_dp --steps 100000000 --quiet
