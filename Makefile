@@ -54,11 +54,11 @@ tests/test_units: tests/test_units.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tests/test_units.c $(LDLIBS)
 tools/compare: tools/compare.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tools/compare.c $(LDLIBS)
-tools/report: tools/report.c util.h
+tools/report: tools/report.c tools/summary.h util.h
 	$(CC) $(CFLAGS) -o $@ tools/report.c $(LDLIBS)
 tools/schedules: tools/schedules.c schedules.h util.h
 	$(CC) $(CFLAGS) -o $@ tools/schedules.c $(LDLIBS)
-tools/costmodel: tools/costmodel.c $(HEADERS) schedules.h
+tools/costmodel: tools/costmodel.c tools/summary.h $(HEADERS) schedules.h
 	$(CC) $(CFLAGS) -o $@ tools/costmodel.c $(LDLIBS)
 tools/pingpong: tools/pingpong.c util.h dist.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ tools/pingpong.c $(LDLIBS)
@@ -94,11 +94,11 @@ check:
 fuzz: train
 	@bash tools/fuzz.sh
 
-# the bug zoo (tests/zoo/*.patch): each bug applied to a copy, the suite run until it fails
 # make run across emulated hosts (network namespaces; root): tools/cluster.sh, tools/costmodel.c
 cluster: all tools/compare tools/report tools/costmodel tools/pingpong
 	@HOSTS=$(HOSTS) LINK="$(LINK)" QUICK=$(QUICK) bash tools/cluster_run.sh
 
+# the bug zoo (tests/zoo/*.patch): each bug applied to a copy, the suite run until it fails
 zoo:
 	@tools/need.sh patch patch
 	@tools/need.sh bc bc

@@ -28,6 +28,7 @@
  */
 #include "../ckpt.h"
 #include "../schedules.h"
+#include "summary.h"
 
 #include <ctype.h>
 
@@ -67,50 +68,35 @@ static double step_seconds(const Config* c, int R) {
         optimizer_step(&opt, s.params, s.grads, s.m, s.v, s.n, grad_factor(R), 1.0f, 1);
         if (rep >= 0) t[rep] = now_seconds() - t0;
     }
-    for (int i = 0; i < REPS; i++) // sort, for the median
-        for (int j = i + 1; j < REPS; j++)
-            if (t[j] < t[i]) { double x = t[i]; t[i] = t[j]; t[j] = x; }
     work_free(&w);
     state_free(&s);
-    return t[REPS / 2];
+    return median(t, REPS);
 }
 
 // ----------------------------------------------------------------------------
 // predict: one run of make cluster, from its --summary
 
+// What the model needs of a run: its program and layout, and what the rank that sends the
+// most sends per step (the formula's bytes, of them on each axis of train_3d.c's grid, and
+// its messages).
 typedef struct {
-    char program[64], layout[256];
+    char program[64], layout[200];
     int ranks, batch;
-    double sent, messages; // the most any rank sent per step: formula bytes, counted messages
-    double axis[3];        // train_3d.c: of those bytes, on the tensor, data and pipeline axes
+    double sent, messages;
+    double axis[3];
 } Run;
 
-static Run read_summary(const char* path) {
-    Run r = {0};
-    FILE* f = fopen(path, "r");
-    if (!f) fatal("cannot open summary '%s': %s", path, strerror(errno));
-    char line[1024];
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        double sent, msgs;
-        if (!strncmp(line, "program=", 8)) snprintf(r.program, sizeof r.program, "%.63s", line + 8);
-        else if (!strncmp(line, "layout=", 7)) snprintf(r.layout, sizeof r.layout, "%.255s", line + 7);
-        else if (!strncmp(line, "ranks=", 6)) r.ranks = atoi(line + 6);
-        else if (!strncmp(line, "batch=", 6)) r.batch = atoi(line + 6);
-        else if (!strncmp(line, "rank=", 5)) {
-            const char *s = strstr(line, "sent_formula="), *m = strstr(line, "messages=");
-            if (!s || !m || sscanf(s, "sent_formula=%lf", &sent) != 1 || sscanf(m, "messages=%lf", &msgs) != 1)
-                fatal("'%s': a rank line without sent_formula= and messages=", path);
-            if (sent > r.sent) {
-                const char* a = strstr(line, "sent_tp=");
-                if (a) sscanf(a, "sent_tp=%lf sent_dp=%lf sent_pp=%lf", &r.axis[0], &r.axis[1], &r.axis[2]);
-            }
-            r.sent = sent > r.sent ? sent : r.sent;
-            r.messages = msgs > r.messages ? msgs : r.messages;
+static Run run_of(const Summary* m) {
+    Run r = {.ranks = m->ranks, .batch = (int)m->batch};
+    snprintf(r.program, sizeof r.program, "%s", m->program);
+    snprintf(r.layout, sizeof r.layout, "%s", m->layout);
+    for (int q = 0; q < m->ranks; q++) {
+        if (m->sent_formula[q] > r.sent) {
+            r.sent = m->sent_formula[q];
+            memcpy(r.axis, m->axis[q], sizeof r.axis);
         }
+        r.messages = m->messages[q] > r.messages ? m->messages[q] : r.messages;
     }
-    fclose(f);
-    if (!r.program[0] || r.ranks < 1 || r.batch < 1) fatal("'%s' is not a --summary file", path);
     return r;
 }
 
@@ -392,7 +378,9 @@ int main(int argc, char** argv) {
         return 0;
     }
     if ((argc == 5 || argc == 6 || argc == 9) && !strcmp(argv[1], "predict")) {
-        Run r = read_summary(argv[2]);
+        Summary m;
+        summary_read(&m, argv[2]);
+        Run r = run_of(&m);
         Links k = {atof(argv[3]), atof(argv[4]), atof(argv[3]), atof(argv[4]), 1};
         if (argc == 9) k.local_alpha = atof(argv[6]), k.local_beta = atof(argv[7]), k.hosts = atoi(argv[8]);
         double compute;

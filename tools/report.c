@@ -13,65 +13,17 @@
  * from the first run with a trace (RUN.json, --trace), OUT/pipeline.svg (one step of the
  * pipeline, measured).
  */
-#include "../util.h"
+#include "summary.h"
 
 #define MAX_RUNS 16
-#define MAX_RANKS 256
-#define MAX_NAMES 64
 
 typedef struct {
-    char name[64], program[64], layout[200];
-    int ranks, n_names;
-    double val_loss, seconds, steps, batch;
-    double sent[MAX_RANKS], sent_formula[MAX_RANKS], mem[MAX_RANKS], mem_formula[MAX_RANKS], bubble[MAX_RANKS];
-    double axis[MAX_RANKS][3]; // train_3d.c: sent on the tensor, data, pipeline axes
-    char names[MAX_NAMES][64];
+    char name[64];
+    Summary s;    // its --summary
     char cmp[512];
     double* loss; // per-step training loss
     long n_loss;
 } Run;
-
-static void read_summary(Run* r, const char* path) {
-    FILE* f = fopen(path, "r");
-    if (!f) fatal("cannot open '%s': %s (did the run finish?)", path, strerror(errno));
-    char line[1024];
-    int q = 0;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (!strncmp(line, "program=", 8)) snprintf(r->program, sizeof r->program, "%.63s", line + 8);
-        else if (!strncmp(line, "layout=", 7)) snprintf(r->layout, sizeof r->layout, "%.199s", line + 7);
-        else if (!strncmp(line, "ranks=", 6)) r->ranks = atoi(line + 6);
-        else if (!strncmp(line, "val_loss=", 9)) r->val_loss = atof(line + 9);
-        else if (!strncmp(line, "seconds=", 8)) r->seconds = atof(line + 8);
-        else if (!strncmp(line, "steps=", 6)) r->steps = atof(line + 6);
-        else if (!strncmp(line, "batch=", 6)) r->batch = atof(line + 6);
-        else if (!strncmp(line, "name=", 5) && r->n_names < MAX_NAMES)
-            snprintf(r->names[r->n_names++], 64, "%.63s", line + 5);
-        else if (!strncmp(line, "rank=", 5) && q < MAX_RANKS) {
-            double params = 0, grads = 0, optim = 0, acts = 0;
-            for (char* tok = strtok(line, " "); tok; tok = strtok(NULL, " ")) {
-                char* eq = strchr(tok, '=');
-                if (!eq) continue;
-                *eq = 0;
-                double v = atof(eq + 1);
-                if (!strcmp(tok, "sent")) r->sent[q] = v;
-                if (!strcmp(tok, "sent_tp")) r->axis[q][0] = v;
-                if (!strcmp(tok, "sent_dp")) r->axis[q][1] = v;
-                if (!strcmp(tok, "sent_pp")) r->axis[q][2] = v;
-                if (!strcmp(tok, "sent_formula")) r->sent_formula[q] = v;
-                if (!strcmp(tok, "params")) params = v;
-                if (!strcmp(tok, "grads")) grads = v;
-                if (!strcmp(tok, "optim")) optim = v;
-                if (!strcmp(tok, "acts")) acts = v;
-                if (!strcmp(tok, "mem_formula")) r->mem_formula[q] = v;
-                if (!strcmp(tok, "bubble")) r->bubble[q] = v;
-            }
-            r->mem[q++] = params + grads + optim + acts;
-        }
-    }
-    fclose(f);
-    if (q != r->ranks) fatal("'%s': %d ranks listed, %d expected", path, q, r->ranks);
-}
 
 static void read_log(Run* r, const char* path) {
     FILE* f = fopen(path, "r");
@@ -98,9 +50,9 @@ static void size_text(char* out, size_t n, double b) {
 
 // "yes", or where and by how much the run differs from train.c's
 static void same_text(char* out, size_t n, const Run* r, const Run* ref) {
-    int names_same = r->n_names == ref->n_names;
-    for (int i = 0; names_same && i < r->n_names; i++) names_same = !strcmp(r->names[i], ref->names[i]);
-    if (!strncmp(r->cmp, "identical", 9) && names_same && r->val_loss == ref->val_loss) {
+    int names_same = r->s.n_names == ref->s.n_names;
+    for (int i = 0; names_same && i < r->s.n_names; i++) names_same = !strcmp(r->s.names[i], ref->s.names[i]);
+    if (!strncmp(r->cmp, "identical", 9) && names_same && r->s.val_loss == ref->s.val_loss) {
         snprintf(out, n, "yes");
         return;
     }
@@ -155,7 +107,7 @@ static void write_loss_svg(const char* path, Run* runs, int n) {
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
                 x0 + pw + 20, y0 + 10 + 20.0 * k, x0 + pw + 40, y0 + 10 + 20.0 * k, colours[k % 8]);
         fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s, %d rank%s</text>\n", x0 + pw + 46, y0 + 14 + 20.0 * k,
-                runs[k].program, runs[k].ranks, runs[k].ranks > 1 ? "s" : "");
+                runs[k].s.program, runs[k].s.ranks, runs[k].s.ranks > 1 ? "s" : "");
     }
     fprintf(f, "</svg>\n");
     if (fclose(f) != 0) fatal("cannot write '%s'", path);
@@ -184,7 +136,7 @@ static void write_pipeline_svg(const char* path, const char* trace, const Run* r
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H, W, H);
     fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">%s: one training step, measured (%s)</text>\n", x0,
-            r->program, r->layout);
+            r->s.program, r->s.layout);
     fprintf(f, "<text x=\"%.0f\" y=\"38\">forward passes blue, backward passes orange, numbered by microbatch; "
                "white: the stage waits</text>\n", x0);
     for (int s = 0; s < stages; s++) {
@@ -207,7 +159,7 @@ static void write_pipeline_svg(const char* path, const char* trace, const Run* r
         fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.2f ms</text>\n", x0 + pw * t / 4, yaxis + 12,
                 end / 1e3 * t / 4);
     double bub = 0;
-    for (int q = 0; q < r->ranks; q++) bub += r->bubble[q] / r->ranks;
+    for (int q = 0; q < r->s.ranks; q++) bub += r->s.bubble[q] / r->s.ranks;
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">bubble, measured over the whole run: %.2f of the time, mean over "
                "stages</text>\n</svg>\n", x0, yaxis + 36, bub);
     if (fclose(f) != 0) fatal("cannot write '%s'", path);
@@ -226,7 +178,7 @@ int main(int argc, char** argv) {
         Run* r = &runs[k];
         snprintf(r->name, sizeof r->name, "%s", argv[k + 2]);
         snprintf(path, sizeof path, "%s/runs/%s.sum", out, r->name);
-        read_summary(r, path);
+        summary_read(&r->s, path);
         snprintf(path, sizeof path, "%s/runs/%s.csv", out, r->name);
         read_log(r, path);
         snprintf(path, sizeof path, "%s/runs/%s.cmp", out, r->name);
@@ -246,41 +198,41 @@ int main(int argc, char** argv) {
     for (int k = 0; k < n; k++) {
         Run* r = &runs[k];
         int q = 0; // the rank that sends the most, and the one that holds the most
-        for (int i = 1; i < r->ranks; i++) q = r->sent[i] > r->sent[q] ? i : q;
+        for (int i = 1; i < r->s.ranks; i++) q = r->s.sent[i] > r->s.sent[q] ? i : q;
         int m = 0;
-        for (int i = 1; i < r->ranks; i++) m = r->mem[i] > r->mem[m] ? i : m;
+        for (int i = 1; i < r->s.ranks; i++) m = r->s.mem[i] > r->s.mem[m] ? i : m;
         char same[300], s1[128], s2[32], m1[32], m2[32], bubble[64] = "-";
         same_text(same, sizeof same, r, &runs[0]);
         all_same &= !strcmp(same, "yes");
-        size_text(s1, sizeof s1, r->sent[q]);
-        if (!strcmp(r->program, "train_3d.c")) { // and by axis
+        size_text(s1, sizeof s1, r->s.sent[q]);
+        if (!strcmp(r->s.program, "train_3d.c")) { // and by axis
             char a[3][32];
-            for (int x = 0; x < 3; x++) size_text(a[x], sizeof a[x], r->axis[q][x]);
+            for (int x = 0; x < 3; x++) size_text(a[x], sizeof a[x], r->s.axis[q][x]);
             size_t used = strlen(s1);
             snprintf(s1 + used, sizeof s1 - used, ": tp %s, dp %s, pp %s", a[0], a[1], a[2]);
         }
-        size_text(s2, sizeof s2, r->sent_formula[q]);
-        size_text(m1, sizeof m1, r->mem[m]);
-        size_text(m2, sizeof m2, r->mem_formula[m]);
+        size_text(s2, sizeof s2, r->s.sent_formula[q]);
+        size_text(m1, sizeof m1, r->s.mem[m]);
+        size_text(m2, sizeof m2, r->s.mem_formula[m]);
         double bmin = 1, bmax = 0, bsum = 0;
         int nb = 0;
-        for (int i = 0; i < r->ranks; i++)
-            if (r->bubble[i] >= 0) bmin = r->bubble[i] < bmin ? r->bubble[i] : bmin, bmax = r->bubble[i] > bmax ? r->bubble[i] : bmax, bsum += r->bubble[i], nb++;
+        for (int i = 0; i < r->s.ranks; i++)
+            if (r->s.bubble[i] >= 0) bmin = r->s.bubble[i] < bmin ? r->s.bubble[i] : bmin, bmax = r->s.bubble[i] > bmax ? r->s.bubble[i] : bmax, bsum += r->s.bubble[i], nb++;
         if (nb) snprintf(bubble, sizeof bubble, "%.2f (%.2f-%.2f)", bsum / nb, bmin, bmax);
-        printf("| %s | %s | %d | %.4f | %s | %.1f s | %.0f | %s (%s) | %s (%s) | %s |\n", r->program, r->layout,
-               r->ranks, r->val_loss, same, r->seconds, r->seconds > 0 ? r->steps * r->batch / r->seconds : 0.0, s1,
+        printf("| %s | %s | %d | %.4f | %s | %.1f s | %.0f | %s (%s) | %s (%s) | %s |\n", r->s.program, r->s.layout,
+               r->s.ranks, r->s.val_loss, same, r->s.seconds, r->s.seconds > 0 ? r->s.steps * r->s.batch / r->s.seconds : 0.0, s1,
                s2, m1, m2, bubble);
     }
     printf("\nsent and memory: the rank that sends, or holds, the most; bubble: mean over stages (least-most).\n");
     printf("\nnames generated by train.c:");
-    for (int i = 0; i < runs[0].n_names; i++) printf(" %s", runs[0].names[i]);
+    for (int i = 0; i < runs[0].s.n_names; i++) printf(" %s", runs[0].s.names[i]);
     printf("\n");
     for (int k = 1; k < n; k++) {
-        int same = runs[k].n_names == runs[0].n_names;
-        for (int i = 0; same && i < runs[k].n_names; i++) same = !strcmp(runs[k].names[i], runs[0].names[i]);
+        int same = runs[k].s.n_names == runs[0].s.n_names;
+        for (int i = 0; same && i < runs[k].s.n_names; i++) same = !strcmp(runs[k].s.names[i], runs[0].s.names[i]);
         if (!same) {
-            printf("NOTE: %s (%s) generated other names:", runs[k].program, runs[k].layout);
-            for (int i = 0; i < runs[k].n_names; i++) printf(" %s", runs[k].names[i]);
+            printf("NOTE: %s (%s) generated other names:", runs[k].s.program, runs[k].s.layout);
+            for (int i = 0; i < runs[k].s.n_names; i++) printf(" %s", runs[k].s.names[i]);
             printf("\n");
         }
     }

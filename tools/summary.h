@@ -1,0 +1,71 @@
+/*
+ * tools/summary.h: reads a --summary file (report.h's summary_write), for the tools that
+ * work from finished runs: tools/report.c (make run's table) and tools/costmodel.c
+ * (make cluster's predictions).
+ */
+#ifndef SUMMARY_H
+#define SUMMARY_H
+
+#include "../util.h"
+
+#define MAX_RANKS 256
+#define MAX_NAMES 64
+
+typedef struct {
+    char program[64], layout[200];
+    int ranks, n_names;
+    double val_loss, seconds, steps, batch;
+    // per rank, per training step: bytes sent (measured, and the formula's), memory held
+    // (measured, and the formula's), the pipeline's idle fraction, messages sent
+    double sent[MAX_RANKS], sent_formula[MAX_RANKS], mem[MAX_RANKS], mem_formula[MAX_RANKS], bubble[MAX_RANKS];
+    double messages[MAX_RANKS];
+    double axis[MAX_RANKS][3]; // train_3d.c: sent on the tensor, data, pipeline axes
+    char names[MAX_NAMES][64];
+} Summary;
+
+static void summary_read(Summary* r, const char* path) {
+    memset(r, 0, sizeof *r);
+    FILE* f = fopen(path, "r");
+    if (!f) fatal("cannot open '%s': %s (did the run finish?)", path, strerror(errno));
+    char line[1024];
+    int q = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!strncmp(line, "program=", 8)) snprintf(r->program, sizeof r->program, "%.63s", line + 8);
+        else if (!strncmp(line, "layout=", 7)) snprintf(r->layout, sizeof r->layout, "%.199s", line + 7);
+        else if (!strncmp(line, "ranks=", 6)) r->ranks = atoi(line + 6);
+        else if (!strncmp(line, "val_loss=", 9)) r->val_loss = atof(line + 9);
+        else if (!strncmp(line, "seconds=", 8)) r->seconds = atof(line + 8);
+        else if (!strncmp(line, "steps=", 6)) r->steps = atof(line + 6);
+        else if (!strncmp(line, "batch=", 6)) r->batch = atof(line + 6);
+        else if (!strncmp(line, "name=", 5) && r->n_names < MAX_NAMES)
+            snprintf(r->names[r->n_names++], 64, "%.63s", line + 5);
+        else if (!strncmp(line, "rank=", 5) && q < MAX_RANKS) {
+            double params = 0, grads = 0, optim = 0, acts = 0;
+            for (char* tok = strtok(line, " "); tok; tok = strtok(NULL, " ")) {
+                char* eq = strchr(tok, '=');
+                if (!eq) continue;
+                *eq = 0;
+                double v = atof(eq + 1);
+                if (!strcmp(tok, "sent")) r->sent[q] = v;
+                if (!strcmp(tok, "sent_tp")) r->axis[q][0] = v;
+                if (!strcmp(tok, "sent_dp")) r->axis[q][1] = v;
+                if (!strcmp(tok, "sent_pp")) r->axis[q][2] = v;
+                if (!strcmp(tok, "sent_formula")) r->sent_formula[q] = v;
+                if (!strcmp(tok, "params")) params = v;
+                if (!strcmp(tok, "grads")) grads = v;
+                if (!strcmp(tok, "optim")) optim = v;
+                if (!strcmp(tok, "acts")) acts = v;
+                if (!strcmp(tok, "mem_formula")) r->mem_formula[q] = v;
+                if (!strcmp(tok, "bubble")) r->bubble[q] = v;
+                if (!strcmp(tok, "messages")) r->messages[q] = v;
+            }
+            r->mem[q++] = params + grads + optim + acts;
+        }
+    }
+    fclose(f);
+    if (!r->program[0] || r->ranks < 1) fatal("'%s' is not a --summary file", path);
+    if (q != r->ranks) fatal("'%s': %d ranks listed, %d expected", path, q, r->ranks);
+}
+
+#endif // SUMMARY_H
