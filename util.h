@@ -218,6 +218,17 @@ static inline double now_seconds(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+// The median of n timings (sorts them): what the benchmarks report, being robust to the
+// odd slow repetition on a shared machine.
+static int compare_doubles(const void* a, const void* b) {
+    double x = *(const double*)a, y = *(const double*)b;
+    return (x > y) - (x < y);
+}
+static double median(double* x, int n) {
+    qsort(x, (size_t)n, sizeof(double), compare_doubles);
+    return x[n / 2];
+}
+
 // ----------------------------------------------------------------------------
 // trace events (--trace)
 //

@@ -129,11 +129,6 @@ static void sgemm_step(const Shape* s, float* const* m) {
     }
 }
 
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-
 // Median milliseconds of `steps` runs of STMT, after one warm-up.
 #define MEDIAN_MS(result, steps, STMT)                             \
     do {                                                           \
@@ -144,8 +139,7 @@ static int cmp_double(const void* a, const void* b) {
             STMT;                                                  \
             t_[i_] = 1e3 * (now_seconds() - t0_);                  \
         }                                                          \
-        qsort(t_, (steps), sizeof(double), cmp_double);            \
-        (result) = t_[(steps) / 2];                                \
+        (result) = median(t_, (steps));                            \
         free(t_);                                                  \
     } while (0)
 
@@ -243,7 +237,6 @@ int main(int argc, char** argv) {
             ms[i] = 1e3 * (now_seconds() - t);
         }
     }
-    qsort(ms, steps, sizeof(double), cmp_double);
-    printf("ms_per_step %.6f\n", ms[steps / 2]);
+    printf("ms_per_step %.6f\n", median(ms, steps));
     return 0;
 }

@@ -12,11 +12,6 @@
  */
 #include "../dist.h"
 
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return (x > y) - (x < y);
-}
-
 // Median seconds of `reps` round trips of n bytes between ranks 0 and `peer`.
 static double round_trip(char* buf, int n, int reps, int peer) {
     double* t = mallocCheck(sizeof(double) * reps);
@@ -32,8 +27,7 @@ static double round_trip(char* buf, int n, int reps, int peer) {
         }
         if (i >= 0) t[i] = MPI_Wtime() - t0;
     }
-    qsort(t, reps, sizeof(double), cmp_double);
-    double m = t[reps / 2];
+    double m = median(t, reps);
     free(t);
     return m;
 }
