@@ -83,24 +83,25 @@ val_loss() { sed -n 's/^validation loss \([0-9.]*\).*/\1/p' "$1"; }
 results() { grep -v -E '^(training time|step |configuration|  )' "$1"; }
 
 # ----------------------------------------------------------------------------
+# relay NAME PREFIX COMMAND...: a C test program's own PASSED and FAILED lines, counted here
+# (PREFIX before each name), and a failure if it did not end with "N passed, 0 failed"
+relay() {
+    local name=$1 prefix=$2 word rest
+    shift 2
+    "$@" >"$TMP/relay" 2>&1
+    while read -r word rest; do
+        case $word in
+            PASSED) pass "$prefix$rest" ;;
+            FAILED) fail "$prefix$rest" ;;
+        esac
+    done <"$TMP/relay"
+    grep -q ' passed, 0 failed$' "$TMP/relay" || fail "$name did not finish: $(tail -n 3 "$TMP/relay" | tr '\n' '|')"
+}
+
 section_units() {
-    tests/test_units >"$TMP/units" 2>&1
-    while read -r word rest; do
-        case $word in
-            PASSED) pass "$rest" ;;
-            FAILED) fail "$rest" ;;
-        esac
-    done <"$TMP/units"
-    grep -q ' passed, 0 failed$' "$TMP/units" || fail "unit tests did not finish: $(tail -n 3 "$TMP/units" | tr '\n' '|')"
+    relay "unit tests" "" tests/test_units
     # the cost model's arithmetic (tools/costmodel.c), on cases computed by hand
-    tools/costmodel selftest >"$TMP/cost" 2>&1
-    while read -r word rest; do
-        case $word in
-            PASSED) pass "costmodel: $rest" ;;
-            FAILED) fail "costmodel: $rest" ;;
-        esac
-    done <"$TMP/cost"
-    grep -q ' passed, 0 failed$' "$TMP/cost" || fail "costmodel selftest did not finish: $(tail -n 2 "$TMP/cost" | tr '\n' '|')"
+    relay "costmodel selftest" "costmodel: " tools/costmodel selftest
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
     for t in data ckpt cli; do

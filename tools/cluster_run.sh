@@ -33,7 +33,7 @@ status=0
 columns="shm"
 measure_link shm tools/mpirun
 echo "== shared memory: every program on this machine's cores"
-OUT="$OUT/shm" SCHEDULES=0 QUICK=${QUICK:-0} bash tools/run_all.sh | tail -n +1 >"$OUT/shm.log" 2>&1 || status=1
+OUT="$OUT/shm" SCHEDULES=0 QUICK=${QUICK:-0} bash tools/run_all.sh >"$OUT/shm.log" 2>&1 || status=1
 grep -A12 '^| program' "$OUT/shm/table.md" 2>/dev/null || tail -5 "$OUT/shm.log"
 for link in $LINKS; do
     launcher="tools/cluster.sh --hosts $HOSTS --link $link --"
