@@ -14,7 +14,7 @@ trap 'rm -rf "$dir"' EXIT
 git ls-files -z | xargs -0 -I{} cp --parents {} "$dir"/ 2>/dev/null || cp -r . "$dir"/
 cd "$dir"
 make -s -j2 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-    all tests/test_units tools/compare tools/report tools/schedules
+    all tests/test_units tools/compare tools/report tools/schedules tools/costmodel
 # MPI libraries keep memory to the end on purpose: leaks are not reported; everything else is
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
 bash tests/run.sh ${*:-units cli data train checkpoint dp fsdp tp schedules} 2>&1 | tee check.log
