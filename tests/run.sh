@@ -775,7 +775,9 @@ section_cluster() {
     local left
     left=$(ip netns list | grep mlpc; ip link | grep -E 'v[hb][0-9]+@'; pgrep -af 'train_dp --steps 100000000')
     check "cluster: afterwards no namespace, no link and no process of the emulated hosts remain${left:+ (left: $left)}" test -z "$left"
-    expect_error 2 "need root" "cluster: without root it refuses before making anything" -- setpriv --reuid=65534 --regid=65534 --clear-groups $C --hosts 2 -- -n 2 ./train_dp
+    # (the script on standard input: the user nobody may not be allowed to read this folder)
+    expect_error 2 "need root" "cluster: without root it refuses before making anything" -- \
+        setpriv --reuid=65534 --regid=65534 --clear-groups bash -s -- --hosts 2 -- -n 2 ./train_dp <$C
     expect_error 2 "--hosts must be 2 to 8" "cluster: a bad --hosts is refused" -- $C --hosts 1 -- -n 2 ./train_dp
     expect_error 2 "--link must be none or a rate" "cluster: a bad --link is refused" -- $C --link fast -- -n 2 ./train_dp
     if command -v mpirun.mpich >/dev/null; then
