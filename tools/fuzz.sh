@@ -21,8 +21,9 @@ head -40 names.txt >"$dir/data/names"
 printf 'emma\r\nolivia\r\n\r\nava\r\nmia\r\nzoe\r\nli\r\nbo\r\nal\r\ncy\r\ned\r\n' >"$dir/data/crlf"
 printf '\xef\xbb\xbfemma\nolivia\nava\nmia\nzoe\nli\nbo\nal\ncy\ned\n' >"$dir/data/bom"
 cp tests/fuzz/data/* "$dir/data/" 2>/dev/null
-# the checkpoint target's data file and model (tests/fuzz.c), trained for a few steps
-printf 'emma\nolivia\nava\nisabella\nsophia\ncharlotte\nmia\namelia\nharper\nevelyn\n' >"$dir/ten.txt"
+# the checkpoint target's data file (the text tests/fuzz.c holds) and model, trained a few steps
+printf '%b' "$(sed -n 's/^ *static const char text\[\] = "\(.*\)";$/\1/p' tests/fuzz.c)" >"$dir/ten.txt"
+[ "$(wc -l <"$dir/ten.txt")" = 10 ] || { echo "cannot find the checkpoint target's data in tests/fuzz.c"; exit 1; }
 for opt in sgd adamw; do
     ./train --data "$dir/ten.txt" --context 3 --emb 2 --hidden 4 --layers 2 --batch 8 --steps 5 --samples 0 \
         --quiet --optimizer $opt --save "$dir/ckpt/$opt" >/dev/null || { echo "cannot make the seed checkpoints"; exit 1; }
