@@ -19,6 +19,7 @@
 #include "cli.h"
 
 #include <fcntl.h>
+#include <stddef.h>
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
@@ -33,7 +34,8 @@
 // the change is deliberate. The data are read once, checked as they are read (the
 // checksum, and that every value is finite), before training starts.
 
-#define CKPT_MAGIC "MLPCKPT2"
+#define CKPT_MAGIC "MLPCKPT3"
+#define CKPT_MAGIC_V2 "MLPCKPT2" // format 2: the same without the mixture-of-experts fields (a dense model)
 #define CKPT_BYTE_ORDER 0x01020304u // reads as 0x04030201 on a machine of the other byte order
 typedef struct {
     char magic[8];
@@ -45,7 +47,15 @@ typedef struct {
     uint64_t seed, data_sum;  // what else decides the result
     int32_t batch, pad;
     float lr, weight_decay, beta1, beta2, eps, clip;
+    // format 3: the mixture of experts (experts 0: a dense model)
+    int32_t experts, top_k;
+    float capacity, aux_loss;
 } CkptHeader;
+#define CKPT_V2_BYTES offsetof(CkptHeader, experts)
+// bytes of the header as it is in its file
+static long ckpt_header_bytes(const CkptHeader* h) {
+    return memcmp(h->magic, CKPT_MAGIC_V2, 8) == 0 ? (long)CKPT_V2_BYTES : (long)sizeof *h;
+}
 
 static CkptHeader ckpt_header(const Config* c, const Options* o, const Dataset* ds, long step) {
     CkptHeader h;
@@ -60,29 +70,42 @@ static CkptHeader ckpt_header(const Config* c, const Options* o, const Dataset* 
     h.seed = o->seed, h.data_sum = ds->checksum, h.batch = o->batch;
     h.lr = o->opt.lr, h.weight_decay = o->opt.weight_decay, h.beta1 = o->opt.beta1, h.beta2 = o->opt.beta2;
     h.eps = o->opt.eps, h.clip = o->opt.clip;
+    h.experts = c->experts, h.top_k = c->top_k, h.capacity = c->capacity, h.aux_loss = c->aux_loss;
     return h;
 }
 static long ckpt_floats(const CkptHeader* h) { return (h->adamw ? 3 : 1) * (long)h->n_params; }
 
-// Reads and checks a header: this project's, this byte order, sizes that fit the file.
+// Reads and checks a header: this project's, this byte order, sizes that fit the file. A
+// header of format 2 is a dense model's (its fields read as experts 0).
 static void ckpt_read_header(FILE* f, const char* path, CkptHeader* h) {
-    if (fread(h, 1, sizeof *h, f) != sizeof *h || memcmp(h->magic, "MLPCKPT", 7) != 0)
+    memset(h, 0, sizeof *h);
+    if (fread(h, 1, CKPT_V2_BYTES, f) != CKPT_V2_BYTES || memcmp(h->magic, "MLPCKPT", 7) != 0)
         fatal("'%s' is not a checkpoint of this project (bad header)", path);
-    if (memcmp(h->magic, CKPT_MAGIC, 8) != 0)
-        fatal("checkpoint '%s' has format %.8s, this program reads %s: save it again with the program that wrote it",
-              path, h->magic, CKPT_MAGIC);
+    if (memcmp(h->magic, CKPT_MAGIC, 8) != 0 && memcmp(h->magic, CKPT_MAGIC_V2, 8) != 0)
+        fatal("checkpoint '%s' has format %.8s, this program reads %s and %s: save it again with the program that "
+              "wrote it", path, h->magic, CKPT_MAGIC_V2, CKPT_MAGIC);
+    long rest = ckpt_header_bytes(h) - (long)CKPT_V2_BYTES;
+    if (rest > 0 && fread((char*)h + CKPT_V2_BYTES, 1, (size_t)rest, f) != (size_t)rest)
+        fatal("'%s' is not a checkpoint of this project (bad header)", path);
     if (h->byte_order != CKPT_BYTE_ORDER)
         fatal("checkpoint '%s' was written on a machine of the other byte order; this program reads its own only", path);
     long size = -1;
     if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
     if (h->n_params <= 0 || h->n_params > (1L << 31) || h->step < 0 || h->step > 1000000000L || (h->adamw != 0 && h->adamw != 1) ||
-        size != (long)sizeof *h + ckpt_floats(h) * (long)sizeof(float) + (long)sizeof(uint64_t))
+        h->experts < 0 || h->experts > 1024 || (h->experts > 0 && (h->top_k < 1 || h->top_k > 2)) ||
+        size != ckpt_header_bytes(h) + ckpt_floats(h) * (long)sizeof(float) + (long)sizeof(uint64_t))
         fatal("checkpoint '%s' is corrupt or truncated (its header does not match its size)", path);
-    fseek(f, (long)sizeof *h, SEEK_SET);
+    fseek(f, ckpt_header_bytes(h), SEEK_SET);
 }
 
 // Refuses a checkpoint that does not fit this run, naming every difference.
 static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* c, const Options* o, const Dataset* ds) {
+    if (h->experts != c->experts) {
+        if (h->experts == 0)
+            fatal("checkpoint '%s' is of a dense model and this run has --experts %d: leave out --experts", path, c->experts);
+        fatal("checkpoint '%s' is of a mixture of %d experts and this run's model has %d: pass --experts %d", path,
+              h->experts, c->experts, h->experts);
+    }
     if (h->vocab != c->vocab || h->context != c->context || h->emb != c->emb || h->hidden != c->hidden ||
         h->layers != c->layers || h->n_params != n_params(c))
         fatal("checkpoint '%s' is of a different model (vocabulary %d, context %d, emb %d, hidden %d, layers %d); "
@@ -106,6 +129,9 @@ static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* 
     CKPT_DIFF(h->clip != o->opt.clip, " --clip %g (now %g);", h->clip, o->opt.clip);
     CKPT_DIFF(h->beta1 != o->opt.beta1 || h->beta2 != o->opt.beta2 || h->eps != o->opt.eps, " AdamW's betas or eps;");
     CKPT_DIFF(h->data_sum != ds->checksum, " the data file's contents;");
+    CKPT_DIFF(c->experts > 0 && h->top_k != c->top_k, " --top-k %d (now %d);", h->top_k, c->top_k);
+    CKPT_DIFF(c->experts > 0 && h->capacity != c->capacity, " --capacity %g (now %g);", h->capacity, c->capacity);
+    CKPT_DIFF(c->experts > 0 && h->aux_loss != c->aux_loss, " --aux-loss %g (now %g);", h->aux_loss, c->aux_loss);
 #undef CKPT_DIFF
     if (n > 0 && !o->allow_changes)
         fatal("checkpoint '%s' was trained with other settings:%s resuming would not continue that run. Pass the "
@@ -214,7 +240,7 @@ static long holding_load(const Holding* h, const Options* o, const Dataset* ds, 
         if (!f) fatal("cannot open checkpoint '%s': %s", path, strerror(errno));
         ckpt_read_header(f, path, &hd);
         ckpt_check_fit(&hd, path, c, o, ds);
-        sum = fnv1a(sum, &hd, sizeof hd);
+        sum = fnv1a(sum, &hd, (size_t)ckpt_header_bytes(&hd));
     }
     for (int part = 0; part < (path && o->opt.adamw ? 3 : 1); part++)
         for (int u = 0; u < n_units(c); u++) {

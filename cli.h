@@ -64,6 +64,10 @@ static const CliFlag cli_common[] = {
     {"emb", "N", "embedding size E (default 16)"},
     {"hidden", "N", "hidden size H (default 64)"},
     {"layers", "N", "hidden layers L (default 1)"},
+    {"experts", "X", "make every hidden layer a mixture of X experts (default 0: dense; train.c and train_ep.c)"},
+    {"top-k", "K", "with --experts: experts per token, 1 or 2 (default 1)"},
+    {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (default 1.25)"},
+    {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01)"},
     {"seed", "N", "seed of every random number (default 42)"},
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
     {"samples", "N", "names to generate at the end (default 10)"},
@@ -174,7 +178,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                      void* ctx, const char** err) {
     *o = (Options){.data = "names.txt",
                    .max_line = DATA_DEFAULT_MAX_LINE,
-                   .model = {.vocab = 0, .context = 16, .emb = 16, .hidden = 64, .layers = 1},
+                   .model = {.vocab = 0, .context = 16, .emb = 16, .hidden = 64, .layers = 1, .experts = 0,
+                             .top_k = -1, .capacity = -1.0f, .aux_loss = -1.0f},
                    .steps = 25000,
                    .batch = 32,
                    .opt = {.adamw = 0, .lr = -1.0f, .weight_decay = -1.0f, .beta1 = 0.9f, .beta2 = 0.999f,
@@ -232,6 +237,15 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "emb")) *err = cli_int(name, optarg, 1, 4096, &o->model.emb);
         else if (!strcmp(name, "hidden")) *err = cli_int(name, optarg, 1, 16384, &o->model.hidden);
         else if (!strcmp(name, "layers")) *err = cli_int(name, optarg, 1, MAX_LAYERS, &o->model.layers);
+        else if (!strcmp(name, "experts")) *err = cli_int(name, optarg, 0, 1024, &o->model.experts);
+        else if (!strcmp(name, "top-k")) {
+            *err = cli_int(name, optarg, 1, 1024, &o->model.top_k);
+            if (!*err && o->model.top_k > 2) {
+                snprintf(cli_error, sizeof cli_error, "--top-k must be 1 or 2 (experts per token), got '%s'", optarg);
+                *err = cli_error;
+            }
+        } else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
+        else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1e3, 0, &o->model.aux_loss);
         else if (!strcmp(name, "seed")) {
             char* end;
             errno = 0;
@@ -265,16 +279,30 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         snprintf(cli_error, sizeof cli_error, "--save-every and --keep apply to --save FILE only");
         *err = cli_error;
     }
+    Config* m = &o->model;
+    if (!*err && m->experts == 0 && (m->top_k >= 0 || m->capacity >= 0 || m->aux_loss >= 0)) {
+        snprintf(cli_error, sizeof cli_error, "--top-k, --capacity and --aux-loss apply with --experts X only");
+        *err = cli_error;
+    }
+    if (m->top_k < 0) m->top_k = 1;
+    if (m->capacity < 0) m->capacity = 1.25f;
+    if (m->aux_loss < 0) m->aux_loss = 0.01f;
+    if (!*err && m->experts > 0 && m->top_k > m->experts) {
+        snprintf(cli_error, sizeof cli_error, "--top-k %d is more than --experts %d: a token cannot pick more experts "
+                 "than there are", m->top_k, m->experts);
+        *err = cli_error;
+    }
     if (*err) return 2;
     if (o->opt.lr < 0) o->opt.lr = o->opt.adamw ? 0.003f : 0.1f;
     if (o->opt.weight_decay < 0) o->opt.weight_decay = o->opt.adamw ? 0.01f : 0.0f;
     // the model must fit: parameters of the largest layer and all of them, in floats
     double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden;
-    double total = 256.0 * o->model.emb + t_e * h + (o->model.layers - 1) * h * h + h * 257 * o->model.layers;
+    double x = m->experts > 0 ? m->experts : 1, hidden = (t_e * h + (m->layers - 1) * h * h + h * m->layers) * x;
+    double total = 256.0 * o->model.emb + hidden + (m->experts > 0 ? (t_e + (m->layers - 1) * h) * x : 0) + h * 257;
     if (total > 512.0 * 1024 * 1024) {
         snprintf(cli_error, sizeof cli_error,
                  "the model would have about %.0f million parameters; this project caps it at 512 million "
-                 "(lower --context, --emb, --hidden or --layers)", total / 1e6);
+                 "(lower --context, --emb, --hidden, --layers or --experts)", total / 1e6);
         *err = cli_error;
         return 2;
     }

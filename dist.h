@@ -91,6 +91,13 @@ static void dist_parse_or_exit(Options* o, int argc, char** argv, const char* ru
 // train_pp.c), from TAG_MICROBATCH up: MPI promises tags up to 32767.
 enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT, TAG_MICROBATCH = 1024 };
 
+// The programs that train the dense model only: --experts belongs to train.c and train_ep.c.
+static void dist_dense_only(const Options* o, const char* run_line) {
+    if (o->model.experts > 0)
+        dist_exit(2, run_line, "--experts: this program trains the dense model; the mixture of experts trains in "
+                  "train.c (one process) and train_ep.c (experts spread over ranks)");
+}
+
 // Data parallelism (train_dp.c, train_fsdp.c) gives every rank a share of each batch's rows.
 static void dist_check_rows(const Options* o, const char* run_line) {
     if (world_size > o->batch)

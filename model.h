@@ -10,7 +10,8 @@
  * itself (matmul kernels, exact fixed-point sums) is in kernels.h.
  *
  * Dims legend: R rows (examples) in a batch, T context length, E embedding size,
- * V vocabulary size, H hidden size, L hidden layers, K a linear layer's inputs, J its outputs.
+ * V vocabulary size, H hidden size, L hidden layers, K a linear layer's inputs, J its outputs;
+ * with --experts, X experts per hidden layer, each token routed to its top k.
  *
  * Units: the model is a list of L+2 units, the granularity at which a pipeline splits it
  * into stages and at which FSDP gathers it: unit 0 is the embedding, unit l (1 <= l <= L+1)
@@ -23,8 +24,9 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 
-#include "util.h"
+#include "util.h" // first: it sets the POSIX feature level
 #include "kernels.h"
+#include <limits.h>
 #include "data.h"
 
 #define MAX_LAYERS 32
@@ -38,6 +40,12 @@ typedef struct {
     int emb;     // E
     int hidden;  // H
     int layers;  // L
+    // mixture of experts (--experts, the section "mixture of experts" below); experts = 0:
+    // the dense model
+    int experts;     // X
+    int top_k;       // k: experts per token (1 or 2)
+    float capacity;  // F: an expert takes at most ceil(F k B / X) of a training batch's B tokens
+    float aux_loss;  // alpha: weight of the load-balancing loss
 } Config;
 
 static inline int n_units(const Config* c) { return c->layers + 2; }
@@ -45,8 +53,17 @@ static inline int linear_in(const Config* c, int l) { return l == 1 ? c->context
 static inline int linear_out(const Config* c, int l) { return l == c->layers + 1 ? c->vocab : c->hidden; }
 // width of unit u's output row: the embedding's is T*E, linear l's is linear_out(l)
 static inline int unit_width(const Config* c, int u) { return u == 0 ? c->context * c->emb : linear_out(c, u); }
-// parameters of unit u: the embedding table, or a weight [K][J] followed by a bias [J]
+// Whether unit u is a mixture of experts: every hidden layer, with --experts.
+static inline int is_moe(const Config* c, int u) { return c->experts > 0 && u >= 1 && u <= c->layers; }
+// An MoE unit's parameters: the router's weight [K][X], then expert 0's weight [K][H] and
+// bias [H], expert 1's, ...: each expert one contiguous block, so that a rank holding
+// experts [x_lo, x_hi) holds one range of them.
+static inline long router_params(const Config* c, int u) { return (long)linear_in(c, u) * c->experts; }
+static inline long expert_params(const Config* c, int u) { return (long)linear_in(c, u) * c->hidden + c->hidden; }
+// parameters of unit u: the embedding table, a weight [K][J] followed by a bias [J], or
+// an MoE layer's router and experts
 static inline long unit_params(const Config* c, int u) {
+    if (is_moe(c, u)) return router_params(c, u) + c->experts * expert_params(c, u);
     return u == 0 ? (long)c->vocab * c->emb : (long)linear_in(c, u) * linear_out(c, u) + linear_out(c, u);
 }
 static inline long unit_offset(const Config* c, int u) {
@@ -60,16 +77,20 @@ static inline long max_unit_params(const Config* c) {
     for (int u = 0; u < n_units(c); u++) m = unit_params(c, u) > m ? unit_params(c, u) : m;
     return m;
 }
+// the largest weight matrix: a linear layer's (an expert's has the same shape) or a router's
 static inline long max_linear_weight(const Config* c) {
     long m = 0;
-    for (int l = 1; l <= c->layers + 1; l++)
-        if ((long)linear_in(c, l) * linear_out(c, l) > m) m = (long)linear_in(c, l) * linear_out(c, l);
+    for (int l = 1; l <= c->layers + 1; l++) {
+        long w = (long)linear_in(c, l) * (is_moe(c, l) && c->experts > linear_out(c, l) ? c->experts : linear_out(c, l));
+        m = w > m ? w : m;
+    }
     return m;
 }
 static inline int max_width(const Config* c) {
     int m = c->context * c->emb;
     if (c->hidden > m) m = c->hidden;
     if (c->vocab > m) m = c->vocab;
+    if (c->experts > m) m = c->experts;
     return m;
 }
 
@@ -231,6 +252,360 @@ static void xent_backward(float* dlogits, const float* probs, const int* targets
 }
 
 // ----------------------------------------------------------------------------
+// mixture of experts
+//
+// With --experts X every hidden layer is a mixture of X experts, each shaped like the
+// dense layer it replaces (Linear K -> H, then ReLU), and a router (Linear K -> X, no bias):
+//
+//   in [R][K] --router--> p = softmax(in Wr) [R][X] --> each row's top k experts, gates g
+//     --dispatch--> expert x: h = ReLU(in Wx + bx) --combine--> out[r] = sum over r's k of g h
+//
+// Choices:
+//  - Gates: with k = 1 the router's probability itself (Switch Transformer): renormalised
+//    over one expert it would always be 1, and the loss would teach the router nothing;
+//    with k = 2 renormalised over the two (Mixtral), so that a row's output keeps the
+//    scale of one expert's however sure the router is. Ties go to the lower expert index.
+//  - Capacity: in a training batch of B rows, expert x takes at most C = ceil(F k B / X)
+//    tokens; past that a token is dropped by x (its term of the output is 0). Priority goes
+//    by slot, then by row of the global batch (GShard): every row's first choice before any
+//    second choice. Validation and sampling drop nothing: capacity bounds the work of a
+//    training step, and a model judged with drops would be judged on a batch-dependent part.
+//  - Load balancing (Switch): aux = alpha X sum_x f_x P_x, with f_x the share of the batch's
+//    k B choices that went to x (before drops) and P_x the mean probability the router gave
+//    x. It is added to the objective and reported apart. f_x is a count (its gradient is 0),
+//    so in the sum of the rows' losses every row's p_x gets the gradient alpha X f_x.
+//
+// Why every layout gets the same bits: a row's routing, gates and combine are computed on
+// the row's own rank; an expert's output for a row is one row of a matmul, the same bits
+// whichever rows share the call (kernels.h); the sums that gather rows from many ranks (an
+// expert's and the router's weight gradients, the aux loss) are exact. Capacity needs each
+// token's place among all those that chose its expert: the ranks share their counts.
+
+// How a layout spreads the experts (train_ep.c): `ranks` ranks each hold a contiguous range
+// of the X experts (split_range) and route their own rows, contiguous ranges of the batch in
+// rank order. gather: all[ranks][n] = every rank's mine[n]. exchange (all-to-all): sends
+// send_rows[q] rows of `width` floats to each rank q, in rank order, and receives
+// recv_rows[q] rows from each. train.c passes none: one process holds every expert.
+typedef struct {
+    int ranks, rank;
+    void (*gather)(void* ctx, const int* mine, int* all, int n);
+    void (*exchange)(void* ctx, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
+                     const char* what);
+    void* ctx;
+} MoeComm;
+
+// What one MoE layer keeps from its forward for its backward, and its load figures.
+typedef struct {
+    int rows;          // capacity of the per-row arrays
+    float* probs;      // [rows][X] router probabilities
+    float* dprobs;     // [rows][X] backward: their gradient, then the router's output gradient
+    int* choice;       // [rows][k] chosen experts, most probable first
+    float* gate;       // [rows][k] their weights in the output
+    float* dgate;      // [rows][k] backward
+    int* slot;         // [rows][k] the token's place in the dispatch order, or -1: dropped
+    double* coef;      // [X] alpha X f_x: the aux loss's gradient on each row's p_x
+    // the plan (ranks = the layout's ranks): counts[ranks][k][X] choices, start[ranks][k][X]
+    // the place of each block's first token, kept[ranks][X] tokens each rank sends to each
+    // expert, send_rows and recv_rows [ranks] rows to and from each rank
+    int ranks;
+    int *counts, *kept, *send_rows, *recv_rows, *next;
+    long* start;
+    // tokens dispatched by this rank, in the dispatch order: by expert (and so by the rank
+    // holding it), then slot, then row; and the tokens this rank's experts received, by
+    // source rank, then expert. Rows of max(K, H) floats at most.
+    long n_sent, n_recv, sent_cap, recv_cap;
+    int* sent_row;     // [n_sent] the row each token came from
+    float* sent;       // [n_sent] inputs [K]; backward: output gradients [H]
+    float* back;       // [n_sent] the experts' outputs [H]; backward: input gradients [K]
+    float* recv_in;    // [n_recv][K] inputs, kept for the weight gradient
+    float* recv_h;     // [n_recv][H] outputs, kept for ReLU's backward
+    float* recv_d;     // [n_recv][H] backward: output gradients
+    float* recv_din;   // [n_recv][K] backward: input gradients
+    // load, over the training steps: tokens that chose each expert, and tokens dropped
+    double* load_sum;  // [X]
+    int* load_last;    // [X] the last training step's
+    double dropped_sum;
+    long dropped_last, capacity_last, steps;
+    double tokens_out, tokens_in; // tokens sent to other ranks' experts, and received from other ranks
+} MoeLayer;
+
+static void moe_layer_init(MoeLayer* m, const Config* c, int rows) {
+    int X = c->experts, k = c->top_k;
+    memset(m, 0, sizeof *m);
+    m->rows = rows;
+    m->probs = mallocCheck((size_t)rows * X * sizeof(float));
+    m->dprobs = mallocCheck((size_t)rows * X * sizeof(float));
+    m->choice = mallocCheck((size_t)rows * k * sizeof(int));
+    m->gate = mallocCheck((size_t)rows * k * sizeof(float));
+    m->dgate = mallocCheck((size_t)rows * k * sizeof(float));
+    m->slot = mallocCheck((size_t)rows * k * sizeof(int));
+    m->coef = callocCheck((size_t)X, sizeof(double));
+    m->load_sum = callocCheck((size_t)X, sizeof(double));
+    m->load_last = callocCheck((size_t)X, sizeof(int));
+}
+static void moe_layer_free(MoeLayer* m) {
+    free(m->probs), free(m->dprobs), free(m->choice), free(m->gate), free(m->dgate), free(m->slot), free(m->coef);
+    free(m->counts), free(m->kept), free(m->send_rows), free(m->recv_rows), free(m->next), free(m->start);
+    free(m->sent_row), free(m->sent), free(m->back), free(m->recv_in), free(m->recv_h), free(m->recv_d);
+    free(m->recv_din), free(m->load_sum), free(m->load_last);
+}
+// Buffers that depend on the routing: grown when a pass needs more (the first passes only).
+static void moe_reserve(MoeLayer* m, const Config* c, int u, int ranks, long n_sent, long n_recv) {
+    int X = c->experts, k = c->top_k;
+    long W = linear_in(c, u) > c->hidden ? linear_in(c, u) : c->hidden;
+    if (m->ranks != ranks) {
+        m->ranks = ranks;
+        m->counts = reallocCheck(m->counts, (size_t)ranks * k * X * sizeof(int));
+        m->start = reallocCheck(m->start, (size_t)ranks * k * X * sizeof(long));
+        m->kept = reallocCheck(m->kept, (size_t)ranks * X * sizeof(int));
+        m->send_rows = reallocCheck(m->send_rows, (size_t)ranks * sizeof(int));
+        m->recv_rows = reallocCheck(m->recv_rows, (size_t)ranks * sizeof(int));
+        m->next = reallocCheck(m->next, (size_t)k * X * sizeof(int));
+    }
+    if (n_sent > m->sent_cap) {
+        m->sent_cap = n_sent;
+        m->sent_row = reallocCheck(m->sent_row, (size_t)n_sent * sizeof(int));
+        m->sent = reallocCheck(m->sent, (size_t)n_sent * W * sizeof(float));
+        m->back = reallocCheck(m->back, (size_t)n_sent * W * sizeof(float));
+    }
+    if (n_recv > m->recv_cap) {
+        m->recv_cap = n_recv;
+        m->recv_in = reallocCheck(m->recv_in, (size_t)n_recv * W * sizeof(float));
+        m->recv_h = reallocCheck(m->recv_h, (size_t)n_recv * W * sizeof(float));
+        m->recv_d = reallocCheck(m->recv_d, (size_t)n_recv * W * sizeof(float));
+        m->recv_din = reallocCheck(m->recv_din, (size_t)n_recv * W * sizeof(float));
+    }
+}
+
+// The router: p = softmax(in Wr) over the X experts, each row's top k (ties to the lower
+// index) and their gates.
+static void moe_route(const Config* c, MoeLayer* m, const float* in, const float* wr, int R, int K, Workspace* ws) {
+    int X = c->experts, k = c->top_k;
+    matmul_float(m->probs, in, wr, R, K, X, ws);
+    for (int r = 0; r < R; r++) {
+        float *p = m->probs + (long)r * X, mx = p[0], sum = 0.0f;
+        for (int x = 1; x < X; x++) mx = p[x] > mx ? p[x] : mx;
+        for (int x = 0; x < X; x++) p[x] = expf(p[x] - mx), sum += p[x];
+        for (int x = 0; x < X; x++) p[x] /= sum;
+        int* ch = m->choice + (long)r * k;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int x = 0; x < X; x++)
+                if ((j == 0 || x != ch[0]) && (best < 0 || p[x] > p[best])) best = x;
+            ch[j] = best;
+        }
+        float* g = m->gate + (long)r * k;
+        if (k == 1) g[0] = p[ch[0]];
+        else {
+            float s = p[ch[0]] + p[ch[1]];
+            g[0] = p[ch[0]] / s, g[1] = p[ch[1]] / s;
+        }
+    }
+}
+
+// Rows of expert x's weight [K][H] and bias [H] in a rank's parameters for an MoE unit: the
+// router, then its experts [x_lo, ...).
+static long moe_expert_at(const Config* c, int u, int x, int x_lo) {
+    return router_params(c, u) + (long)(x - x_lo) * expert_params(c, u);
+}
+
+// The plan of a pass, from every rank's counts of choices (counts[ranks][k][X], gathered):
+// each token's place among all those that chose its expert, and so which are kept (place
+// < C); how many tokens each rank sends each expert; this rank's dispatch order.
+static void moe_plan(const Config* c, int u, MoeLayer* m, int R, int ranks, int rank, long C) {
+    int X = c->experts, k = c->top_k;
+    long x_lo, x_hi;
+    split_range(X, ranks, rank, &x_lo, &x_hi);
+    for (int x = 0; x < X; x++) { // places: by slot, then rank (that is, by row of the batch)
+        long place = 0;
+        for (int j = 0; j < k; j++)
+            for (int s = 0; s < ranks; s++) {
+                long i = ((long)s * k + j) * X + x;
+                m->start[i] = place, place += m->counts[i];
+            }
+    }
+    for (int s = 0; s < ranks; s++)
+        for (int x = 0; x < X; x++) {
+            long kept = 0;
+            for (int j = 0; j < k; j++) {
+                long i = ((long)s * k + j) * X + x, room = C - m->start[i];
+                kept += room <= 0 ? 0 : room < m->counts[i] ? room : m->counts[i];
+            }
+            m->kept[(long)s * X + x] = (int)kept;
+        }
+    // rows to and from each rank: the experts each holds
+    m->n_sent = m->n_recv = 0;
+    for (int q = 0; q < ranks; q++) {
+        long lo, hi, to = 0, from = 0;
+        split_range(X, ranks, q, &lo, &hi);
+        for (long x = lo; x < hi; x++) to += m->kept[(long)rank * X + x];
+        for (long x = x_lo; x < x_hi; x++) from += m->kept[(long)q * X + x];
+        m->send_rows[q] = (int)to, m->recv_rows[q] = (int)from;
+        m->n_sent += to, m->n_recv += from;
+    }
+    moe_reserve(m, c, u, ranks, m->n_sent, m->n_recv);
+    // this rank's tokens: kept or dropped, then their places in the dispatch order
+    int* seen = m->next; // [k][X] tokens of this rank met so far in each block
+    memset(seen, 0, (size_t)k * X * sizeof(int));
+    for (int j = 0; j < k; j++)
+        for (int r = 0; r < R; r++) {
+            int x = m->choice[(long)r * k + j];
+            long place = m->start[((long)rank * k + j) * X + x] + seen[j * X + x]++;
+            m->slot[(long)r * k + j] = place < C ? 0 : -1;
+        }
+    int* at = m->next; // [X] each expert's next place in the dispatch order
+    for (int x = 0, n = 0; x < X; x++) at[x] = n, n += m->kept[(long)rank * X + x];
+    for (int j = 0; j < k; j++)
+        for (int r = 0; r < R; r++) {
+            int* slot = m->slot + (long)r * k + j;
+            if (*slot < 0) continue;
+            *slot = at[m->choice[(long)r * k + j]]++;
+            m->sent_row[*slot] = r;
+        }
+}
+
+// Moves rows between the ranks that route tokens and the ranks that hold their experts:
+// the layout's all-to-all, or, on one process, a copy.
+static void moe_exchange(const MoeComm* comm, const float* send, const int* send_rows, float* recv,
+                         const int* recv_rows, int width, const char* what) {
+    if (comm) comm->exchange(comm->ctx, send, send_rows, recv, recv_rows, width, what);
+    else memcpy(recv, send, (size_t)send_rows[0] * width * sizeof(float));
+}
+
+// Forward of MoE unit u over R rows: in [R][K] -> out [R][H]. `w` holds the router and this
+// rank's experts (moe_expert_at). `rows_total` rows make the batch; `training` applies
+// capacity and adds the rows' load-balancing terms to *aux (an exact sum).
+static void moe_forward(const Config* c, int u, const float* w, MoeLayer* m, const MoeComm* comm, const float* in,
+                        float* out, int R, long rows_total, int training, int64_t* aux, Workspace* ws) {
+    int X = c->experts, k = c->top_k, K = linear_in(c, u), H = c->hidden;
+    int ranks = comm ? comm->ranks : 1, rank = comm ? comm->rank : 0;
+    long x_lo, x_hi;
+    split_range(X, ranks, rank, &x_lo, &x_hi);
+    double t = trace_clock();
+    moe_reserve(m, c, u, ranks, 0, 0);
+    moe_route(c, m, in, w, R, K, ws);
+    // every rank's counts of choices by slot and expert, so that every rank can tell which
+    // tokens are kept and how many each rank sends each expert
+    int* mine = m->counts + (long)rank * k * X;
+    memset(mine, 0, (size_t)k * X * sizeof(int));
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < k; j++) mine[j * X + m->choice[(long)r * k + j]]++;
+    if (comm) comm->gather(comm->ctx, mine, m->counts, k * X);
+    long C = training ? (long)ceil((double)c->capacity * k * rows_total / X) : LONG_MAX;
+    moe_plan(c, u, m, R, ranks, rank, C);
+    if (training) { // load figures, and the load-balancing terms of this rank's rows
+        long dropped = 0;
+        for (int x = 0; x < X; x++) {
+            long n = 0;
+            for (int s = 0; s < ranks; s++)
+                for (int j = 0; j < k; j++) n += m->counts[((long)s * k + j) * X + x];
+            m->coef[x] = (double)c->aux_loss * X * (double)n / ((double)k * rows_total);
+            m->load_sum[x] += (double)n, m->load_last[x] = (int)n;
+            dropped += n > C ? n - C : 0;
+        }
+        m->dropped_sum += (double)dropped, m->dropped_last = dropped, m->capacity_last = C, m->steps++;
+        m->tokens_out += (double)(m->n_sent - m->send_rows[rank]), m->tokens_in += (double)(m->n_recv - m->recv_rows[rank]);
+        for (int r = 0; r < R; r++) {
+            double a = 0;
+            for (int x = 0; x < X; x++) a += m->coef[x] * m->probs[(long)r * X + x];
+            *aux += fix_term(a, rows_total, "load-balancing loss");
+        }
+    }
+    for (long i = 0; i < m->n_sent; i++) memcpy(m->sent + i * K, in + (long)m->sent_row[i] * K, K * sizeof(float));
+    trace_event("compute", t, trace_clock(), 0, "router %d", u);
+    // dispatch; every expert of this rank on the tokens it received; combine
+    moe_exchange(comm, m->sent, m->send_rows, m->recv_in, m->recv_rows, K, "dispatch");
+    t = trace_clock();
+    for (int s = 0, at = 0; s < ranks; s++)
+        for (long x = x_lo; x < x_hi; x++) {
+            int n = m->kept[(long)s * X + x];
+            if (n == 0) continue;
+            const float* wx = w + moe_expert_at(c, u, (int)x, (int)x_lo);
+            linear_forward(m->recv_h + (long)at * H, m->recv_in + (long)at * K, wx, wx + (long)K * H, n, K, H, ws);
+            relu_forward(m->recv_h + (long)at * H, (long)n * H);
+            at += n;
+        }
+    trace_event("compute", t, trace_clock(), 0, "experts %d", u);
+    moe_exchange(comm, m->recv_h, m->recv_rows, m->back, m->send_rows, H, "combine");
+    for (int r = 0; r < R; r++) // out[r] = sum over its kept slots, in slot order, of gate * h
+        for (int i = 0; i < H; i++) {
+            float o = 0.0f;
+            for (int j = 0; j < k; j++) {
+                int slot = m->slot[(long)r * k + j];
+                if (slot >= 0) o += m->gate[(long)r * k + j] * m->back[(long)slot * H + i];
+            }
+            out[(long)r * H + i] = o;
+        }
+}
+
+// Backward of MoE unit u: from dout [R][H], the input gradient din [R][K], and the exact
+// weight gradients of the router and of this rank's experts added into g (laid out as w).
+static void moe_backward(const Config* c, int u, const float* w, int64_t* g, MoeLayer* m, const MoeComm* comm,
+                         const float* in, const float* dout, float* din, int R, long batch, Workspace* ws) {
+    int X = c->experts, k = c->top_k, K = linear_in(c, u), H = c->hidden;
+    int ranks = comm ? comm->ranks : 1, rank = comm ? comm->rank : 0;
+    long x_lo, x_hi;
+    split_range(X, ranks, rank, &x_lo, &x_hi);
+    double t = trace_clock();
+    // the gates' gradients, dot(dout, h); each kept token's output gradient, gate * dout
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < k; j++) {
+            int slot = m->slot[(long)r * k + j];
+            float d = 0.0f;
+            if (slot >= 0)
+                for (int i = 0; i < H; i++) d += dout[(long)r * H + i] * m->back[(long)slot * H + i];
+            m->dgate[(long)r * k + j] = d;
+        }
+    for (long i = 0; i < m->n_sent; i++) {
+        int r = m->sent_row[i], j = 0;
+        while (m->slot[(long)r * k + j] != i) j++;
+        for (int e = 0; e < H; e++) m->sent[i * H + e] = m->gate[(long)r * k + j] * dout[(long)r * H + e];
+    }
+    trace_event("compute", t, trace_clock(), 0, "gates %d", u);
+    // to the experts, back through them, and their input gradients back to the tokens' ranks
+    moe_exchange(comm, m->sent, m->send_rows, m->recv_d, m->recv_rows, H, "dispatch (backward)");
+    t = trace_clock();
+    for (int s = 0, at = 0; s < ranks; s++)
+        for (long x = x_lo; x < x_hi; x++) {
+            int n = m->kept[(long)s * X + x];
+            if (n == 0) continue;
+            long off = moe_expert_at(c, u, (int)x, (int)x_lo);
+            float* d = m->recv_d + (long)at * H;
+            relu_backward(d, m->recv_h + (long)at * H, (long)n * H);
+            linear_backward_weight(g + off, g + off + (long)K * H, m->recv_in + (long)at * K, d, n, K, H, batch, ws);
+            linear_backward_input(m->recv_din + (long)at * K, d, w + off, n, K, H, ws);
+            at += n;
+        }
+    trace_event("compute", t, trace_clock(), 0, "experts backward %d", u);
+    moe_exchange(comm, m->recv_din, m->recv_rows, m->back, m->send_rows, K, "combine (backward)");
+    // the router: gates -> probabilities (+ the aux loss's alpha X f_x) -> softmax -> scores
+    t = trace_clock();
+    for (int r = 0; r < R; r++) {
+        const float *p = m->probs + (long)r * X, *gate = m->gate + (long)r * k, *dg = m->dgate + (long)r * k;
+        const int* ch = m->choice + (long)r * k;
+        float* dp = m->dprobs + (long)r * X;
+        for (int x = 0; x < X; x++) dp[x] = (float)m->coef[x];
+        if (k == 1) dp[ch[0]] += dg[0];
+        else { // g_j = p_j / S over the two: dp_j = (dg_j - sum_i dg_i g_i) / S
+            float s = p[ch[0]] + p[ch[1]], dot = dg[0] * gate[0] + dg[1] * gate[1];
+            for (int j = 0; j < 2; j++) dp[ch[j]] += (dg[j] - dot) / s;
+        }
+        float dot = 0.0f; // softmax: ds_x = p_x (dp_x - sum_y p_y dp_y), in place
+        for (int x = 0; x < X; x++) dot += p[x] * dp[x];
+        for (int x = 0; x < X; x++) dp[x] = p[x] * (dp[x] - dot);
+    }
+    linear_backward_weight(g, NULL, in, m->dprobs, R, K, X, batch, ws);
+    linear_backward_input(din, m->dprobs, w, R, K, X, ws);
+    for (int r = 0; r < R; r++) // plus each kept expert's input gradient, in slot order
+        for (int j = 0; j < k; j++) {
+            int slot = m->slot[(long)r * k + j];
+            if (slot >= 0)
+                for (int i = 0; i < K; i++) din[(long)r * K + i] += m->back[(long)slot * K + i];
+        }
+    trace_event("compute", t, trace_clock(), 0, "router backward %d", u);
+}
+
+// ----------------------------------------------------------------------------
 // parameters: layout and initialisation
 //
 // All parameters live in one float allocation, unit after unit: the embedding [V][E], then
@@ -262,9 +637,24 @@ static float init_value(const Config* c, uint64_t seed, int tensor, long index) 
     return (float)((2.0 * rng_uniform(seed, stream, (uint64_t)index) - 1.0) * bound);
 }
 
+// An MoE layer: its router has tensor number 2l-1 (its dense weight's), expert x's weight
+// and bias 2l-1 and 2l plus (x+1) * 2^16; all uniform in +-1/sqrt(K), like nn.Linear's.
+static float moe_init_value(const Config* c, uint64_t seed, int u, long e) {
+    long nr = router_params(c, u), ne = expert_params(c, u), nw = (long)linear_in(c, u) * c->hidden;
+    int tensor = 2 * u - 1;
+    if (e >= nr) {
+        long x = (e - nr) / ne, i = (e - nr) % ne;
+        tensor += (int)((x + 1) << 16) + (i >= nw);
+        e = i >= nw ? i - nw : i;
+    }
+    uint64_t stream = ((uint64_t)STREAM_INIT << 32) | (uint64_t)tensor;
+    return (float)((2.0 * rng_uniform(seed, stream, (uint64_t)e) - 1.0) / sqrt((double)linear_in(c, u)));
+}
+
 // Initial value of element e of unit u's parameters (its weight, then its bias)
 static float unit_init_value(const Config* c, uint64_t seed, int u, long e) {
     if (u == 0) return init_value(c, seed, 0, e);
+    if (is_moe(c, u)) return moe_init_value(c, seed, u, e);
     long nw = (long)linear_in(c, u) * linear_out(c, u);
     return e < nw ? init_value(c, seed, 2 * u - 1, e) : init_value(c, seed, 2 * u, e - nw);
 }
@@ -281,6 +671,11 @@ typedef struct {
     float* tlogit;              // [rows]
     int64_t* expsum;            // [rows]
     int64_t loss;               // exact sum of the row losses of the last forward
+    // with --experts
+    MoeLayer* moe;              // [L+2]: the state of each MoE unit held here, else NULL
+    const MoeComm* comm;        // how the experts are spread over ranks (train_ep.c); NULL: all here
+    int training;               // this pass is a training batch: capacity and the aux loss apply
+    int64_t aux;                // exact sum of the rows' load-balancing terms of the last forward
 } Acts;
 
 // Activations of units [u_lo, u_hi) and of the input to u_lo (a pipeline stage keeps only
@@ -296,6 +691,11 @@ static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, co
     a->rowmax = mallocCheck((size_t)rows * sizeof(float));
     a->tlogit = mallocCheck((size_t)rows * sizeof(float));
     a->expsum = mallocCheck((size_t)rows * sizeof(int64_t));
+    if (c->experts > 0) {
+        a->moe = callocCheck(MAX_LAYERS + 2, sizeof(MoeLayer));
+        for (int u = u_lo; u < u_hi; u++)
+            if (is_moe(c, u)) moe_layer_init(&a->moe[u], c, rows);
+    }
 }
 static void acts_free(Acts* a) {
     free(a->tokens);
@@ -304,11 +704,19 @@ static void acts_free(Acts* a) {
     free(a->rowmax);
     free(a->tlogit);
     free(a->expsum);
+    for (int u = 0; a->moe && u < MAX_LAYERS + 2; u++)
+        if (a->moe[u].rows) moe_layer_free(&a->moe[u]);
+    free(a->moe);
 }
 // bytes of activations held per row for units [u_lo, u_hi) (width: as for acts_init)
 static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const int* width) {
     long b = (long)c->context * sizeof(int) + sizeof(int);
     for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) b += (long)(width ? width[u] : unit_width(c, u)) * sizeof(float);
+    for (int u = u_lo; u < u_hi; u++) // an MoE unit's router state, and its k tokens' rows both
+        if (is_moe(c, u)) {           // sent and (with an even load) received, with their gradients
+            long W = linear_in(c, u) > c->hidden ? linear_in(c, u) : c->hidden;
+            b += (2L * c->experts + 4L * c->top_k + 6L * c->top_k * W) * 4;
+        }
     return b;
 }
 
@@ -364,7 +772,7 @@ static void work_free(Work* w) {
 static const char* unit_name(const Config* c, int u) {
     static char name[32];
     if (u == 0) return "embedding";
-    snprintf(name, sizeof name, u == c->layers + 1 ? "linear %d + loss" : "linear %d", u);
+    snprintf(name, sizeof name, u == c->layers + 1 ? "linear %d + loss" : is_moe(c, u) ? "experts %d" : "linear %d", u);
     return name;
 }
 
@@ -376,6 +784,8 @@ static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratc
     double t = trace_clock();
     if (u == 0) {
         embedding_forward(a->out[0], a->tokens, w, 0, c->vocab, R, c->context, c->emb);
+    } else if (is_moe(c, u)) {
+        moe_forward(c, u, w, &a->moe[u], a->comm, a->out[u - 1], a->out[u], R, rows_total, a->training, &a->aux, ws);
     } else {
         int K = linear_in(c, u), J = linear_out(c, u);
         const float *in = a->out[u - 1], *bias = w + (long)K * J;
@@ -395,6 +805,7 @@ static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratc
 // place; writes the gradient of the unit's input to s->din (not for the embedding).
 static void unit_backward_input(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, Workspace* ws) {
     if (u == 0) return; // the embedding's input is tokens
+    if (is_moe(c, u)) fatal("internal: an MoE unit's backward is not split in halves");
     double t = trace_clock();
     int K = linear_in(c, u), J = linear_out(c, u);
     if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, J, 0);
@@ -418,12 +829,17 @@ static void unit_backward_weight(const Config* c, int u, int64_t* g, const Acts*
 }
 static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R, long batch,
                           Workspace* ws) {
+    if (is_moe(c, u)) {
+        moe_backward(c, u, w, g, &a->moe[u], a->comm, a->out[u - 1], s->dout, s->din, R, batch, ws);
+        return;
+    }
     unit_backward_input(c, u, w, a, s, R, ws);
     unit_backward_weight(c, u, g, a, s->dout, R, batch, ws);
 }
 
 // The whole model: units 0..L+1 in order, then back. Returns the exact loss sum.
 static int64_t model_forward(const Config* c, const float* params, Work* w, int R, long rows_total) {
+    w->acts.aux = 0;
     for (int u = 0; u < n_units(c); u++) unit_forward(c, u, params + unit_offset(c, u), &w->acts, &w->scratch, R, rows_total, &w->ws);
     return w->acts.loss;
 }
@@ -441,6 +857,7 @@ static void model_backward(const Config* c, const float* params, int64_t* grads,
 static int64_t model_forward_rows(const Config* c, const float* params, Work* w, const Rows* rows, long first, int R,
                                   long rows_total, float* probs) {
     rows_load(rows, first, R, c->context, w->acts.tokens, w->acts.targets);
+    w->acts.training = rows->kind == ROWS_TRAIN;
     int64_t loss = model_forward(c, params, w, R, rows_total);
     if (probs) memcpy(probs, w->acts.out[c->layers + 1], (size_t)R * c->vocab * sizeof(float));
     return loss;

@@ -27,6 +27,9 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
            ds->n_lines, ds->n_train, ds->n_val, ds->vocab, ds->n_train_examples);
     printf("  model      context %d, emb %d, hidden %d, layers %d: %ld parameters\n", c->context, c->emb, c->hidden,
            c->layers, n_params(c));
+    if (c->experts > 0)
+        printf("  experts    every hidden layer a mixture of %d experts: top-%d, capacity factor %g, aux loss weight %g\n",
+               c->experts, c->top_k, c->capacity, c->aux_loss);
     printf("  optimizer  %s, lr %g, weight decay %g, clip %s", o->opt.adamw ? "adamw" : "sgd", o->opt.lr,
            o->opt.weight_decay, o->opt.clip > 0 ? "" : "off");
     if (o->opt.clip > 0) printf("%g", o->opt.clip);
@@ -71,6 +74,8 @@ typedef struct {
     long steps;      // steps trained
     double interval_loss, interval_seconds;
     long interval_steps;
+    double aux;          // --experts: the load-balancing loss of the step ending (the program sets it)
+    double aux_sum, interval_aux, aux_last;
     double t0;       // when the current step began
 } Progress;
 
@@ -109,7 +114,7 @@ static Progress progress_start(const Options* o, int printing, SaveFn save, void
     if (printing && o->log) {
         p.log = fopen(o->log, "w");
         if (!p.log) fatal("cannot create log '%s': %s", o->log, strerror(errno));
-        fprintf(p.log, "step,train_loss,val_loss,ms,tokens_per_s\n");
+        fprintf(p.log, "step,train_loss,val_loss,ms,tokens_per_s%s\n", o->model.experts ? ",aux_loss" : "");
     }
     return p;
 }
@@ -124,20 +129,26 @@ static void progress_step(Progress* p, long step, double train_loss, double seco
     p->interval_loss += train_loss;
     p->interval_seconds += seconds;
     p->interval_steps++;
+    p->aux_sum += p->aux, p->interval_aux += p->aux, p->aux_last = p->aux;
+    int moe = p->o->model.experts > 0;
     if (!p->printing) return;
     if (p->log) {
         fprintf(p->log, "%ld,%.17g,", step, train_loss);
         if (due) fprintf(p->log, "%.17g", val_loss);
-        fprintf(p->log, ",%.4f,%.0f\n", 1e3 * seconds, seconds > 0 ? B / seconds : 0.0);
+        fprintf(p->log, ",%.4f,%.0f", 1e3 * seconds, seconds > 0 ? B / seconds : 0.0);
+        if (moe) fprintf(p->log, ",%.17g", p->aux);
+        fprintf(p->log, "\n");
     }
     if (due && !p->o->quiet) {
         int w = snprintf(NULL, 0, "%ld", p->o->steps);
         double s = p->interval_seconds;
-        printf("step %*ld/%ld | train loss %.4f | val loss %.4f | %.3f ms/step | %.0f tokens/s\n", w, step,
+        printf("step %*ld/%ld | train loss %.4f | val loss %.4f | %.3f ms/step | %.0f tokens/s", w, step,
                p->o->steps, p->interval_loss / p->interval_steps, val_loss, 1e3 * s / p->interval_steps,
                s > 0 ? p->interval_steps * B / s : 0.0);
+        if (moe) printf(" | aux loss %.4f", p->interval_aux / p->interval_steps);
+        printf("\n");
         fflush(stdout);
-        p->interval_loss = p->interval_seconds = 0.0;
+        p->interval_loss = p->interval_seconds = p->interval_aux = 0.0;
         p->interval_steps = 0;
     }
 }
@@ -264,15 +275,43 @@ static void report_print(const Options* o, const Report* rep, Progress* pr, doub
     if (fflush(stdout) != 0 || ferror(stdout)) fatal("cannot write the results to the standard output: %s", strerror(errno));
 }
 
+// --experts: each MoE layer's load over the training steps (every rank counts the whole
+// batch's choices, so any rank can print it): tokens that chose each expert per step, as a
+// bar against the capacity C, tokens dropped, and the load-balancing loss.
+static void moe_print_load(const Config* c, const Acts* a, const Progress* pr) {
+    if (c->experts == 0 || !a->moe || pr->steps == 0) return;
+    int B = pr->o->batch, k = c->top_k;
+    printf("experts: tokens per training step that chose each (mean over %ld steps; # = one token, x = one past the "
+           "capacity, dropped, | = the capacity); load-balancing loss %.4f (mean), %.4f (last step)\n", pr->steps,
+           pr->aux_sum / pr->steps, pr->aux_last);
+    for (int u = 1; u <= c->layers; u++) {
+        const MoeLayer* m = &a->moe[u];
+        if (!m->rows || m->steps == 0) continue;
+        long C = m->capacity_last;
+        printf("  layer %d: %d tokens x top-%d = %d choices for %d experts, capacity %ld each\n", u, B, k, B * k,
+               c->experts, C);
+        for (int x = 0; x < c->experts; x++) {
+            double mean = m->load_sum[x] / m->steps;
+            int bars = (int)(mean + 0.5), width = bars > C ? bars : (int)C;
+            printf("    expert %-3d %6.1f |", x, mean);
+            for (int i = 0; i < width && i < 96; i++) putchar(i < bars ? (i < C ? '#' : 'x') : i == C - 1 ? '|' : ' ');
+            printf("%s\n", bars > 96 || C > 96 ? "..." : "");
+        }
+        printf("    dropped %.2f tokens per step (%.1f%% of the choices); last step %ld\n", m->dropped_sum / m->steps,
+               100.0 * m->dropped_sum / m->steps / ((double)B * k), m->dropped_last);
+    }
+    fflush(stdout);
+}
+
 // ----------------------------------------------------------------------------
 // timelines (--timeline)
 
-// One row per lane (a pipeline stage), time flowing right, each column a slice of time:
+// One row per lane (a pipeline stage, a rank), time flowing right, each column a slice of time:
 // action i of lane s ran from t0[s*n + i] to t1[s*n + i] (seconds since the step began)
 // and is drawn with mark[s*n + i]; idle time is blank. An action shorter than a column
 // still gets one (the actions after it shift right to make room).
-static void draw_timeline(int lanes, int n, const double* t0, const double* t1, const char* mark, int width,
-                          const char* legend) {
+static void draw_timeline(int lanes, const char* lane_name, int n, const double* t0, const double* t1,
+                          const char* mark, int width, const char* legend) {
     double end = 0;
     for (int i = 0; i < lanes * n; i++) end = t1[i] > end ? t1[i] : end;
     char* row = mallocCheck((size_t)width + 1);
@@ -289,7 +328,7 @@ static void draw_timeline(int lanes, int n, const double* t0, const double* t1, 
             row[a] = mark[s * n + i];
             next = (b > a + 1 ? b : a + 1);
         }
-        printf("  stage %d |%s|\n", s, row);
+        printf("  %s %d |%s|\n", lane_name, s, row);
     }
     free(row);
 }

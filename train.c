@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         int64_t loss = forward(&run, &batch, 0, B, B, NULL);
+        progress.aux = fix_to(run.work.acts.aux) / B; // --experts: the load-balancing loss, reported apart
         fix_zero(run.st.grads, np);
         model_backward(cfg, run.st.params, run.st.grads, &run.work, B, B);
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, NULL, NULL);
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
     Figures fig = figures(&run, B);
     Report rep = {"train.c", "1 process", "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations"};
     report_end(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run);
+    if (!o.quiet) moe_print_load(cfg, &run.work.acts, &progress);
     run_free(&run);
     return 0;
 }

@@ -295,6 +295,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 9, grid_flag, &run);
+    dist_dense_only(&o, RUN_LINE);
     grid_resolve(&run, &o);
     grid_split(&run);
 

@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.bucket_bytes = 64 * 1024, .dp = group_world("dp")};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, dp_flags, 3, dp_flag, &run);
+    dist_dense_only(&o, RUN_LINE);
     dist_check_rows(&o, RUN_LINE);
     if (run.sync_weights && (o.opt.adamw || o.opt.clip > 0))
         dist_exit(2, RUN_LINE, "--sync weights works with sgd and no --clip only: AdamW's update and clipping are "

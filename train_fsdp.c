@@ -361,6 +361,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.stage = 3, .dp = group_world("dp")};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, fsdp_flags, 2, fsdp_flag, &run);
+    dist_dense_only(&o, RUN_LINE);
     dist_check_rows(&o, RUN_LINE);
     if (run.prefetch && run.stage != 3) dist_exit(2, RUN_LINE, "--prefetch applies to --zero 3 only");
 

@@ -379,7 +379,7 @@ static void pp_timeline(const Pp* p) {
     MPI_Gather(t1, most, MPI_DOUBLE, all1, most, MPI_DOUBLE, 0, p->pp->comm);
     MPI_Gather(mark, most, MPI_CHAR, marks, most, MPI_CHAR, 0, p->pp->comm);
     if (root) // padding actions (mark 0) are drawn nowhere: they start and end at 0
-        draw_timeline(p->S, most, all0, all1, marks, 100, "forward of microbatch 0, 1, 2 ... drawn as 0 1 2 ..., "
+        draw_timeline(p->S, "stage", most, all0, all1, marks, 100, "forward of microbatch 0, 1, 2 ... drawn as 0 1 2 ..., "
                       "its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
     free(mark), free(t0), free(t1), free(all0), free(all1), free(marks);
 }
@@ -602,6 +602,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.pp = group_world("pp"), .M = 4, .sched = SCHEDULE_1F1B, .V = 0};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, pp_flags, 4, pp_flag, &run);
+    dist_dense_only(&o, RUN_LINE);
     int S = world_size, V = schedule_chunks(run.sched, run.V > 0 ? run.V : 2);
     pp_check_layout(&o, run.sched, S, run.V > 0 ? run.V : 2, run.M, run.V > 0, RUN_LINE);
 

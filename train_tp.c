@@ -345,6 +345,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.tp = group_world("tp")};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, NULL, 0, NULL, NULL);
+    dist_dense_only(&o, RUN_LINE);
     if (world_size > o.model.hidden)
         dist_exit(2, RUN_LINE, "%d ranks but a hidden size of %d: every rank needs at least one hidden unit "
                   "(raise --hidden or use fewer ranks)", world_size, o.model.hidden);

@@ -236,7 +236,7 @@ section_checkpoint() {
 import struct, sys
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
 b = bytearray(open(src, "rb").read())
-if what == "nan": b[360 + 40:360 + 44] = struct.pack("<f", float("nan"))
+if what == "nan": b[376 + 40:376 + 44] = struct.pack("<f", float("nan"))
 if what == "order": b[8:12] = bytes(reversed(b[8:12]))
 if what == "v1": b[0:8] = b"MLPCKPT1"
 if what == "big": b[48:56] = struct.pack("<q", struct.unpack("<q", b[48:56])[0] + 1000)
@@ -605,6 +605,73 @@ section_3d() {
 # the padding of sizes the ranks do not divide (5%). And what leaves one rank arrives at
 # another: over all ranks, bytes sent and bytes received (counted separately, by the
 # receiving calls) agree, within the rounding of the per-step figures to whole bytes.
+# ----------------------------------------------------------------------------
+# expert parallelism (train_ep.c) against train.c --experts X, and the MoE model's checks
+section_ep() {
+    local flags="--steps 40 --eval-every 20" x n k
+    # the grid: X experts over N ranks (X >= N), top-1 with SGD, top-2 with AdamW and clipping
+    for x in 2 4 8; do
+        reference ep_${x}_1 $flags --experts $x
+        reference ep_${x}_2 $flags --experts $x --top-k 2 --optimizer adamw --clip 0.5
+        for n in 1 2 3 4; do
+            [ $n -gt $x ] && continue
+            same_as ep_${x}_1 "ep: $x experts on $n ranks, top-1, sgd, same as train.c" \
+                $MPIRUN -n $n ./train_ep $flags --experts $x
+            same_as ep_${x}_2 "ep: $x experts on $n ranks, top-2, adamw, clipping, same as train.c" \
+                $MPIRUN -n $n ./train_ep $flags --experts $x --top-k 2 --optimizer adamw --clip 0.5
+        done
+    done
+    # two MoE layers, an odd batch, and a capacity that drops many tokens / none at all
+    local deep="--steps 30 --eval-every 0 --experts 5 --top-k 2 --layers 2 --batch 27 --hidden 24"
+    reference ep_drop $deep --capacity 0.5
+    same_as ep_drop "ep: 5 experts over 3 ranks (2, 2, 1), L=2, 27 rows, capacity 0.5, same as train.c" \
+        $MPIRUN -n 3 ./train_ep $deep --capacity 0.5
+    reference ep_nodrop $deep --capacity 3
+    same_as ep_nodrop "ep: the same with capacity 3, same as train.c" $MPIRUN -n 3 ./train_ep $deep --capacity 3
+    run "$TMP/drop.out" $MPIRUN -n 3 ./train_ep $deep --capacity 0.5
+    check "ep: capacity 0.5 drops tokens in every layer ($(grep -m1 'dropped [0-9]' "$TMP/drop.out"))" \
+        bash -c "[ \$(grep -cE 'dropped [1-9][0-9.]* tokens per step' '$TMP/drop.out') = 2 ]"
+    run "$TMP/nodrop.out" $MPIRUN -n 3 ./train_ep $deep --capacity 3
+    check "ep: capacity 3 (no expert can overflow) drops none ($(grep -m1 'dropped [0-9]' "$TMP/nodrop.out"))" \
+        bash -c "[ \$(grep -cE 'dropped 0.00 tokens per step .*last step 0' '$TMP/nodrop.out') = 2 ]"
+    # the aux loss is part of the objective: its weight changes the trajectory
+    run "$TMP/aux0.out" ./train --steps 40 --eval-every 0 --experts 4 --aux-loss 0 --quiet
+    check "ep: --aux-loss 0 trains another model than the default 0.01" bash -c "! cmp -s '$TMP/aux0.out' '$TMP/ep_4_1.out'"
+    # resuming: train.c's checkpoint continued by train_ep, and train_ep's by train.c
+    run "$TMP/r20" ./train $flags --experts 4 --steps 20 --save "$TMP/ep_r20.ckpt" --quiet
+    same_as ep_4_1 "ep: 3 ranks resume train.c's checkpoint of step 20, same as train.c's 40 steps" \
+        $MPIRUN -n 3 ./train_ep $flags --experts 4 --load "$TMP/ep_r20.ckpt"
+    run "$TMP/r20b" $MPIRUN -n 2 ./train_ep $flags --experts 4 --top-k 2 --optimizer adamw --clip 0.5 --steps 20 \
+        --save "$TMP/ep_r20b.ckpt" --quiet
+    same_as ep_4_2 "ep: train.c resumes train_ep's AdamW checkpoint of step 20 (2 ranks), same as its own 40 steps" \
+        ./train $flags --experts 4 --top-k 2 --optimizer adamw --clip 0.5 --load "$TMP/ep_r20b.ckpt"
+    # bytes and memory against the formulas (accounting below), the timeline, the trace
+    accounting "ep, 2 ranks, 4 experts" 128 $MPIRUN -n 2 ./train_ep --experts 4
+    accounting "ep, 3 ranks, 8 experts, top-2, 2 layers, adamw" 128 $MPIRUN -n 3 ./train_ep --experts 8 --top-k 2 --layers 2 --optimizer adamw
+    accounting "ep, 1 rank sends no all-to-all" 128 $MPIRUN -n 1 ./train_ep --experts 4
+    run "$TMP/tl.out" $MPIRUN -n 2 ./train_ep --experts 4 --top-k 2 --capacity 4 --steps 5 --eval-every 0 --timeline --trace "$TMP/ep.json"
+    check "ep: --timeline draws dispatch, experts and combine on each rank" \
+        bash -c "[ \$(grep -cE '^  rank [01] \|.*D.*E.*C' '$TMP/tl.out') = 2 ]"
+    check "ep: --trace records dispatch and combine with their bytes" \
+        bash -c "grep -q '\"name\": \"dispatch\".*\"bytes\": [1-9]' '$TMP/ep.json' && grep -q '\"name\": \"combine (backward)\"' '$TMP/ep.json'"
+    # bad input: a clear error on every rank, non-zero exit
+    expect_error 2 "--experts 2 on 3 ranks: every rank needs at least one expert" "ep: fewer experts than ranks is refused" -- $MPIRUN -n 3 ./train_ep --experts 2
+    expect_error 2 "pass --experts X" "ep: train_ep without --experts is refused" -- $MPIRUN -n 2 ./train_ep
+    expect_error 2 "--top-k 2 is more than --experts 1" "ep: top-k above the expert count is refused" -- ./train --experts 1 --top-k 2
+    expect_error 2 "--top-k must be 1 or 2" "ep: --top-k 3 is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 3
+    expect_error 2 "--top-k must be an integer from 1" "ep: --top-k 0 is refused" -- ./train --experts 4 --top-k 0
+    expect_error 2 "--capacity must be a decimal number above 0" "ep: --capacity 0 is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --capacity 0
+    expect_error 2 "--capacity must be a decimal number above 0" "ep: a negative capacity is refused" -- ./train --experts 4 --capacity -1
+    expect_error 2 "apply with --experts X only" "ep: --top-k without --experts is refused, not ignored" -- ./train --top-k 2
+    expect_error 2 "this program trains the dense model" "ep: train_dp refuses --experts, naming where it trains" -- $MPIRUN -n 2 ./train_dp --experts 4
+    run "$TMP/dense" ./train --steps 10 --eval-every 0 --save "$TMP/dense.ckpt" --quiet
+    expect_error 1 "is of a dense model and this run has --experts 4: leave out --experts" "ep: a dense checkpoint with --experts is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --load "$TMP/dense.ckpt" --steps 20
+    expect_error 1 "is of a mixture of 4 experts and this run's model has 0: pass --experts 4" "ep: an MoE checkpoint without --experts is refused" -- ./train --load "$TMP/ep_r20.ckpt" --steps 30
+    expect_error 1 "is of a mixture of 4 experts and this run's model has 8" "ep: a checkpoint of another expert count is refused" -- $MPIRUN -n 2 ./train_ep --experts 8 --load "$TMP/ep_r20.ckpt" --steps 30
+    expect_error 1 "other settings: --top-k 1 \(now 2\)" "ep: resuming with another --top-k is refused, naming it" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 2 --load "$TMP/ep_r20.ckpt" --steps 30
+    expect_error 1 "cannot open data file" "ep: a missing data file ends every rank" -- $MPIRUN -n 3 ./train_ep --experts 4 --data /nonexistent
+}
+
 accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, memory within 5%, sent = received
     local name=$1 bound=$2
     shift 2
@@ -808,6 +875,7 @@ run_section tp
 run_section pp
 run_section schedules
 run_section 3d
+run_section ep
 run_section accounting
 run_section run
 run_section builds

@@ -501,6 +501,127 @@ static void test_grad_model(int layers, int hidden, int context, int emb) {
     work_free(&w);
 }
 
+// The mixture-of-experts model (model.h), in double precision and written out from its
+// definition: router softmax, top k (ties to the lower index), gates (k = 1: the probability;
+// k = 2: renormalised), capacity C = ceil(F k R / X) by slot then row, experts Linear + ReLU,
+// the gated sum; f = the rows' losses + the load-balancing terms, alpha X sum_x f_x sum_r p_x.
+static long moe_dropped; // tokens the last call dropped
+static double moe_model_objective(const double* theta, void* vctx) {
+    ModelCtx* m = vctx;
+    const Config* c = m->c;
+    int R = m->R, T = c->context, E = c->emb, X = c->experts, k = c->top_k, H = c->hidden, maxw = max_width(c);
+    double *cur = mallocCheck(sizeof(double) * R * maxw), *nxt = mallocCheck(sizeof(double) * R * maxw), f = 0;
+    double* p = mallocCheck(sizeof(double) * R * X);
+    int* ch = mallocCheck(sizeof(int) * R * k);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < E; e++) cur[r * maxw + t * E + e] = theta[m->tokens[r * T + t] * E + e];
+    moe_dropped = 0;
+    for (int l = 1; l <= c->layers + 1; l++) {
+        int K = linear_in(c, l), J = linear_out(c, l);
+        const double* w = theta + unit_offset(c, l);
+        if (!is_moe(c, l)) {
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < J; j++) {
+                    double o = w[(long)K * J + j];
+                    for (int i = 0; i < K; i++) o += cur[r * maxw + i] * w[(long)i * J + j];
+                    nxt[r * maxw + j] = l <= c->layers ? (o > 0 ? o : 0) : o;
+                }
+        } else {
+            int total[2][64] = {{0}};
+            for (int r = 0; r < R; r++) {
+                double mx = -INFINITY, s = 0;
+                for (int x = 0; x < X; x++) {
+                    double z = 0;
+                    for (int i = 0; i < K; i++) z += cur[r * maxw + i] * w[(long)i * X + x];
+                    p[r * X + x] = z, mx = z > mx ? z : mx;
+                }
+                for (int x = 0; x < X; x++) p[r * X + x] = exp(p[r * X + x] - mx), s += p[r * X + x];
+                for (int x = 0; x < X; x++) p[r * X + x] /= s;
+                for (int j = 0; j < k; j++) {
+                    int best = -1;
+                    for (int x = 0; x < X; x++)
+                        if ((j == 0 || x != ch[r * k]) && (best < 0 || p[r * X + x] > p[r * X + best])) best = x;
+                    ch[r * k + j] = best, total[j][best]++;
+                }
+            }
+            long C = (long)ceil((double)c->capacity * k * R / X);
+            for (int x = 0; x < X; x++) { // the load-balancing terms
+                double psum = 0;
+                for (int r = 0; r < R; r++) psum += p[r * X + x];
+                f += (double)c->aux_loss * X * (double)(total[0][x] + (k > 1 ? total[1][x] : 0)) / (k * R) * psum;
+            }
+            int seen[2][64] = {{0}};
+            for (int r = 0; r < R; r++)
+                for (int i = 0; i < H; i++) nxt[r * maxw + i] = 0;
+            for (int j = 0; j < k; j++)
+                for (int r = 0; r < R; r++) {
+                    int x = ch[r * k + j];
+                    long place = (j == 1 ? total[0][x] : 0) + seen[j][x]++;
+                    if (place >= C) {
+                        moe_dropped++;
+                        continue;
+                    }
+                    double g = k == 1 ? p[r * X + x] : p[r * X + x] / (p[r * X + ch[r * k]] + p[r * X + ch[r * k + 1]]);
+                    const double* we = w + router_params(c, l) + x * expert_params(c, l);
+                    for (int i = 0; i < H; i++) {
+                        double o = we[(long)K * H + i];
+                        for (int q = 0; q < K; q++) o += cur[r * maxw + q] * we[(long)q * H + i];
+                        nxt[r * maxw + i] += g * (o > 0 ? o : 0);
+                    }
+                }
+        }
+        double* t = cur;
+        cur = nxt, nxt = t;
+    }
+    for (int r = 0; r < R; r++) {
+        double mx = -INFINITY, s = 0;
+        for (int v = 0; v < c->vocab; v++) mx = cur[r * maxw + v] > mx ? cur[r * maxw + v] : mx;
+        for (int v = 0; v < c->vocab; v++) s += exp(cur[r * maxw + v] - mx);
+        f += log(s) + mx - cur[r * maxw + m->targets[r]];
+    }
+    free(cur), free(nxt), free(p), free(ch);
+    return f;
+}
+// The mixture of experts on one process (train.c's), against the reference above: the loss
+// plus the aux loss, and every gradient (router, experts, and the layers around them).
+static void test_grad_moe(int layers, int experts, int top_k, float capacity, int R, int want_drops) {
+    Config c = {.vocab = 7, .context = 3, .emb = 2, .hidden = 5, .layers = layers, .experts = experts,
+                .top_k = top_k, .capacity = capacity, .aux_loss = 0.05f};
+    long np = n_params(&c);
+    float* params = mallocCheck(sizeof(float) * np);
+    for (int u = 0; u < n_units(&c); u++)
+        for (long e = 0; e < unit_params(&c, u); e++)
+            params[unit_offset(&c, u) + e] = unit_init_value(&c, 99 + layers + experts, u, e) * (u == 1 ? 3.0f : 1.0f);
+    int tokens[16 * 3], targets[16];
+    for (int i = 0; i < R * c.context; i++) tokens[i] = (int)(rng_u64(71, 71, i) % c.vocab);
+    for (int r = 0; r < R; r++) targets[r] = (int)(rng_u64(72, 72, r) % c.vocab);
+    Work w;
+    work_init(&w, &c, R, NULL);
+    memcpy(w.acts.tokens, tokens, sizeof(int) * R * c.context);
+    memcpy(w.acts.targets, targets, sizeof(int) * R);
+    w.acts.training = 1;
+    int64_t loss = model_forward(&c, params, &w, R, R);
+    long dropped = 0;
+    for (int u = 1; u <= layers; u++) dropped += w.acts.moe[u].dropped_last;
+    int64_t* grads = callocCheck(np, sizeof(int64_t));
+    model_backward(&c, params, grads, &w, R, R);
+    double *theta = mallocCheck(sizeof(double) * np), *an = mallocCheck(sizeof(double) * np),
+           *num = mallocCheck(sizeof(double) * np);
+    for (long i = 0; i < np; i++) theta[i] = params[i], an[i] = fix_to(grads[i]);
+    ModelCtx ctx = {&c, tokens, targets, R};
+    double ref = moe_model_objective(theta, &ctx), got = fix_to(loss) + fix_to(w.acts.aux);
+    long ref_dropped = moe_dropped;
+    numeric_grad(num, theta, np, moe_model_objective, &ctx);
+    double err = grad_error(an, num, np);
+    check(fabs(got - ref) < 1e-5 * ref && err < GRAD_TOL && dropped == ref_dropped && (dropped > 0) == want_drops,
+          "gradient check: mixture of %d experts, top-%d, L=%d, capacity %g, %d rows, %ld tokens dropped (reference "
+          "%ld), aux loss %.2e: max rel error %.1e", experts, top_k, layers, capacity, R, dropped, ref_dropped,
+          fix_to(w.acts.aux) / R, err);
+    free(params), free(grads), free(theta), free(an), free(num);
+    work_free(&w);
+}
+
 // ----------------------------------------------------------------------------
 // data loader
 
@@ -600,6 +721,11 @@ int main(void) {
     test_grad_model(2, 6, 2, 3);
     test_grad_model(3, 5, 4, 2);
     test_grad_model(1, 33, 5, 3);
+    test_grad_moe(1, 4, 1, 4.0f, 12, 0);
+    test_grad_moe(1, 4, 1, 1.0f, 12, 1);
+    test_grad_moe(2, 4, 2, 1.25f, 12, 1);
+    test_grad_moe(1, 3, 2, 2.0f, 10, 0);
+    test_grad_moe(2, 8, 2, 0.5f, 16, 1);
     test_data();
     test_rng();
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -1,0 +1,396 @@
+/*
+ * train_ep.c: expert parallelism. The model is train.c's with --experts X: every hidden
+ * layer a mixture of X experts with a router (model.h, "mixture of experts"). The experts
+ * are spread over the N ranks, a contiguous range each; everything else (the embedding,
+ * the routers, the output layer) is replicated. Ranks split every batch's rows as data
+ * parallelism does. It prints exactly what `./train --experts X` prints for the same
+ * flags: the same loss at every step, the same final parameters bit for bit, the same names.
+ *
+ *              rank 0: rows 0-15, experts 0 1          rank 1: rows 16-31, experts 2 3
+ *   forward    embedding, router (replicated)          embedding, router
+ *              each row -> its top-k experts            each row -> its top-k experts
+ *              ---- dispatch: all-to-all, each token's input row to its expert's rank ---->
+ *              <---------------------------------------------------------------------------
+ *              experts 0 1 on the tokens that chose     experts 2 3 on theirs
+ *              ---- combine: all-to-all, each output back to its token's rank ------------>
+ *              <---------------------------------------------------------------------------
+ *              out = sum of gate x output; output layer, loss (replicated)
+ *   backward   the same two all-to-alls, the other way: output gradients to the experts,
+ *              input gradients back. An expert's weight gradient sums, exactly, its tokens
+ *              from every rank on the rank that holds it: it needs no all-reduce. The
+ *              replicated weights' gradients do: one all-reduce, as in data parallelism.
+ *
+ * Per rank q and step, with R_q rows, X_q of the X experts, L MoE layers of inputs K_l,
+ * routing even and nothing dropped (each token sends its k choices; a share X_q / X of the
+ * batch's choices come to rank q's experts), P_r replicated parameters:
+ *   sent    all-to-all  sum over l of 4 B x (K_l + H) x [k R_q (1 - X_q/X) + k (B - R_q) X_q/X]
+ *                       (forward dispatch K_l, combine H; backward dispatch H, combine K_l)
+ *           all-reduce  2(N-1)/N x 8 B x P_r, and the loss; counts  (N-1) x 4 B x k X per layer
+ *   memory  (4 + 8, + 8 with AdamW) B x (P_r + X_q experts) + activations of R_q rows
+ *
+ *   make train_ep && mpirun -n 2 ./train_ep --experts 4      # --oversubscribe for more ranks than cores
+ *   mpirun -n 4 ./train_ep --experts 8 --top-k 2 --timeline  # the last step: dispatch, experts, combine
+ *
+ * Compare with ./train --experts 4: the same losses, names and final checkpoint, whatever N.
+ *
+ * Sections: the state of one run; the strategy; the forward pass and the figures; options; main.
+ */
+#include "model.h"
+#include "ckpt.h"
+#include "cli.h"
+#include "report.h"
+#include "dist.h"
+
+#define RUN_LINE "mpirun -n 2 ./train_ep --experts 4"
+
+// ----------------------------------------------------------------------------
+// the state of one run
+
+typedef struct {
+    Config cfg;
+    Dataset ds;        // the data
+    State st;          // the replicated weights and this rank's experts, unit by unit (ep_layout)
+    long off[MAX_LAYERS + 2], n[MAX_LAYERS + 2]; // where each unit starts in st, and its size here
+    int x_lo, x_hi;    // this rank's experts [x_lo, x_hi) of every MoE layer
+    Work work;         // activations of this rank's rows
+    MoeComm comm;      // how model.h's MoE layers reach the other ranks: ep_gather, ep_exchange
+    Group ep;          // every rank: the all-to-alls and the counts
+    Group dp;          // every rank: the all-reduce of the replicated gradients and the loss
+    int64_t* packed;   // the replicated gradients, packed for their one all-reduce
+    int* ep_counts;    // [4][N]: an all-to-all's counts and displacements
+    int timeline;      // --timeline
+} Run;
+
+static void run_free(Run* r) {
+    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), free(r->packed), free(r->ep_counts);
+}
+
+// Unit u as this rank holds it: an MoE unit's router, then its experts [x_lo, x_hi); any
+// other unit whole.
+static void ep_layout(Run* r) {
+    const Config* c = &r->cfg;
+    long at = 0;
+    for (int u = 0; u < n_units(c); u++) {
+        r->n[u] = is_moe(c, u) ? router_params(c, u) + (long)(r->x_hi - r->x_lo) * expert_params(c, u) : unit_params(c, u);
+        r->off[u] = at, at += r->n[u];
+    }
+}
+// Element e of what this rank holds of unit u, in train.c's layout (for checkpoints).
+static long ep_canonical(const void* ctx, int u, long e) {
+    const Run* r = ctx;
+    if (!is_moe(&r->cfg, u) || e < router_params(&r->cfg, u)) return e;
+    return e + (long)r->x_lo * expert_params(&r->cfg, u);
+}
+static Holding ep_holding(Run* r) {
+    Holding h = {.canonical = ep_canonical, .ctx = r};
+    for (int u = 0; u < n_units(&r->cfg); u++) {
+        h.n[u] = r->n[u];
+        h.at[0][u] = r->st.params + r->off[u];
+        h.at[1][u] = r->st.m ? r->st.m + r->off[u] : NULL;
+        h.at[2][u] = r->st.v ? r->st.v + r->off[u] : NULL;
+    }
+    return h;
+}
+
+// ----------------------------------------------------------------------------
+// the strategy: tokens to their experts and back (model.h's MoE layer calls these)
+
+// Every rank's counts of choices by slot and expert, so that every rank knows which tokens
+// the capacity keeps and how many rows each rank sends each other.
+static void ep_gather(void* ctx, const int* mine, int* all, int n) {
+    Run* r = ctx;
+    group_allgather(&r->dp, mine, all, n, MPI_INT); // counted with the all-reduce: the all-to-alls stand apart
+}
+
+// Dispatch and combine: an all-to-all of rows of `width` floats, send_rows[q] of them to
+// rank q (the rows are in rank order), recv_rows[q] of them from q.
+static void ep_exchange(void* ctx, const float* send, const int* send_rows, float* recv, const int* recv_rows,
+                        int width, const char* what) {
+    Run* r = ctx;
+    int N = r->ep.size, me = r->ep.rank;
+    int *sc = r->ep_counts, *sd = sc + N, *rc = sd + N, *rd = rc + N;
+    for (int q = 0, s = 0, t = 0; q < N; q++) {
+        sc[q] = send_rows[q] * width, sd[q] = s, s += sc[q];
+        rc[q] = recv_rows[q] * width, rd[q] = t, t += rc[q];
+    }
+    double t0 = now_seconds(), sent = r->ep.sent;
+    waiting_for = what;
+    MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, r->ep.comm);
+    waiting_for = NULL;
+    for (int q = 0; q < N; q++) // what stays on this rank is not sent
+        if (q != me) {
+            if (sc[q]) count_sent(&r->ep, 4.0 * sc[q]);
+            if (rc[q]) count_received(&r->ep, 4.0 * rc[q]);
+        }
+    trace_event("comm", t0, now_seconds(), r->ep.sent - sent, "%s", what);
+}
+
+// After backward: the replicated weights' gradients (the embedding, every router, the output
+// layer) summed over the ranks, packed into one all-reduce. The experts' are complete where
+// they are held.
+static long ep_replicated(const Run* r, int u) { return is_moe(&r->cfg, u) ? router_params(&r->cfg, u) : r->n[u]; }
+static void ep_allreduce_replicated(Run* r) {
+    long n = 0;
+    for (int u = 0; u < n_units(&r->cfg); u++)
+        memcpy(r->packed + n, r->st.grads + r->off[u], ep_replicated(r, u) * sizeof(int64_t)), n += ep_replicated(r, u);
+    group_allreduce(&r->dp, r->packed, n, MPI_INT64_T, MPI_SUM);
+    n = 0;
+    for (int u = 0; u < n_units(&r->cfg); u++)
+        memcpy(r->st.grads + r->off[u], r->packed + n, ep_replicated(r, u) * sizeof(int64_t)), n += ep_replicated(r, u);
+}
+
+// The gradient norm counts every element once: the replicated ones on rank 0, each expert
+// on its rank.
+static int ep_grad_spans(const Run* r, GradSpan* spans) {
+    int n = 0;
+    for (int u = 0; u < n_units(&r->cfg); u++) {
+        long rep = ep_replicated(r, u);
+        if (r->ep.rank == 0) spans[n++] = (GradSpan){r->st.grads + r->off[u], rep};
+        if (r->n[u] > rep) spans[n++] = (GradSpan){r->st.grads + r->off[u] + rep, r->n[u] - rep};
+    }
+    return n;
+}
+
+// ----------------------------------------------------------------------------
+// the forward pass: the rows [first, first + R) split over the ranks, each through the
+// whole model, the MoE layers exchanging tokens. Returns the exact sum of all R rows'
+// losses on every rank (and adds their load-balancing terms to acts.aux); with probs, every
+// rank receives all R rows' probabilities.
+
+static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
+    Run* r = ctx;
+    const Config* c = &r->cfg;
+    long lo, hi;
+    split_range(R, r->ep.size, r->ep.rank, &lo, &hi);
+    Acts* a = work_load(&r->work, rows, first + lo, (int)(hi - lo), c->context);
+    a->training = rows->kind == ROWS_TRAIN, a->aux = 0;
+    for (int u = 0; u < n_units(c); u++)
+        unit_forward(c, u, r->st.params + r->off[u], a, &r->work.scratch, (int)(hi - lo), rows_total, &r->work.ws);
+    int64_t sums[2] = {a->loss, a->aux};
+    group_allreduce(&r->dp, sums, 2, MPI_INT64_T, MPI_SUM);
+    a->aux = sums[1];
+    if (probs) {
+        int N = r->ep.size, V = c->vocab, *counts = r->ep_counts, *displs = counts + N;
+        for (int q = 0; q < N; q++) {
+            long qlo, qhi;
+            split_range(R, N, q, &qlo, &qhi);
+            counts[q] = (int)((qhi - qlo) * V), displs[q] = (int)(qlo * V);
+        }
+        MPI_Allgatherv(a->out[c->layers + 1], counts[r->ep.rank], MPI_FLOAT, probs, counts, displs, MPI_FLOAT, r->ep.comm);
+    }
+    return sums[0];
+}
+static void backward(Run* r, int R, long B) {
+    const Config* c = &r->cfg;
+    for (int u = n_units(c) - 1; u >= 0; u--) {
+        unit_backward(c, u, r->st.params + r->off[u], r->st.grads + r->off[u], &r->work.acts, &r->work.scratch, R, B,
+                      &r->work.ws);
+        scratch_step_down(&r->work.scratch);
+    }
+}
+
+// Mean loss over the whole validation split: every pass's rows are split over the ranks.
+static double validation_loss(void* ctx) {
+    Run* r = ctx;
+    return mean_loss(evaluate(forward, r, &r->ds, 1, 0), &r->ds);
+}
+
+// The formulas of figures(), in words, for the report.
+static const char sent_words[] = "all-to-all 4 B x (K+H) x tokens sent to and received from other ranks; "
+                                 "+ all-reduce 2(N-1)/N x 8 B x (replicated P + 2); + counts (N-1) x 4 B x k X a layer";
+static const char mem_words[] = "(4 + 8 + 8 with AdamW) B x (replicated P + this rank's experts) + activations";
+
+// What this rank sent and holds, each beside its formula (the top of this file). The
+// all-to-all's formula, on the tokens the routing sent: 4 B x (K_l + H) for each token sent
+// to or received from another rank, over the layers (model.h counts the tokens).
+static double ep_a2a_bytes(const Run* r) {
+    const Config* c = &r->cfg;
+    double bytes = 0;
+    for (int u = 1; u <= c->layers; u++)
+        bytes += 4.0 * (linear_in(c, u) + c->hidden) * (r->work.acts.moe[u].tokens_out + r->work.acts.moe[u].tokens_in);
+    return bytes;
+}
+// and with even routing and no drops: k R_q (1 - X_q/X) tokens out, k (B - R_q) X_q/X in
+static double ep_a2a_formula(const Run* r, int R, int B) {
+    const Config* c = &r->cfg;
+    double k = c->top_k, share = (double)(r->x_hi - r->x_lo) / c->experts, tokens = k * R * (1 - share) + k * (B - R) * share;
+    double bytes = 0;
+    for (int u = 1; u <= c->layers; u++) bytes += 4.0 * (linear_in(c, u) + c->hidden) * tokens;
+    return bytes;
+}
+static Figures figures(const Run* r, const Progress* pr, int R) {
+    const Config* c = &r->cfg;
+    long np = r->st.n, rep = 0;
+    for (int u = 0; u < n_units(c); u++) rep += ep_replicated(r, u);
+    double acts_row = acts_bytes_per_row(c, 0, n_units(c), NULL), opt_bytes = r->st.m ? 8.0 : 0.0;
+    int N = r->ep.size;
+    Figures f = {.sent = per_step(pr, r->ep.sent + r->dp.sent), .received = per_step(pr, r->ep.received + r->dp.received),
+                 .params = 4.0 * np, .grads = 8.0 * np, .optim = opt_bytes * np, .acts = R * acts_row, .bubble = -1};
+    f.sent_formula = per_step(pr, ep_a2a_bytes(r)) + ring_allreduce_bytes(8.0 * rep, N) + ring_allreduce_bytes(16.0, N) +
+                     c->layers * (N - 1) * 4.0 * c->top_k * c->experts;
+    f.mem_formula = (4.0 + 8.0 + opt_bytes) * np + R * acts_row;
+    return f;
+}
+
+// The all-to-all apart, per rank: measured beside the formula (with drops and uneven
+// routing, fewer or more), and the replicated part it leaves to the all-reduce.
+static void ep_print_exchange(const Run* r, const Progress* pr, int R, int B) {
+    double mine[3] = {per_step(pr, r->ep.sent), per_step(pr, ep_a2a_bytes(r)), ep_a2a_formula(r, R, B)}, *all = NULL;
+    if (r->ep.rank == 0) all = mallocCheck(sizeof(double) * 3 * r->ep.size);
+    MPI_Gather(mine, 3, MPI_DOUBLE, all, 3, MPI_DOUBLE, 0, r->ep.comm);
+    if (r->ep.rank == 0) {
+        printf("all-to-all (dispatch and combine, forward and backward) per rank and step:\n");
+        for (int q = 0; q < r->ep.size; q++) {
+            long xlo, xhi, lo, hi;
+            split_range(r->cfg.experts, r->ep.size, q, &xlo, &xhi);
+            split_range(B, r->ep.size, q, &lo, &hi);
+            char experts[32];
+            snprintf(experts, sizeof experts, xhi - xlo > 1 ? "experts %ld-%ld" : "expert %ld", xlo, xhi - 1);
+            printf("  rank %-3d %s, %ld rows: sent ", q, experts, hi - lo);
+            print_size(all[3 * q]);
+            printf(" (formula on the tokens routed: ");
+            print_size(all[3 * q + 1]);
+            printf("; with even routing and no drops: ");
+            print_size(all[3 * q + 2]);
+            printf(")\n");
+        }
+        fflush(stdout);
+    }
+    free(all);
+}
+
+// --timeline: the last step on every rank, from its trace events: the router (r), the
+// all-to-alls (D dispatch, C combine), the experts (E), the gates' gradients (g), the rest
+// of forward (f) and backward (b), the all-reduces and all-gathers (A).
+static char ep_mark(const TraceEvent* e) {
+    const char* n = e->name;
+    if (!strncmp(n, "forward experts", 15)) return 0; // an MoE unit as a whole: its parts are drawn
+    if (!strncmp(n, "dispatch", 8)) return 'D';
+    if (!strncmp(n, "combine", 7)) return 'C';
+    if (!strncmp(n, "router", 6)) return 'r';
+    if (!strncmp(n, "experts", 7)) return 'E';
+    if (!strncmp(n, "gates", 5)) return 'g';
+    if (!strncmp(n, "all-", 4)) return 'A';
+    if (!strncmp(n, "forward", 7)) return 'f';
+    if (!strncmp(n, "input gradient", 14) || !strncmp(n, "weight gradient", 15)) return 'b';
+    return 0;
+}
+static void ep_timeline(const Run* r, double step_t0) {
+    int N = r->ep.size, n = 0, most = 0;
+    double* mine = mallocCheck(sizeof(double) * 3 * (trace_count > 0 ? trace_count : 1));
+    for (long i = 0; i < trace_count; i++) {
+        char m = ep_mark(&trace_events[i]);
+        if (!m) continue;
+        mine[3 * n] = trace_events[i].t0 - step_t0, mine[3 * n + 1] = trace_events[i].t1 - step_t0, mine[3 * n + 2] = m;
+        n++;
+    }
+    MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, r->ep.comm);
+    for (int i = n; i < most; i++) memcpy(mine + 3 * i, mine + 3 * (n - 1), 3 * sizeof(double)); // pad: the last again
+    double* all = r->ep.rank == 0 ? mallocCheck(sizeof(double) * 3 * most * N) : NULL;
+    mine = reallocCheck(mine, sizeof(double) * 3 * (most > 0 ? most : 1));
+    for (int i = n; i < most; i++) memcpy(mine + 3 * i, mine + 3 * (n > 0 ? n - 1 : 0), 3 * sizeof(double));
+    MPI_Gather(mine, 3 * most, MPI_DOUBLE, all, 3 * most, MPI_DOUBLE, 0, r->ep.comm);
+    if (r->ep.rank == 0 && most > 0) {
+        double *t0 = mallocCheck(sizeof(double) * most * N), *t1 = mallocCheck(sizeof(double) * most * N);
+        char* mark = mallocCheck((size_t)most * N);
+        for (int i = 0; i < most * N; i++) t0[i] = all[3 * i], t1[i] = all[3 * i + 1], mark[i] = (char)all[3 * i + 2];
+        draw_timeline(N, "rank", most, t0, t1, mark, 96, "r router, D dispatch, E experts, C combine, g gates' gradients, "
+                      "f other forward, b other backward, A all-reduce and all-gather");
+        free(t0), free(t1), free(mark);
+    }
+    free(mine), free(all);
+}
+
+// ----------------------------------------------------------------------------
+// options of this program
+
+static const CliFlag ep_flags[] = {
+    {"timeline", NULL, "draw the last step of every rank: router, dispatch, experts, combine"},
+};
+static const char* ep_flag(void* ctx, int index, const char* value) {
+    (void)value;
+    Run* r = ctx;
+    if (index == 0) r->timeline = 1;
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// main
+
+int main(int argc, char** argv) {
+    dist_init(&argc, &argv);
+
+    // options
+    Options o;
+    Run run = {.ep = group_world("ep"), .dp = group_world("dp")};
+    dist_parse_or_exit(&o, argc, argv, RUN_LINE, ep_flags, 1, ep_flag, &run);
+    dist_check_rows(&o, RUN_LINE);
+    int N = run.ep.size, X = o.model.experts;
+    if (X == 0) dist_exit(2, RUN_LINE, "train_ep.c spreads experts over ranks: pass --experts X (X >= %d ranks)", N);
+    if (X < N)
+        dist_exit(2, RUN_LINE, "--experts %d on %d ranks: every rank needs at least one expert (--experts %d or more, "
+                  "or fewer ranks)", X, N, N);
+
+    // data
+    load_data(&run.ds, &o, &run.cfg);
+
+    // model: the replicated weights and this rank's experts, exact gradient sums, optimizer state
+    Config* cfg = &run.cfg;
+    long xlo, xhi, lo, hi; // this rank's experts, and its rows of every global batch
+    split_range(X, N, run.ep.rank, &xlo, &xhi);
+    split_range(o.batch, N, run.ep.rank, &lo, &hi);
+    run.x_lo = (int)xlo, run.x_hi = (int)xhi;
+    ep_layout(&run);
+    long np = run.off[n_units(cfg) - 1] + run.n[n_units(cfg) - 1];
+    run.st = state_alloc(np, o.opt.adamw);
+    Holding holding = ep_holding(&run);
+    long start = holding_load(&holding, &o, &run.ds, cfg);
+    run.packed = mallocCheck(sizeof(int64_t) * np);
+    run.ep_counts = mallocCheck(sizeof(int) * 4 * N);
+    run.comm = (MoeComm){.ranks = N, .rank = run.ep.rank, .gather = ep_gather, .exchange = ep_exchange, .ctx = &run};
+    work_init(&run.work, cfg, pass_rows(&o, o.batch), NULL); // an expert's block of tokens: up to a batch
+    run.work.acts.comm = &run.comm;
+    char layout[192], per_rank[64];
+    snprintf(per_rank, sizeof per_rank, X % N ? "%d or %d a rank (uneven: the first ranks take one more)" : "%d a rank",
+             X / N, X / N + 1);
+    snprintf(layout, sizeof layout, "expert parallel over %d ranks: %d experts a layer, %s; %ld rows a rank at most", N,
+             X, per_rank, hi - lo);
+    if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
+
+    // training loop
+    int B = o.batch, R = (int)(hi - lo);
+    GradSpan spans[2 * (MAX_LAYERS + 2)];
+    int n_spans = ep_grad_spans(&run, spans);
+    DistSave saver = {&holding, &run.ds, cfg};
+    Progress progress = progress_start(&o, world_rank == 0, dist_save, &saver, dist_any);
+    double last_t0 = 0;
+    for (long step = start + 1; step <= o.steps; step++) {
+        step_begin(&progress, step);
+        if (run.timeline && step == o.steps) step_window_open(1), trace_count = 0, last_t0 = now_seconds();
+        Rows batch = training_rows(&run.ds, o.seed, step, 0);
+        int64_t loss = forward(&run, &batch, 0, B, B, NULL); // this rank's rows of the B; the sum of all B losses
+        progress.aux = fix_to(run.work.acts.aux) / B;
+        fix_zero(run.st.grads, np);
+        backward(&run, R, B);
+        ep_allreduce_replicated(&run);
+        float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.dp);
+        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
+        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
+    }
+    save_at(&progress, start + progress.steps);
+
+    // validation, sampling and report
+    long traced = trace_count; // the last step's events, before validation adds none (its window is closed)
+    double val_loss = validation_loss(&run);
+    Figures fig = figures(&run, &progress, R);
+    Report rep = {"train_ep.c", layout, sent_words, mem_words};
+    free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
+    if (!o.quiet) {
+        ep_print_exchange(&run, &progress, R, B);
+        if (world_rank == 0) moe_print_load(cfg, &run.work.acts, &progress);
+    }
+    if (run.timeline && progress.steps > 0) trace_count = traced, ep_timeline(&run, last_t0);
+    run_free(&run);
+    MPI_Finalize();
+    return 0;
+}
