@@ -118,7 +118,9 @@ int main(int argc, char** argv) {
     // validation, sampling and report
     double val_loss = validation_loss(&run);
     Figures fig = figures(&run, B);
-    Report rep = {"train.c", "1 process", "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations"};
+    char layout[64] = "1 process";
+    if (cfg->experts) snprintf(layout, sizeof layout, "1 process, %d experts a layer", cfg->experts);
+    Report rep = {"train.c", layout, "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations"};
     report_end(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run);
     if (!o.quiet) moe_print_load(cfg, &run.work.acts, &progress);
     run_free(&run);

@@ -706,12 +706,14 @@ section_run() {
     run "$TMP/run.out" env QUICK=1 OUT="$TMP/out" bash tools/run_all.sh
     local rows
     rows=$(grep -c '^| train' "$TMP/run.out")
-    check "run: make run QUICK=1 prints 6 rows, every one the same as train.c ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
-        bash -c "test $rows = 6 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 6"
+    check "run: make run QUICK=1 prints 8 rows, every one the same as train.c ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
+        bash -c "test $rows = 8 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 8"
+    check "run: train_ep.c's row, compared with train.c --experts 4, is the same" \
+        bash -c "grep '^| train_ep.c' '$TMP/run.out' | grep -q '| yes |' && grep -q 'compared with train.c --experts 4: identical' '$TMP/run.out'"
     check "run: the table shows measured and formula bytes and memory, and the bubble of the pipelines" \
         bash -c "grep '^| train_pp.c' '$TMP/run.out' | grep -Eq '\| [0-9.]+ (B|KB|MB) \([0-9.]+ (B|KB|MB)\) \| .* \| [0-9.]+ \(' "
     check "run: loss.svg is well-formed XML with one curve per run" \
-        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 6"
+        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 8"
     check "run: pipeline.svg is well-formed XML with a forward and a backward pass of every microbatch on every stage" \
         bash -c "xmllint --noout '$TMP/out/pipeline.svg' && test \$(grep -c 'class=\"pass\"' '$TMP/out/pipeline.svg') = 16"
     check "run: the schedules table has a row for each of the 6 schedules, each the same as train.c" \
@@ -728,7 +730,8 @@ section_run() {
 # build is compared with make's train.c over a short run: the loss at every step, the
 # final parameters and optimizer state, the validation loss and the names.
 BUILD_FLAGS="--steps 30 --eval-every 15 --layers 2 --hidden 48 --batch 24 --optimizer adamw --clip 0.5 --samples 3"
-PROGRAMS="train train_dp train_fsdp train_tp train_pp train_3d"
+MOE_FLAGS="--experts 4 --top-k 2 --capacity 1"
+PROGRAMS="train train_dp train_fsdp train_tp train_pp train_3d train_ep"
 # build_all DIR CC FLAGS...: the six programs into DIR, two compilers at a time; the MPI ones
 # through $BUILD_MPICC (default mpicc), told to use CC
 build_all() {
@@ -749,9 +752,12 @@ same_builds() {
     same_as builds "builds: $label: train_tp.c, 2 ranks" $mpirun -n 2 "$dir/train_tp" $BUILD_FLAGS
     same_as builds "builds: $label: train_pp.c, 2 stages, 3 microbatches" $mpirun -n 2 "$dir/train_pp" $BUILD_FLAGS --microbatches 3
     same_as builds "builds: $label: train_3d.c, 2 x 1 x 2" $mpirun -n 4 "$dir/train_3d" $BUILD_FLAGS --tp 2 --dp 1 --pp 2 --microbatches 2
+    same_as builds_moe "builds: $label: train.c --experts 4 --top-k 2" "$dir/train" $BUILD_FLAGS $MOE_FLAGS
+    same_as builds_moe "builds: $label: train_ep.c, 4 experts on 2 ranks" $mpirun -n 2 "$dir/train_ep" $BUILD_FLAGS $MOE_FLAGS
 }
 section_builds() {
     reference builds $BUILD_FLAGS
+    reference builds_moe $BUILD_FLAGS $MOE_FLAGS
     local big="--steps 4 --eval-every 0 --hidden 512 --batch 256 --samples 2"
     reference big $big
     local compilers=gcc i=0
@@ -774,7 +780,7 @@ section_builds() {
     if command -v mpicc.mpich >/dev/null 2>&1 && command -v mpirun.mpich >/dev/null 2>&1; then
         BUILD_MPICC=mpicc.mpich build_all "$TMP/mpich" gcc -O2
         check "builds: MPICH's mpicc -Wall -Wextra builds every program without a warning" \
-            bash -c "for p in train_dp train_fsdp train_tp train_pp train_3d; do mpicc.mpich -O2 -Wall -Wextra \$p.c -o $TMP/w -lm 2>&1; done | grep -q . && exit 1 || exit 0"
+            bash -c "for p in train_dp train_fsdp train_tp train_pp train_3d train_ep; do mpicc.mpich -O2 -Wall -Wextra \$p.c -o $TMP/w -lm 2>&1; done | grep -q . && exit 1 || exit 0"
         same_builds "$TMP/mpich" "MPICH, mpicc.mpich -O2" "env MPIEXEC=mpirun.mpich tools/mpirun"
     else
         skip "builds: MPICH is not installed (apt-get install mpich libmpich-dev), only $(mpirun --version 2>&1 | head -1) ran"
@@ -782,6 +788,7 @@ section_builds() {
     if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
         aarch64-linux-gnu-gcc -O2 -static train.c -o "$TMP/train_arm" -lm 2>"$TMP/arm.log"
         same_as builds "builds: aarch64 (gcc cross compiler, run under qemu-aarch64): train.c" qemu-aarch64 "$TMP/train_arm" $BUILD_FLAGS
+        same_as builds_moe "builds: aarch64 under qemu: train.c --experts 4 --top-k 2" qemu-aarch64 "$TMP/train_arm" $BUILD_FLAGS $MOE_FLAGS
     else
         skip "builds: no aarch64 cross compiler and qemu-aarch64 (apt-get install gcc-aarch64-linux-gnu qemu-user)"
     fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/run_all.sh: the main job, `make run`. Trains with train.c and with every strategy
 # in a small layout, compares each run with train.c (losses at every step, final
-# parameters, validation loss, names), and prints one table with the measured time,
+# parameters, validation loss, names; train_ep.c with train.c --experts 4), and prints one table with the measured time,
 # bytes sent and memory of each, the formulas' predictions beside them, and the pipeline
 # bubble. Writes out/loss.svg, out/pipeline.svg and out/table.md; the runs' logs,
 # checkpoints, summaries and the pipeline's trace stay in out/runs/.
@@ -28,7 +28,9 @@ dp|train_dp.c, data parallel on 2 ranks|$MPIRUN -n 2 ./train_dp
 fsdp|train_fsdp.c, ZeRO-3 on 2 ranks|$MPIRUN -n 2 ./train_fsdp --zero 3
 tp|train_tp.c, tensor parallel on 2 ranks|$MPIRUN -n 2 ./train_tp
 pp|train_pp.c, 2 pipeline stages, 1f1b, 4 microbatches|$MPIRUN -n 2 ./train_pp --schedule 1f1b --microbatches 4
-3d|train_3d.c, tensor 2 x data 2 x pipeline 2 = 8 ranks|$MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2"
+3d|train_3d.c, tensor 2 x data 2 x pipeline 2 = 8 ranks|$MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2
+moe|train.c --experts 4, the mixture of experts on 1 process|./train --experts 4
+ep|train_ep.c, its 4 experts over 2 ranks, tokens exchanged all-to-all|$MPIRUN -n 2 ./train_ep --experts 4"
 N=$(echo "$RUNS" | wc -l)
 i=0
 names=""
@@ -40,12 +42,14 @@ while IFS='|' read -r name what cmd; do
     # show the progress lines as they come; keep the whole output
     $cmd $FLAGS --log "$OUT/runs/$name.csv" --save "$OUT/runs/$name.ckpt" --summary "$OUT/runs/$name.sum" $extra \
         </dev/null 2>&1 | tee "$OUT/runs/$name.out" | sed -u -n 's/^step /      step /p'
-    if [ "$name" != train ]; then
-        tools/compare "$OUT/runs/train.csv" "$OUT/runs/$name.csv" "$OUT/runs/train.ckpt" "$OUT/runs/$name.ckpt" \
+    ref=train # what a run must equal: train.c with the same model (ep: train.c --experts 4, the run moe)
+    [ "$name" = ep ] && ref=moe
+    if [ "$name" != train ] && [ "$name" != moe ]; then
+        tools/compare "$OUT/runs/$ref.csv" "$OUT/runs/$name.csv" "$OUT/runs/$ref.ckpt" "$OUT/runs/$name.ckpt" \
             >"$OUT/runs/$name.cmp" || true
-        echo "      compared with train.c: $(cat "$OUT/runs/$name.cmp")"
+        echo "      compared with train.c$([ $ref = moe ] && echo " --experts 4"): $(cat "$OUT/runs/$name.cmp")"
     fi
-    names="$names $name"
+    names="$names $name$([ $ref = moe ] && echo @moe)"
 done <<<"$RUNS"
 echo
 status=0

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # tools/tables.sh: the measured tables of the README, one section per strategy.
 #
-#   bash tools/tables.sh dp fsdp tp pp 3d schedules   # any of them; all of them without arguments
+#   bash tools/tables.sh dp fsdp tp pp 3d ep schedules   # any of them; all of them without arguments
 #
 # dp, fsdp, tp, 3d: every run trains the default configuration (25,000 steps; 3d: fewer,
 # see below) with --log, --save and --summary; tools/compare checks each against train.c
 # and tools/report prints the table (measured bytes and memory, formulas beside them).
 # pp: short runs of wider models, one per (stages, microbatches, schedule).
+# ep: train_ep.c on 2 and 4 ranks, 4 and 8 experts, top-1 and top-2, each against train.c with
+# the same --experts; the all-to-all, the dropped tokens and the aux loss apart.
 # schedules: every pipeline schedule on 4 ranks, 8 and 16 microbatches (tools/schedule_table.sh).
 # This machine has 2 cores: runs with more ranks share them, which shows in their times
 # (and in the pipeline's measured bubble), not in their bytes, memory or results.
@@ -170,7 +172,47 @@ table_schedules() {
     echo "picture: $OUT/schedules.svg"
 }
 
-for t in ${*:-dp fsdp tp pp 3d schedules}; do
+table_ep() {
+    fresh
+    local f="--eval-every 0" x k n names="train"
+    one train "$f" -- ./train
+    for x in 4 8; do
+        for k in 1 2; do
+            one moe$x-$k "$f" -- ./train --experts $x --top-k $k
+            names="$names moe$x-$k"
+            for n in 2 4; do
+                one ep$x-$k-$n "$f" -- $MPIRUN -n $n ./train_ep --experts $x --top-k $k
+                tools/compare "$OUT/runs/moe$x-$k.csv" "$OUT/runs/ep$x-$k-$n.csv" "$OUT/runs/moe$x-$k.ckpt" \
+                    "$OUT/runs/ep$x-$k-$n.ckpt" >"$OUT/runs/ep$x-$k-$n.cmp" || true
+                names="$names ep$x-$k-$n@moe$x-$k"
+            done
+        done
+    done
+    echo "### expert parallel, the default configuration with --experts X --top-k K: \`bash tools/tables.sh ep\`"
+    echo
+    tools/report "$OUT" $names
+    echo
+    echo "| run | val loss | ms/step | all-to-all sent/step, rank 0: measured (formula on the tokens routed; even routing, no drops) | dropped/step | load-balancing loss |"
+    echo "| --- | --- | --- | --- | --- | --- |"
+    for r in $names; do
+        r=${r%@*}
+        [ "$r" = train ] && continue
+        local o="$OUT/runs/$r.out" a2a="-"
+        grep -q '^  rank 0 .*experts' "$o" && a2a=$(sed -n 's/^  rank 0 .*rows: sent \(.*\) (formula on the tokens routed: \(.*\); with even routing and no drops: \(.*\))$/\1 (\2; \3)/p' "$o")
+        echo "| $(sed -n 's/^program=//p' "$OUT/runs/$r.sum") --experts ${r:3:1} --top-k ${r:5:1}, $(sed -n 's/^ranks=//p' "$OUT/runs/$r.sum") rank(s)" \
+            "| $(val_of "$o") | $(sed -n 's/^training time .*: \([0-9.]*\) ms\/step.*/\1/p' "$o")" \
+            "| $a2a | $(sed -n 's/^    dropped \([0-9.]*\) tokens per step (\([0-9.]*%\).*/\1 (\2)/p' "$o")" \
+            "| $(sed -n 's/.*load-balancing loss \([0-9.]*\) (mean).*/\1/p' "$o") |"
+    done
+    echo
+    echo "dense model (train.c): validation loss $(val_of "$OUT/runs/train.out"), names: $(sed -n 's/^name=//p' "$OUT/runs/train.sum" | tr '\n' ' ')"
+    for r in moe4-1 moe4-2 moe8-1 moe8-2; do
+        echo "train.c --experts ${r:3:1} --top-k ${r:5:1}: validation loss $(val_of "$OUT/runs/$r.out"), names: $(sed -n 's/^name=//p' "$OUT/runs/$r.sum" | tr '\n' ' ')"
+    done
+}
+val_of() { sed -n 's/^validation loss \([0-9.]*\).*/\1/p' "$1"; }
+
+for t in ${*:-dp fsdp tp pp 3d ep schedules}; do
     "table_$t"
     echo
 done
