@@ -245,7 +245,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                 *err = cli_error;
             }
         } else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
-        else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1e3, 0, &o->model.aux_loss);
+        else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
         else if (!strcmp(name, "seed")) {
             char* end;
             errno = 0;

@@ -54,8 +54,8 @@ typedef struct {
     int x_lo, x_hi;    // this rank's experts [x_lo, x_hi) of every MoE layer
     Work work;         // activations of this rank's rows
     MoeComm comm;      // how model.h's MoE layers reach the other ranks: ep_gather, ep_exchange
-    Group ep;          // every rank: the all-to-alls and the counts
-    Group dp;          // every rank: the all-reduce of the replicated gradients and the loss
+    Group ep;          // every rank: the all-to-alls (their bytes counted apart)
+    Group dp;          // every rank: the all-reduce of the replicated gradients and the loss, the counts
     int64_t* packed;   // the replicated gradients, packed for their one all-reduce
     int* ep_counts;    // [4][N]: an all-to-all's counts and displacements
     int timeline;      // --timeline
@@ -109,9 +109,12 @@ static void ep_exchange(void* ctx, const float* send, const int* send_rows, floa
     Run* r = ctx;
     int N = r->ep.size, me = r->ep.rank;
     int *sc = r->ep_counts, *sd = sc + N, *rc = sd + N, *rd = rc + N;
-    for (int q = 0, s = 0, t = 0; q < N; q++) {
-        sc[q] = send_rows[q] * width, sd[q] = s, s += sc[q];
-        rc[q] = recv_rows[q] * width, rd[q] = t, t += rc[q];
+    long s = 0, t = 0; // MPI counts are ints: the totals must fit one
+    for (int q = 0; q < N; q++) s += (long)send_rows[q] * width, t += (long)recv_rows[q] * width;
+    if (s > INT_MAX || t > INT_MAX) fatal("%s: %ld floats, more than one MPI all-to-all sends; lower --batch", what, s > t ? s : t);
+    for (int q = 0, so = 0, ro = 0; q < N; q++) {
+        sc[q] = send_rows[q] * width, sd[q] = so, so += sc[q];
+        rc[q] = recv_rows[q] * width, rd[q] = ro, ro += rc[q];
     }
     double t0 = now_seconds(), sent = r->ep.sent;
     waiting_for = what;
@@ -285,10 +288,10 @@ static void ep_timeline(const Run* r, double step_t0) {
         n++;
     }
     MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, r->ep.comm);
-    for (int i = n; i < most; i++) memcpy(mine + 3 * i, mine + 3 * (n - 1), 3 * sizeof(double)); // pad: the last again
     double* all = r->ep.rank == 0 ? mallocCheck(sizeof(double) * 3 * most * N) : NULL;
     mine = reallocCheck(mine, sizeof(double) * 3 * (most > 0 ? most : 1));
-    for (int i = n; i < most; i++) memcpy(mine + 3 * i, mine + 3 * (n > 0 ? n - 1 : 0), 3 * sizeof(double));
+    if (n == 0) mine[0] = mine[1] = 0, mine[2] = ' ', n = 1; // nothing recorded: one blank
+    for (int i = n; i < most; i++) memcpy(mine + 3 * i, mine + 3 * (n - 1), 3 * sizeof(double)); // pad: the last again
     MPI_Gather(mine, 3 * most, MPI_DOUBLE, all, 3 * most, MPI_DOUBLE, 0, r->ep.comm);
     if (r->ep.rank == 0 && most > 0) {
         double *t0 = mallocCheck(sizeof(double) * most * N), *t1 = mallocCheck(sizeof(double) * most * N);
@@ -353,8 +356,8 @@ int main(int argc, char** argv) {
     char layout[192], per_rank[64];
     snprintf(per_rank, sizeof per_rank, X % N ? "%d or %d a rank (uneven: the first ranks take one more)" : "%d a rank",
              X / N, X / N + 1);
-    snprintf(layout, sizeof layout, "expert parallel over %d ranks: %d experts a layer, %s; %ld rows a rank at most", N,
-             X, per_rank, hi - lo);
+    snprintf(layout, sizeof layout, "expert parallel over %d ranks: %d experts a layer (top-%d), %s; %ld rows a rank at most",
+             N, X, cfg->top_k, per_rank, hi - lo);
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop

@@ -192,14 +192,15 @@ table_ep() {
     echo
     tools/report "$OUT" $names
     echo
-    echo "| run | val loss | ms/step | all-to-all sent/step, rank 0: measured (formula on the tokens routed; even routing, no drops) | dropped/step | load-balancing loss |"
+    echo "| run (ranks) | val loss | ms/step | all-to-all sent/step, rank 0: measured (formula on the tokens routed; even routing, no drops) | dropped/step | load-balancing loss |"
     echo "| --- | --- | --- | --- | --- | --- |"
     for r in $names; do
         r=${r%@*}
         [ "$r" = train ] && continue
         local o="$OUT/runs/$r.out" a2a="-"
-        grep -q '^  rank 0 .*experts' "$o" && a2a=$(sed -n 's/^  rank 0 .*rows: sent \(.*\) (formula on the tokens routed: \(.*\); with even routing and no drops: \(.*\))$/\1 (\2; \3)/p' "$o")
-        echo "| $(sed -n 's/^program=//p' "$OUT/runs/$r.sum") --experts ${r:3:1} --top-k ${r:5:1}, $(sed -n 's/^ranks=//p' "$OUT/runs/$r.sum") rank(s)" \
+        grep -q '^  rank 0 .*rows: sent' "$o" && a2a=$(sed -n 's/^  rank 0 .*rows: sent \(.*\) (formula on the tokens routed: \(.*\); with even routing and no drops: \(.*\))$/\1 (\2; \3)/p' "$o")
+        x=$(echo "$r" | sed 's/^[a-z]*\([0-9]*\)-\([0-9]*\).*/\1/') k=$(echo "$r" | sed 's/^[a-z]*\([0-9]*\)-\([0-9]*\).*/\2/')
+        echo "| $(sed -n 's/^program=//p' "$OUT/runs/$r.sum") --experts $x --top-k $k on $(sed -n 's/^ranks=//p' "$OUT/runs/$r.sum")" \
             "| $(val_of "$o") | $(sed -n 's/^training time .*: \([0-9.]*\) ms\/step.*/\1/p' "$o")" \
             "| $a2a | $(sed -n 's/^    dropped \([0-9.]*\) tokens per step (\([0-9.]*%\).*/\1 (\2)/p' "$o")" \
             "| $(sed -n 's/.*load-balancing loss \([0-9.]*\) (mean).*/\1/p' "$o") |"
