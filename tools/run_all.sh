@@ -42,14 +42,14 @@ while IFS='|' read -r name what cmd; do
     # show the progress lines as they come; keep the whole output
     $cmd $FLAGS --log "$OUT/runs/$name.csv" --save "$OUT/runs/$name.ckpt" --summary "$OUT/runs/$name.sum" $extra \
         </dev/null 2>&1 | tee "$OUT/runs/$name.out" | sed -u -n 's/^step /      step /p'
-    ref=train # what a run must equal: train.c with the same model (ep: train.c --experts 4, the run moe)
-    [ "$name" = ep ] && ref=moe
+    ref=train against="train.c" # what a run must equal: train.c with the same model
+    if [ "$name" = ep ]; then ref=moe against="train.c --experts 4"; fi
     if [ "$name" != train ] && [ "$name" != moe ]; then
         tools/compare "$OUT/runs/$ref.csv" "$OUT/runs/$name.csv" "$OUT/runs/$ref.ckpt" "$OUT/runs/$name.ckpt" \
             >"$OUT/runs/$name.cmp" || true
-        echo "      compared with train.c$([ $ref = moe ] && echo " --experts 4"): $(cat "$OUT/runs/$name.cmp")"
+        echo "      compared with $against: $(cat "$OUT/runs/$name.cmp")"
     fi
-    names="$names $name$([ $ref = moe ] && echo @moe)"
+    if [ "$ref" = moe ]; then names="$names $name@moe"; else names="$names $name"; fi
 done <<<"$RUNS"
 echo
 status=0
