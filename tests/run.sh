@@ -239,6 +239,7 @@ b = bytearray(open(src, "rb").read())
 if what == "nan": b[376 + 40:376 + 44] = struct.pack("<f", float("nan"))
 if what == "order": b[8:12] = bytes(reversed(b[8:12]))
 if what == "v1": b[0:8] = b"MLPCKPT1"
+if what == "v2": b[0:8] = b"MLPCKPT2"; del b[360:376]  # format 2: the header without the experts' fields
 if what == "big": b[48:56] = struct.pack("<q", struct.unpack("<q", b[48:56])[0] + 1000)
 h = 0xcbf29ce484222325
 for x in b[:-8]: h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
@@ -252,6 +253,11 @@ PY
         expect_error 1 "other byte order" "checkpoint: a foreign byte order is refused" -- $p --load "$TMP/order.ckpt" --steps 150
         poke "$TMP/s120.ckpt" "$TMP/v1.ckpt" v1
         expect_error 1 "has format MLPCKPT1" "checkpoint: an older format is refused, saying so" -- $p --load "$TMP/v1.ckpt" --steps 150
+        poke "$TMP/s120.ckpt" "$TMP/v2.ckpt" v2
+        run "$TMP/v2.out" $p --load "$TMP/v2.ckpt" --steps 150 --quiet --save "$TMP/v2_150.ckpt"
+        run "$TMP/v3.out" $p --load "$TMP/s120.ckpt" --steps 150 --quiet --save "$TMP/v3_150.ckpt"
+        check "checkpoint: a format 2 checkpoint (before the experts' fields) resumes, the same as format 3" \
+            bash -c "cmp -s '$TMP/v2.out' '$TMP/v3.out' && tools/compare '$TMP/s120.csv' '$TMP/s120.csv' '$TMP/v2_150.ckpt' '$TMP/v3_150.ckpt'"
         poke "$TMP/s120.ckpt" "$TMP/big.ckpt" big
         expect_error 1 "does not match its size" "checkpoint: a header claiming more parameters than the file holds is refused" -- $p --load "$TMP/big.ckpt" --steps 150
         expect_error 1 "does not match its size" "checkpoint: tools/compare refuses it too (it overflowed its buffer before)" -- tools/compare "$TMP/s120.csv" "$TMP/s120.csv" "$TMP/s120.ckpt" "$TMP/big.ckpt"
