@@ -388,6 +388,28 @@ static Figures* dist_report(const Options* o, const Report* rep, Progress* pr, d
     return all;
 }
 
+// --timeline: every rank's n actions (from t0[i] to t1[i] seconds into the step, drawn
+// with mark[i]) gathered to rank 0 of `comm` and drawn there, one lane a rank; ranks with
+// fewer actions than the most are padded with mark 0, drawn nowhere. Every rank calls it.
+static void dist_draw_timeline(MPI_Comm comm, int n, const double* t0, const double* t1, const char* mark,
+                               const char* lane_name, int width, const char* legend) {
+    int rank, size, most = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, comm); // ranks' lists may differ in length
+    double *a0 = callocCheck((size_t)most, sizeof(double)), *a1 = callocCheck((size_t)most, sizeof(double));
+    char* am = callocCheck((size_t)most, 1);
+    memcpy(a0, t0, (size_t)n * sizeof(double)), memcpy(a1, t1, (size_t)n * sizeof(double)), memcpy(am, mark, (size_t)n);
+    int root = rank == 0;
+    double *all0 = root ? mallocCheck(sizeof(double) * size * most) : NULL, *all1 = root ? mallocCheck(sizeof(double) * size * most) : NULL;
+    char* marks = root ? mallocCheck((size_t)size * most) : NULL;
+    MPI_Gather(a0, most, MPI_DOUBLE, all0, most, MPI_DOUBLE, 0, comm);
+    MPI_Gather(a1, most, MPI_DOUBLE, all1, most, MPI_DOUBLE, 0, comm);
+    MPI_Gather(am, most, MPI_CHAR, marks, most, MPI_CHAR, 0, comm);
+    if (root && most > 0) draw_timeline(size, lane_name, most, all0, all1, marks, width, legend);
+    free(a0), free(a1), free(am), free(all0), free(all1), free(marks);
+}
+
 // What the textbook ring algorithm sends from each rank: an all-reduce of `bytes` over n
 // ranks, and a reduce-scatter or an all-gather whose whole buffer is `bytes`.
 static double ring_allreduce_bytes(double bytes, int n) { return 2.0 * (n - 1) / n * bytes; }

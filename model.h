@@ -323,7 +323,6 @@ typedef struct {
     float* recv_din;   // [n_recv][K] backward: input gradients
     // load, over the training steps: tokens that chose each expert, and tokens dropped
     double* load_sum;  // [X]
-    int* load_last;    // [X] the last training step's
     double dropped_sum;
     long dropped_last, capacity_last, steps;
     double tokens_out, tokens_in; // tokens sent to other ranks' experts, and received from other ranks
@@ -341,13 +340,12 @@ static void moe_layer_init(MoeLayer* m, const Config* c, int rows) {
     m->slot = mallocCheck((size_t)rows * k * sizeof(int));
     m->coef = callocCheck((size_t)X, sizeof(double));
     m->load_sum = callocCheck((size_t)X, sizeof(double));
-    m->load_last = callocCheck((size_t)X, sizeof(int));
 }
 static void moe_layer_free(MoeLayer* m) {
     free(m->probs), free(m->dprobs), free(m->choice), free(m->gate), free(m->dgate), free(m->slot), free(m->coef);
     free(m->counts), free(m->kept), free(m->send_rows), free(m->recv_rows), free(m->next), free(m->start);
     free(m->sent_row), free(m->sent), free(m->back), free(m->recv_in), free(m->recv_h), free(m->recv_d);
-    free(m->recv_din), free(m->load_sum), free(m->load_last);
+    free(m->recv_din), free(m->load_sum);
 }
 // Buffers that depend on the routing: grown when a pass needs more (the first passes only).
 static void moe_reserve(MoeLayer* m, const Config* c, int u, int ranks, long n_sent, long n_recv) {
@@ -500,7 +498,7 @@ static void moe_forward(const Config* c, int u, const float* w, MoeLayer* m, con
             for (int s = 0; s < ranks; s++)
                 for (int j = 0; j < k; j++) n += m->counts[((long)s * k + j) * X + x];
             m->coef[x] = (double)c->aux_loss * X * (double)n / ((double)k * rows_total);
-            m->load_sum[x] += (double)n, m->load_last[x] = (int)n;
+            m->load_sum[x] += (double)n;
             dropped += n > C ? n - C : 0;
         }
         m->dropped_sum += (double)dropped, m->dropped_last = dropped, m->capacity_last = C, m->steps++;

@@ -74,6 +74,7 @@ typedef struct {
     long steps;      // steps trained
     double interval_loss, interval_seconds;
     long interval_steps;
+    int record_last;     // record the last step's trace events even without --trace (train_ep.c --timeline)
     double aux;          // --experts: the load-balancing loss of the step ending (the program sets it)
     double aux_sum, interval_aux, aux_last;
     double t0;       // when the current step began
@@ -157,7 +158,7 @@ static void progress_step(Progress* p, long step, double train_loss, double seco
 static void step_begin(Progress* p, long step) {
     current_step = step;
     if (p->o->timeout > 0) alarm((unsigned)p->o->timeout); // the watchdog, wound up again
-    step_window_open(p->o->trace && step == p->o->steps);
+    step_window_open((p->o->trace || p->record_last) && step == p->o->steps);
     p->t0 = now_seconds();
 }
 // The checkpoint of --save at `step`, unless it is written already.
@@ -309,7 +310,8 @@ static void moe_print_load(const Config* c, const Acts* a, const Progress* pr) {
 // One row per lane (a pipeline stage, a rank), time flowing right, each column a slice of time:
 // action i of lane s ran from t0[s*n + i] to t1[s*n + i] (seconds since the step began)
 // and is drawn with mark[s*n + i]; idle time is blank. An action shorter than a column
-// still gets one (the actions after it shift right to make room).
+// still gets one (the actions after it shift right to make room). Mark 0 is padding, for a
+// lane with fewer actions than n: drawn nowhere.
 static void draw_timeline(int lanes, const char* lane_name, int n, const double* t0, const double* t1,
                           const char* mark, int width, const char* legend) {
     double end = 0;
@@ -321,6 +323,7 @@ static void draw_timeline(int lanes, const char* lane_name, int n, const double*
         memset(row, ' ', (size_t)width);
         row[width] = 0;
         for (int i = 0, next = 0; i < n; i++) { // next: the first column not drawn yet
+            if (!mark[s * n + i]) continue;
             int a = (int)(t0[s * n + i] / end * width), b = (int)(t1[s * n + i] / end * width);
             a = a > next ? a : next;
             a = a < width ? a : width - 1;

@@ -235,8 +235,8 @@ static Figures figures(const Run* r, const Progress* pr, int R) {
     return f;
 }
 
-// The all-to-all apart, per rank: measured beside the formula (with drops and uneven
-// routing, fewer or more), and the replicated part it leaves to the all-reduce.
+// The all-to-all apart, per rank: measured, beside the formula on the tokens routed and
+// the formula with even routing and no drops (real routing sends fewer or more).
 static void ep_print_exchange(const Run* r, const Progress* pr, int R, int B) {
     double mine[3] = {per_step(pr, r->ep.sent), per_step(pr, ep_a2a_bytes(r)), ep_a2a_formula(r, R, B)}, *all = NULL;
     if (r->ep.rank == 0) all = mallocCheck(sizeof(double) * 3 * r->ep.size);
@@ -279,29 +279,16 @@ static char ep_mark(const TraceEvent* e) {
     return 0;
 }
 static void ep_timeline(const Run* r, double step_t0) {
-    int N = r->ep.size, n = 0, most = 0;
-    double* mine = mallocCheck(sizeof(double) * 3 * (trace_count > 0 ? trace_count : 1));
-    for (long i = 0; i < trace_count; i++) {
-        char m = ep_mark(&trace_events[i]);
-        if (!m) continue;
-        mine[3 * n] = trace_events[i].t0 - step_t0, mine[3 * n + 1] = trace_events[i].t1 - step_t0, mine[3 * n + 2] = m;
-        n++;
-    }
-    MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, r->ep.comm);
-    double* all = r->ep.rank == 0 ? mallocCheck(sizeof(double) * 3 * most * N) : NULL;
-    mine = reallocCheck(mine, sizeof(double) * 3 * (most > 0 ? most : 1));
-    if (n == 0) mine[0] = mine[1] = 0, mine[2] = ' ', n = 1; // nothing recorded: one blank
-    for (int i = n; i < most; i++) memcpy(mine + 3 * i, mine + 3 * (n - 1), 3 * sizeof(double)); // pad: the last again
-    MPI_Gather(mine, 3 * most, MPI_DOUBLE, all, 3 * most, MPI_DOUBLE, 0, r->ep.comm);
-    if (r->ep.rank == 0 && most > 0) {
-        double *t0 = mallocCheck(sizeof(double) * most * N), *t1 = mallocCheck(sizeof(double) * most * N);
-        char* mark = mallocCheck((size_t)most * N);
-        for (int i = 0; i < most * N; i++) t0[i] = all[3 * i], t1[i] = all[3 * i + 1], mark[i] = (char)all[3 * i + 2];
-        draw_timeline(N, "rank", most, t0, t1, mark, 96, "r router, D dispatch, E experts, C combine, g gates' gradients, "
-                      "f other forward, b other backward, A all-reduce and all-gather");
-        free(t0), free(t1), free(mark);
-    }
-    free(mine), free(all);
+    long cap = trace_count > 0 ? trace_count : 1;
+    double *t0 = mallocCheck(sizeof(double) * cap), *t1 = mallocCheck(sizeof(double) * cap);
+    char* mark = mallocCheck((size_t)cap);
+    int n = 0;
+    for (long i = 0; i < trace_count; i++)
+        if ((mark[n] = ep_mark(&trace_events[i])))
+            t0[n] = trace_events[i].t0 - step_t0, t1[n] = trace_events[i].t1 - step_t0, n++;
+    dist_draw_timeline(r->ep.comm, n, t0, t1, mark, "rank", 96, "r router, D dispatch, E experts, C combine, "
+                       "g gates' gradients, f other forward, b other backward, A all-reduce and all-gather");
+    free(t0), free(t1), free(mark);
 }
 
 // ----------------------------------------------------------------------------
@@ -366,10 +353,9 @@ int main(int argc, char** argv) {
     int n_spans = ep_grad_spans(&run, spans);
     DistSave saver = {&holding, &run.ds, cfg};
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &saver, dist_any);
-    double last_t0 = 0;
+    progress.record_last = run.timeline; // the timeline is drawn from the last step's trace events
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
-        if (run.timeline && step == o.steps) step_window_open(1), trace_count = 0, last_t0 = now_seconds();
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         int64_t loss = forward(&run, &batch, 0, B, B, NULL); // this rank's rows of the B; the sum of all B losses
         progress.aux = fix_to(run.work.acts.aux) / B;
@@ -383,7 +369,6 @@ int main(int argc, char** argv) {
     save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
-    long traced = trace_count; // the last step's events, before validation adds none (its window is closed)
     double val_loss = validation_loss(&run);
     Figures fig = figures(&run, &progress, R);
     Report rep = {"train_ep.c", layout, sent_words, mem_words};
@@ -392,7 +377,7 @@ int main(int argc, char** argv) {
         ep_print_exchange(&run, &progress, R, B);
         if (world_rank == 0) moe_print_load(cfg, &run.work.acts, &progress);
     }
-    if (run.timeline && progress.steps > 0) trace_count = traced, ep_timeline(&run, last_t0);
+    if (run.timeline && progress.steps > 0) ep_timeline(&run, progress.t0); // t0: when the last step began
     run_free(&run);
     MPI_Finalize();
     return 0;

@@ -362,26 +362,17 @@ static int pp_last_rank(const Pp* p) {
 // and drawn there: F of microbatch m with m's digit (0-9, then more digits from A), B or
 // its input half I with m's letter (a-z), W with m's letter in capitals.
 static void pp_timeline(const Pp* p) {
-    int n = p->n_actions, root = p->pp->rank == 0, most = 0;
-    MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, p->pp->comm); // ranks' lists may differ in length
-    char* mark = callocCheck((size_t)most, 1);
-    double *t0 = callocCheck(most, sizeof(double)), *t1 = callocCheck(most, sizeof(double));
+    int n = p->n_actions;
+    char* mark = callocCheck((size_t)(n > 0 ? n : 1), 1);
     for (int i = 0; i < n; i++) {
         int m = p->actions[i].mb;
         char op = p->actions[i].op;
         mark[i] = op == 'F' ? (m < 10 ? (char)('0' + m) : (char)('A' + (m - 10) % 26))
                 : op == 'W' ? (char)('A' + m % 26) : (char)('a' + m % 26);
-        t0[i] = p->t0[i], t1[i] = p->t1[i];
     }
-    double *all0 = root ? mallocCheck(sizeof(double) * p->S * most) : NULL, *all1 = root ? mallocCheck(sizeof(double) * p->S * most) : NULL;
-    char* marks = root ? mallocCheck((size_t)p->S * most) : NULL;
-    MPI_Gather(t0, most, MPI_DOUBLE, all0, most, MPI_DOUBLE, 0, p->pp->comm);
-    MPI_Gather(t1, most, MPI_DOUBLE, all1, most, MPI_DOUBLE, 0, p->pp->comm);
-    MPI_Gather(mark, most, MPI_CHAR, marks, most, MPI_CHAR, 0, p->pp->comm);
-    if (root) // padding actions (mark 0) are drawn nowhere: they start and end at 0
-        draw_timeline(p->S, "stage", most, all0, all1, marks, 100, "forward of microbatch 0, 1, 2 ... drawn as 0 1 2 ..., "
-                      "its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
-    free(mark), free(t0), free(t1), free(all0), free(all1), free(marks);
+    dist_draw_timeline(p->pp->comm, n, p->t0, p->t1, mark, "stage", 100, "forward of microbatch 0, 1, 2 ... drawn as "
+                       "0 1 2 ..., its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
+    free(mark);
 }
 
 // The step's loss lives on the rank of the last chunk: send it to rank 0, which prints.

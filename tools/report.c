@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
             if (!fgets(r->cmp, sizeof r->cmp, f)) r->cmp[0] = 0;
             r->cmp[strcspn(r->cmp, "\n")] = 0;
             fclose(f);
-        } else if (k == 0 || r->ref == 0) {
+        } else if (k == 0) {
             snprintf(r->cmp, sizeof r->cmp, "identical (the reference)");
         }
     }
