@@ -131,8 +131,8 @@ typedef struct {
 static void workspace_init(Workspace* ws, long rows, long width, long weight) {
     long most = weight > rows * width ? weight : rows * width; // a weight, or a batch of activations
     long pad = 32 * (rows > width ? rows : width);              // panels round the width up to 32
-    ws->pa_cap = ws->tr_cap = most;
-    ws->pb_cap = ws->pf_cap = most + pad;
+    ws->tr_cap = most;
+    ws->pa_cap = ws->pb_cap = ws->pf_cap = most + pad; // blocks round the rows up to 4
     ws->pa = mallocCheck(ws->pa_cap * sizeof(double));
     ws->pb = mallocCheck(ws->pb_cap * sizeof(double));
     ws->tr = mallocCheck(ws->tr_cap * sizeof(float));
@@ -149,7 +149,17 @@ static void workspace_free(Workspace* ws) {
 // machine has) for the exact kernels, whose accumulators must stay in registers.
 typedef double f64x8 __attribute__((vector_size(64)));
 typedef uint64_t u64x8 __attribute__((vector_size(64)));
-#define F64X8_SPLAT(x) ((f64x8){(x), (x), (x), (x), (x), (x), (x), (x)}) // a macro: no vector ABI
+// Keeps a loaded vector in a register: without it GCC reloads it from memory for each of its
+// uses (as an FMA's memory operand), and loads, not FMAs, then bound the kernel's speed.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
+#else
+#define IN_REGISTER(v) ((void)0)
+#endif
+typedef double f64x4 __attribute__((vector_size(32)));
+typedef uint64_t u64x4 __attribute__((vector_size(32)));
+#define F64X8_SPLAT(x) ((f64x8){(x), (x), (x), (x), (x), (x), (x), (x)}) // macros: no vector ABI
+#define F64X4_SPLAT(x) ((f64x4){(x), (x), (x), (x)})
 ALWAYS_INLINE uint64_t fix_bias_bits(void) {
     double bias = FIX_BIAS;
     uint64_t bits;
@@ -183,11 +193,16 @@ ALWAYS_INLINE uint64_t fix_bias_bits(void) {
 
 // matmul_float: tiles of 8 rows x 32 columns. The unroll pragmas make the compiler keep
 // the 256 accumulators in registers (without them it may interchange the loops and keep
-// them in memory, 10 times slower).
+// them in memory, 10 times slower). That fills AVX-512's 32 registers of 16 floats; AVX2
+// has 16 registers of 8 floats, so its body does the tile as 4 parts of 4 rows x 16
+// columns (8 accumulators each), each over the whole reduction.
 #define MF_ROWS 8
 #define MF_COLS 32
-ALWAYS_INLINE void matmul_float_tile_body(float* out, const float* const* arow, const float* panel, int red, int N,
-                                          int mb, int nb) {
+ALWAYS_INLINE void float_tile_store(float* out, const float acc[MF_ROWS][MF_COLS], int N, int mb, int nb) {
+    for (int r = 0; r < mb; r++) memcpy(out + (long)r * N, acc[r], (size_t)nb * sizeof(float));
+}
+ALWAYS_INLINE void matmul_float_tile_wide_body(float* out, const float* const* arow, const float* panel, int red,
+                                               int N, int mb, int nb) {
     float acc[MF_ROWS][MF_COLS];
     for (int r = 0; r < MF_ROWS; r++)
         for (int c = 0; c < MF_COLS; c++) acc[r][c] = 0.0f;
@@ -200,14 +215,33 @@ ALWAYS_INLINE void matmul_float_tile_body(float* out, const float* const* arow, 
             for (int c = 0; c < MF_COLS; c++) acc[r][c] = fmaf(ar, bi[c], acc[r][c]);
         }
     }
-    for (int r = 0; r < mb; r++) {
-        if (nb == MF_COLS) memcpy(out + (long)r * N, acc[r], sizeof acc[r]);
-        else memcpy(out + (long)r * N, acc[r], (size_t)nb * sizeof(float));
-    }
+    float_tile_store(out, acc, N, mb, nb);
 }
-KERNEL_VARIANTS(, matmul_float_tile,
-                (float* out, const float* const* arow, const float* panel, int red, int N, int mb, int nb),
-                (out, arow, panel, red, N, mb, nb))
+ALWAYS_INLINE void matmul_float_tile_body(float* out, const float* const* arow, const float* panel, int red, int N,
+                                          int mb, int nb) {
+    enum { RS = 4, CS = 16 }; // a part: RS rows x CS columns
+    float acc[MF_ROWS][MF_COLS];
+    for (int r0 = 0; r0 < MF_ROWS; r0 += RS)
+        for (int c0 = 0; c0 < MF_COLS; c0 += CS) {
+            float part[RS][CS];
+            for (int r = 0; r < RS; r++)
+                for (int c = 0; c < CS; c++) part[r][c] = 0.0f;
+            for (int i = 0; i < red; i++) {
+                const float* bi = panel + (long)i * MF_COLS + c0;
+#pragma GCC unroll 4
+                for (int r = 0; r < RS; r++) {
+                    float ar = arow[r0 + r][i];
+#pragma GCC unroll 16
+                    for (int c = 0; c < CS; c++) part[r][c] = fmaf(ar, bi[c], part[r][c]);
+                }
+            }
+            for (int r = 0; r < RS; r++) memcpy(&acc[r0 + r][c0], part[r], sizeof part[r]);
+        }
+    float_tile_store(out, acc, N, mb, nb);
+}
+KERNEL_VARIANTS_WIDE(, matmul_float_tile,
+                     (float* out, const float* const* arow, const float* panel, int red, int N, int mb, int nb),
+                     (out, arow, panel, red, N, mb, nb))
 
 // Panel p of b ([red][N]) into dst [red][32], zero-padded past column N.
 VECTOR_CLONES static void pack_panel_float(float* dst, const float* b, int red, int N, int p) {
@@ -240,29 +274,47 @@ OMP(omp parallel for)
     }
 }
 
-// matmul_exact: tiles of 8 rows x 3 vectors of 8 columns, 24 vector accumulators.
-#define ME_ROWS 8
-#define ME_VECS 3
-#define ME_COLS (8 * ME_VECS)
-EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_body(int64_t* acc, const double* const* arow, long a_si,
-                                                      const double* panel, int red, int N, int mb, int nb) {
+// matmul_exact: tiles of 4 rows x 32 columns. Both operands are packed: the right one
+// into panels 32 columns wide, as for matmul_float, and the left one (scaled by 2^40) into
+// blocks of 4 rows stored column by column, so that the 4 values a tile broadcasts at step
+// i are adjacent whatever a's layout (a forward reads a by rows, a weight gradient by
+// columns). 32 columns are a whole panel of the narrow matrices of small models (27
+// logits, 32 rows), where tiles 24 wide left a third of the work to padding.
+//
+// The tile has two bodies, for the two register files. AVX-512 has 32 registers of 8
+// doubles: the whole 4 x 32 tile (16 accumulators) stays in registers over the reduction.
+// AVX2 has 16 registers of 4 doubles: the tile is done as 4 strips of 4 x 8 (8
+// accumulators), each over the whole reduction. Both end in the same store.
+#define ME_ROWS 4
+#define ME_COLS 32
+ALWAYS_INLINE void exact_tile_store(int64_t* acc, const uint64_t sum[ME_ROWS][ME_COLS], int red, int N, int mb, int nb) {
+    uint64_t total_bias = (uint64_t)red * fix_bias_bits(); // unsigned: the biased sums wrap, by design
+    for (int r = 0; r < mb; r++)
+        for (int c = 0; c < nb; c++) acc[(long)r * N + c] += (int64_t)(sum[r][c] - total_bias);
+}
+EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_wide_body(int64_t* acc, const double* block, const double* panel,
+                                                           int red, int N, int mb, int nb) {
     EXACT_KERNEL_BODY
-    u64x8 sum[ME_ROWS][ME_VECS];
+    enum { V = ME_COLS / 8 };
+    u64x8 sum[ME_ROWS][V];
     memset(sum, 0, sizeof sum);
     const f64x8 bias = F64X8_SPLAT(FIX_BIAS);
     for (int i = 0; i < red; i++) {
-        f64x8 bv[ME_VECS];
-        for (int v = 0; v < ME_VECS; v++) memcpy(&bv[v], panel + (long)i * ME_COLS + 8 * v, sizeof bv[v]);
+        f64x8 bv[V];
+        for (int v = 0; v < V; v++) {
+            memcpy(&bv[v], panel + (long)i * ME_COLS + 8 * v, sizeof bv[v]);
+            IN_REGISTER(bv[v]);
+        }
         for (int r = 0; r < ME_ROWS; r++) {
-            f64x8 ar = F64X8_SPLAT(arow[r][i * a_si]);
-            for (int v = 0; v < ME_VECS; v++) sum[r][v] += (u64x8)(ar * bv[v] + bias); // the bits: see above
+            f64x8 ar = F64X8_SPLAT(block[(long)i * ME_ROWS + r]);
+            for (int v = 0; v < V; v++) sum[r][v] += (u64x8)(ar * bv[v] + bias); // the bits: see above
         }
     }
-    uint64_t total_bias = (uint64_t)red * fix_bias_bits(); // unsigned: the biased sums wrap, by design
-    for (int r = 0; r < mb; r++) {
+    uint64_t total_bias = (uint64_t)red * fix_bias_bits();
+    for (int r = 0; r < mb; r++) { // as exact_tile_store, by whole vectors where it can
         uint64_t* o = (uint64_t*)acc + (long)r * N;
         int v = 0;
-        for (; 8 * v + 8 <= nb; v++) { // whole vectors
+        for (; 8 * v + 8 <= nb; v++) {
             u64x8 cur;
             memcpy(&cur, o + 8 * v, sizeof cur);
             cur += sum[r][v] - total_bias;
@@ -271,22 +323,49 @@ EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_body(int64_t* acc, const doubl
         for (int c = 8 * v; c < nb; c++) o[c] += sum[r][v][c - 8 * v] - total_bias;
     }
 }
-KERNEL_VARIANTS(EXACT_KERNEL, matmul_exact_tile,
-                (int64_t* acc, const double* const* arow, long a_si, const double* panel, int red, int N, int mb, int nb),
-                (acc, arow, a_si, panel, red, N, mb, nb))
-// Panel p of b ([red][N]) into dst [red][24] as doubles, zero-padded past column N.
+EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_body(int64_t* acc, const double* block, const double* panel, int red,
+                                                      int N, int mb, int nb) {
+    EXACT_KERNEL_BODY
+    enum { S = 8 }; // strip width
+    uint64_t out[ME_ROWS][ME_COLS];
+    const f64x4 bias = F64X4_SPLAT(FIX_BIAS);
+    for (int c0 = 0; c0 < ME_COLS; c0 += S) {
+        u64x4 sum[ME_ROWS][S / 4];
+        memset(sum, 0, sizeof sum);
+        for (int i = 0; i < red; i++) {
+            f64x4 bv[S / 4];
+            for (int v = 0; v < S / 4; v++) memcpy(&bv[v], panel + (long)i * ME_COLS + c0 + 4 * v, sizeof bv[v]);
+            for (int r = 0; r < ME_ROWS; r++) {
+                f64x4 ar = F64X4_SPLAT(block[(long)i * ME_ROWS + r]);
+                for (int v = 0; v < S / 4; v++) sum[r][v] += (u64x4)(ar * bv[v] + bias);
+            }
+        }
+        for (int r = 0; r < ME_ROWS; r++) memcpy(&out[r][c0], sum[r], sizeof sum[r]);
+    }
+    exact_tile_store(acc, out, red, N, mb, nb);
+}
+KERNEL_VARIANTS_WIDE(EXACT_KERNEL, matmul_exact_tile,
+                     (int64_t* acc, const double* block, const double* panel, int red, int N, int mb, int nb),
+                     (acc, block, panel, red, N, mb, nb))
+// Panel p of b ([red][N]) into dst [red][32] as doubles, zero-padded past column N.
 VECTOR_CLONES static void pack_panel_double(double* dst, const float* b, int red, int N, int p) {
     for (long i = 0; i < red; i++)
         for (int c = 0; c < ME_COLS; c++) dst[i * ME_COLS + c] = p * ME_COLS + c < N ? (double)b[i * N + p * ME_COLS + c] : 0.0;
 }
+// Block q of a, rows m0 = 4q.. of a(m,i) = a[m*a_sm + i*a_si], into dst [red][4] as doubles
+// scaled by 2^40; rows past the last repeat the last (the tile computes them, never stores them).
+VECTOR_CLONES static void pack_block_double(double* dst, const float* a, long a_sm, long a_si, int M, int red, int q) {
+    const float* row[ME_ROWS];
+    for (int r = 0; r < ME_ROWS; r++) row[r] = a + (q * ME_ROWS + r < M ? q * ME_ROWS + r : M - 1) * a_sm;
+    for (long i = 0; i < red; i++)
+        for (int r = 0; r < ME_ROWS; r++) dst[i * ME_ROWS + r] = (double)row[r][i * a_si] * FIX_ONE;
+}
 // Tile t of acc, panel by panel.
-static void matmul_exact_at(int t, int64_t* acc, const double* pa, long a_sm, long a_si, const double* pb, int M,
-                            int red, int N) {
-    int tm = (M + ME_ROWS - 1) / ME_ROWS, p = t / tm, m0 = (t % tm) * ME_ROWS, n0 = p * ME_COLS;
+static void matmul_exact_at(int t, int64_t* acc, const double* pa, const double* pb, int M, int red, int N) {
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, p = t / tm, q = t % tm, m0 = q * ME_ROWS, n0 = p * ME_COLS;
     int mb = M - m0 < ME_ROWS ? M - m0 : ME_ROWS, nb = N - n0 < ME_COLS ? N - n0 : ME_COLS;
-    const double* arow[ME_ROWS];
-    for (int r = 0; r < ME_ROWS; r++) arow[r] = pa + (m0 + (r < mb ? r : mb - 1)) * a_sm;
-    matmul_exact_tile(acc + (long)m0 * N + n0, arow, a_si, pb + (long)p * red * ME_COLS, red, N, mb, nb);
+    matmul_exact_tile(acc + (long)m0 * N + n0, pa + (long)q * red * ME_ROWS, pb + (long)p * red * ME_COLS, red, N, mb,
+                      nb);
 }
 
 // Exact-sum range check for a matmul: every term a(m,i)*b(i,n) must be below the limit.
@@ -326,17 +405,6 @@ OMP(omp parallel for reduction(max : mx))
     memcpy(&f, &mx, sizeof f);
     return f;
 }
-// dst[i] = src[i] * scale as doubles; returns max |src| (infinity if any is not finite)
-VECTOR_CLONES static double pack_double(double* dst, const float* src, long n, double scale) {
-    if (THREADED(n)) {
-OMP(omp parallel for)
-        for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
-    } else {
-        for (long i = 0; i < n; i++) dst[i] = (double)src[i] * scale;
-    }
-    return max_abs(src, n);
-}
-
 // acc[m][n] += exact sum over i of a(m,i) * b[i][n], with a(m,i) = a[m*a_sm + i*a_si]
 // (a is x[R][K] for a forward, m = r; or x[R][K] read as x^T for a weight gradient,
 // m = k) and b a row-major [red][N] matrix (the weight, or the output gradient).
@@ -344,12 +412,12 @@ OMP(omp parallel for)
 // contributes to it: it sets the range limit, so every layout applies the same one.
 static void matmul_exact(int64_t* acc, const float* a, long a_sm, long a_si, const float* b, int M, int red, int N,
                          long terms, const char* what, Workspace* ws) {
-    // a as doubles scaled by 2^40, in its own layout; b as doubles in panels [tn][red][24]
+    // a as doubles scaled by 2^40 in blocks [tm][red][4]; b as doubles in panels [tn][red][32]
     int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
-    if ((long)M * red > ws->pa_cap || (long)tn * ME_COLS * red > ws->pb_cap)
+    if ((long)tm * ME_ROWS * red > ws->pa_cap || (long)tn * ME_COLS * red > ws->pb_cap)
         fatal("internal: workspace too small for %s (%d x %d x %d)", what, M, red, N);
     cpu_isa(); // asked once, before any thread reads it
-    double amax = pack_double(ws->pa, a, (long)M * red, FIX_ONE), bmax = max_abs(b, (long)red * N);
+    double amax = max_abs(a, (long)M * red), bmax = max_abs(b, (long)red * N); // a: M x red floats, either way
 #define A_(m, i) a[(m) * a_sm + (i) * a_si]
 #define B_(i, n) b[(long)(i) * N + (n)]
     MATMUL_EXACT_CHECK(M, red, N, A_, B_, amax, bmax, terms, what);
@@ -357,12 +425,15 @@ static void matmul_exact(int64_t* acc, const float* a, long a_sm, long a_si, con
 #undef B_
     if (THREADED((long)M * N * red / 8)) {
 OMP(omp parallel for)
+        for (int q = 0; q < tm; q++) pack_block_double(ws->pa + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q);
+OMP(omp parallel for)
         for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
 OMP(omp parallel for)
-        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, a_sm, a_si, ws->pb, M, red, N);
+        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, ws->pb, M, red, N);
     } else {
+        for (int q = 0; q < tm; q++) pack_block_double(ws->pa + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q);
         for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
-        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, a_sm, a_si, ws->pb, M, red, N);
+        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, ws->pb, M, red, N);
     }
 }
 

@@ -64,6 +64,8 @@
 #define ISA_AVX2 __attribute__((target("avx2,fma")))
 // Loops that need no FMA: cloned by the compiler for these instruction sets.
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// The environment variable KERNEL_ISA=avx2 or any holds a run to fewer instructions, so
+// that this machine can test and time the variants other CPUs run (the results never change).
 static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
     static int isa = -1;
     if (isa < 0) {
@@ -71,7 +73,16 @@ static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
         int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
         int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+        const char* cap = getenv("KERNEL_ISA");
+        int most = 2;
+        if (cap && !strcmp(cap, "avx2")) most = 1;
+        else if (cap && !strcmp(cap, "any")) most = 0;
+        else if (cap && *cap && strcmp(cap, "avx512")) {
+            fprintf(stderr, "error: KERNEL_ISA must be avx512, avx2 or any, not '%s'\n", cap);
+            exit(2);
+        }
         isa = avx512 ? 2 : avx2;
+        isa = isa < most ? isa : most;
     }
     return isa;
 }
@@ -84,11 +95,23 @@ static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
         else if (cpu_isa() == 1) name##_avx2 args;                                                       \
         else name##_any args;                                                                            \
     }
+// The same, where AVX-512's variant has a body of its own (name##_wide_body), for its
+// register file of 32 registers of 8 doubles.
+#define KERNEL_VARIANTS_WIDE(attrs, name, params, args)                                                  \
+    attrs ISA_AVX512 static void name##_avx512 params { name##_wide_body args; }                         \
+    attrs ISA_AVX2 static void name##_avx2 params { name##_body args; }                                  \
+    attrs static void name##_any params { name##_body args; }                                            \
+    static void name params {                                                                            \
+        if (cpu_isa() == 2) name##_avx512 args;                                                          \
+        else if (cpu_isa() == 1) name##_avx2 args;                                                       \
+        else name##_any args;                                                                            \
+    }
 #else
 #define VECTOR_CLONES
 static int cpu_isa(void) { return 0; }
 #define KERNEL_VARIANTS(attrs, name, params, args) \
     attrs static void name params { name##_body args; }
+#define KERNEL_VARIANTS_WIDE KERNEL_VARIANTS
 #endif
 
 // An OpenMP directive, only in a build with -fopenmp (so that other builds, -Wall

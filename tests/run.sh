@@ -100,6 +100,20 @@ relay() {
 
 section_units() {
     relay "unit tests" "" tests/test_units
+    # The kernels' AVX2 and plain x86-64 variants, which this machine runs only when told to:
+    # built without -march=native (which would let every variant use AVX-512), held back by
+    # KERNEL_ISA, they equal the plain loops too
+    if [ "$(uname -m)" = x86_64 ]; then
+        local isa
+        cc -O2 -std=c11 tests/test_units.c -o "$TMP/units_plain" -lm
+        for isa in avx2 any; do
+            relay "unit tests, KERNEL_ISA=$isa" "KERNEL_ISA=$isa: " env KERNEL_ISA=$isa "$TMP/units_plain"
+        done
+        expect_error 2 "KERNEL_ISA must be avx512, avx2 or any, not 'sse9'" "KERNEL_ISA=sse9 is refused, saying what it may be" \
+            -- env KERNEL_ISA=sse9 ./train --steps 1
+    else
+        skip "kernel variants: KERNEL_ISA selects among x86-64 variants; this is $(uname -m)"
+    fi
     # the cost model's arithmetic (tools/costmodel.c), on cases computed by hand
     relay "costmodel selftest" "costmodel: " tools/costmodel selftest
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
@@ -766,14 +780,21 @@ section_builds() {
     reference builds_moe $BUILD_FLAGS $MOE_FLAGS
     local big="--steps 4 --eval-every 0 --hidden 512 --batch 256 --samples 2"
     reference big $big
-    local compilers=gcc i=0
+    local compilers=gcc i=0 o2
     if command -v clang >/dev/null 2>&1; then compilers="gcc clang"; else skip "builds: clang is not installed (apt-get install clang), only gcc builds ran"; fi
     for cc in $compilers; do
         for set in "" "-O0" "-O2" "-O3" "-O3 -march=native" "-fopenmp" "-O2 -fopenmp"; do
             i=$((i + 1))
             build_all "$TMP/b$i" $cc $set
             same_builds "$TMP/b$i" "$cc ${set:-(no flags)}"
+            [ "$set" = -O2 ] && o2=$TMP/b$i
         done
+        # the kernels' AVX2 and plain x86-64 variants (KERNEL_ISA) in a build without -march=native
+        if [ "$(uname -m)" = x86_64 ]; then
+            same_as builds "builds: $cc -O2 with KERNEL_ISA=avx2: train.c" env KERNEL_ISA=avx2 "$o2/train" $BUILD_FLAGS
+            same_as builds "builds: $cc -O2 with KERNEL_ISA=any: train.c" env KERNEL_ISA=any "$o2/train" $BUILD_FLAGS
+            same_as builds_moe "builds: $cc -O2 with KERNEL_ISA=avx2: train.c --experts 4 --top-k 2" env KERNEL_ISA=avx2 "$o2/train" $BUILD_FLAGS $MOE_FLAGS
+        fi
         # OpenMP threads splitting the kernels of a model large enough to enter them
         same_as big "builds: $cc -O2 -fopenmp: train.c on 2 threads, hidden 512, batch 256" env OMP_NUM_THREADS=2 "$TMP/b$i/train" $big
         for fast in "-Ofast" "-O2 -ffast-math" "-O2 -ffinite-math-only"; do
