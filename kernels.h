@@ -151,10 +151,13 @@ typedef double f64x8 __attribute__((vector_size(64)));
 typedef uint64_t u64x8 __attribute__((vector_size(64)));
 // Keeps a loaded vector in a register: without it GCC reloads it from memory for each of its
 // uses (as an FMA's memory operand), and loads, not FMAs, then bound the kernel's speed.
+// A wide body is compiled for AVX-512 only (where its 64-byte vectors fit one register).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
+#define WIDE_BODY ISA_AVX512
 #else
 #define IN_REGISTER(v) ((void)0)
+#define WIDE_BODY
 #endif
 typedef double f64x4 __attribute__((vector_size(32)));
 typedef uint64_t u64x4 __attribute__((vector_size(32)));
@@ -292,7 +295,7 @@ ALWAYS_INLINE void exact_tile_store(int64_t* acc, const uint64_t sum[ME_ROWS][ME
     for (int r = 0; r < mb; r++)
         for (int c = 0; c < nb; c++) acc[(long)r * N + c] += (int64_t)(sum[r][c] - total_bias);
 }
-EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_wide_body(int64_t* acc, const double* block, const double* panel,
+EXACT_KERNEL WIDE_BODY ALWAYS_INLINE void matmul_exact_tile_wide_body(int64_t* acc, const double* block, const double* panel,
                                                            int red, int N, int mb, int nb) {
     EXACT_KERNEL_BODY
     enum { V = ME_COLS / 8 };

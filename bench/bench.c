@@ -12,6 +12,10 @@
  *   bench/bench kernels --emb 64 --hidden 1024 --batch 256 --steps 20
  *       times model.h's kernels, one at a time, on the products of linear 1: each exact
  *       product beside the float version of it, and sgemm, to show what exactness costs
+ *   bench/bench peak
+ *       measures the peak float32 FLOP/s of one core: independent chains of vector fused
+ *       multiply-adds, as wide as the compiler's -march allows, that never wait for each
+ *       other (the best of 5 tries)
  *
  * naive and sgemm print "ms_per_step X" (the median over --steps repetitions after one
  * warm-up); kernels prints a table of medians.
@@ -179,11 +183,54 @@ static void kernels(const Shape* s, int steps) {
     free(x), free(w), free(dy), free(y), free(dx), free(dwf), free(xt), free(dw), free(dxt), free(dyx);
 }
 
+// Peak throughput of one core. CHAINS independent accumulators hide the FMA's latency; the
+// empty asms keep the compiler from folding the loop or merging chains (it cannot see
+// through them).
+#define CHAINS 12
+#if defined(__x86_64__)
+#define OPAQUE(v) __asm__ volatile("" : "+v"(v))
+#else
+#define OPAQUE(v) __asm__ volatile("" : "+w"(v))
+#endif
+typedef float f32x16 __attribute__((vector_size(64)));
+EXACT_KERNEL static double peak_once(void) { // EXACT_KERNEL: fused multiply-adds (kernels.h)
+    EXACT_KERNEL_BODY
+    const long iters = 20000000;
+    f32x16 acc[CHAINS], x, y;
+    for (int l = 0; l < 16; l++) x[l] = 1.0f - 1e-7f * l, y[l] = 1e-7f;
+    for (int c = 0; c < CHAINS; c++) {
+        acc[c] = x * (float)c; // each chain its own start, opaque: the compiler cannot merge them
+        OPAQUE(acc[c]);
+    }
+    double t = now_seconds();
+    for (long k = 0; k < iters; k++) {
+        for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * x + y;
+        OPAQUE(x);
+    }
+    double flops = 2.0 * 16 * CHAINS * iters / (now_seconds() - t);
+    float sink = 0.0f;
+    for (int c = 0; c < CHAINS; c++) sink += acc[c][0];
+    if (sink == 12345.0f) printf("\n"); // uses every result: no chain is dead
+    return flops;
+}
+static void peak(void) {
+    double best = 0.0; // a peak: the best of 5 tries, each about a quarter of a second
+    for (int k = 0; k < 5; k++) {
+        double f = peak_once();
+        best = f > best ? f : best;
+    }
+    printf("peak_gflops %.1f\n", best / 1e9);
+}
+
 int main(int argc, char** argv) {
     Shape s = {.T = 16, .E = 16, .H = 64, .L = 1, .V = 27, .B = 32};
     int steps = 20;
+    if (argc == 2 && !strcmp(argv[1], "peak")) {
+        peak();
+        return 0;
+    }
     if (argc < 2 || (strcmp(argv[1], "naive") && strcmp(argv[1], "sgemm") && strcmp(argv[1], "kernels"))) {
-        fprintf(stderr, "usage: bench/bench naive|sgemm|kernels [--context T] [--emb E] [--hidden H] [--layers L] "
+        fprintf(stderr, "usage: bench/bench peak, or bench/bench naive|sgemm|kernels [--context T] [--emb E] [--hidden H] [--layers L] "
                         "[--batch B] [--steps N]\n");
         return 2;
     }

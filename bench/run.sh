@@ -12,6 +12,12 @@
 # its logged per-step times after a warm-up; each row is the median over REPS repetitions,
 # taken round-robin across the rows so that a slow moment of the machine hits them all
 # alike. Speed-ups are ratios against train.c measured in the same run.
+#
+# It names the CPU and measures one core's peak float32 FLOP/s (bench/bench peak), which
+# each row's GFLOP/s is set against (the cores it used: 2 for 2 ranks or 2 threads). Then
+# two scaling tables, the step time against the hidden size and against the batch size
+# (train.c, PyTorch, and the speed-ups of three strategies on 2 ranks; SCALE_REPS=3
+# repetitions), and last the goals of the performance work, each with its measured ratio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -30,8 +36,18 @@ else
     echo "PyTorch rows left out: Debian's python3-torch is not installed" >&2
 fi
 
-# name | ranks | command (the configuration's flags are appended); $1: which configuration
+# name | cores | command (the configuration's flags are appended); $1: which configuration
 runs() {
+    if [[ $1 == scale* ]]; then # the scaling tables: train.c, 2 ranks of three strategies, PyTorch
+        cat <<EOF
+train.c|1|./train
+data parallel|2|$MPIRUN -n 2 ./train_dp
+ZeRO-3|2|$MPIRUN -n 2 ./train_fsdp --zero 3
+tensor parallel|2|$MPIRUN -n 2 ./train_tp
+EOF
+        [ -z "$TORCH" ] || echo "$TORCH, 1 thread (torch_step.py)|1|/usr/bin/python3 bench/torch_step.py"
+        return 0
+    fi
     if [ "$1" = deep ]; then # two hidden layers: the units split evenly into 2 pipeline stages
         cat <<EOF
 train.c|1|./train
@@ -39,6 +55,7 @@ data parallel|2|$MPIRUN -n 2 ./train_dp
 tensor parallel|2|$MPIRUN -n 2 ./train_tp
 pipeline 1f1b, 8 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule 1f1b --microbatches 8
 pipeline gpipe, 8 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule gpipe --microbatches 8
+pipeline zb1, 8 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule zb1 --microbatches 8
 pipeline 1f1b, 2 microbatches|2|$MPIRUN -n 2 ./train_pp --schedule 1f1b --microbatches 2
 EOF
         torch_runs
@@ -47,7 +64,7 @@ EOF
     cat <<EOF
 train.c|1|./train
 train.c built plain: cc train.c -o train -lm|1|bench/train_plain
-train.c, OpenMP 2 threads|1|env OMP_NUM_THREADS=2 bench/train_omp
+train.c, OpenMP 2 threads|2|env OMP_NUM_THREADS=2 bench/train_omp
 data parallel|2|$MPIRUN -n 2 ./train_dp
 data parallel --overlap|2|$MPIRUN -n 2 ./train_dp --overlap
 ZeRO-1|2|$MPIRUN -n 2 ./train_fsdp --zero 1
@@ -83,47 +100,135 @@ one_run() {
     fi
 }
 
-bench_config() {
-    local title=$1 flags=$2 steps=$3 warmup=$4 emb hidden batch
-    emb=$(echo "$flags" | sed -n 's/.*--emb \([0-9]*\).*/\1/p')
-    hidden=$(echo "$flags" | sed -n 's/.*--hidden \([0-9]*\).*/\1/p')
-    batch=$(echo "$flags" | sed -n 's/.*--batch \([0-9]*\).*/\1/p')
-    # floating-point operations of a step: 2 per multiply-add, 3 products per linear layer
-    # (forward, weight gradient, input gradient): 6 x (weights of the linear layers) x rows
-    # (context 16 and a vocabulary of 27, as for names.txt)
-    local layers
-    layers=$(echo "$flags" | sed -n 's/.*--layers \([0-9]*\).*/\1/p')
+# step_flops FLAGS: floating-point operations of a step: 2 per multiply-add, 3 products per
+# linear layer (forward, weight gradient, input gradient): 6 x (weights of the linear layers)
+# x rows (context 16 and a vocabulary of 27, as for names.txt)
+flag() { echo "$2" | sed -n "s/.*--$1 \([0-9]*\).*/\1/p"; }
+step_flops() {
+    local emb hidden batch layers
+    emb=$(flag emb "$1") hidden=$(flag hidden "$1") batch=$(flag batch "$1") layers=$(flag layers "$1")
     layers=${layers:-1}
-    local flops=$((6 * batch * (16 * emb * hidden + (layers - 1) * hidden * hidden + hidden * 27)))
-    local n
+    echo $((6 * batch * (16 * emb * hidden + (layers - 1) * hidden * hidden + hidden * 27)))
+}
+
+# collect TITLE FLAGS STEPS WARMUP [REPS]: every run of TITLE, REPS times round-robin; the
+# times go to $TMP/TITLE.i (i: the run's line in `runs TITLE`)
+collect() {
+    local title=$1 flags=$2 steps=$3 warmup=$4 reps=${5:-$REPS} n i rep name cores cmd
     n=$(runs "$title" | wc -l)
-    for rep in $(seq 1 "$REPS"); do
-        local i=0
-        while IFS='|' read -r name ranks cmd; do
+    for rep in $(seq 1 "$reps"); do
+        i=0
+        while IFS='|' read -r name cores cmd; do
             i=$((i + 1))
-            printf '\r  %s: repetition %d of %d, run %d of %d   ' "$title" "$rep" "$REPS" "$i" "$n" >&2
+            printf '\r  %s: repetition %d of %d, run %d of %d   ' "$title" "$rep" "$reps" "$i" "$n" >&2
             one_run "$cmd" "$flags" "$steps" "$warmup" >>"$TMP/$title.$i" </dev/null # mpirun reads stdin
         done < <(runs "$title")
     done
     printf '\r%*s\r' 70 '' >&2
-    local base
-    base=$(median <"$TMP/$title.1")
-    echo
-    echo "$title configuration ($flags; $(awk -v f=$flops 'BEGIN { printf "%.2f", f / 1e6 }') MFLOP per step), median of $REPS repetitions:"
-    echo
-    echo "| run | ranks | ms/step | tokens/s | GFLOP/s | speed-up vs train.c |"
-    echo "| --- | --- | --- | --- | --- | --- |"
-    i=0
-    while IFS='|' read -r name ranks cmd; do
+}
+# ms TITLE NAME: the median ms/step of the run NAME of TITLE ("nan" if there is no such run)
+ms() {
+    local i=0 name cores cmd
+    while IFS='|' read -r name cores cmd; do
         i=$((i + 1))
-        local ms
-        ms=$(median <"$TMP/$title.$i")
-        awk -v name="$name" -v r="$ranks" -v ms="$ms" -v b="$batch" -v f="$flops" -v base="$base" 'BEGIN {
-            printf "| %s | %s | %.4f | %.0f | %.1f | %.2fx |\n", name, r, ms, b / (ms / 1e3), f / (ms / 1e3) / 1e9, base / ms }'
+        if [ "$name" = "$2" ]; then
+            median <"$TMP/$1.$i"
+            return
+        fi
+    done < <(runs "$1")
+    echo nan
+}
+
+bench_config() {
+    local title=$1 flags=$2 flops batch base i name cores cmd
+    collect "$@"
+    flops=$(step_flops "$flags") batch=$(flag batch "$flags") base=$(median <"$TMP/$title.1")
+    echo
+    echo "$title configuration ($flags; $(awk -v f="$flops" 'BEGIN { printf "%.2f", f / 1e6 }') MFLOP per step), median of $REPS repetitions:"
+    echo
+    echo "| run | cores | ms/step | tokens/s | GFLOP/s | of the cores' peak | speed-up vs train.c |"
+    echo "| --- | --- | --- | --- | --- | --- | --- |"
+    i=0
+    while IFS='|' read -r name cores cmd; do
+        i=$((i + 1))
+        awk -v name="$name" -v c="$cores" -v ms="$(median <"$TMP/$title.$i")" -v b="$batch" -v f="$flops" -v base="$base" \
+            -v peak="$PEAK" 'BEGIN { g = f / (ms / 1e3) / 1e9
+            printf "| %s | %s | %.4f | %.0f | %.1f | %.0f%% | %.2fx |\n", name, c, ms, b / (ms / 1e3), g, 100 * g / (peak * c), base / ms }'
     done < <(runs "$title")
 }
 
-echo "bench/run.sh on $(nproc --all) cores of $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%Y-%m-%d)"
+# scaling AXIS VALUES...: step time against the hidden size or the batch size, train.c beside
+# PyTorch, and the speed-up over train.c of three strategies on 2 ranks
+scaling() {
+    local axis=$1 v flags title
+    shift
+    echo
+    if [ "$axis" = hidden ]; then echo "step time against the hidden size (--emb 64 --batch 256), median of $SCALE_REPS repetitions:"
+    else echo "step time against the batch size (--emb 64 --hidden 1024), median of $SCALE_REPS repetitions:"; fi
+    echo
+    echo "| $axis | MFLOP/step | train.c ms | PyTorch ms | train.c / PyTorch | data parallel, 2 ranks | ZeRO-3, 2 ranks | tensor parallel, 2 ranks |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    for v in "$@"; do
+        if [ "$axis" = hidden ]; then flags="--emb 64 --hidden $v --batch 256"; else flags="--emb 64 --hidden 1024 --batch $v"; fi
+        title=scale_${axis}_$v
+        collect "$title" "$flags" 20 5 "$SCALE_REPS"
+        awk -v v="$v" -v f="$(step_flops "$flags")" -v t="$(ms "$title" train.c)" -v p="$(ms "$title" "$TORCH, 1 thread (torch_step.py)")" \
+            -v dp="$(ms "$title" "data parallel")" -v z3="$(ms "$title" ZeRO-3)" -v tp="$(ms "$title" "tensor parallel")" 'BEGIN {
+            printf "| %s | %.1f | %.3f | %s | %s | %.2fx | %.2fx | %.2fx |\n", v, f / 1e6, t, p == "nan" ? "-" : sprintf("%.3f", p),
+                p == "nan" ? "-" : sprintf("%.2fx", t / p), t / dp, t / z3, t / tp }'
+    done
+}
+
+# goal_row GOAL RATIO TARGET BESIDE [lower]: one row of the goals' table; a ratio must reach
+# the target (or, with "lower", stay at or below it)
+goal_row() {
+    awk -v g="$1" -v r="$2" -v t="$3" -v p="$4" -v dir="${5:-higher}" 'BEGIN {
+        met = dir == "higher" ? r >= t : r <= t
+        printf "| %s | %.2fx | %s | %s |\n", g, r, p, met ? "met" : sprintf("missed by %.2fx", dir == "higher" ? t / r : r / t) }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { print a / b }'; }
+
+# goals: the performance targets, each measured in this run
+goals() {
+    local t_def naive torch_def t_large torch_large torch_ddp pp_best="" pp_name="" name cores cmd i=0 m beside
+    t_def=$(ms default train.c) naive=$(ms default "triple loops (bench.c)") t_large=$(ms large train.c)
+    torch_def=$(ms default "$TORCH, 1 thread (torch_step.py)") torch_large=$(ms large "$TORCH, 1 thread (torch_step.py)")
+    torch_ddp=$(ms large "$TORCH DistributedDataParallel, gloo (torch_step.py)")
+    while IFS='|' read -r name cores cmd; do # the best pipeline schedule with 8 microbatches
+        i=$((i + 1))
+        [[ $name == pipeline*", 8 microbatches" ]] || continue
+        m=$(median <"$TMP/deep.$i")
+        if [ -z "$pp_best" ] || awk -v a="$m" -v b="$pp_best" 'BEGIN { exit !(a < b) }'; then pp_best=$m pp_name=${name%%,*}; fi
+    done < <(runs deep)
+    echo
+    echo "the goals, measured in this run (ratios of times: above 1, faster than what it is compared with):"
+    echo
+    echo "| goal | measured | beside it | |"
+    echo "| --- | --- | --- | --- |"
+    beside="-"
+    [ -z "$TORCH" ] || beside="PyTorch: $(ratio "$naive" "$torch_def" | awk '{ printf "%.2fx", $1 }') the triple loops"
+    goal_row "default configuration: train.c at least 10x the triple loops" "$(ratio "$naive" "$t_def")" 10 "$beside"
+    if [ -n "$TORCH" ]; then
+        goal_row "default configuration: train.c faster than PyTorch (PyTorch's time / train.c's)" \
+            "$(ratio "$torch_def" "$t_def")" 1 "PyTorch $torch_def ms, train.c $t_def ms"
+        goal_row "large configuration: train.c within 1.2x of PyTorch (train.c's time / PyTorch's)" \
+            "$(ratio "$t_large" "$torch_large")" 1.2 "PyTorch $torch_large ms, train.c $t_large ms" lower
+    fi
+    beside="-"
+    [ -z "$TORCH" ] || beside="PyTorch's DistributedDataParallel: $(ratio "$torch_large" "$torch_ddp" | awk '{ printf "%.2fx", $1 }') its one process"
+    goal_row "large, 2 ranks: data parallel at least 1.8x train.c" "$(ratio "$t_large" "$(ms large "data parallel")")" 1.8 "$beside"
+    goal_row "large, 2 ranks: ZeRO-3 at least 1.6x" "$(ratio "$t_large" "$(ms large ZeRO-3)")" 1.6 "-"
+    goal_row "large, 2 ranks: tensor parallel at least 1.6x" "$(ratio "$t_large" "$(ms large "tensor parallel")")" 1.6 "-"
+    goal_row "2 ranks, pipeline, 8 microbatches, best schedule ($pp_name), in the deep configuration (with one hidden layer the stages cannot balance): at least 1.4x" \
+        "$(ratio "$(ms deep train.c)" "$pp_best")" 1.4 "-"
+}
+
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+ISA=$(grep -o -m1 -w avx512f /proc/cpuinfo || grep -o -m1 -w avx2 /proc/cpuinfo || echo "neither AVX-512 nor AVX2")
+PEAK=$(bench/bench peak | awk '/peak_gflops/ { print $2 }')
+SCALE_REPS=${SCALE_REPS:-3}
+echo "bench/run.sh on $(nproc --all) cores of $CPU (cpu family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model[[:space:]]' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), $ISA), $(date -u +%Y-%m-%d)"
+echo "peak of one core, float32 fused multiply-adds (bench/bench peak): $PEAK GFLOP/s"
 bench_config default "--emb 16 --hidden 64 --batch 32" 2000 200
 bench_config large "--emb 64 --hidden 1024 --batch 256" 30 5
 bench_config deep "--emb 64 --hidden 1024 --batch 256 --layers 2" 20 5
@@ -131,3 +236,6 @@ echo
 echo "the products of linear 1 in the large configuration, one at a time (bench/bench kernels, median of 20):"
 echo
 bench/bench kernels --emb 64 --hidden 1024 --batch 256 --steps 20
+scaling hidden 64 128 256 512 1024 2048
+scaling batch 32 64 128 256 512
+goals
