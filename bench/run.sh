@@ -210,9 +210,9 @@ goals() {
     goal_row "default configuration: train.c at least 10x the triple loops" "$(ratio "$naive" "$t_def")" 10 "$beside"
     if [ -n "$TORCH" ]; then
         goal_row "default configuration: train.c faster than PyTorch (PyTorch's time / train.c's)" \
-            "$(ratio "$torch_def" "$t_def")" 1 "PyTorch $torch_def ms, train.c $t_def ms"
+            "$(ratio "$torch_def" "$t_def")" 1 "$(printf 'PyTorch %.3f ms, train.c %.3f ms' "$torch_def" "$t_def")"
         goal_row "large configuration: train.c within 1.2x of PyTorch (train.c's time / PyTorch's)" \
-            "$(ratio "$t_large" "$torch_large")" 1.2 "PyTorch $torch_large ms, train.c $t_large ms" lower
+            "$(ratio "$t_large" "$torch_large")" 1.2 "$(printf 'PyTorch %.2f ms, train.c %.2f ms' "$torch_large" "$t_large")" lower
     fi
     beside="-"
     [ -z "$TORCH" ] || beside="PyTorch's DistributedDataParallel: $(ratio "$torch_large" "$torch_ddp" | awk '{ printf "%.2fx", $1 }') its one process"
