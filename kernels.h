@@ -245,9 +245,9 @@ ALWAYS_INLINE void matmul_float_tile_body(float* out, const float* const* arow, 
         }
     float_tile_store(out, acc, N, mb, nb);
 }
-KERNEL_VARIANTS_WIDE(, matmul_float_tile,
-                     (float* out, const float* const* arow, const float* panel, int red, int N, int mb, int nb),
-                     (out, arow, panel, red, N, mb, nb))
+KERNEL_VARIANTS(, matmul_float_tile,
+                (float* out, const float* const* arow, const float* panel, int red, int N, int mb, int nb),
+                (out, arow, panel, red, N, mb, nb))
 
 // Panel p of b ([red][N]) into dst [red][32], zero-padded past column N.
 VECTOR_CLONES static void pack_panel_float(float* dst, const float* b, int red, int N, int p) {
@@ -350,9 +350,9 @@ EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_body(int64_t* acc, const doubl
     }
     exact_tile_store(acc, out, red, N, mb, nb);
 }
-KERNEL_VARIANTS_WIDE(EXACT_KERNEL, matmul_exact_tile,
-                     (int64_t* acc, const double* block, const double* panel, int red, int N, int mb, int nb),
-                     (acc, block, panel, red, N, mb, nb))
+KERNEL_VARIANTS(EXACT_KERNEL, matmul_exact_tile,
+                (int64_t* acc, const double* block, const double* panel, int red, int N, int mb, int nb),
+                (acc, block, panel, red, N, mb, nb))
 // Panel p of b ([red][N]) into dst [red][32] as doubles, zero-padded past column N.
 VECTOR_CLONES static void pack_panel_double(double* dst, const float* b, int red, int N, int p) {
     for (long i = 0; i < red; i++)

@@ -55,10 +55,11 @@
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off")
 #endif
-// Instruction sets, chosen at run time (x86-64): KERNEL_VARIANTS compiles a kernel's body
-// for AVX-512, for AVX2 with FMA and for any CPU, and calls the best one this CPU runs
-// (kernels.h says why the three give the same bits); VECTOR_CLONES has the compiler do
-// the same for a loop that needs no FMA.
+// Instruction sets, chosen at run time (x86-64): KERNEL_VARIANTS compiles a kernel's wide
+// body (name_wide_body, for AVX-512's 32 registers of 64 bytes) for AVX-512, and its body
+// (name_body) for AVX2 with FMA and for any CPU, and calls the best one this CPU runs
+// (kernels.h says why the three give the same bits); elsewhere only the body is compiled.
+// VECTOR_CLONES has the compiler do the same for a loop that needs no FMA.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ISA_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
 #define ISA_AVX2 __attribute__((target("avx2,fma")))
@@ -87,17 +88,6 @@ static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
     return isa;
 }
 #define KERNEL_VARIANTS(attrs, name, params, args)                                                       \
-    attrs ISA_AVX512 static void name##_avx512 params { name##_body args; }                              \
-    attrs ISA_AVX2 static void name##_avx2 params { name##_body args; }                                  \
-    attrs static void name##_any params { name##_body args; }                                            \
-    static void name params {                                                                            \
-        if (cpu_isa() == 2) name##_avx512 args;                                                          \
-        else if (cpu_isa() == 1) name##_avx2 args;                                                       \
-        else name##_any args;                                                                            \
-    }
-// The same, where AVX-512's variant has a body of its own (name##_wide_body), for its
-// register file of 32 registers of 8 doubles.
-#define KERNEL_VARIANTS_WIDE(attrs, name, params, args)                                                  \
     attrs ISA_AVX512 static void name##_avx512 params { name##_wide_body args; }                         \
     attrs ISA_AVX2 static void name##_avx2 params { name##_body args; }                                  \
     attrs static void name##_any params { name##_body args; }                                            \
@@ -111,7 +101,6 @@ static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
 static int cpu_isa(void) { return 0; }
 #define KERNEL_VARIANTS(attrs, name, params, args) \
     attrs static void name params { name##_body args; }
-#define KERNEL_VARIANTS_WIDE KERNEL_VARIANTS
 #endif
 
 // An OpenMP directive, only in a build with -fopenmp (so that other builds, -Wall
