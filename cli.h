@@ -292,6 +292,10 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                  "than there are", m->top_k, m->experts);
         *err = cli_error;
     }
+    if (!*err && kernel_isa_cap() < 0) {
+        snprintf(cli_error, sizeof cli_error, "KERNEL_ISA must be avx512, avx2 or any, not '%s'", getenv("KERNEL_ISA"));
+        *err = cli_error;
+    }
     if (*err) return 2;
     if (o->opt.lr < 0) o->opt.lr = o->opt.adamw ? 0.003f : 0.1f;
     if (o->opt.weight_decay < 0) o->opt.weight_decay = o->opt.adamw ? 0.01f : 0.0f;

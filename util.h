@@ -67,6 +67,14 @@
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 // The environment variable KERNEL_ISA=avx2 or any holds a run to fewer instructions, so
 // that this machine can test and time the variants other CPUs run (the results never change).
+// The most it allows (2, 1 or 0), or -1 for a value it does not know. The programs check it
+// with their flags (cli.h), so that a bad value stops a job before it starts, once.
+static int kernel_isa_cap(void) {
+    const char* cap = getenv("KERNEL_ISA");
+    if (!cap || !*cap || !strcmp(cap, "avx512")) return 2;
+    if (!strcmp(cap, "avx2")) return 1;
+    return strcmp(cap, "any") ? -1 : 0;
+}
 static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
     static int isa = -1;
     if (isa < 0) {
@@ -74,12 +82,9 @@ static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
         int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
         int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
-        const char* cap = getenv("KERNEL_ISA");
-        int most = 2;
-        if (cap && !strcmp(cap, "avx2")) most = 1;
-        else if (cap && !strcmp(cap, "any")) most = 0;
-        else if (cap && *cap && strcmp(cap, "avx512")) {
-            fprintf(stderr, "error: KERNEL_ISA must be avx512, avx2 or any, not '%s'\n", cap);
+        int most = kernel_isa_cap();
+        if (most < 0) { // a tool that reads no flags
+            fprintf(stderr, "error: KERNEL_ISA must be avx512, avx2 or any, not '%s'\n", getenv("KERNEL_ISA"));
             exit(2);
         }
         isa = avx512 ? 2 : avx2;
@@ -98,6 +103,7 @@ static int cpu_isa(void) { // 2: AVX-512, 1: AVX2 and FMA, 0: neither
     }
 #else
 #define VECTOR_CLONES
+static int kernel_isa_cap(void) { return 2; } // one variant only: nothing to choose
 static int cpu_isa(void) { return 0; }
 #define KERNEL_VARIANTS(attrs, name, params, args) \
     attrs static void name params { name##_body args; }

@@ -111,6 +111,14 @@ section_units() {
         done
         expect_error 2 "KERNEL_ISA must be avx512, avx2 or any, not 'sse9'" "KERNEL_ISA=sse9 is refused, saying what it may be" \
             -- env KERNEL_ISA=sse9 ./train --steps 1
+        # in an MPI job: refused with the flags, before training, by one message
+        run "$TMP/isa" env KERNEL_ISA=sse9 tools/mpirun -n 2 ./train_dp --steps 1
+        local got=$?
+        if [ $got = 2 ] && [ "$(grep -c "KERNEL_ISA must be" "$TMP/isa")" = 1 ] && ! grep -q '^configuration' "$TMP/isa"; then
+            pass "KERNEL_ISA=sse9 stops train_dp on 2 ranks before it starts, with one message"
+        else
+            fail "KERNEL_ISA=sse9 with train_dp on 2 ranks (exit $got: $(head -c 300 "$TMP/isa" | tr '\n' '|'))"
+        fi
     else
         skip "kernel variants: KERNEL_ISA selects among x86-64 variants; this is $(uname -m)"
     fi
