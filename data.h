@@ -189,34 +189,57 @@ static void dataset_line_example(const Dataset* ds, int line, int p, int T, int*
     *target = p < ds->line_len[line] ? s[p] : 0;
 }
 
-// Example `index` of a split (0: train, 1: validation), located by binary search.
-static void dataset_example(const Dataset* ds, int split, long index, int T, int* context, int* target) {
-    int lo = split ? ds->n_train : 0, hi = split ? ds->n_lines : ds->n_train;
-    long n = split ? ds->n_val_examples : ds->n_train_examples;
-    if (index < 0 || index >= n) fatal("internal: example %ld of a split of %ld", index, n);
-    while (lo < hi) { // first line whose example_end exceeds index
-        int mid = lo + (hi - lo) / 2;
-        if (ds->example_end[mid] > index) hi = mid;
-        else lo = mid + 1;
+// Examples index[0..n) of a split (0: train, 1: validation): T context tokens and the
+// target of each, into context[n][T] and target[n]. Each is located by a binary search for
+// the first line whose example_end exceeds it. A batch's examples are random, so every
+// level of a search loads from a part of example_end not in the nearest caches, and each
+// load waits on the one before: one search at a time, that made loading a batch 5% of the
+// default model's step. So the n searches advance together, a level at a time (every
+// search of a split has the same number of levels), and their loads overlap; each level
+// is a select, not a branch that random data would mispredict half the time.
+#define EXAMPLES_AT_ONCE 16
+static void dataset_examples(const Dataset* ds, int split, const long* index, int n, int T, int* context,
+                             int* target) {
+    int first = split ? ds->n_train : 0, end = split ? ds->n_lines : ds->n_train;
+    long examples = split ? ds->n_val_examples : ds->n_train_examples;
+    for (int at = 0; at < n; at += EXAMPLES_AT_ONCE) {
+        int k = n - at < EXAMPLES_AT_ONCE ? n - at : EXAMPLES_AT_ONCE, line[EXAMPLES_AT_ONCE];
+        for (int j = 0; j < k; j++) {
+            if (index[at + j] < 0 || index[at + j] >= examples)
+                fatal("internal: example %ld of a split of %ld", index[at + j], examples);
+            line[j] = first; // the search's lines: [line[j], line[j] + w)
+        }
+        for (int w = end - first; w > 1; w -= w / 2)
+            for (int j = 0; j < k; j++) line[j] = ds->example_end[line[j] + w / 2 - 1] > index[at + j] ? line[j] : line[j] + w / 2;
+        for (int j = 0; j < k; j++) {
+            long before = line[j] == first ? 0 : ds->example_end[line[j] - 1];
+            dataset_line_example(ds, line[j], (int)(index[at + j] - before), T, context + (long)(at + j) * T,
+                                 target + at + j);
+        }
     }
-    long before = (lo == (split ? ds->n_train : 0)) ? 0 : ds->example_end[lo - 1];
-    dataset_line_example(ds, lo, (int)(index - before), T, context, target);
 }
 
 // Rows [lo, hi) of the global training batch of `step`: tokens [hi-lo][T], targets [hi-lo].
 static void dataset_batch(const Dataset* ds, uint64_t seed, long step, int lo, int hi, int T, int* tokens,
                           int* targets) {
-    for (int b = lo; b < hi; b++) {
-        uint64_t r = rng_u64(seed, STREAM_BATCH, ((uint64_t)step << 32) + (uint64_t)b);
-        long index = (long)(r % (uint64_t)ds->n_train_examples);
-        dataset_example(ds, 0, index, T, tokens + (long)(b - lo) * T, targets + (b - lo));
+    for (int b0 = lo; b0 < hi; b0 += EXAMPLES_AT_ONCE) {
+        long index[EXAMPLES_AT_ONCE];
+        int n = hi - b0 < EXAMPLES_AT_ONCE ? hi - b0 : EXAMPLES_AT_ONCE;
+        for (int j = 0; j < n; j++)
+            index[j] = (long)(rng_u64(seed, STREAM_BATCH, ((uint64_t)step << 32) + (uint64_t)(b0 + j)) %
+                              (uint64_t)ds->n_train_examples);
+        dataset_examples(ds, 0, index, n, T, tokens + (long)(b0 - lo) * T, targets + (b0 - lo));
     }
 }
 
 // Validation examples [first, first+count) in order: tokens [count][T], targets [count].
 static void dataset_val_rows(const Dataset* ds, long first, int count, int T, int* tokens, int* targets) {
-    for (int i = 0; i < count; i++)
-        dataset_example(ds, 1, first + i, T, tokens + (long)i * T, targets + i);
+    for (int i0 = 0; i0 < count; i0 += EXAMPLES_AT_ONCE) {
+        long index[EXAMPLES_AT_ONCE];
+        int n = count - i0 < EXAMPLES_AT_ONCE ? count - i0 : EXAMPLES_AT_ONCE;
+        for (int j = 0; j < n; j++) index[j] = first + i0 + j;
+        dataset_examples(ds, 1, index, n, T, tokens + (long)i0 * T, targets + i0);
+    }
 }
 
 // Where a pass's rows come from: the training batch of a step, the validation split, or

@@ -684,6 +684,32 @@ static void test_data(void) {
     dataset_batch(&s1, 7, 5, 11, 22, T, part_tok, part_tgt);
     check(!memcmp(part_tok, tok + 11 * T, sizeof part_tok) && !memcmp(part_tgt, tgt + 11, sizeof part_tgt),
           "batch: rows 11..21 drawn alone equal rows 11..21 of the whole batch");
+    // every example of both splits, located by the searches that advance together (in
+    // groups of any size, so groups end mid-line), equals the one a walk over the lines finds
+    int located = 1;
+    for (int split = 0; split < 2; split++) {
+        long n_ex = split ? s1.n_val_examples : s1.n_train_examples, idx[37], e = 0;
+        int got_tok[37 * 4], got_tgt[37], want_tok[4], want_tgt;
+        for (int l = split ? s1.n_train : 0; l < (split ? s1.n_lines : s1.n_train); l++)
+            for (int p = 0; p <= s1.line_len[l]; p++, e++) {
+                idx[e % 37] = e;
+                if (e % 37 == 36 || e == n_ex - 1) {
+                    int k = (int)(e % 37) + 1;
+                    dataset_examples(&s1, split, idx, k, T, got_tok, got_tgt);
+                    for (int j = 0; j < k; j++) { // example idx[j] is at line l', found again by walking
+                        long want = idx[j], w = 0;
+                        for (int l2 = split ? s1.n_train : 0;; l2++, w += s1.line_len[l2 - 1] + 1)
+                            if (want - w <= s1.line_len[l2]) {
+                                dataset_line_example(&s1, l2, (int)(want - w), T, want_tok, &want_tgt);
+                                break;
+                            }
+                        located &= !memcmp(want_tok, got_tok + j * T, sizeof want_tok) && want_tgt == got_tgt[j];
+                    }
+                }
+            }
+        located &= e == n_ex;
+    }
+    check(located, "examples: the batched searches find every example of both splits where a walk does");
     int tok2[32 * 4], tgt2[32];
     dataset_batch(&s1, 7, 6, 0, B, T, tok2, tgt2);
     check(memcmp(tok, tok2, sizeof tok) != 0, "batch: another step draws other rows");
