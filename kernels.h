@@ -122,12 +122,25 @@ VECTOR_CLONES static void fix_add(int64_t* acc, const float* x, long n, long ter
 //   add per term, on doubles (8 to a 512-bit vector where floats are 16): about 0.4 of the
 //   float kernel's speed, and exact.
 
+// A weight packed for the kernels, kept while workspace_keep_weights says so (below).
+typedef struct {
+    const float* w;    // the weight [K][J]
+    int use, K, J;     // packed for which use (PackUse, below)
+    int fresh;         // packed since the weights were last kept
+    double maxabs;     // max |w|: matmul_exact's range check
+    void* data;        // the packing
+} PackedWeight;
+#define MAX_KEPT (2 * (MAX_LAYERS + 2)) // two uses for each linear layer
+
 typedef struct {
     double* pa; // packed left operand, scaled by 2^40
     double* pb; // packed right operand
     float* tr;  // a transposed weight or output gradient, for the input gradient
     float* pf;  // packed right operand of matmul_float
     long pa_cap, pb_cap, tr_cap, pf_cap;
+    PackedWeight now;             // a weight packed into the buffers above
+    PackedWeight kept[MAX_KEPT];  // weights packed into buffers of their own
+    int n_kept, keeping;
 } Workspace;
 
 // Sizes for any matmul of up to `rows` rows, `width` features and `weight` weight elements.
@@ -140,8 +153,11 @@ static void workspace_init(Workspace* ws, long rows, long width, long weight) {
     ws->pb = mallocCheck(ws->pb_cap * sizeof(double));
     ws->tr = mallocCheck(ws->tr_cap * sizeof(float));
     ws->pf = mallocCheck(ws->pf_cap * sizeof(float));
+    ws->now = (PackedWeight){0};
+    ws->n_kept = ws->keeping = 0;
 }
 static void workspace_free(Workspace* ws) {
+    for (int i = 0; i < ws->n_kept; i++) free(ws->kept[i].data);
     free(ws->pf);
     free(ws->pa);
     free(ws->pb);
@@ -263,21 +279,34 @@ static void matmul_float_at(int t, float* out, const float* a, const float* pf, 
     matmul_float_tile(out + (long)m0 * N + n0, arow, pf + (long)p * red * MF_COLS, red, N, mb, nb);
 }
 
-// out[m][n] = sum over i of a[m][i] * b[i][n], a fused multiply-add chain in the order
-// i = 0, 1, ..., red-1 for every element, whatever tile or thread it falls in.
-static void matmul_float(float* out, const float* a, const float* b, int M, int red, int N, Workspace* ws) {
+// Every panel of b ([red][N]) into dst [tn][red][32].
+static void pack_float_panels(float* dst, const float* b, int red, int N) {
+    int tn = (N + MF_COLS - 1) / MF_COLS;
+    if (THREADED((long)red * N)) {
+OMP(omp parallel for)
+        for (int p = 0; p < tn; p++) pack_panel_float(dst + (long)p * red * MF_COLS, b, red, N, p);
+    } else {
+        for (int p = 0; p < tn; p++) pack_panel_float(dst + (long)p * red * MF_COLS, b, red, N, p);
+    }
+}
+// out = a b, from b's panels pf
+static void matmul_float_packed(float* out, const float* a, const float* pf, int M, int red, int N) {
     int tm = (M + MF_ROWS - 1) / MF_ROWS, tn = (N + MF_COLS - 1) / MF_COLS;
-    if ((long)tn * MF_COLS * red > ws->pf_cap) fatal("internal: workspace too small for a %d x %d matmul", red, N);
     cpu_isa(); // asked once, before any thread reads it
     if (THREADED((long)M * N * red / 8)) {
 OMP(omp parallel for)
-        for (int p = 0; p < tn; p++) pack_panel_float(ws->pf + (long)p * red * MF_COLS, b, red, N, p);
-OMP(omp parallel for)
-        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, ws->pf, M, red, N);
+        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, pf, M, red, N);
     } else {
-        for (int p = 0; p < tn; p++) pack_panel_float(ws->pf + (long)p * red * MF_COLS, b, red, N, p);
-        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, ws->pf, M, red, N);
+        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, pf, M, red, N);
     }
+}
+// out[m][n] = sum over i of a[m][i] * b[i][n], a fused multiply-add chain in the order
+// i = 0, 1, ..., red-1 for every element, whatever tile or thread it falls in.
+static void matmul_float(float* out, const float* a, const float* b, int M, int red, int N, Workspace* ws) {
+    if ((long)(N + MF_COLS - 1) / MF_COLS * MF_COLS * red > ws->pf_cap)
+        fatal("internal: workspace too small for a %d x %d matmul", red, N);
+    pack_float_panels(ws->pf, b, red, N);
+    matmul_float_packed(out, a, ws->pf, M, red, N);
 }
 
 // matmul_exact: tiles of 4 rows x 32 columns. Both operands are packed: the right one
@@ -417,6 +446,55 @@ OMP(omp parallel for reduction(max : mx))
     memcpy(&f, &mx, sizeof f);
     return f;
 }
+// matmul_exact in its steps, for callers that pack an operand once and use it many times
+// (the weights kept below). a(m,i) = a[m*a_sm + i*a_si], b a row-major [red][N] matrix.
+//
+// The range check: amax and bmax are max |a| and max |b|.
+static void matmul_exact_check(const float* a, long a_sm, long a_si, const float* b, int M, int red, int N,
+                               double amax, double bmax, long terms, const char* what) {
+#define A_(m, i) a[(m) * a_sm + (i) * a_si]
+#define B_(i, n) b[(long)(i) * N + (n)]
+    MATMUL_EXACT_CHECK(M, red, N, A_, B_, amax, bmax, terms, what);
+#undef A_
+#undef B_
+}
+// a as doubles scaled by 2^40 into blocks dst [tm][red][4]
+static void pack_exact_blocks(double* dst, const float* a, long a_sm, long a_si, int M, int red) {
+    int tm = (M + ME_ROWS - 1) / ME_ROWS;
+    if (THREADED((long)M * red)) {
+OMP(omp parallel for)
+        for (int q = 0; q < tm; q++) pack_block_double(dst + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q);
+    } else {
+        for (int q = 0; q < tm; q++) pack_block_double(dst + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q);
+    }
+}
+// b as doubles into panels dst [tn][red][32]
+static void pack_exact_panels(double* dst, const float* b, int red, int N) {
+    int tn = (N + ME_COLS - 1) / ME_COLS;
+    if (THREADED((long)red * N)) {
+OMP(omp parallel for)
+        for (int p = 0; p < tn; p++) pack_panel_double(dst + (long)p * red * ME_COLS, b, red, N, p);
+    } else {
+        for (int p = 0; p < tn; p++) pack_panel_double(dst + (long)p * red * ME_COLS, b, red, N, p);
+    }
+}
+// acc += a b, from a's blocks pa and b's panels pb
+static void matmul_exact_packed(int64_t* acc, const double* pa, const double* pb, int M, int red, int N) {
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
+    cpu_isa(); // asked once, before any thread reads it
+    if (THREADED((long)M * N * red / 8)) {
+OMP(omp parallel for)
+        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, pa, pb, M, red, N);
+    } else {
+        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, pa, pb, M, red, N);
+    }
+}
+static void exact_workspace_check(const Workspace* ws, int M, int red, int N, const char* what) {
+    if ((long)(M + ME_ROWS - 1) / ME_ROWS * ME_ROWS * red > ws->pa_cap ||
+        (long)(N + ME_COLS - 1) / ME_COLS * ME_COLS * red > ws->pb_cap)
+        fatal("internal: workspace too small for %s (%d x %d x %d)", what, M, red, N);
+}
+
 // acc[m][n] += exact sum over i of a(m,i) * b[i][n], with a(m,i) = a[m*a_sm + i*a_si]
 // (a is x[R][K] for a forward, m = r; or x[R][K] read as x^T for a weight gradient,
 // m = k) and b a row-major [red][N] matrix (the weight, or the output gradient).
@@ -424,29 +502,12 @@ OMP(omp parallel for reduction(max : mx))
 // contributes to it: it sets the range limit, so every layout applies the same one.
 static void matmul_exact(int64_t* acc, const float* a, long a_sm, long a_si, const float* b, int M, int red, int N,
                          long terms, const char* what, Workspace* ws) {
-    // a as doubles scaled by 2^40 in blocks [tm][red][4]; b as doubles in panels [tn][red][32]
-    int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
-    if ((long)tm * ME_ROWS * red > ws->pa_cap || (long)tn * ME_COLS * red > ws->pb_cap)
-        fatal("internal: workspace too small for %s (%d x %d x %d)", what, M, red, N);
-    cpu_isa(); // asked once, before any thread reads it
-    double amax = max_abs(a, (long)M * red), bmax = max_abs(b, (long)red * N); // a: M x red floats, either way
-#define A_(m, i) a[(m) * a_sm + (i) * a_si]
-#define B_(i, n) b[(long)(i) * N + (n)]
-    MATMUL_EXACT_CHECK(M, red, N, A_, B_, amax, bmax, terms, what);
-#undef A_
-#undef B_
-    if (THREADED((long)M * N * red / 8)) {
-OMP(omp parallel for)
-        for (int q = 0; q < tm; q++) pack_block_double(ws->pa + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q);
-OMP(omp parallel for)
-        for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
-OMP(omp parallel for)
-        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, ws->pb, M, red, N);
-    } else {
-        for (int q = 0; q < tm; q++) pack_block_double(ws->pa + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q);
-        for (int p = 0; p < tn; p++) pack_panel_double(ws->pb + (long)p * red * ME_COLS, b, red, N, p);
-        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, ws->pa, ws->pb, M, red, N);
-    }
+    exact_workspace_check(ws, M, red, N, what);
+    // a: M x red floats, either way
+    matmul_exact_check(a, a_sm, a_si, b, M, red, N, max_abs(a, (long)M * red), max_abs(b, (long)red * N), terms, what);
+    pack_exact_blocks(ws->pa, a, a_sm, a_si, M, red);
+    pack_exact_panels(ws->pb, b, red, N);
+    matmul_exact_packed(acc, ws->pa, ws->pb, M, red, N);
 }
 
 // dst[c][r] = src[r][c], by blocks of 16 x 16 through two small buffers. Rows of these
@@ -492,6 +553,71 @@ VECTOR_CLONES static void fix_transpose(float* dst, const int64_t* src, int rows
                     for (int c = c0; c < cols && c < c0 + TB; c++) dst[(long)c * rows + r] = (float)fix_to(src[(long)r * cols + c]);
             }
         }
+}
+
+// ----------------------------------------------------------------------------
+// weights packed once per step
+//
+// Each matmul packs its operands, and a weight is an operand twice a step: of the forward
+// and of the input gradient. A pipeline stage runs both once per microbatch with the same
+// weights, so with 8 microbatches it packed each weight 8 times: for a 1024 x 1024 weight
+// that is 4 MB read and up to 8 MB written (doubles), plus a pass for max |w|, per 32-row
+// product of 67 MFLOP. Between workspace_keep_weights(ws, 1) and (ws, 0), model.h's
+// linear layers pack each weight once per use and keep it (about 3 times the weights'
+// bytes more memory); the caller promises that no weight changes in between (train_pp.c:
+// one step's schedule, before the optimizer). Kept or not, the packed values are the same.
+typedef enum {
+    PACK_FLOAT,     // panels of w [K][J], for matmul_float (a forward)
+    PACK_FLOAT_T,   // panels of w^T [J][K], for matmul_float (an input gradient)
+    PACK_EXACT_B,   // w as matmul_exact's right operand (a forward)
+    PACK_EXACT_A,   // w as matmul_exact's left operand (an input gradient), scaled
+} PackUse;
+static long packed_elements(PackUse use, int K, int J) {
+    switch (use) {
+    case PACK_FLOAT: return (long)(J + MF_COLS - 1) / MF_COLS * MF_COLS * K;
+    case PACK_FLOAT_T: return (long)(K + MF_COLS - 1) / MF_COLS * MF_COLS * J;
+    case PACK_EXACT_B: return (long)(J + ME_COLS - 1) / ME_COLS * ME_COLS * K;
+    default: return (long)(K + ME_ROWS - 1) / ME_ROWS * ME_ROWS * J;
+    }
+}
+// Weight w [K][J] packed for `use` (with max |w| for the exact uses): the kept packing if
+// it is kept and already packed this step, otherwise packed now, into a kept buffer or
+// into the workspace's own.
+static const PackedWeight* weight_packed(Workspace* ws, const float* w, PackUse use, int K, int J) {
+    PackedWeight* p = &ws->now;
+    long n = packed_elements(use, K, J), bytes = n * (use == PACK_FLOAT || use == PACK_FLOAT_T ? 4 : 8);
+    if (ws->keeping) {
+        p = NULL;
+        for (int i = 0; i < ws->n_kept && !p; i++)
+            if (ws->kept[i].w == w && ws->kept[i].use == (int)use && ws->kept[i].K == K && ws->kept[i].J == J) p = &ws->kept[i];
+        if (p && p->fresh) return p;
+        if (!p) {
+            if (ws->n_kept == MAX_KEPT) fatal("internal: more than %d weights to keep packed", MAX_KEPT);
+            p = &ws->kept[ws->n_kept++];
+            *p = (PackedWeight){.w = w, .use = use, .K = K, .J = J, .data = mallocCheck((size_t)bytes)};
+        }
+    } else {
+        void* own[] = {ws->pf, ws->pf, ws->pb, ws->pa};
+        long cap[] = {ws->pf_cap, ws->pf_cap, ws->pb_cap, ws->pa_cap};
+        if (n > cap[use]) fatal("internal: workspace too small for a %d x %d weight", K, J);
+        p->data = own[use];
+    }
+    if (use == PACK_FLOAT) pack_float_panels(p->data, w, K, J);
+    if (use == PACK_FLOAT_T) {
+        if ((long)K * J > ws->tr_cap) fatal("internal: workspace too small for a %d x %d transpose", K, J);
+        transpose(ws->tr, w, K, J);
+        pack_float_panels(p->data, ws->tr, J, K);
+    }
+    if (use == PACK_EXACT_B) pack_exact_panels(p->data, w, K, J);
+    if (use == PACK_EXACT_A) pack_exact_blocks(p->data, w, J, 1, K, J);
+    p->maxabs = use == PACK_EXACT_A || use == PACK_EXACT_B ? max_abs(w, (long)K * J) : 0.0;
+    p->fresh = ws->keeping;
+    return p;
+}
+// Keep packed weights from now on (1), or forget them (0): a weight may change after this.
+static void workspace_keep_weights(Workspace* ws, int keep) {
+    for (int i = 0; i < ws->n_kept; i++) ws->kept[i].fresh = 0;
+    ws->keeping = keep;
 }
 
 // ----------------------------------------------------------------------------

@@ -134,7 +134,7 @@ static void embedding_backward(int64_t* demb, const int* tokens, const float* do
 // Linear, plain float sum: out[r][j] = (sum_k in[r][k] w[k][j]) + b[j]
 static void linear_forward(float* out, const float* in, const float* w, const float* b, int R, int K, int J,
                            Workspace* ws) {
-    matmul_float(out, in, w, R, K, J, ws);
+    matmul_float_packed(out, in, weight_packed(ws, w, PACK_FLOAT, K, J)->data, R, K, J);
     if (b)
         for (int r = 0; r < R; r++)
             for (int j = 0; j < J; j++) out[(long)r * J + j] += b[j];
@@ -144,8 +144,12 @@ static void linear_forward(float* out, const float* in, const float* w, const fl
 // then rounded to float once with the bias added: out[r][j] = float(acc[r][j] + b[j]).
 static void linear_forward_exact(float* out, int64_t* acc, const float* in, const float* w, const float* b, int R,
                                  int K, int J, long terms, SumFn sum, void* ctx, Workspace* ws) {
+    const PackedWeight* pw = weight_packed(ws, w, PACK_EXACT_B, K, J);
+    exact_workspace_check(ws, R, K, J, "linear forward");
+    matmul_exact_check(in, K, 1, w, R, K, J, max_abs(in, (long)R * K), pw->maxabs, terms, "linear forward");
+    pack_exact_blocks(ws->pa, in, K, 1, R, K);
     fix_zero(acc, (long)R * J);
-    matmul_exact(acc, in, K, 1, w, R, K, J, terms, "linear forward", ws);
+    matmul_exact_packed(acc, ws->pa, pw->data, R, K, J);
     if (sum) sum(ctx, acc, (long)R * J);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) out[(long)r * J + j] = (float)(fix_to(acc[(long)r * J + j]) + (b ? b[j] : 0.0f));
@@ -161,9 +165,7 @@ static void linear_backward_weight(int64_t* dw, int64_t* db, const float* in, co
 // Input gradient, plain float sum: din[r][k] = sum_j dout[r][j] w[k][j]
 static void linear_backward_input(float* din, const float* dout, const float* w, int R, int K, int J,
                                   Workspace* ws) {
-    if ((long)K * J > ws->tr_cap) fatal("internal: workspace too small for a %d x %d transpose", K, J);
-    transpose(ws->tr, w, K, J);
-    matmul_float(din, dout, ws->tr, R, J, K, ws);
+    matmul_float_packed(din, dout, weight_packed(ws, w, PACK_FLOAT_T, K, J)->data, R, J, K);
 }
 // Input gradient, exact sum: partial sums over this rank's j (`terms` = the layer's full
 // width), completed by `sum`, rounded once. They are computed transposed, accT[k][r] =
@@ -172,9 +174,13 @@ static void linear_backward_input(float* din, const float* dout, const float* w,
 static void linear_backward_input_exact(float* din, int64_t* accT, const float* dout, const float* w, int R, int K,
                                         int J, long terms, SumFn sum, void* ctx, Workspace* ws) {
     if ((long)R * J > ws->tr_cap) fatal("internal: workspace too small for a %d x %d transpose", R, J);
-    fix_zero(accT, (long)R * K);
+    const PackedWeight* pw = weight_packed(ws, w, PACK_EXACT_A, K, J);
+    exact_workspace_check(ws, K, J, R, "input gradient");
     transpose(ws->tr, dout, R, J);
-    matmul_exact(accT, w, J, 1, ws->tr, K, J, R, terms, "input gradient", ws);
+    matmul_exact_check(w, J, 1, ws->tr, K, J, R, pw->maxabs, max_abs(ws->tr, (long)J * R), terms, "input gradient");
+    pack_exact_panels(ws->pb, ws->tr, J, R);
+    fix_zero(accT, (long)R * K);
+    matmul_exact_packed(accT, pw->data, ws->pb, K, J, R);
     if (sum) sum(ctx, accT, (long)R * K);
     fix_transpose(din, accT, K, R);
 }

@@ -531,7 +531,9 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
 // Mean loss over the whole validation split; the rank of the last chunk has it.
 static double validation_loss(void* ctx) {
     Run* r = ctx;
+    workspace_keep_weights(&r->ws, 1); // the validation split streams through in many passes
     int64_t total = evaluate(forward, r, &r->ds, 1, 0);
+    workspace_keep_weights(&r->ws, 0);
     MPI_Bcast(&total, 1, MPI_INT64_T, pp_last_rank(&r->p), r->pp.comm);
     return mean_loss(total, &r->ds);
 }
@@ -638,7 +640,9 @@ int main(int argc, char** argv) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         fix_zero(run.st.grads, np);
+        workspace_keep_weights(&run.ws, 1); // fixed until the optimizer step: each packed once (kernels.h)
         int64_t loss = pp_step(&run.p, &batch); // the schedule: every action of every microbatch
+        workspace_keep_weights(&run.ws, 0);
         pp_loss_to_first(&run.p, &loss);
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, group_norm, &run.pp); // over every rank
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);

@@ -242,6 +242,63 @@ static double linear_objective(const double* theta, void* vctx) {
         }
     return f;
 }
+// Weights kept packed (kernels.h): the four linear products give the same bits kept or not,
+// reuse the packing while kept, and pack again once keeping has ended.
+typedef struct {
+    float *out, *din;
+} LinearOuts;
+static void linear_products(LinearOuts* o, int64_t* acc, const float* x, const float* dz, const float* w, int R, int K,
+                            int J, Workspace* ws) {
+    linear_forward(o->out, x, w, NULL, R, K, J, ws);
+    linear_forward_exact(o->out + R * J, acc, x, w, NULL, R, K, J, K, NULL, NULL, ws);
+    linear_backward_input(o->din, dz, w, R, K, J, ws);
+    linear_backward_input_exact(o->din + R * K, acc, dz, w, R, K, J, J, NULL, NULL, ws);
+}
+static void test_kept_weights(void) {
+    int R = 13, K = 37, J = 45;
+    Workspace ws;
+    workspace_init(&ws, 64, 64, 64 * 64);
+    float *x = mallocCheck(sizeof(float) * R * K), *dz = mallocCheck(sizeof(float) * R * J),
+          *w = mallocCheck(sizeof(float) * K * J);
+    int64_t* acc = mallocCheck(sizeof(int64_t) * R * (K > J ? K : J));
+    LinearOuts plain[2], kept[3];
+    for (int i = 0; i < 5; i++) {
+        LinearOuts* o = i < 2 ? &plain[i] : &kept[i - 2];
+        o->out = mallocCheck(sizeof(float) * 2 * R * J), o->din = mallocCheck(sizeof(float) * 2 * R * K);
+    }
+    fill(x, (long)R * K, 21, 1.0f), fill(dz, (long)R * J, 22, 0.5f), fill(w, (long)K * J, 23, 0.5f);
+    linear_products(&plain[0], acc, x, dz, w, R, K, J, &ws);
+    workspace_keep_weights(&ws, 1);
+    linear_products(&kept[0], acc, x, dz, w, R, K, J, &ws); // packs and keeps
+    linear_products(&kept[1], acc, x, dz, w, R, K, J, &ws); // reuses
+    int n_kept = ws.n_kept;
+    fill(w, (long)K * J, 24, 0.5f); // a change the caller should not make while keeping
+    linear_products(&kept[2], acc, x, dz, w, R, K, J, &ws);
+    int reused = 1;
+    for (int i = 1; i < 3; i++)
+        reused &= !memcmp(kept[i].out, plain[0].out, sizeof(float) * 2 * R * J) &&
+                  !memcmp(kept[i].din, plain[0].din, sizeof(float) * 2 * R * K);
+    check(!memcmp(kept[0].out, plain[0].out, sizeof(float) * 2 * R * J) &&
+              !memcmp(kept[0].din, plain[0].din, sizeof(float) * 2 * R * K),
+          "kept weights: the float and exact forward and input gradient give the same bits kept as packed each time");
+    check(n_kept == 4 && reused, "kept weights: each of the 4 uses is packed once and reused while kept");
+    workspace_keep_weights(&ws, 0);
+    linear_products(&plain[1], acc, x, dz, w, R, K, J, &ws);
+    workspace_keep_weights(&ws, 1);
+    linear_products(&kept[2], acc, x, dz, w, R, K, J, &ws);
+    workspace_keep_weights(&ws, 0);
+    check(memcmp(plain[1].out, plain[0].out, sizeof(float) * 2 * R * J) != 0 &&
+              !memcmp(kept[2].out, plain[1].out, sizeof(float) * 2 * R * J) &&
+              !memcmp(kept[2].din, plain[1].din, sizeof(float) * 2 * R * K) && ws.n_kept == 4,
+          "kept weights: after keeping ends, a changed weight is packed again, into the same buffers");
+    for (int i = 0; i < 5; i++) {
+        LinearOuts* o = i < 2 ? &plain[i] : &kept[i - 2];
+        free(o->out), free(o->din);
+    }
+    free(x), free(dz), free(w), free(acc);
+    workspace_free(&ws);
+}
+
 static void test_grad_linear(int exact_forward, int exact_input, int R, int K, int J) {
     long n = (long)R * K + (long)K * J + J;
     float* p = mallocCheck(sizeof(float) * n);
@@ -733,6 +790,7 @@ static void test_rng(void) {
 int main(void) {
     test_matmul_float();
     test_matmul_exact();
+    test_kept_weights();
     test_transpose();
     test_fix();
     test_split_invariance();
