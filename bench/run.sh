@@ -8,7 +8,8 @@
 # pipeline schedules): from bench/bench.c a straightforward triple-loop version of the
 # same step and OpenBLAS sgemm on the same matrix shapes; from bench/torch_step.py the
 # same model in PyTorch, one process and DistributedDataParallel on 2 (when Debian's
-# python3-torch is installed). Each run's time per step is the median of
+# python3-torch is installed), and, as the ceiling of data parallelism on these cores, two
+# copies of train.c side by side at half the batch each (bench/side_by_side.sh). Each run's time per step is the median of
 # its logged per-step times after a warm-up; each row is the median over REPS repetitions,
 # taken round-robin across the rows so that a slow moment of the machine hits them all
 # alike. Speed-ups are ratios against train.c measured in the same run.
@@ -67,6 +68,7 @@ train.c built plain: cc train.c -o train -lm|1|bench/train_plain
 train.c, OpenMP 2 threads|2|env OMP_NUM_THREADS=2 bench/train_omp
 data parallel|2|$MPIRUN -n 2 ./train_dp
 data parallel --overlap|2|$MPIRUN -n 2 ./train_dp --overlap
+two train.c side by side, half the batch each: data parallelism without communication|2|bench/side_by_side.sh ./train
 ZeRO-1|2|$MPIRUN -n 2 ./train_fsdp --zero 1
 ZeRO-3|2|$MPIRUN -n 2 ./train_fsdp --zero 3
 tensor parallel|2|$MPIRUN -n 2 ./train_tp
@@ -215,7 +217,8 @@ goals() {
             "$(ratio "$t_large" "$torch_large")" 1.2 "$(printf 'PyTorch %.2f ms, train.c %.2f ms' "$torch_large" "$t_large")" lower
     fi
     beside="-"
-    [ -z "$TORCH" ] || beside="PyTorch's DistributedDataParallel: $(ratio "$torch_large" "$torch_ddp" | awk '{ printf "%.2fx", $1 }') its one process"
+    beside="two train.c side by side at half the batch (the cores' ceiling): $(ratio "$t_large" "$(ms large "two train.c side by side, half the batch each: data parallelism without communication")" | awk '{ printf "%.2fx", $1 }')"
+    [ -z "$TORCH" ] || beside="$beside; PyTorch's DistributedDataParallel: $(ratio "$torch_large" "$torch_ddp" | awk '{ printf "%.2fx", $1 }') its one process"
     goal_row "large, 2 ranks: data parallel at least 1.8x train.c" "$(ratio "$t_large" "$(ms large "data parallel")")" 1.8 "$beside"
     goal_row "large, 2 ranks: ZeRO-3 at least 1.6x" "$(ratio "$t_large" "$(ms large ZeRO-3)")" 1.6 "-"
     goal_row "large, 2 ranks: tensor parallel at least 1.6x" "$(ratio "$t_large" "$(ms large "tensor parallel")")" 1.6 "-"
