@@ -8,6 +8,7 @@
  *   matmul_exact     acc += a b, every product rounded once, int64 sum (ref: matmul_exact_ref)
  *   transpose        by 16 x 16 blocks                                 (ref: transpose_ref)
  *   fix_transpose    int64 sums to floats, transposed                  (ref: fix_transpose_ref)
+ *   weight_packed    a weight packed for the kernels once a step, not once a microbatch
  *
  * Why the tuned ones are fast: register tiles that keep every accumulator of a block of
  * the output in registers for the whole reduction, operands packed so that a tile reads
