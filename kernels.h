@@ -38,6 +38,17 @@
 #else
 #define THREADED(n) 0
 #endif
+// for (int i = 0; i < n; i++) STATEMENT (the last argument), split across threads when
+// THREADED(work) says the loop is long enough
+#define PARALLEL_FOR(work, i, n, ...)                  \
+    do {                                               \
+        if (THREADED(work)) {                          \
+            OMP(omp parallel for)                      \
+            for (int i = 0; i < (n); i++) __VA_ARGS__; \
+        } else {                                       \
+            for (int i = 0; i < (n); i++) __VA_ARGS__; \
+        }                                              \
+    } while (0)
 
 
 // ----------------------------------------------------------------------------
@@ -283,23 +294,13 @@ static void matmul_float_at(int t, float* out, const float* a, const float* pf, 
 // Every panel of b ([red][N]) into dst [tn][red][32].
 static void pack_float_panels(float* dst, const float* b, int red, int N) {
     int tn = (N + MF_COLS - 1) / MF_COLS;
-    if (THREADED((long)red * N)) {
-OMP(omp parallel for)
-        for (int p = 0; p < tn; p++) pack_panel_float(dst + (long)p * red * MF_COLS, b, red, N, p);
-    } else {
-        for (int p = 0; p < tn; p++) pack_panel_float(dst + (long)p * red * MF_COLS, b, red, N, p);
-    }
+    PARALLEL_FOR((long)red * N, p, tn, pack_panel_float(dst + (long)p * red * MF_COLS, b, red, N, p));
 }
 // out = a b, from b's panels pf
 static void matmul_float_packed(float* out, const float* a, const float* pf, int M, int red, int N) {
     int tm = (M + MF_ROWS - 1) / MF_ROWS, tn = (N + MF_COLS - 1) / MF_COLS;
     cpu_isa(); // asked once, before any thread reads it
-    if (THREADED((long)M * N * red / 8)) {
-OMP(omp parallel for)
-        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, pf, M, red, N);
-    } else {
-        for (int t = 0; t < tm * tn; t++) matmul_float_at(t, out, a, pf, M, red, N);
-    }
+    PARALLEL_FOR((long)M * N * red / 8, t, tm * tn, matmul_float_at(t, out, a, pf, M, red, N));
 }
 // out[m][n] = sum over i of a[m][i] * b[i][n], a fused multiply-add chain in the order
 // i = 0, 1, ..., red-1 for every element, whatever tile or thread it falls in.
@@ -462,33 +463,18 @@ static void matmul_exact_check(const float* a, long a_sm, long a_si, const float
 // a as doubles scaled by 2^40 into blocks dst [tm][red][4]
 static void pack_exact_blocks(double* dst, const float* a, long a_sm, long a_si, int M, int red) {
     int tm = (M + ME_ROWS - 1) / ME_ROWS;
-    if (THREADED((long)M * red)) {
-OMP(omp parallel for)
-        for (int q = 0; q < tm; q++) pack_block_double(dst + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q);
-    } else {
-        for (int q = 0; q < tm; q++) pack_block_double(dst + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q);
-    }
+    PARALLEL_FOR((long)M * red, q, tm, pack_block_double(dst + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q));
 }
 // b as doubles into panels dst [tn][red][32]
 static void pack_exact_panels(double* dst, const float* b, int red, int N) {
     int tn = (N + ME_COLS - 1) / ME_COLS;
-    if (THREADED((long)red * N)) {
-OMP(omp parallel for)
-        for (int p = 0; p < tn; p++) pack_panel_double(dst + (long)p * red * ME_COLS, b, red, N, p);
-    } else {
-        for (int p = 0; p < tn; p++) pack_panel_double(dst + (long)p * red * ME_COLS, b, red, N, p);
-    }
+    PARALLEL_FOR((long)red * N, p, tn, pack_panel_double(dst + (long)p * red * ME_COLS, b, red, N, p));
 }
 // acc += a b, from a's blocks pa and b's panels pb
 static void matmul_exact_packed(int64_t* acc, const double* pa, const double* pb, int M, int red, int N) {
     int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
     cpu_isa(); // asked once, before any thread reads it
-    if (THREADED((long)M * N * red / 8)) {
-OMP(omp parallel for)
-        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, pa, pb, M, red, N);
-    } else {
-        for (int t = 0; t < tm * tn; t++) matmul_exact_at(t, acc, pa, pb, M, red, N);
-    }
+    PARALLEL_FOR((long)M * N * red / 8, t, tm * tn, matmul_exact_at(t, acc, pa, pb, M, red, N));
 }
 static void exact_workspace_check(const Workspace* ws, int M, int red, int N, const char* what) {
     if ((long)(M + ME_ROWS - 1) / ME_ROWS * ME_ROWS * red > ws->pa_cap ||
