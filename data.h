@@ -197,25 +197,21 @@ static void dataset_line_example(const Dataset* ds, int line, int p, int T, int*
 // default model's step. So the n searches advance together, a level at a time (every
 // search of a split has the same number of levels), and their loads overlap; each level
 // is a select, not a branch that random data would mispredict half the time.
-#define EXAMPLES_AT_ONCE 16
+#define EXAMPLES_AT_ONCE 16 // n at most this: the callers go through their rows in groups
 static void dataset_examples(const Dataset* ds, int split, const long* index, int n, int T, int* context,
                              int* target) {
-    int first = split ? ds->n_train : 0, end = split ? ds->n_lines : ds->n_train;
+    int first = split ? ds->n_train : 0, end = split ? ds->n_lines : ds->n_train, line[EXAMPLES_AT_ONCE];
     long examples = split ? ds->n_val_examples : ds->n_train_examples;
-    for (int at = 0; at < n; at += EXAMPLES_AT_ONCE) {
-        int k = n - at < EXAMPLES_AT_ONCE ? n - at : EXAMPLES_AT_ONCE, line[EXAMPLES_AT_ONCE];
-        for (int j = 0; j < k; j++) {
-            if (index[at + j] < 0 || index[at + j] >= examples)
-                fatal("internal: example %ld of a split of %ld", index[at + j], examples);
-            line[j] = first; // the search's lines: [line[j], line[j] + w)
-        }
-        for (int w = end - first; w > 1; w -= w / 2)
-            for (int j = 0; j < k; j++) line[j] = ds->example_end[line[j] + w / 2 - 1] > index[at + j] ? line[j] : line[j] + w / 2;
-        for (int j = 0; j < k; j++) {
-            long before = line[j] == first ? 0 : ds->example_end[line[j] - 1];
-            dataset_line_example(ds, line[j], (int)(index[at + j] - before), T, context + (long)(at + j) * T,
-                                 target + at + j);
-        }
+    if (n > EXAMPLES_AT_ONCE) fatal("internal: %d examples at once, at most %d", n, EXAMPLES_AT_ONCE);
+    for (int j = 0; j < n; j++) {
+        if (index[j] < 0 || index[j] >= examples) fatal("internal: example %ld of a split of %ld", index[j], examples);
+        line[j] = first; // the search's lines: [line[j], line[j] + w)
+    }
+    for (int w = end - first; w > 1; w -= w / 2)
+        for (int j = 0; j < n; j++) line[j] = ds->example_end[line[j] + w / 2 - 1] > index[j] ? line[j] : line[j] + w / 2;
+    for (int j = 0; j < n; j++) {
+        long before = line[j] == first ? 0 : ds->example_end[line[j] - 1];
+        dataset_line_example(ds, line[j], (int)(index[j] - before), T, context + (long)j * T, target + j);
     }
 }
 

@@ -742,16 +742,16 @@ static void test_data(void) {
     check(!memcmp(part_tok, tok + 11 * T, sizeof part_tok) && !memcmp(part_tgt, tgt + 11, sizeof part_tgt),
           "batch: rows 11..21 drawn alone equal rows 11..21 of the whole batch");
     // every example of both splits, located by the searches that advance together (in
-    // groups of any size, so groups end mid-line), equals the one a walk over the lines finds
+    // groups of 13, so groups end mid-line), equals the one a walk over the lines finds
     int located = 1;
     for (int split = 0; split < 2; split++) {
-        long n_ex = split ? s1.n_val_examples : s1.n_train_examples, idx[37], e = 0;
-        int got_tok[37 * 4], got_tgt[37], want_tok[4], want_tgt;
+        long n_ex = split ? s1.n_val_examples : s1.n_train_examples, idx[13], e = 0;
+        int got_tok[13 * 4], got_tgt[13], want_tok[4], want_tgt;
         for (int l = split ? s1.n_train : 0; l < (split ? s1.n_lines : s1.n_train); l++)
             for (int p = 0; p <= s1.line_len[l]; p++, e++) {
-                idx[e % 37] = e;
-                if (e % 37 == 36 || e == n_ex - 1) {
-                    int k = (int)(e % 37) + 1;
+                idx[e % 13] = e;
+                if (e % 13 == 12 || e == n_ex - 1) {
+                    int k = (int)(e % 13) + 1;
                     dataset_examples(&s1, split, idx, k, T, got_tok, got_tgt);
                     for (int j = 0; j < k; j++) { // example idx[j] is at line l', found again by walking
                         long want = idx[j], w = 0;
