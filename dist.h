@@ -171,49 +171,65 @@ static void ring_combine(void* dst, const void* src, long n, MPI_Datatype t, MPI
     }
 }
 
-// Sends chunk `out` of buf to the next rank while receiving chunk `in` from the previous
-// one, into `into` (or into buf itself). Chunks are split_range's N parts of `count`.
-static void ring_step(Group* g, char* buf, long count, MPI_Datatype t, int out, int in, void* into) {
+// Sends n_out elements at `out` to the next rank while receiving n_in elements from the
+// previous one into `in`, counting both.
+static void ring_sendrecv(Group* g, const void* out, long n_out, void* in, long n_in, MPI_Datatype t) {
     int next = (g->rank + 1) % g->size, prev = (g->rank + g->size - 1) % g->size, b = type_bytes(t);
-    long olo, ohi, ilo, ihi;
-    split_range(count, g->size, out, &olo, &ohi);
-    split_range(count, g->size, in, &ilo, &ihi);
     static char what[64]; // for the watchdog's message
     snprintf(what, sizeof what, "a collective of the %s group", g->name);
     waiting_for = what;
-    MPI_Sendrecv(buf + olo * b, (int)(ohi - olo), t, next, TAG_RING, into ? into : buf + ilo * b, (int)(ihi - ilo), t, prev, TAG_RING,
-                 g->comm, MPI_STATUS_IGNORE);
+    MPI_Sendrecv(out, (int)n_out, t, next, TAG_RING, in, (int)n_in, t, prev, TAG_RING, g->comm, MPI_STATUS_IGNORE);
     waiting_for = NULL;
-    count_sent(g, (double)(ohi - olo) * b);
-    count_received(g, (double)(ihi - ilo) * b);
+    count_sent(g, (double)n_out * b);
+    count_received(g, (double)n_in * b);
 }
 
 // Ring reduce-scatter, in place: afterwards chunk r of buf holds the sum over every rank
 // of its chunk r (the other chunks hold partial sums). Step k passes on chunk r-k-1, to
-// which the next rank adds its own, so chunk r arrives complete after N-1 steps.
-static void ring_reduce_scatter(Group* g, void* buf, long count, MPI_Datatype t, MPI_Op op) {
+// which the next rank adds its own, so chunk r arrives complete after N-1 steps. Chunks
+// (split_range's N parts of count) travel in pieces of RING_PIECE elements, each added as
+// soon as it arrives, while it is still in cache: received whole, a chunk of 4 MB went out
+// to memory and came back to be added (the exchange of 2 ranks' 8.6 MB of gradient sums
+// took 1.22 ms whole, 0.98 ms in pieces of 64Ki; Zen 4, OpenMPI 4.1). Every rank makes
+// as many exchanges, sized by the largest chunk (an empty piece is a message of 0 bytes).
+// With `into`, each piece of this rank's finished chunk is also added to `into` (a running
+// sum of it) while in cache, instead of in a second pass over memory.
+#define RING_PIECE (64L * 1024)
+static void ring_reduce_scatter(Group* g, void* buf, long count, MPI_Datatype t, MPI_Op op, void* into) {
     int N = g->size, r = g->rank, b = type_bytes(t);
-    void* tmp = ring_scratch((count / N + 1) * b);
+    long pieces = ((count + N - 1) / N + RING_PIECE - 1) / RING_PIECE;
+    char* tmp = ring_scratch(RING_PIECE * b);
     for (int k = 0; k < N - 1; k++) {
-        int out = ((r - k - 1) % N + N) % N, in = ((r - k - 2) % N + N) % N;
-        long lo, hi;
-        split_range(count, N, in, &lo, &hi);
-        ring_step(g, buf, count, t, out, in, tmp);
-        ring_combine((char*)buf + lo * b, tmp, hi - lo, t, op);
+        long olo, ohi, ilo, ihi;
+        split_range(count, N, ((r - k - 1) % N + N) % N, &olo, &ohi);
+        split_range(count, N, ((r - k - 2) % N + N) % N, &ilo, &ihi);
+        for (long j = 0; j < pieces; j++) {
+            long s = j * RING_PIECE, n_out = ohi - olo - s, n_in = ihi - ilo - s;
+            n_out = n_out < 0 ? 0 : n_out < RING_PIECE ? n_out : RING_PIECE;
+            n_in = n_in < 0 ? 0 : n_in < RING_PIECE ? n_in : RING_PIECE;
+            ring_sendrecv(g, (char*)buf + (olo + s) * b, n_out, tmp, n_in, t);
+            ring_combine((char*)buf + (ilo + s) * b, tmp, n_in, t, op);
+            if (into && k == N - 2) ring_combine((char*)into + s * b, (char*)buf + (ilo + s) * b, n_in, t, op);
+        }
     }
 }
 // Ring all-gather, in place: chunk r of buf (this rank's) goes round the ring; after N-1
-// steps every rank holds every chunk.
+// steps every rank holds every chunk. Nothing is added, so chunks travel whole.
 static void ring_allgather(Group* g, void* buf, long count, MPI_Datatype t) {
-    int N = g->size, r = g->rank;
-    for (int k = 0; k < N - 1; k++) ring_step(g, buf, count, t, ((r - k) % N + N) % N, ((r - k - 1) % N + N) % N, NULL);
+    int N = g->size, r = g->rank, b = type_bytes(t);
+    for (int k = 0; k < N - 1; k++) {
+        long olo, ohi, ilo, ihi;
+        split_range(count, N, ((r - k) % N + N) % N, &olo, &ohi);
+        split_range(count, N, ((r - k - 1) % N + N) % N, &ilo, &ihi);
+        ring_sendrecv(g, (char*)buf + olo * b, ohi - olo, (char*)buf + ilo * b, ihi - ilo, t);
+    }
 }
 
 // in-place all-reduce: a ring reduce-scatter, then a ring all-gather
 static void group_allreduce(Group* g, void* buf, long count, MPI_Datatype type, MPI_Op op) {
     if (g->size == 1) return;
     double t = now_seconds(), sent = g->sent;
-    ring_reduce_scatter(g, buf, count, type, op);
+    ring_reduce_scatter(g, buf, count, type, op, NULL);
     ring_allgather(g, buf, count, type);
     trace_event("comm", t, now_seconds(), g->sent - sent, "all-reduce %s", g->name);
 }
@@ -226,14 +242,14 @@ static void group_iallreduce(Group* g, void* buf, long count, MPI_Datatype type,
     count_received(g, b);
     trace_event("comm", now_seconds(), now_seconds(), b, "start all-reduce %s", g->name);
 }
-// Reduce-scatter, in place: buf holds size * shard elements on every rank; afterwards
-// this rank's shard of buf (the pointer returned) holds the sum over every rank of theirs,
-// and the other shards hold partial sums.
-static void* group_reduce_scatter(Group* g, void* buf, long shard, MPI_Datatype type, MPI_Op op) {
+// Reduce-scatter, in place: buf holds size * shard elements on every rank; the sum over
+// every rank of this rank's shard of buf is added to `into` (shard elements). The shards of
+// buf are left holding partial sums.
+static void group_reduce_scatter(Group* g, void* buf, long shard, MPI_Datatype type, MPI_Op op, void* into) {
     double t = now_seconds(), sent = g->sent;
-    ring_reduce_scatter(g, buf, shard * g->size, type, op);
+    if (g->size == 1) ring_combine(into, buf, shard, type, op);
+    else ring_reduce_scatter(g, buf, shard * g->size, type, op, into);
     trace_event("comm", t, now_seconds(), g->sent - sent, "reduce-scatter %s", g->name);
-    return (char*)buf + g->rank * shard * type_bytes(type);
 }
 // recv[size * shard] = every rank's send[shard], in rank order (send may be recv's own
 // slot, recv + rank * shard)

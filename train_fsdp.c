@@ -175,9 +175,7 @@ static int64_t* fsdp_unit_grads(Fsdp* f, int u) {
 // passes in one step (train_3d.c's microbatches) accumulate.
 static void fsdp_reduce_unit_grads(Fsdp* f, int u) {
     if (f->stage == 1) return;
-    const int64_t* sum = group_reduce_scatter(f->dp, f->unit_grad, f->shard[u], MPI_INT64_T, MPI_SUM);
-    int64_t* g = f->grads + f->shard_off[u];
-    for (long i = 0; i < f->shard[u]; i++) g[i] += sum[i];
+    group_reduce_scatter(f->dp, f->unit_grad, f->shard[u], MPI_INT64_T, MPI_SUM, f->grads + f->shard_off[u]);
 }
 // After the whole backward (stage 1): all-reduce the gradient of the whole model.
 static void fsdp_reduce_grads(Fsdp* f) {

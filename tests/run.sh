@@ -410,6 +410,14 @@ section_dp() {
     flags="--steps 150 --eval-every 0 --batch 27 --layers 3 --clip 0.5 --optimizer adamw"
     reference dp_odd $flags
     same_as dp_odd "dp: 27 rows on 4 ranks, L=3, clipping, same as train.c" $MPIRUN -n 4 ./train_dp $flags
+    # a ring's pieces (dist.h): 393217 gradient sums cut into chunks of 3 x 64Ki + 1 and
+    # 3 x 64Ki elements on 2 ranks and on 3, so the shorter chunks' last piece is empty
+    flags="--steps 6 --eval-every 0 --emb 10 --hidden 2090 --clip 0.5"
+    reference dp_pieces $flags
+    for n in 2 3; do
+        same_as dp_pieces "dp: $n ranks, 393217 sums in ring pieces of 64Ki, one piece empty, same as train.c" \
+            $MPIRUN -n $n ./train_dp $flags
+    done
     # weight averaging: the same update in exact arithmetic, not bit for bit (README)
     reference dp_w --steps 50 --eval-every 0
     for n in 2 3 4; do
@@ -447,6 +455,13 @@ section_fsdp() {
     same_as fsdp_odd "fsdp: ZeRO-2 resumed from a train.c checkpoint, same as train.c" \
         bash -c "./train $flags --steps 90 --quiet --save $TMP/half.ckpt >/dev/null &&
                  $MPIRUN -n 3 ./train_fsdp --zero 2 $flags --load $TMP/half.ckpt \"\$@\"" _
+    # shards of several ring pieces (dist.h), each added into the shard's sums as it arrives
+    flags="--steps 6 --eval-every 0 --emb 10 --hidden 2090 --optimizer adamw"
+    reference fsdp_pieces $flags
+    for z in 2 3; do
+        same_as fsdp_pieces "fsdp: ZeRO-$z, 2 ranks, shards of 168245 sums in ring pieces of 64Ki, same as train.c" \
+            $MPIRUN -n 2 ./train_fsdp --zero $z $flags
+    done
     # memory: ZeRO-3 with AdamW holds 1/N of train.c's 20 bytes per parameter, plus one unit in
     # transit (its gathered parameters, 4 bytes each, and its gradient, 8)
     run "$TMP/mem" $MPIRUN -n 4 ./train_fsdp --optimizer adamw --steps 10 --hidden 256 --summary "$TMP/mem.sum"

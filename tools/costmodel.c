@@ -21,7 +21,8 @@
  *   oversubscription ranks / cores, when processes take turns on the cores (emulated hosts
  *                    share this machine's cores)
  *   messages, bytes  what the rank sends per step: the program's formula for bytes and its
- *                    count of messages (a ring all-reduce on N ranks: 2(N-1) messages of 1/N)
+ *                    count of messages (a ring all-reduce on N ranks: 2(N-1) messages of 1/N,
+ *                    the reduce-scatter's cut in pieces of 64Ki elements)
  *
  * Communication is charged in full, never hidden behind compute: the programs' collectives
  * block (train_dp --overlap aside), so that is what they do.
