@@ -11,7 +11,8 @@
  *
  *   bench/bench kernels --emb 64 --hidden 1024 --batch 256 --steps 20
  *       times model.h's kernels, one at a time, on the products of linear 1: each exact
- *       product beside the float version of it, and sgemm, to show what exactness costs
+ *       product beside the float version of it, and sgemm, to show what exactness costs;
+ *       then each kernel's tile alone, on operands that stay in cache
  *   bench/bench peak
  *       measures the peak float32 FLOP/s of one core: independent chains of vector fused
  *       multiply-adds, as wide as the compiler's -march allows, that never wait for each
@@ -147,6 +148,35 @@ static void sgemm_step(const Shape* s, float* const* m) {
         free(t_);                                                  \
     } while (0)
 
+// Each kernel's tile alone, 1000 times over the same packed operands (a reduction of 256:
+// the exact tile's 4-row block is 8 KB and its panel 64 KB, the float tile's 8 rows 8 KB and
+// its panel 32 KB), so that they come from cache: the rate of the inner loop itself, with
+// no packing and no memory traffic. The rows are added to the kernels table, in ms per
+// 1000 tiles.
+static void tiles(int steps) {
+    enum { RED = 256, CALLS = 1000 };
+    double *block = mallocCheck(sizeof(double) * RED * ME_ROWS), *panel = mallocCheck(sizeof(double) * RED * ME_COLS);
+    float *rows = mallocCheck(sizeof(float) * MF_ROWS * RED), *fpanel = mallocCheck(sizeof(float) * RED * MF_COLS);
+    int64_t acc[ME_ROWS * ME_COLS] = {0};
+    float out[MF_ROWS * MF_COLS];
+    const float* arow[MF_ROWS];
+    for (long i = 0; i < RED * ME_ROWS; i++) block[i] = (double)(float)(rng_uniform(7, 0, i) - 0.5) * FIX_ONE;
+    for (long i = 0; i < RED * ME_COLS; i++) panel[i] = (float)(rng_uniform(7, 1, i) - 0.5);
+    for (long i = 0; i < MF_ROWS * RED; i++) rows[i] = (float)(rng_uniform(7, 2, i) - 0.5);
+    for (long i = 0; i < RED * MF_COLS; i++) fpanel[i] = (float)(rng_uniform(7, 3, i) - 0.5);
+    for (int r = 0; r < MF_ROWS; r++) arow[r] = rows + (long)r * RED;
+    cpu_isa();
+    double ms[2];
+    MEDIAN_MS(ms[0], steps, for (int k = 0; k < CALLS; k++) matmul_exact_tile(acc, block, panel, RED, ME_COLS, ME_ROWS, ME_COLS));
+    MEDIAN_MS(ms[1], steps, for (int k = 0; k < CALLS; k++) matmul_float_tile(out, arow, fpanel, RED, MF_COLS, MF_ROWS, MF_COLS));
+    printf("| exact tile alone, %d x %d, operands in cache (%d tiles) | %.3f | %.1f |\n", ME_ROWS, ME_COLS, CALLS, ms[0],
+           2e-6 * CALLS * ME_ROWS * ME_COLS * RED / ms[0]);
+    printf("| float tile alone, %d x %d, operands in cache (%d tiles) | %.3f | %.1f |\n", MF_ROWS, MF_COLS, CALLS, ms[1],
+           2e-6 * CALLS * MF_ROWS * MF_COLS * RED / ms[1]);
+    if (acc[0] == 12345 && out[0] == 12345.0f) printf("\n"); // uses the results
+    free(block), free(panel), free(rows), free(fpanel);
+}
+
 // The three products of linear 1 (rows B, inputs K = T*E, outputs J = H), each exact as
 // train.c computes it and in plain float (kernels.h's float kernel, after a transpose where
 // it needs one), and through sgemm.
@@ -179,6 +209,7 @@ static void kernels(const Shape* s, int steps) {
                            "input gradient, sgemm"};
     printf("| product of linear 1 (%d x %d x %d) | ms | GFLOP/s |\n| --- | --- | --- |\n", B, K, J);
     for (int i = 0; i < 9; i++) printf("| %s | %.3f | %.1f |\n", what[i], ms[i], gflop / ms[i]);
+    tiles(steps);
     workspace_free(&ws);
     free(x), free(w), free(dy), free(y), free(dx), free(dwf), free(xt), free(dw), free(dxt), free(dyx);
 }
