@@ -79,7 +79,7 @@ bench: all bench/bench bench/train_omp bench/train_plain
 	@bash bench/run.sh
 
 # the main job: every program side by side (QUICK=1: fewer steps)
-run: all tools/compare tools/report
+run: all tools/compare tools/report tools/schedules
 	@QUICK=$(QUICK) bash tools/run_all.sh
 
 test: all $(TESTS)

@@ -258,8 +258,8 @@ static int trace_on; // record trace events now
 
 // What the program is doing, for the messages of a hang or a divergence: the training step
 // it is in (0 before the first), and what it waits for (NULL: it computes).
-static long current_step;
-static const char* volatile waiting_for;
+static long current_step __attribute__((unused));
+static const char* volatile waiting_for __attribute__((unused));
 
 // The measurement window: open during each training step (from drawing its rows to its
 // optimizer step), closed for validation and sampling. Communication counters count and
