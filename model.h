@@ -34,7 +34,12 @@
 // ----------------------------------------------------------------------------
 // configuration
 
+typedef enum { MODEL_MLP, MODEL_GPT } ModelKind;
+static const char* const model_names[] = {"mlp", "gpt"};
+
 typedef struct {
+    int model;   // MODEL_MLP (the default) or MODEL_GPT (--model gpt)
+    int heads;   // GPT: attention heads (--heads); a head's size is emb / heads
     int vocab;   // V
     int context; // T
     int emb;     // E
