@@ -24,7 +24,7 @@
 typedef struct {
     const char* data; // --data
     int max_line;     // --max-line
-    Config model;     // --context --emb --hidden --layers (vocab comes from the data)
+    Config model;     // --model --context --emb --hidden --layers --heads (vocab comes from the data)
     long steps;       // --steps
     int batch;        // --batch
     Optimizer opt;    // --optimizer --lr --weight-decay --clip
@@ -54,17 +54,19 @@ typedef const char* (*CliHandler)(void* ctx, int index, const char* value);
 
 static const CliFlag cli_common[] = {
     {"data", "FILE", "training text, one item per line (default names.txt)"},
+    {"model", "NAME", "mlp (default): the MLP on T characters; gpt: makemore's Transformer, whole names"},
     {"steps", "N", "training steps (default 25000; 0 only evaluates and samples)"},
-    {"batch", "N", "rows per step, the global batch (default 32)"},
-    {"lr", "X", "learning rate (default 0.1 for sgd, 0.003 for adamw)"},
-    {"optimizer", "NAME", "sgd or adamw (default sgd)"},
+    {"batch", "N", "rows per step, the global batch: examples (mlp) or names (gpt) (default 32)"},
+    {"lr", "X", "learning rate (default 0.1 for sgd, 0.003 for adamw; gpt 0.0005)"},
+    {"optimizer", "NAME", "sgd or adamw (default sgd; gpt adamw, betas 0.9 0.99)"},
     {"weight-decay", "X", "decoupled weight decay (default 0 for sgd, 0.01 for adamw)"},
     {"clip", "X", "clip the global gradient norm to X (default 0: off)"},
-    {"context", "N", "characters of context T (default 16)"},
-    {"emb", "N", "embedding size E (default 16)"},
-    {"hidden", "N", "hidden size H (default 64)"},
-    {"layers", "N", "hidden layers L (default 1)"},
-    {"experts", "X", "make every hidden layer a mixture of X experts (default 0: dense; train.c and train_ep.c)"},
+    {"context", "N", "positions T: mlp characters of context (default 16); gpt 0: the longest line + 1 (default)"},
+    {"emb", "N", "mlp: embedding size E (default 16); gpt: width C (default 64)"},
+    {"hidden", "N", "mlp: hidden size H (default 64); the GPT's MLP is 4C"},
+    {"layers", "N", "mlp: hidden layers L (default 1); gpt: blocks (default 4)"},
+    {"heads", "N", "gpt: attention heads, dividing --emb (default 4)"},
+    {"experts", "X", "mlp: make every hidden layer a mixture of X experts (default 0: dense; train.c and train_ep.c)"},
     {"top-k", "K", "with --experts: experts per token, 1 or 2 (default 1)"},
     {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (default 1.25)"},
     {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01)"},
@@ -178,11 +180,11 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                      void* ctx, const char** err) {
     *o = (Options){.data = "names.txt",
                    .max_line = DATA_DEFAULT_MAX_LINE,
-                   .model = {.vocab = 0, .context = 16, .emb = 16, .hidden = 64, .layers = 1, .experts = 0,
-                             .top_k = -1, .capacity = -1.0f, .aux_loss = -1.0f},
+                   .model = {.model = MODEL_MLP, .heads = -1, .vocab = 0, .context = -1, .emb = -1, .hidden = -1,
+                             .layers = -1, .experts = 0, .top_k = -1, .capacity = -1.0f, .aux_loss = -1.0f},
                    .steps = 25000,
                    .batch = 32,
-                   .opt = {.adamw = 0, .lr = -1.0f, .weight_decay = -1.0f, .beta1 = 0.9f, .beta2 = 0.999f,
+                   .opt = {.adamw = -1, .lr = -1.0f, .weight_decay = -1.0f, .beta1 = 0.9f, .beta2 = 0.999f,
                            .eps = 1e-8f, .clip = 0.0f},
                    .seed = 42,
                    .eval_every = 2500,
@@ -221,6 +223,14 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         const char* name = cli_common[c - 1000].name;
         long lv;
         if (!strcmp(name, "data")) o->data = optarg;
+        else if (!strcmp(name, "model")) {
+            if (!strcmp(optarg, "mlp")) o->model.model = MODEL_MLP;
+            else if (!strcmp(optarg, "gpt")) o->model.model = MODEL_GPT;
+            else {
+                snprintf(cli_error, sizeof cli_error, "--model must be mlp or gpt, got '%s'", optarg);
+                *err = cli_error;
+            }
+        }
         else if (!strcmp(name, "steps")) *err = cli_long(name, optarg, 0, 1000000000L, &o->steps);
         else if (!strcmp(name, "batch")) *err = cli_int(name, optarg, 1, 65536, &o->batch);
         else if (!strcmp(name, "lr")) *err = cli_float(name, optarg, 0.0, 100.0, 1, &o->opt.lr);
@@ -233,7 +243,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
             }
         } else if (!strcmp(name, "weight-decay")) *err = cli_float(name, optarg, 0.0, 10.0, 0, &o->opt.weight_decay);
         else if (!strcmp(name, "clip")) *err = cli_float(name, optarg, 0.0, 1e6, 0, &o->opt.clip);
-        else if (!strcmp(name, "context")) *err = cli_int(name, optarg, 1, 1024, &o->model.context);
+        else if (!strcmp(name, "context")) *err = cli_int(name, optarg, 0, 1024, &o->model.context);
+        else if (!strcmp(name, "heads")) *err = cli_int(name, optarg, 1, 4096, &o->model.heads);
         else if (!strcmp(name, "emb")) *err = cli_int(name, optarg, 1, 4096, &o->model.emb);
         else if (!strcmp(name, "hidden")) *err = cli_int(name, optarg, 1, 16384, &o->model.hidden);
         else if (!strcmp(name, "layers")) *err = cli_int(name, optarg, 1, MAX_LAYERS, &o->model.layers);
@@ -280,6 +291,36 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         *err = cli_error;
     }
     Config* m = &o->model;
+    int gpt = m->model == MODEL_GPT;
+    if (!*err && gpt && m->hidden >= 0) {
+        snprintf(cli_error, sizeof cli_error, "--hidden applies to --model mlp; the GPT's MLP is 4 x --emb wide");
+        *err = cli_error;
+    }
+    if (!*err && !gpt && m->heads >= 0) {
+        snprintf(cli_error, sizeof cli_error, "--heads applies to --model gpt");
+        *err = cli_error;
+    }
+    if (!*err && !gpt && m->context == 0) {
+        snprintf(cli_error, sizeof cli_error, "--context must be an integer from 1 to 1024 for --model mlp, got '0'");
+        *err = cli_error;
+    }
+    if (!*err && gpt && m->experts > 0) {
+        snprintf(cli_error, sizeof cli_error, "--experts applies to --model mlp: the GPT's blocks are dense");
+        *err = cli_error;
+    }
+    // defaults: the MLP's, or makemore's for the GPT
+    if (m->context < 0) m->context = gpt ? 0 : 16; // the GPT's 0: the longest line + 1 (load_data)
+    if (m->emb < 0) m->emb = gpt ? 64 : 16;
+    if (m->hidden < 0) m->hidden = gpt ? 0 : 64;
+    if (m->layers < 0) m->layers = gpt ? 4 : 1;
+    if (m->heads < 0) m->heads = gpt ? 4 : 0;
+    if (o->opt.adamw < 0) o->opt.adamw = gpt;
+    if (gpt) o->opt.beta2 = 0.99f;
+    if (!*err && gpt && m->emb % m->heads != 0) {
+        snprintf(cli_error, sizeof cli_error, "--emb %d is not a multiple of --heads %d: each head takes emb / heads "
+                 "of the width", m->emb, m->heads);
+        *err = cli_error;
+    }
     if (!*err && m->experts == 0 && (m->top_k >= 0 || m->capacity >= 0 || m->aux_loss >= 0)) {
         snprintf(cli_error, sizeof cli_error, "--top-k, --capacity and --aux-loss apply with --experts X only");
         *err = cli_error;
@@ -297,12 +338,13 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         *err = cli_error;
     }
     if (*err) return 2;
-    if (o->opt.lr < 0) o->opt.lr = o->opt.adamw ? 0.003f : 0.1f;
+    if (o->opt.lr < 0) o->opt.lr = gpt ? 0.0005f : o->opt.adamw ? 0.003f : 0.1f;
     if (o->opt.weight_decay < 0) o->opt.weight_decay = o->opt.adamw ? 0.01f : 0.0f;
     // the model must fit: parameters of the largest layer and all of them, in floats
-    double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden;
+    double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden, C = m->emb;
     double x = m->experts > 0 ? m->experts : 1, hidden = (t_e * h + (m->layers - 1) * h * h + h * m->layers) * x;
     double total = 256.0 * o->model.emb + hidden + (m->experts > 0 ? (t_e + (m->layers - 1) * h) * x : 0) + h * 257;
+    if (gpt) total = 2.0 * 256 * C + 1024 * C + m->layers * (12 * C * C + 13 * C); // vocabulary and T at most 256, 1024
     if (total > 512.0 * 1024 * 1024) {
         snprintf(cli_error, sizeof cli_error,
                  "the model would have about %.0f million parameters; this project caps it at 512 million "
@@ -333,13 +375,21 @@ static void cli_parse_or_exit(Options* o, int argc, char** argv, const char* run
 static void load_data(Dataset* ds, Options* o, Config* cfg) {
     dataset_load(ds, o->data, o->max_line, o->seed);
     o->model.vocab = ds->vocab;
+    if (o->model.model == MODEL_GPT && o->model.context == 0) { // the GPT: a whole name and its end fit
+        if (ds->max_len + 1 > 1024)
+            fatal("the longest line of '%s' has %d characters: the GPT would need %d positions, more than 1024; pass "
+                  "--context N to cut longer lines", o->data, ds->max_len, ds->max_len + 1);
+        o->model.context = ds->max_len + 1;
+    }
+    dataset_use_rows(ds, o->model.model == MODEL_GPT ? o->model.context : 0);
     *cfg = o->model;
 }
 
 // Rows a process's buffers must hold: its share of a training batch, a validation pass,
 // and the contexts of every name sampled at once.
 static int pass_rows(const Options* o, long share) {
-    long rows = share > EVAL_ROWS ? share : EVAL_ROWS;
+    long eval = o->model.model == MODEL_GPT ? 32 : 256; // model.h's eval_rows
+    long rows = share > eval ? share : eval;
     return (int)(o->samples > rows ? o->samples : rows);
 }
 

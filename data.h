@@ -48,6 +48,10 @@ typedef struct {
     int* line_len;                  // [n_lines]
     long* example_end;              // [n_lines] examples in lines 0..i of its split (prefix sums)
     long n_train_examples, n_val_examples;
+    // What a row is (dataset_use_rows): an example (the MLP; seq_len 0), or a whole line as a
+    // sequence of seq_len positions (the GPT); and the validation split's rows and targets.
+    int seq_len;
+    long n_val_rows, n_val_targets;
 } Dataset;
 
 // Reads and checks the file; any problem is a fatal error naming the file and line.
@@ -238,6 +242,46 @@ static void dataset_val_rows(const Dataset* ds, long first, int count, int T, in
     }
 }
 
+// ----------------------------------------------------------------------------
+// rows as sequences (the GPT)
+//
+// A row is a whole line: input [0, c1 .. cn, 0, 0 ...] (token 0 starts the name, and pads),
+// targets [c1 .. cn, 0, -1 ...] (0 ends the name; -1: no target, the loss ignores it), T
+// positions; a line longer than T - 1 characters is cut (its first T characters are its
+// targets, without the end). Row b of step s is training line rng(seed, STREAM_BATCH,
+// s*2^32 + b) modulo the training lines; the validation rows are its lines in order.
+
+// Rows of sequences of length seq_len (0: rows are examples), with the validation split's
+// counts of rows and of targets.
+static long dataset_line_targets(const Dataset* ds, int line) {
+    return ds->line_len[line] + 1 < ds->seq_len ? ds->line_len[line] + 1 : ds->seq_len;
+}
+static void dataset_use_rows(Dataset* ds, int seq_len) {
+    ds->seq_len = seq_len;
+    ds->n_val_rows = seq_len ? ds->n_val : ds->n_val_examples;
+    ds->n_val_targets = seq_len ? 0 : ds->n_val_examples;
+    for (int i = ds->n_train; seq_len && i < ds->n_lines; i++) ds->n_val_targets += dataset_line_targets(ds, i);
+}
+static void dataset_line_sequence(const Dataset* ds, int line, int* tokens, int* targets) {
+    int T = ds->seq_len, n = ds->line_len[line];
+    for (int t = 0; t < T; t++) {
+        tokens[t] = t == 0 || t > n ? 0 : ds->tokens[ds->line_start[line] + t - 1];
+        targets[t] = t < n ? ds->tokens[ds->line_start[line] + t] : t == n ? 0 : -1;
+    }
+}
+static int dataset_batch_line(const Dataset* ds, uint64_t seed, long step, long b) {
+    return (int)(rng_u64(seed, STREAM_BATCH, ((uint64_t)step << 32) + (uint64_t)b) % (uint64_t)ds->n_train);
+}
+// The number of targets the mean loss of the training batch of `step` (B rows) divides by:
+// B examples, or the valid targets of its B lines. Every rank computes it for the whole
+// batch from the data alone, whatever share of the rows it holds.
+static long dataset_batch_targets(const Dataset* ds, uint64_t seed, long step, int B) {
+    if (!ds->seq_len) return B;
+    long n = 0;
+    for (int b = 0; b < B; b++) n += dataset_line_targets(ds, dataset_batch_line(ds, seed, step, b));
+    return n;
+}
+
 // Where a pass's rows come from: the training batch of a step, the validation split, or
 // contexts the caller gives (sampling; the targets are dummies). Row i of a source is
 // example offset + i of it: a data-parallel replica whose rows of the global batch start
@@ -249,6 +293,7 @@ typedef struct {
     long step;
     long offset;
     const int* tokens; // ROWS_GIVEN: the contexts [rows][T]
+    int pos;           // ROWS_GIVEN, sequences: the position whose next token is being drawn
 } Rows;
 
 // The rows of the global training batch of `step`, from row `offset` on.
@@ -256,9 +301,26 @@ static Rows training_rows(const Dataset* ds, uint64_t seed, long step, long offs
     return (Rows){.ds = ds, .kind = ROWS_TRAIN, .seed = seed, .step = step, .offset = offset};
 }
 
-// Rows [first, first + R) of a source: tokens [R][T], targets [R].
+// Rows [first, first + R) of a source: tokens [R][T], targets [R] (sequences: [R][T]).
 static void rows_load(const Rows* src, long first, int R, int T, int* tokens, int* targets) {
     long lo = src->offset + first;
+    const Dataset* ds = src->ds;
+    if (ds->seq_len) {
+        if (T != ds->seq_len) fatal("internal: rows of %d positions, sequences of %d", T, ds->seq_len);
+        for (int r = 0; r < R; r++) {
+            int* tok = tokens + (long)r * T;
+            int* tgt = targets + (long)r * T;
+            if (src->kind == ROWS_GIVEN) {
+                memcpy(tok, src->tokens + (lo + r) * T, (size_t)T * sizeof(int));
+                for (int t = 0; t < T; t++) tgt[t] = -1;
+            } else {
+                int line = src->kind == ROWS_TRAIN ? dataset_batch_line(ds, src->seed, src->step, lo + r)
+                                                   : ds->n_train + (int)(lo + r);
+                dataset_line_sequence(ds, line, tok, tgt);
+            }
+        }
+        return;
+    }
     if (src->kind == ROWS_TRAIN) dataset_batch(src->ds, src->seed, src->step, (int)lo, (int)lo + R, T, tokens, targets);
     if (src->kind == ROWS_VAL) dataset_val_rows(src->ds, lo, R, T, tokens, targets);
     if (src->kind == ROWS_GIVEN) {

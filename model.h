@@ -53,11 +53,24 @@ typedef struct {
     float aux_loss;  // alpha: weight of the load-balancing loss
 } Config;
 
+static inline int is_gpt(const Config* c) { return c->model == MODEL_GPT; }
+// Units: the model as a list of L+2, the granularity at which a pipeline cuts it into
+// stages and FSDP gathers it. The MLP: the embedding, linear layers 1..L (with ReLU), linear
+// layer L+1 with the loss. The GPT: the embedding (tokens and positions), blocks 1..L, the
+// head (LayerNorm, lm_head, loss).
 static inline int n_units(const Config* c) { return c->layers + 2; }
 static inline int linear_in(const Config* c, int l) { return l == 1 ? c->context * c->emb : c->hidden; }
 static inline int linear_out(const Config* c, int l) { return l == c->layers + 1 ? c->vocab : c->hidden; }
-// width of unit u's output row: the embedding's is T*E, linear l's is linear_out(l)
-static inline int unit_width(const Config* c, int u) { return u == 0 ? c->context * c->emb : linear_out(c, u); }
+// width of unit u's output row: the MLP's embedding's is T*E, linear l's is linear_out(l);
+// the GPT's are T*C, and the head's T*V (the probabilities at every position)
+static inline int unit_width(const Config* c, int u) {
+    if (is_gpt(c)) return c->context * (u == c->layers + 1 ? c->vocab : c->emb);
+    return u == 0 ? c->context * c->emb : linear_out(c, u);
+}
+// What a row's loss sums over: one target (the MLP: an example), or T (the GPT: a name,
+// the padded positions among them carrying none)
+static inline int targets_per_row(const Config* c) { return is_gpt(c) ? c->context : 1; }
+static long gpt_unit_params(const Config* c, int u); // the GPT's section below
 // Whether unit u is a mixture of experts: every hidden layer, with --experts.
 static inline int is_moe(const Config* c, int u) { return c->experts > 0 && u >= 1 && u <= c->layers; }
 // An MoE unit's parameters: the router's weight [K][X], then expert 0's weight [K][H] and
@@ -68,6 +81,7 @@ static inline long expert_params(const Config* c, int u) { return (long)linear_i
 // parameters of unit u: the embedding table, a weight [K][J] followed by a bias [J], or
 // an MoE layer's router and experts
 static inline long unit_params(const Config* c, int u) {
+    if (is_gpt(c)) return gpt_unit_params(c, u);
     if (is_moe(c, u)) return router_params(c, u) + c->experts * expert_params(c, u);
     return u == 0 ? (long)c->vocab * c->emb : (long)linear_in(c, u) * linear_out(c, u) + linear_out(c, u);
 }
@@ -84,6 +98,7 @@ static inline long max_unit_params(const Config* c) {
 }
 // the largest weight matrix: a linear layer's (an expert's has the same shape) or a router's
 static inline long max_linear_weight(const Config* c) {
+    if (is_gpt(c)) return (long)c->emb * (4L * c->emb > c->vocab ? 4L * c->emb : c->vocab); // fc's, or lm_head's
     long m = 0;
     for (int l = 1; l <= c->layers + 1; l++) {
         long w = (long)linear_in(c, l) * (is_moe(c, l) && c->experts > linear_out(c, l) ? c->experts : linear_out(c, l));
@@ -91,7 +106,9 @@ static inline long max_linear_weight(const Config* c) {
     }
     return m;
 }
+// the widest row a pass works on: a unit's output or, in the GPT, fc's T*4C or lm_head's T*V
 static inline int max_width(const Config* c) {
+    if (is_gpt(c)) return c->context * (4 * c->emb > c->vocab ? 4 * c->emb : c->vocab);
     int m = c->context * c->emb;
     if (c->hidden > m) m = c->hidden;
     if (c->vocab > m) m = c->vocab;
@@ -99,18 +116,16 @@ static inline int max_width(const Config* c) {
     return m;
 }
 
-// Which sums of a linear layer are exact. Tensor parallelism (train_tp.c) pairs its layers
-// the Megatron way: odd layers column-parallel (each rank computes some outputs), even
-// layers row-parallel (each rank holds some inputs). A row-parallel layer's forward sum,
-// and a column-parallel layer's input-gradient sum, are then split across ranks, so
-// train.c computes exactly those two sums exactly too (kernels.h); no layout splits the
-// others, which stay plain float chains.
+// Which sums of the MLP's linear layers are exact. Tensor parallelism (train_tp.c) pairs
+// them the Megatron way, from the first: layer 1 column-parallel (each rank computes some
+// outputs), layer 2 row-parallel (each rank holds some inputs), layer 3 column-parallel
+// again, and so on; so with --layers 1 the output layer (layer 2) is row-parallel, and
+// with --layers 2 it is column-parallel and the loss splits by vocabulary. A row-parallel
+// layer's forward sum, and a column-parallel layer's input-gradient sum, are split across
+// ranks, so train.c computes exactly those two sums exactly too (kernels.h); no layout
+// splits the others, which stay plain float chains. (The GPT names its own: transformer.h.)
 typedef enum { COLUMN_PARALLEL, ROW_PARALLEL } LinearKind;
 static inline LinearKind linear_kind(int l) { return l % 2 ? COLUMN_PARALLEL : ROW_PARALLEL; }
-
-// How a layout completes an exact partial sum across ranks: tensor parallelism's
-// all-reduce (its f and g). NULL when this process holds the whole sum.
-typedef void (*SumFn)(void* ctx, int64_t* acc, long n);
 
 // ----------------------------------------------------------------------------
 // ops
@@ -144,20 +159,29 @@ static void linear_forward(float* out, const float* in, const float* w, const fl
         for (int r = 0; r < R; r++)
             for (int j = 0; j < J; j++) out[(long)r * J + j] += b[j];
 }
-// Linear, exact sum: the partial sums over this rank's k into acc [R][J] (`terms` = the
-// layer's full input width), completed across ranks by `sum` (NULL: nothing to complete),
-// then rounded to float once with the bias added: out[r][j] = float(acc[r][j] + b[j]).
-static void linear_forward_exact(float* out, int64_t* acc, const float* in, const float* w, const float* b, int R,
-                                 int K, int J, long terms, SumFn sum, void* ctx, Workspace* ws) {
+// Linear, exact sum, in two steps, so that a layout whose ranks each hold some of the
+// inputs can complete the sums between them (train_tp.c's g: an all-reduce of acc):
+//  1. acc[r][j] = exact sum over this rank's k of in[r][k] w[k][j] (`terms` = the layer's
+//     full input width, which sets the range limit alike in every layout)
+static void linear_forward_partial(int64_t* acc, const float* in, const float* w, int R, int K, int J, long terms,
+                                   Workspace* ws) {
     const PackedWeight* pw = weight_packed(ws, w, PACK_EXACT_B, K, J);
     exact_workspace_check(ws, R, K, J, "linear forward");
     matmul_exact_check(in, K, 1, w, R, K, J, max_abs(in, (long)R * K), pw->maxabs, terms, "linear forward");
     pack_exact_blocks(ws->pa, in, K, 1, R, K);
     fix_zero(acc, (long)R * J);
     matmul_exact_packed(acc, ws->pa, pw->data, R, K, J);
-    if (sum) sum(ctx, acc, (long)R * J);
+}
+//  2. out[r][j] = float(acc[r][j] + b[j]): the whole sum, rounded to float once with the bias
+static void linear_forward_finish(float* out, const int64_t* acc, const float* b, int R, int J) {
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) out[(long)r * J + j] = (float)(fix_to(acc[(long)r * J + j]) + (b ? b[j] : 0.0f));
+}
+// Both steps, on a process that holds every input
+static void linear_forward_exact(float* out, int64_t* acc, const float* in, const float* w, const float* b, int R,
+                                 int K, int J, Workspace* ws) {
+    linear_forward_partial(acc, in, w, R, K, J, K, ws);
+    linear_forward_finish(out, acc, b, R, J);
 }
 // Weight and bias gradients, exact over the rows (`batch` = rows in the whole batch):
 // dw[k][j] += sum_r in[r][k] dout[r][j], db[j] += sum_r dout[r][j]
@@ -172,12 +196,12 @@ static void linear_backward_input(float* din, const float* dout, const float* w,
                                   Workspace* ws) {
     matmul_float_packed(din, dout, weight_packed(ws, w, PACK_FLOAT_T, K, J)->data, R, J, K);
 }
-// Input gradient, exact sum: partial sums over this rank's j (`terms` = the layer's full
-// width), completed by `sum`, rounded once. They are computed transposed, accT[k][r] =
-// sum_j w[k][j] dout[r][j] (the kernel is fastest with the long dimension K as its rows),
-// and fix_transpose turns them into din[r][k].
-static void linear_backward_input_exact(float* din, int64_t* accT, const float* dout, const float* w, int R, int K,
-                                        int J, long terms, SumFn sum, void* ctx, Workspace* ws) {
+// Input gradient, exact sum, in two steps for the same reason (train_tp.c's f: an
+// all-reduce of accT between them):
+//  1. accT[k][r] = exact sum over this rank's j of w[k][j] dout[r][j] (`terms` = the layer's
+//     full output width), transposed: the kernel is fastest with the long dimension K as rows
+static void linear_backward_input_partial(int64_t* accT, const float* dout, const float* w, int R, int K, int J,
+                                          long terms, Workspace* ws) {
     if ((long)R * J > ws->tr_cap) fatal("internal: workspace too small for a %d x %d transpose", R, J);
     const PackedWeight* pw = weight_packed(ws, w, PACK_EXACT_A, K, J);
     exact_workspace_check(ws, K, J, R, "input gradient");
@@ -186,8 +210,14 @@ static void linear_backward_input_exact(float* din, int64_t* accT, const float* 
     pack_exact_panels(ws->pb, ws->tr, J, R);
     fix_zero(accT, (long)R * K);
     matmul_exact_packed(accT, pw->data, ws->pb, K, J, R);
-    if (sum) sum(ctx, accT, (long)R * K);
-    fix_transpose(din, accT, K, R);
+}
+//  2. din[r][k] = float(accT[k][r]), rounded once
+static void linear_backward_input_finish(float* din, const int64_t* accT, int R, int K) { fix_transpose(din, accT, K, R); }
+// Both steps, on a process that holds every output
+static void linear_backward_input_exact(float* din, int64_t* accT, const float* dout, const float* w, int R, int K,
+                                        int J, Workspace* ws) {
+    linear_backward_input_partial(accT, dout, w, R, K, J, J, ws);
+    linear_backward_input_finish(din, accT, R, K);
 }
 
 // ReLU, in place: x = max(x, 0); backward zeroes the gradient where the output is 0.
@@ -232,15 +262,16 @@ static void xent_expsum(int64_t* expsum, float* probs, const float* logits, cons
         expsum[r] = s;
     }
 }
-//  4. probs /= the sum; returns the exact sum of the rows' losses, loss = log(sum) + max - tlogit.
+//  4. probs /= the sum; returns the exact sum of the rows' losses, loss = log(sum) + max - tlogit,
+//     over the rows whose target is a token (the GPT's padding has target -1, and no loss).
 //     `rows_total` is the number of rows whose losses will be added together.
-static int64_t xent_finish(float* probs, const int64_t* expsum, const float* rowmax, const float* tlogit, int R,
-                           int Vl, long rows_total) {
+static int64_t xent_finish(float* probs, const int64_t* expsum, const float* rowmax, const float* tlogit,
+                           const int* targets, int R, int Vl, long rows_total) {
     int64_t loss = 0;
     for (int r = 0; r < R; r++) {
         double s = fix_to(expsum[r]);
         for (int c = 0; c < Vl; c++) probs[(long)r * Vl + c] = (float)(probs[(long)r * Vl + c] / s);
-        loss += fix_term(log(s) + rowmax[r] - tlogit[r], rows_total, "loss");
+        if (targets[r] >= 0) loss += fix_term(log(s) + rowmax[r] - tlogit[r], rows_total, "loss");
     }
     return loss;
 }
@@ -251,16 +282,20 @@ static int64_t xent_forward(float* logits, int64_t* expsum, float* rowmax, float
     xent_rowmax(rowmax, logits, R, V, 0, V);
     xent_target_logit(tlogit, logits, targets, R, V, 0);
     xent_expsum(expsum, logits, logits, rowmax, R, V, 0, V);
-    return xent_finish(logits, expsum, rowmax, tlogit, R, V, rows_total);
+    return xent_finish(logits, expsum, rowmax, tlogit, targets, R, V, rows_total);
 }
-// backward of the loss summed over rows: dlogits = probs - onehot(target)
+// backward of the loss summed over rows: dlogits = probs - onehot(target), 0 where no target
 static void xent_backward(float* dlogits, const float* probs, const int* targets, int R, int Vl, int v_lo) {
     memcpy(dlogits, probs, (size_t)R * Vl * sizeof(float));
     for (int r = 0; r < R; r++) {
         int c = targets[r] - v_lo;
-        if (c >= 0 && c < Vl) dlogits[(long)r * Vl + c] -= 1.0f;
+        if (targets[r] < 0) memset(dlogits + (long)r * Vl, 0, (size_t)Vl * sizeof(float));
+        else if (c >= 0 && c < Vl) dlogits[(long)r * Vl + c] -= 1.0f;
     }
 }
+
+// The GPT's layers and its block (they use the ops above)
+#include "transformer.h"
 
 // ----------------------------------------------------------------------------
 // mixture of experts
@@ -660,8 +695,49 @@ static float moe_init_value(const Config* c, uint64_t seed, int u, long e) {
     return (float)((2.0 * rng_uniform(seed, stream, (uint64_t)e) - 1.0) / sqrt((double)linear_in(c, u)));
 }
 
+// The GPT's parameters, unit by unit: the embedding wte [V][C] then wpe [T][C]; each block
+// as transformer.h's block_layout says; the head lm_head [C][V] then ln_f's gain and bias [C].
+static BlockDims gpt_dims(const Config* c, int R) {
+    return (BlockDims){.R = R, .Tq = c->context, .T = c->context, .C = c->emb, .NH = c->heads,
+                       .HD = c->emb / c->heads, .A = c->emb, .F = 4 * c->emb, .pos = NULL};
+}
+static long gpt_unit_params(const Config* c, int u) {
+    long C = c->emb;
+    if (u == 0) return (c->vocab + (long)c->context) * C;
+    if (u <= c->layers) return block_layout(c->emb, c->emb, 4 * c->emb).n;
+    return C * c->vocab + 2 * C;
+}
+// Initial values, PyTorch's defaults as makemore uses them: both embeddings N(0, 1), every
+// linear weight and bias uniform in +-1/sqrt(fan in), LayerNorm gains 1 and biases 0.
+// Tensor k of unit u (in its layout's order) has tensor number 2^30 + 256 u + k.
+static float gpt_init_value(const Config* c, uint64_t seed, int u, long e) {
+    long C = c->emb, F = 4 * C;
+    int k = 0;          // which tensor of the unit
+    long fan_in = 0;    // 0: N(0, 1); -1: 1; -2: 0; else uniform in +-1/sqrt(fan_in)
+    if (u == 0) {
+        k = e >= c->vocab * C;
+        e -= k ? c->vocab * C : 0;
+    } else if (u <= c->layers) {
+        BlockLayout l = block_layout(c->emb, c->emb, 4 * c->emb);
+        const long start[] = {l.qkv_w, l.qkv_b, l.proj_w, l.fc_w, l.fc_b, l.fc2_w, l.ln1_g, l.ln1_b, l.proj_b,
+                              l.ln2_g, l.ln2_b, l.fc2_b, l.n};
+        const long fans[] = {C, C, C, C, C, F, -1, -2, C, -1, -2, F};
+        while (e >= start[k + 1]) k++;
+        e -= start[k], fan_in = fans[k];
+    } else {
+        k = e < C * c->vocab ? 0 : e < C * c->vocab + C ? 1 : 2;
+        fan_in = k == 0 ? C : k == 1 ? -1 : -2;
+    }
+    if (fan_in == -1) return 1.0f;
+    if (fan_in == -2) return 0.0f;
+    uint64_t stream = ((uint64_t)STREAM_INIT << 32) | (uint64_t)((1u << 30) + 256u * (unsigned)u + (unsigned)k);
+    if (fan_in == 0) return (float)rng_normal(seed, stream, (uint64_t)e);
+    return (float)((2.0 * rng_uniform(seed, stream, (uint64_t)e) - 1.0) / sqrt((double)fan_in));
+}
+
 // Initial value of element e of unit u's parameters (its weight, then its bias)
 static float unit_init_value(const Config* c, uint64_t seed, int u, long e) {
+    if (is_gpt(c)) return gpt_init_value(c, seed, u, e);
     if (u == 0) return init_value(c, seed, 0, e);
     if (is_moe(c, u)) return moe_init_value(c, seed, u, e);
     long nw = (long)linear_in(c, u) * linear_out(c, u);
@@ -674,11 +750,12 @@ static float unit_init_value(const Config* c, uint64_t seed, int u, long e) {
 typedef struct {
     int rows;                   // capacity
     int* tokens;                // [rows][T]
-    int* targets;               // [rows]
+    int* targets;               // [rows][targets_per_row]: a token, or -1 for none (the GPT's padding)
     float* out[MAX_LAYERS + 2]; // out[u]: unit u's output [rows][unit_width(u)]; out[L+1] holds the probs
-    float* rowmax;              // [rows] softmax workspace
-    float* tlogit;              // [rows]
-    int64_t* expsum;            // [rows]
+    float* saved[MAX_LAYERS + 2]; // the GPT: what unit u keeps for its backward besides its output
+    float* rowmax;              // [rows][targets_per_row] softmax workspace
+    float* tlogit;              // [rows][targets_per_row]
+    int64_t* expsum;            // [rows][targets_per_row]
     int64_t loss;               // exact sum of the row losses of the last forward
     // with --experts
     MoeLayer* moe;              // [L+2]: the state of each MoE unit held here, else NULL
@@ -690,16 +767,26 @@ typedef struct {
 // Activations of units [u_lo, u_hi) and of the input to u_lo (a pipeline stage keeps only
 // its own); pass 0, n_units for the whole model. `width` gives each unit's output width on
 // this rank (a tensor-parallel slice is narrower), NULL for the whole unit_width.
+// What unit u of the GPT keeps per row besides its output: a block's BlockActs, the head's
+// LayerNorm output and statistics; the embedding nothing.
+static long gpt_saved_per_row(const Config* c, int u) {
+    BlockDims d = gpt_dims(c, 1);
+    if (u == 0 || !is_gpt(c)) return 0;
+    return u <= c->layers ? block_acts_per_row(&d) : (long)c->context * (c->emb + 2);
+}
 static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const int* width) {
     memset(a, 0, sizeof(*a));
     a->rows = rows;
+    int per_row = targets_per_row(c);
     a->tokens = mallocCheck((size_t)rows * c->context * sizeof(int));
-    a->targets = mallocCheck((size_t)rows * sizeof(int));
+    a->targets = mallocCheck((size_t)rows * per_row * sizeof(int));
     for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++)
         a->out[u] = mallocCheck((size_t)rows * (width ? width[u] : unit_width(c, u)) * sizeof(float));
-    a->rowmax = mallocCheck((size_t)rows * sizeof(float));
-    a->tlogit = mallocCheck((size_t)rows * sizeof(float));
-    a->expsum = mallocCheck((size_t)rows * sizeof(int64_t));
+    for (int u = u_lo; u < u_hi; u++)
+        if (gpt_saved_per_row(c, u) > 0) a->saved[u] = mallocCheck((size_t)rows * gpt_saved_per_row(c, u) * sizeof(float));
+    a->rowmax = mallocCheck((size_t)rows * per_row * sizeof(float));
+    a->tlogit = mallocCheck((size_t)rows * per_row * sizeof(float));
+    a->expsum = mallocCheck((size_t)rows * per_row * sizeof(int64_t));
     if (c->experts > 0) {
         a->moe = callocCheck(MAX_LAYERS + 2, sizeof(MoeLayer));
         for (int u = u_lo; u < u_hi; u++)
@@ -709,7 +796,7 @@ static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, co
 static void acts_free(Acts* a) {
     free(a->tokens);
     free(a->targets);
-    for (int u = 0; u < MAX_LAYERS + 2; u++) free(a->out[u]);
+    for (int u = 0; u < MAX_LAYERS + 2; u++) free(a->out[u]), free(a->saved[u]);
     free(a->rowmax);
     free(a->tlogit);
     free(a->expsum);
@@ -719,8 +806,9 @@ static void acts_free(Acts* a) {
 }
 // bytes of activations held per row for units [u_lo, u_hi) (width: as for acts_init)
 static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const int* width) {
-    long b = (long)c->context * sizeof(int) + sizeof(int);
+    long b = (long)c->context * sizeof(int) + (long)targets_per_row(c) * sizeof(int);
     for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) b += (long)(width ? width[u] : unit_width(c, u)) * sizeof(float);
+    for (int u = u_lo; u < u_hi; u++) b += gpt_saved_per_row(c, u) * (long)sizeof(float);
     for (int u = u_lo; u < u_hi; u++) // an MoE unit's router state, and its k tokens' rows both
         if (is_moe(c, u)) {           // sent and (with an even load) received, with their gradients
             long W = linear_in(c, u) > c->hidden ? linear_in(c, u) : c->hidden;
@@ -729,21 +817,43 @@ static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const int* w
     return b;
 }
 
-// Scratch for one backward pass and for exact partial sums: [rows][max_width] each.
+// Scratch for a pass: the gradients flowing between units, exact partial sums, and (the
+// GPT) what a unit's input half of backward leaves for its weight half, and a block's
+// temporaries.
 typedef struct {
-    float* dout;  // gradient with respect to the current unit's output
-    float* din;   // gradient with respect to its input
+    float* dout;  // [rows][max_width] gradient with respect to the current unit's output
+    float* din;   // [rows][max_width] gradient with respect to its input
     int64_t* acc; // exact partial sums
+    float* stash; // the GPT: [rows][gpt_stash_per_row] (unit_stash)
+    float* tmp;   // the GPT: a block's temporaries
 } Scratch;
+// The GPT: what the weight half of unit u's backward reads, per row: a block's BlockStash,
+// the head's gradients of its logits and of its LayerNorm's output.
+static long gpt_stash_per_row(const Config* c, int u) {
+    BlockDims d = gpt_dims(c, 1);
+    if (u == 0 || !is_gpt(c)) return 0;
+    return u <= c->layers ? block_stash_per_row(&d) : (long)c->context * (c->vocab + c->emb);
+}
 static void scratch_init(Scratch* s, const Config* c, int rows) {
+    long acc = (long)rows * max_width(c), stash = 1, tmp = 1;
+    if (is_gpt(c)) {
+        BlockDims d = gpt_dims(c, rows);
+        acc = block_scratch_int64s(&d, rows) > acc ? block_scratch_int64s(&d, rows) : acc;
+        tmp = block_scratch_floats(&d, rows);
+        for (int u = 1; u < n_units(c); u++) stash = rows * gpt_stash_per_row(c, u) > stash ? rows * gpt_stash_per_row(c, u) : stash;
+    }
     s->dout = mallocCheck((size_t)rows * max_width(c) * sizeof(float));
     s->din = mallocCheck((size_t)rows * max_width(c) * sizeof(float));
-    s->acc = mallocCheck((size_t)rows * max_width(c) * sizeof(int64_t));
+    s->acc = mallocCheck((size_t)acc * sizeof(int64_t));
+    s->stash = mallocCheck((size_t)stash * sizeof(float));
+    s->tmp = mallocCheck((size_t)tmp * sizeof(float));
 }
 static void scratch_free(Scratch* s) {
     free(s->dout);
     free(s->din);
     free(s->acc);
+    free(s->stash);
+    free(s->tmp);
 }
 // After a unit's backward: its input gradient is the output gradient of the unit below.
 static void scratch_step_down(Scratch* s) {
@@ -775,12 +885,91 @@ static void work_free(Work* w) {
 }
 
 // ----------------------------------------------------------------------------
+// the GPT's units: the embedding, a block, the head (their layers: transformer.h)
+
+// Forward of unit u over R rows: x = wte + wpe; a block; or the head: ln_f, lm_head and the
+// loss, the exact sum over the rows' valid targets.
+static void gpt_unit_forward(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
+                             Workspace* ws) {
+    BlockDims d = gpt_dims(c, R);
+    int C = c->emb, V = c->vocab, T = c->context;
+    long N = (long)R * T;
+    if (u == 0) {
+        gpt_embedding_forward(a->out[0], a->tokens, w, w + (long)V * C, 0, V, 1, &d);
+    } else if (u <= c->layers) {
+        BlockParams p = block_params(w, &d);
+        BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+        block_forward(a->out[u], a->out[u - 1], &p, &ba, &d, s->tmp, s->acc, ws);
+    } else {
+        float *ln = a->saved[u], *mean = ln + (long)a->rows * T * C, *rstd = mean + (long)a->rows * T;
+        layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * V, w + (long)C * V + C, N, C);
+        linear_forward(a->out[u], ln, w, NULL, (int)N, C, V, ws); // lm_head: column-parallel (by vocabulary)
+        a->loss = xent_forward(a->out[u], a->expsum, a->rowmax, a->tlogit, a->targets, (int)N, V, rows_total * T);
+    }
+}
+// Backward, the input half: from s->dout (the head: from the loss) to s->din, leaving in
+// s->stash what the weight half needs (the embedding has no input half).
+static void gpt_unit_backward_input(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
+                                    Workspace* ws) {
+    BlockDims d = gpt_dims(c, R);
+    int C = c->emb, V = c->vocab, T = c->context;
+    long N = (long)R * T;
+    if (u == 0) return;
+    if (u <= c->layers) {
+        BlockParams p = block_params(w, &d);
+        BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+        BlockStash st = block_stash(s->stash, &d, R);
+        block_backward_input(s->din, s->dout, a->out[u - 1], &p, &ba, &st, &d, s->tmp, s->acc, ws);
+    } else {
+        float *mean = a->saved[u] + (long)a->rows * T * C, *rstd = mean + (long)a->rows * T;
+        float *dlogits = s->stash, *dln = s->stash + N * V;
+        xent_backward(dlogits, a->out[u], a->targets, (int)N, V, 0);
+        linear_backward_input_exact(dln, s->acc, dlogits, w, (int)N, C, V, ws); // column-parallel: exact
+        layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, w + (long)C * V, N, C);
+    }
+}
+// The weight half: unit u's parameter gradients added into g, exact sums over the tokens of
+// the whole batch (`batch` rows of T), from its activations and what the input half left
+// (`stash`: the embedding's is the gradient of its output).
+static void gpt_unit_backward_weight(const Config* c, int u, int64_t* g, const Acts* a, const float* stash, int R,
+                                     long batch, Workspace* ws) {
+    BlockDims d = gpt_dims(c, R);
+    int C = c->emb, V = c->vocab, T = c->context;
+    long N = (long)R * T, terms = batch * T;
+    if (u == 0) {
+        gpt_embedding_backward(g, g + (long)V * C, a->tokens, stash, 0, V, &d, terms);
+    } else if (u <= c->layers) {
+        BlockGrads gg = block_grads(g, &d);
+        BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+        BlockStash st = block_stash((float*)stash, &d, R);
+        block_backward_weight(&gg, a->out[u - 1], &ba, &st, &d, terms, ws);
+    } else {
+        const float *ln = a->saved[u], *mean = ln + (long)a->rows * T * C, *rstd = mean + (long)a->rows * T;
+        const float *dlogits = stash, *dln = stash + N * V;
+        linear_backward_weight(g, NULL, ln, dlogits, (int)N, C, V, terms, ws);
+        layernorm_backward_params(g + (long)C * V, g + (long)C * V + C, dln, a->out[u - 1], mean, rstd, N, C, terms);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // the model as a list of units
+
+// What the weight half of unit u's backward reads (see unit_backward_weight), and its width
+// per row: for the MLP and the GPT's embedding the gradient of the unit's output as the
+// input half left it; for the GPT's blocks and head the stash.
+static float* unit_stash(const Config* c, int u, Scratch* s) { return is_gpt(c) && u > 0 ? s->stash : s->dout; }
+static long unit_stash_width(const Config* c, int u) {
+    return is_gpt(c) && u > 0 ? gpt_stash_per_row(c, u) : unit_width(c, u);
+}
 
 // The name of unit u, for traces and tables.
 static const char* unit_name(const Config* c, int u) {
     static char name[32];
     if (u == 0) return "embedding";
+    if (is_gpt(c)) {
+        snprintf(name, sizeof name, u == c->layers + 1 ? "head + loss" : "block %d", u);
+        return name;
+    }
     snprintf(name, sizeof name, u == c->layers + 1 ? "linear %d + loss" : is_moe(c, u) ? "experts %d" : "linear %d", u);
     return name;
 }
@@ -791,7 +980,9 @@ static const char* unit_name(const Config* c, int u) {
 static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
                          Workspace* ws) {
     double t = trace_clock();
-    if (u == 0) {
+    if (is_gpt(c)) {
+        gpt_unit_forward(c, u, w, a, s, R, rows_total, ws);
+    } else if (u == 0) {
         embedding_forward(a->out[0], a->tokens, w, 0, c->vocab, R, c->context, c->emb);
     } else if (is_moe(c, u)) {
         moe_forward(c, u, w, &a->moe[u], a->comm, a->out[u - 1], a->out[u], R, rows_total, a->training, &a->aux, ws);
@@ -799,7 +990,7 @@ static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratc
         int K = linear_in(c, u), J = linear_out(c, u);
         const float *in = a->out[u - 1], *bias = w + (long)K * J;
         float* out = a->out[u];
-        if (linear_kind(u) == ROW_PARALLEL) linear_forward_exact(out, s->acc, in, w, bias, R, K, J, K, NULL, NULL, ws);
+        if (linear_kind(u) == ROW_PARALLEL) linear_forward_exact(out, s->acc, in, w, bias, R, K, J, ws);
         else linear_forward(out, in, w, bias, R, K, J, ws);
         if (u <= c->layers) relu_forward(out, (long)R * J);
         else a->loss = xent_forward(out, a->expsum, a->rowmax, a->tlogit, a->targets, R, J, rows_total);
@@ -811,24 +1002,32 @@ static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratc
 // result is the same either way: gradients are exact sums).
 // The input half: reads s->dout (the gradient of the unit's output; the last unit starts
 // from the loss instead) and turns it into the gradient before the ReLU or the softmax, in
-// place; writes the gradient of the unit's input to s->din (not for the embedding).
+// place (the GPT: leaves what the weight half needs in s->stash); writes the gradient of
+// the unit's input to s->din (not for the embedding).
 static void unit_backward_input(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, Workspace* ws) {
     if (u == 0) return; // the embedding's input is tokens
     if (is_moe(c, u)) fatal("internal: an MoE unit's backward is not split in halves");
     double t = trace_clock();
+    if (is_gpt(c)) {
+        gpt_unit_backward_input(c, u, w, a, s, R, ws);
+        trace_event("compute", t, trace_clock(), 0, "input gradient %s", unit_name(c, u));
+        return;
+    }
     int K = linear_in(c, u), J = linear_out(c, u);
     if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, J, 0);
     else relu_backward(s->dout, a->out[u], (long)R * J);
-    if (linear_kind(u) == COLUMN_PARALLEL) linear_backward_input_exact(s->din, s->acc, s->dout, w, R, K, J, J, NULL, NULL, ws);
+    if (linear_kind(u) == COLUMN_PARALLEL) linear_backward_input_exact(s->din, s->acc, s->dout, w, R, K, J, ws);
     else linear_backward_input(s->din, s->dout, w, R, K, J, ws);
     trace_event("compute", t, trace_clock(), 0, "input gradient %s", unit_name(c, u));
 }
 // The weight half: adds the parameter gradients into g (exact sums), from the unit's input
-// activations and `dout`, the gradient the input half left.
+// activations and `dout`, what the input half left (unit_stash).
 static void unit_backward_weight(const Config* c, int u, int64_t* g, const Acts* a, const float* dout, int R,
                                  long batch, Workspace* ws) {
     double t = trace_clock();
-    if (u == 0) {
+    if (is_gpt(c)) {
+        gpt_unit_backward_weight(c, u, g, a, dout, R, batch, ws);
+    } else if (u == 0) {
         embedding_backward(g, a->tokens, dout, 0, c->vocab, R, c->context, c->emb, batch);
     } else {
         int K = linear_in(c, u), J = linear_out(c, u);
@@ -843,7 +1042,7 @@ static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Ac
         return;
     }
     unit_backward_input(c, u, w, a, s, R, ws);
-    unit_backward_weight(c, u, g, a, s->dout, R, batch, ws);
+    unit_backward_weight(c, u, g, a, unit_stash(c, u, s), R, batch, ws);
 }
 
 // The whole model: units 0..L+1 in order, then back. Returns the exact loss sum.
@@ -860,6 +1059,14 @@ static void model_backward(const Config* c, const float* params, int64_t* grads,
     }
 }
 
+// The probabilities [R][V] a sampling pass returns, from the last unit's output `out`: the
+// MLP's rows, or the GPT's at the position being sampled (rows->pos).
+static void model_probs(const Config* c, const Rows* rows, const float* out, int R, float* probs) {
+    int V = c->vocab, T = c->context;
+    for (int r = 0; r < R; r++)
+        memcpy(probs + (long)r * V, is_gpt(c) ? out + ((long)r * T + rows->pos) * V : out + (long)r * V, V * sizeof(float));
+}
+
 // train.c's forward pass over rows [first, first + R) of a source, through the whole model
 // held by this process; with probs != NULL, the probabilities are copied there. Returns
 // the exact sum of the rows' losses. (What every ForwardFn below does, on one process.)
@@ -868,7 +1075,7 @@ static int64_t model_forward_rows(const Config* c, const float* params, Work* w,
     rows_load(rows, first, R, c->context, w->acts.tokens, w->acts.targets);
     w->acts.training = rows->kind == ROWS_TRAIN;
     int64_t loss = model_forward(c, params, w, R, rows_total);
-    if (probs) memcpy(probs, w->acts.out[c->layers + 1], (size_t)R * c->vocab * sizeof(float));
+    if (probs) model_probs(c, rows, w->acts.out[c->layers + 1], R, probs);
     return loss;
 }
 
@@ -1009,26 +1216,29 @@ static float clip_factor(const Optimizer* opt, const GradSpan* spans, int n, lon
 // The forward pass of rows [first, first + R) of `rows`, whose losses count among
 // `rows_total`. Returns the exact sum of their losses where the loss is known (0 on a
 // pipeline stage that is not the last); with probs != NULL, every rank also receives the
-// probabilities [R][V] over the whole vocabulary (for sampling).
+// probabilities [R][V] over the whole vocabulary (for sampling; model_probs).
 typedef int64_t (*ForwardFn)(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs);
 
-#define EVAL_ROWS 256 // validation rows per forward pass (the result does not depend on it)
+// Validation rows per forward pass (the result does not depend on it): the MLP's examples
+// are small; a GPT row is a whole name, T positions with their attention, so fewer.
+static int eval_rows(const Dataset* ds) { return ds->seq_len ? 32 : 256; }
 
 // The exact sum of the losses of part `part` of `parts` of the validation split (all of it:
-// 1, 0), in passes of EVAL_ROWS rows. Every part makes the same number of passes (the last
+// 1, 0), in passes of eval_rows rows. Every part makes the same number of passes (the last
 // ones may be empty), so that every rank joins the collectives a forward pass may hold.
 static int64_t evaluate(ForwardFn forward, void* ctx, const Dataset* ds, int parts, int part) {
-    long lo, hi, most = (ds->n_val_examples + parts - 1) / parts;
-    split_range(ds->n_val_examples, parts, part, &lo, &hi);
+    long lo, hi, most = (ds->n_val_rows + parts - 1) / parts, E = eval_rows(ds);
+    split_range(ds->n_val_rows, parts, part, &lo, &hi);
     Rows val = {.ds = ds, .kind = ROWS_VAL};
     int64_t total = 0;
-    for (long first = lo, pass = 0; pass * EVAL_ROWS < most; first += EVAL_ROWS, pass++) {
-        int R = (int)(hi - first < EVAL_ROWS ? (hi - first > 0 ? hi - first : 0) : EVAL_ROWS);
-        total += forward(ctx, &val, first, R, ds->n_val_examples, NULL);
+    for (long first = lo, pass = 0; pass * E < most; first += E, pass++) {
+        int R = (int)(hi - first < E ? (hi - first > 0 ? hi - first : 0) : E);
+        total += forward(ctx, &val, first, R, ds->n_val_rows, NULL);
     }
     return total;
 }
-static double mean_loss(int64_t total, const Dataset* ds) { return fix_to(total) / (double)ds->n_val_examples; }
+// The mean over the validation split's targets (the MLP: its examples)
+static double mean_loss(int64_t total, const Dataset* ds) { return fix_to(total) / (double)ds->n_val_targets; }
 
 // Next token for sample n at position p, drawn from probs[V] with a counter-based draw:
 // the first token whose cumulative probability exceeds u.
@@ -1047,15 +1257,18 @@ static int sample_token(const float* probs, int V, uint64_t seed, int n, int p) 
 // The names every program prints: n_samples of them, generated together, each max_len + 1
 // token ids (a name longer than any line of the data is cut there, the rest is 0). Every
 // rank draws the same tokens from the same probabilities. The caller frees the array.
+// The MLP's context is the last T tokens, shifted along; the GPT's the name so far from
+// the start token 0, the next token drawn from the probabilities at its last position.
 static int* generate_names(int n_samples, int max_len, const Config* c, const Dataset* ds, uint64_t seed,
                            ForwardFn forward, void* ctx) {
-    int T = c->context, V = c->vocab;
+    int T = c->context, V = c->vocab, gpt = is_gpt(c), steps = gpt && T < max_len ? T : max_len;
     int* names = callocCheck((size_t)(n_samples > 0 ? n_samples : 1) * ((size_t)max_len + 1), sizeof(int));
     int* tokens = callocCheck((size_t)n_samples * T, sizeof(int));
     float* probs = mallocCheck((size_t)n_samples * V * sizeof(float));
     int* done = callocCheck((size_t)n_samples, sizeof(int));
     Rows contexts = {.ds = ds, .kind = ROWS_GIVEN, .tokens = tokens};
-    for (int p = 0, left = n_samples; p < max_len && left > 0; p++) { // until every name has ended
+    for (int p = 0, left = n_samples; p < steps && left > 0; p++) { // until every name has ended
+        contexts.pos = p;
         forward(ctx, &contexts, 0, n_samples, n_samples, probs);
         for (int i = 0; i < n_samples; i++) {
             if (done[i]) continue;
@@ -1065,8 +1278,12 @@ static int* generate_names(int n_samples, int max_len, const Config* c, const Da
                 continue;
             }
             names[(long)i * (max_len + 1) + p] = next;
-            memmove(tokens + (long)i * T, tokens + (long)i * T + 1, (T - 1) * sizeof(int));
-            tokens[(long)i * T + T - 1] = next;
+            if (gpt && p + 1 < T) {
+                tokens[(long)i * T + p + 1] = next;
+            } else if (!gpt) {
+                memmove(tokens + (long)i * T, tokens + (long)i * T + 1, (T - 1) * sizeof(int));
+                tokens[(long)i * T + T - 1] = next;
+            }
         }
     }
     free(tokens);

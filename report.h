@@ -25,8 +25,12 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
     printf("configuration\n");
     printf("  data       %s: %d lines (%d train, %d validation), %d tokens, %ld training examples\n", o->data,
            ds->n_lines, ds->n_train, ds->n_val, ds->vocab, ds->n_train_examples);
-    printf("  model      context %d, emb %d, hidden %d, layers %d: %ld parameters\n", c->context, c->emb, c->hidden,
-           c->layers, n_params(c));
+    if (is_gpt(c))
+        printf("  model      gpt: context %d, width %d, %d heads of %d, %d blocks (MLP %d): %ld parameters\n", c->context,
+               c->emb, c->heads, c->emb / c->heads, c->layers, 4 * c->emb, n_params(c));
+    else
+        printf("  model      context %d, emb %d, hidden %d, layers %d: %ld parameters\n", c->context, c->emb, c->hidden,
+               c->layers, n_params(c));
     if (c->experts > 0)
         printf("  experts    every hidden layer a mixture of %d experts: top-%d, capacity factor %g, aux loss weight %g\n",
                c->experts, c->top_k, c->capacity, c->aux_loss);

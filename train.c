@@ -1,15 +1,18 @@
 /*
  * train.c: the single-process reference, and the definition of the right answer.
  *
- * Trains the MLP of model.h on names.txt, then prints the validation loss and generated
+ * Trains a model of model.h on names.txt, then prints the validation loss and generated
  * names. Every other program (train_dp.c, train_fsdp.c, train_tp.c, train_pp.c,
- * train_3d.c) prints exactly what this one prints for the same flags: the same loss at
- * every step, the same final parameters bit for bit, the same names.
+ * train_3d.c, ...) prints exactly what this one prints for the same flags: the same loss
+ * at every step, the same final parameters bit for bit, the same names.
  *
- *   tokens -> embedding -> [linear -> ReLU] x L -> linear -> softmax -> loss
+ *   the MLP (default):  tokens -> embedding -> [linear -> ReLU] x L -> linear -> softmax -> loss
+ *   --model gpt:        tokens -> wte + wpe -> [block] x L -> LayerNorm -> lm_head -> softmax -> loss
+ *                       (makemore's Transformer; transformer.h)
  *              (the batch: 32 rows; one process does everything, sends nothing)
  *
  *   make train && ./train              # 25,000 steps of SGD on names.txt, a couple of seconds
+ *   ./train --model gpt --steps 5000   # the GPT, AdamW, a few minutes
  *   ./train --help                     # every flag
  *
  * Why the other programs can match it bit for bit. Float addition is not associative:
@@ -105,13 +108,14 @@ int main(int argc, char** argv) {
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
+        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // the loss is the mean over n targets
         int64_t loss = forward(&run, &batch, 0, B, B, NULL);
         progress.aux = fix_to(run.work.acts.aux) / B; // --experts: the load-balancing loss, reported apart
         fix_zero(run.st.grads, np);
         model_backward(cfg, run.st.params, run.st.grads, &run.work, B, B);
-        float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, NULL, NULL);
-        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
+        float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
+        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
+        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 

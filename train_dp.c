@@ -92,15 +92,16 @@ static void dp_backward_overlap(Run* r, int R, long B) {
     MPI_Waitall(n_req, reqs, statuses);
 }
 
-// --sync weights: each rank steps on the gradient of its own rows, scaled by N / B so that
-// the mean of the N ranks' parameters is gradient averaging, then the parameters are
+// --sync weights: each rank steps on the gradient of its own rows, scaled by N / n (n: the
+// batch's targets, B for the MLP) so that the mean of the N ranks' parameters is gradient
+// averaging, then the parameters are
 // averaged (an exact sum, divided by N and rounded once). With SGD that is the same update
 // as train.c's in exact arithmetic, but not bit for bit: train.c rounds one step,
 // p - lr * g, while here every rank rounds its own step before the average, so the last
 // bits differ from step 2 on, and like any perturbation of training the difference grows
 // with the steps (README). With AdamW or clipping it is not even the same update: refused.
-static void dp_step_sync_weights(Run* r, const Optimizer* opt, long np, long B, long step) {
-    optimizer_step(opt, r->st.params, r->st.grads, r->st.m, r->st.v, np, grad_factor(B) * r->dp.size, 1.0f, step);
+static void dp_step_sync_weights(Run* r, const Optimizer* opt, long np, long n, long step) {
+    optimizer_step(opt, r->st.params, r->st.grads, r->st.m, r->st.v, np, grad_factor(n) * r->dp.size, 1.0f, step);
     int64_t* sum = r->st.grads; // the gradients are spent: reuse their buffer for the exact sum
     for (long i = 0; i < np; i++) sum[i] = fix_from(r->st.params[i]);
     group_allreduce(&r->dp, sum, np, MPI_INT64_T, MPI_SUM);
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
+        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
         int64_t loss = forward(&run, &batch, lo, R, B, NULL); // this rank's rows
         fix_zero(run.st.grads, np);
         if (run.overlap) {
@@ -217,12 +219,12 @@ int main(int argc, char** argv) {
         }
         group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM);
         if (run.sync_weights) {
-            dp_step_sync_weights(&run, &o.opt, np, B, step);
+            dp_step_sync_weights(&run, &o.opt, np, n, step);
         } else { // every rank holds the whole summed gradient: the norm needs no communication
-            float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, NULL, NULL);
-            optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
+            float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
+            optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
         }
-        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
+        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 

@@ -288,7 +288,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     Acts* a = work_load(&r->work, rows, first, R, c->context);
     for (int u = 0; u < n_units(c); u++)
         unit_forward(c, u, fsdp_unit_params(&r->f, u, u + 1), a, &r->work.scratch, R, rows_total, &r->work.ws);
-    if (probs) memcpy(probs, a->out[c->layers + 1], (size_t)R * c->vocab * sizeof(float));
+    if (probs) model_probs(c, rows, a->out[c->layers + 1], R, probs);
     return a->loss;
 }
 
@@ -390,13 +390,14 @@ int main(int argc, char** argv) {
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
+        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
         int64_t loss = forward(&run, &batch, lo, R, B, NULL); // this rank's rows
         fsdp_zero_grads(&run.f);
         backward(&run, R, B);
         group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM);
-        float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.dp); // the norm over every shard
-        fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
+        float scale = clip_factor(&o.opt, spans, n_spans, n, group_norm, &run.dp); // the norm over every shard
+        fsdp_step(&run.f, &o.opt, grad_factor(n), scale, step);
+        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 

@@ -118,37 +118,39 @@ static long tp_counted(const Tp* t, int u) {
     return u > 0 && !tp_column(u) && t->tp->rank != 0 ? (long)t->k[u] * t->j[u] : t->size[u];
 }
 
-// f and g, the conjugate all-reduces (model.h's SumFn: they complete an exact partial sum).
-// f: identity in forward, all-reduce in backward, before a column-parallel layer.
-static void tp_f_backward(void* ctx, int64_t* input_grad, long n) {
-    Tp* t = ctx;
-    group_allreduce(t->tp, input_grad, n, MPI_INT64_T, MPI_SUM);
-}
-// g: all-reduce in forward, identity in backward, after a row-parallel layer.
-static void tp_g_forward(void* ctx, int64_t* output, long n) {
-    Tp* t = ctx;
-    group_allreduce(t->tp, output, n, MPI_INT64_T, MPI_SUM);
-}
+// f and g, the conjugate operators around a pair of layers (Megatron's
+// copy_to_tensor_model_parallel_region and reduce_from_tensor_model_parallel_region):
+//   f: identity in forward; in backward an all-reduce of the input gradient, which each
+//      rank computed as a partial sum over its own slice of outputs
+//   g: in forward an all-reduce of the output, which each rank computed as a partial sum
+//      over its own slice of inputs; identity in backward
+// Both all-reduce exact partial sums (int64, kernels.h), so the sum has the same bits in
+// any order: they are the two group_allreduce lines below.
 
 // Column-parallel linear layer u: this rank's outputs Y[:, slice] = X W[:, slice] + b[slice],
 // whole sums from the whole input (f's forward is the identity). Backward: the input
-// gradient sums over every output, so each rank's partial sum over its own goes through f;
-// its weight and bias gradients are its own.
+// gradient sums over every output, so each rank's partial sum over its own is completed by
+// f's all-reduce; its weight and bias gradients are its own.
 static void column_parallel_forward(Tp* t, int u, const float* w, const float* in, float* out, int R, Workspace* ws) {
     int K = t->k[u], J = t->j[u];
     linear_forward(out, in, w, w + (long)K * J, R, K, J, ws);
 }
 static void column_parallel_backward_input(Tp* t, const Config* c, int u, const float* w, Scratch* s, int R,
                                            Workspace* ws) {
-    linear_backward_input_exact(s->din, s->acc, s->dout, w, R, t->k[u], t->j[u], linear_out(c, u), tp_f_backward, t, ws);
+    int K = t->k[u], J = t->j[u];
+    linear_backward_input_partial(s->acc, s->dout, w, R, K, J, linear_out(c, u), ws); // over this rank's outputs
+    group_allreduce(t->tp, s->acc, (long)R * K, MPI_INT64_T, MPI_SUM);                 // f (backward)
+    linear_backward_input_finish(s->din, s->acc, R, K);
 }
 // Row-parallel linear layer u: Z = g(X[:, slice] W[slice, :]) + b, the partial sums over
-// this rank's inputs completed by g, the bias added once. Backward: the gradient of this
-// rank's inputs needs only its rows of W (g's backward is the identity).
+// this rank's inputs completed by g's all-reduce, the bias added once after. Backward: the
+// gradient of this rank's inputs needs only its rows of W (g's backward is the identity).
 static void row_parallel_forward(Tp* t, const Config* c, int u, const float* w, const float* in, float* out,
                                  Scratch* s, int R, Workspace* ws) {
     int K = t->k[u], J = t->j[u];
-    linear_forward_exact(out, s->acc, in, w, w + (long)K * J, R, K, J, linear_in(c, u), tp_g_forward, t, ws);
+    linear_forward_partial(s->acc, in, w, R, K, J, linear_in(c, u), ws); // over this rank's inputs
+    group_allreduce(t->tp, s->acc, (long)R * J, MPI_INT64_T, MPI_SUM);    // g (forward)
+    linear_forward_finish(out, s->acc, w + (long)K * J, R, J);
 }
 static void row_parallel_backward_input(Tp* t, int u, const float* w, Scratch* s, int R, Workspace* ws) {
     linear_backward_input(s->din, s->dout, w, R, t->k[u], t->j[u], ws);
@@ -183,7 +185,7 @@ static void vocab_parallel_cross_entropy(Tp* t, const Config* c, int u, Acts* a,
     }
     xent_expsum(a->expsum, logits, logits, a->rowmax, R, J, v_lo, c->vocab);
     if (split) group_allreduce(t->tp, a->expsum, R, MPI_INT64_T, MPI_SUM); // exact
-    a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, R, J, rows_total);
+    a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, a->targets, R, J, rows_total);
 }
 
 // Forward of unit u over R rows, with this rank's slice of its parameters at w.

@@ -195,13 +195,13 @@ static void kernels(const Shape* s, int steps) {
     workspace_init(&ws, B, K > J ? K : J, (long)K * J);
     double gflop = 2e-6 * B * K * J, ms[9];
     MEDIAN_MS(ms[0], steps, linear_forward(y, x, w, NULL, B, K, J, &ws));
-    MEDIAN_MS(ms[1], steps, linear_forward_exact(y, dyx, x, w, NULL, B, K, J, K, NULL, NULL, &ws));
+    MEDIAN_MS(ms[1], steps, linear_forward_exact(y, dyx, x, w, NULL, B, K, J, &ws));
     MEDIAN_MS(ms[2], steps, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, J, K, 1, x, K, w, J, 0, y, J));
     MEDIAN_MS(ms[3], steps, (transpose(xt, x, B, K), matmul_float(dwf, xt, dy, K, B, J, &ws)));
     MEDIAN_MS(ms[4], steps, linear_backward_weight(dw, NULL, x, dy, B, K, J, B, &ws));
     MEDIAN_MS(ms[5], steps, cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, J, B, 1, x, K, dy, J, 0, dwf, J));
     MEDIAN_MS(ms[6], steps, linear_backward_input(dx, dy, w, B, K, J, &ws));
-    MEDIAN_MS(ms[7], steps, linear_backward_input_exact(dx, dxt, dy, w, B, K, J, J, NULL, NULL, &ws));
+    MEDIAN_MS(ms[7], steps, linear_backward_input_exact(dx, dxt, dy, w, B, K, J, &ws));
     MEDIAN_MS(ms[8], steps, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, K, J, 1, dy, J, w, J, 0, dx, K));
     const char* what[9] = {"forward, float (train.c)", "forward, exact (tensor parallel's row-parallel layers)",
                            "forward, sgemm", "weight gradient, float", "weight gradient, exact (train.c)",

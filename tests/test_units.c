@@ -159,19 +159,21 @@ static void test_split_invariance(void) {
     float *b = mallocCheck(sizeof(float) * J), *outf = mallocCheck(sizeof(float) * R * J), *outp = mallocCheck(sizeof(float) * R * J);
     fill(b, J, 14, 0.5f);
     int64_t *accf = callocCheck((size_t)R * J, 8), *acc1 = callocCheck((size_t)R * J, 8), *acc2 = callocCheck((size_t)R * J, 8);
-    linear_forward_exact(outf, accf, x, w, b, R, K, J, K, NULL, NULL, &ws);
+    linear_forward_exact(outf, accf, x, w, b, R, K, J, &ws);
     float *x1 = mallocCheck(sizeof(float) * R * 13), *x2 = mallocCheck(sizeof(float) * R * 27);
     for (int r = 0; r < R; r++) {
         memcpy(x1 + r * 13, x + r * K, 13 * sizeof(float));
         memcpy(x2 + r * 27, x + r * K + 13, 27 * sizeof(float));
     }
-    linear_forward_exact(outp, acc2, x2, w + 13 * J, b, R, 27, J, K, NULL, NULL, &ws);
-    linear_forward_exact(outp, acc1, x1, w, b, R, 13, J, K, add_other, acc2, &ws);
+    linear_forward_partial(acc2, x2, w + 13 * J, R, 27, J, K, &ws);
+    linear_forward_partial(acc1, x1, w, R, 13, J, K, &ws);
+    add_other(acc2, acc1, (long)R * J); // what g's all-reduce does
+    linear_forward_finish(outp, acc1, b, R, J);
     check(!memcmp(outf, outp, sizeof(float) * R * J), "a row-parallel forward split 13 + 27 equals the whole sum");
     // the input gradient of a column-parallel layer, its outputs split 17 / 13
     float *dinf = mallocCheck(sizeof(float) * R * K), *dinp = mallocCheck(sizeof(float) * R * K);
     int64_t *df = callocCheck((size_t)R * K, 8), *dp1 = callocCheck((size_t)R * K, 8), *dp2 = callocCheck((size_t)R * K, 8);
-    linear_backward_input_exact(dinf, df, dz, w, R, K, J, J, NULL, NULL, &ws);
+    linear_backward_input_exact(dinf, df, dz, w, R, K, J, &ws);
     float *dz1 = mallocCheck(sizeof(float) * R * 17), *dz2 = mallocCheck(sizeof(float) * R * 13),
           *w1 = mallocCheck(sizeof(float) * K * 17), *w2 = mallocCheck(sizeof(float) * K * 13);
     for (int r = 0; r < R; r++) {
@@ -182,8 +184,10 @@ static void test_split_invariance(void) {
         memcpy(w1 + k * 17, w + k * J, 17 * sizeof(float));
         memcpy(w2 + k * 13, w + k * J + 17, 13 * sizeof(float));
     }
-    linear_backward_input_exact(dinp, dp2, dz2, w2, R, K, 13, J, NULL, NULL, &ws);
-    linear_backward_input_exact(dinp, dp1, dz1, w1, R, K, 17, J, add_other, dp2, &ws);
+    linear_backward_input_partial(dp2, dz2, w2, R, K, 13, J, &ws);
+    linear_backward_input_partial(dp1, dz1, w1, R, K, 17, J, &ws);
+    add_other(dp2, dp1, (long)R * K); // what f's all-reduce does
+    linear_backward_input_finish(dinp, dp1, R, K);
     check(!memcmp(dinf, dinp, sizeof(float) * R * K), "a column-parallel input gradient split 17 + 13 equals the whole");
     // the float forward of a column slice equals those columns of the whole
     float *of = mallocCheck(sizeof(float) * R * J), *os = mallocCheck(sizeof(float) * R * 13);
@@ -250,9 +254,9 @@ typedef struct {
 static void linear_products(LinearOuts* o, int64_t* acc, const float* x, const float* dz, const float* w, int R, int K,
                             int J, Workspace* ws) {
     linear_forward(o->out, x, w, NULL, R, K, J, ws);
-    linear_forward_exact(o->out + R * J, acc, x, w, NULL, R, K, J, K, NULL, NULL, ws);
+    linear_forward_exact(o->out + R * J, acc, x, w, NULL, R, K, J, ws);
     linear_backward_input(o->din, dz, w, R, K, J, ws);
-    linear_backward_input_exact(o->din + R * K, acc, dz, w, R, K, J, J, NULL, NULL, ws);
+    linear_backward_input_exact(o->din + R * K, acc, dz, w, R, K, J, ws);
 }
 static void test_kept_weights(void) {
     int R = 13, K = 37, J = 45;
@@ -311,7 +315,7 @@ static void test_grad_linear(int exact_forward, int exact_input, int R, int K, i
     float* out = mallocCheck(sizeof(float) * R * J);
     int64_t* acc = callocCheck((size_t)(R > K ? R : K) * (J > K ? J : K), 8);
     if (exact_forward) {
-        linear_forward_exact(out, acc, in, w, b, R, K, J, K, NULL, NULL, &ws);
+        linear_forward_exact(out, acc, in, w, b, R, K, J, &ws);
     } else {
         linear_forward(out, in, w, b, R, K, J, &ws);
     }
@@ -327,7 +331,7 @@ static void test_grad_linear(int exact_forward, int exact_input, int R, int K, i
     int64_t *dw = callocCheck((size_t)K * J, 8), *db = callocCheck(J, 8);
     linear_backward_weight(dw, db, in, c, R, K, J, R, &ws);
     if (exact_input) {
-        linear_backward_input_exact(din, acc, c, w, R, K, J, J, NULL, NULL, &ws);
+        linear_backward_input_exact(din, acc, c, w, R, K, J, &ws);
     } else {
         linear_backward_input(din, c, w, R, K, J, &ws);
     }
@@ -483,7 +487,7 @@ static void test_vocab_parallel_xent(void) {
         int same = 1;
         for (int q = 0; q < n; q++) {
             float* l = slice + (long)q * R * vs;
-            part_loss = xent_finish(l, es, mx, tlog, R, vs, R);
+            part_loss = xent_finish(l, es, mx, tlog, targets, R, vs, R);
             for (int r = 0; r < R; r++)
                 for (int c = 0; c < vs; c++)
                     same &= q * vs + c < V ? l[r * vs + c] == probs[r * V + q * vs + c] : l[r * vs + c] == 0.0f;
