@@ -127,7 +127,7 @@ static int grid_grad_spans(const Run* r, GradSpan* spans) {
     int n = 0;
     for (int u = 0; u < n_units(&r->cfg); u++) {
         if (r->f.size[u] == 0) continue; // a unit of another rank's chunks
-        long lo, hi, counted = tp_counted(&r->t, u);
+        long lo, hi, counted = tp_counted(&r->t, &r->cfg, u);
         fsdp_range(&r->f, u, &lo, &hi);
         if (hi > counted) hi = counted > lo ? counted : lo;
         spans[n++] = (GradSpan){fsdp_shard_grads(&r->f, u), hi - lo};
@@ -153,7 +153,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     Run* r = ctx;
     int64_t loss = pp_forward_rows(&r->p, rows, first, R, rows_total, probs ? TAG_SAMPLE : TAG_EVAL);
     if (probs) {
-        if (r->pp.rank == pp_last_rank(&r->p)) memcpy(probs, tp_probs(&r->t, &r->cfg, pp_last_acts(&r->p), R), (size_t)R * r->cfg.vocab * sizeof(float));
+        if (r->pp.rank == pp_last_rank(&r->p)) memcpy(probs, tp_probs(&r->t, &r->cfg, pp_last_acts(&r->p), R, rows->pos), (size_t)R * r->cfg.vocab * sizeof(float));
         MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, pp_last_rank(&r->p), r->pp.comm);
     }
     return loss;
@@ -296,6 +296,8 @@ int main(int argc, char** argv) {
     Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 9, grid_flag, &run);
     dist_dense_only(&o, RUN_LINE);
+    if (is_gpt(&o.model)) // the pipeline's weight half does not yet read the GPT's stash
+        dist_exit(2, RUN_LINE, "--model gpt: this program does not split the GPT yet");
     grid_resolve(&run, &o);
     grid_split(&run);
 
@@ -311,7 +313,7 @@ int main(int argc, char** argv) {
     long lo, hi; // this data-parallel replica's rows of every global batch
     split_range(o.batch, run.D, run.dp.rank, &lo, &hi);
     int rows = pass_rows(&o, (hi - lo + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
-    tp_init(&run.t, &run.tp, cfg, rows);
+    tp_init(&run.t, &run.tp, cfg, rows, 0);
     tp_widths(&run.t, cfg, run.width);
     long slice_size[MAX_LAYERS + 2] = {0}; // FSDP shards the slices of this rank's chunks; other units are empty
     for (int v = 0; v < run.V; v++)

@@ -61,33 +61,63 @@ typedef struct {
     long off[MAX_LAYERS + 3];       // unit u in this rank's parameters
     float* probs;                   // [rows][V] the whole vocabulary's probabilities, for sampling
     float* gathered;                // [tp size][rows][vs] the slices, gathered
+    // the GPT (the section "the strategy, the GPT" below)
+    int sp;                         // --sp: sequence parallelism
+    BlockDims dims;                 // a block on this rank: its heads, its slice of F (R set by each pass)
+    float* whole;                   // [rows T + t][C] every token's activations (f, with --sp), or the embedding's
+    int64_t* sum;                   // [rows T + t][max(C, V)] exact partial sums over this rank's heads or slice
+    int64_t* by_token;              // [rows T + t][C] --sp: an input gradient's partial sums, by token
+    int64_t* mine_sum;              // [rows T / t + 1][C] --sp: the sums of this rank's tokens
+    float* dx1_mine;                // [rows T][C] the gradient between a block's two halves, this rank's tokens
+    int64_t* ln_grad;               // [2][C] a LayerNorm's gradient of one pass
 } Tp;
 
 static int tp_column(int l) { return linear_kind(l) == COLUMN_PARALLEL; }
 
-static void tp_init(Tp* t, Group* tp, const Config* c, int rows) {
+static void tp_init(Tp* t, Group* tp, const Config* c, int rows, int sp) {
     memset(t, 0, sizeof *t);
     t->tp = tp;
+    t->sp = sp;
     t->hs = (c->hidden + tp->size - 1) / tp->size;
     t->vs = (c->vocab + tp->size - 1) / tp->size;
     t->size[0] = (long)t->vs * c->emb;
-    for (int l = 1; l <= c->layers + 1; l++) {
+    for (int l = 1; l <= c->layers + 1 && !is_gpt(c); l++) {
         int out_slice = l == c->layers + 1 ? t->vs : t->hs;
         t->k[l] = tp_column(l) ? linear_in(c, l) : t->hs;
         t->j[l] = tp_column(l) ? out_slice : linear_out(c, l);
         t->size[l] = (long)t->k[l] * t->j[l] + t->j[l];
     }
+    if (is_gpt(c)) { // a block: heads / t of the heads, F / t of the MLP (train_tp.c's main checks t divides them)
+        int C = c->emb, T = c->context, n = tp->size;
+        long tokens = (long)rows * T + n, widest = C > t->vs ? C : t->vs;
+        t->dims = gpt_dims(c, rows);
+        t->dims.NH = c->heads / n, t->dims.A = t->dims.NH * t->dims.HD, t->dims.F = 4 * C / n;
+        t->size[0] = (long)t->vs * C + (long)T * C;
+        for (int u = 1; u <= c->layers; u++) t->size[u] = block_layout(C, t->dims.A, t->dims.F).n;
+        t->size[c->layers + 1] = (long)C * t->vs + 2L * C;
+        t->whole = mallocCheck((size_t)tokens * widest * sizeof(float));
+        t->sum = mallocCheck((size_t)tokens * widest * sizeof(int64_t));
+        t->mine_sum = mallocCheck((size_t)(tokens / n + 1) * C * sizeof(int64_t));
+        t->by_token = sp ? mallocCheck((size_t)tokens * C * sizeof(int64_t)) : NULL;
+        t->dx1_mine = mallocCheck((size_t)tokens * C * sizeof(float));
+        t->ln_grad = mallocCheck(2L * C * sizeof(int64_t));
+    }
     for (int u = 0; u < n_units(c); u++) t->off[u + 1] = t->off[u] + t->size[u];
     t->probs = mallocCheck((size_t)rows * c->vocab * sizeof(float));
     t->gathered = mallocCheck((size_t)tp->size * rows * t->vs * sizeof(float));
 }
-// Width of unit u's output on this rank: a column-parallel layer's is its slice.
+// Width of unit u's output on this rank: a column-parallel layer's is its slice; the GPT's
+// head's the logits of its slice of the vocabulary at every position.
 static void tp_widths(const Tp* t, const Config* c, int* width) {
-    for (int u = 0; u < n_units(c); u++) width[u] = u == 0 ? unit_width(c, 0) : (tp_column(u) ? t->j[u] : linear_out(c, u));
+    for (int u = 0; u < n_units(c); u++) {
+        width[u] = u == 0 ? unit_width(c, 0) : (tp_column(u) ? t->j[u] : linear_out(c, u));
+        if (is_gpt(c)) width[u] = c->context * (u == c->layers + 1 ? t->vs : c->emb);
+    }
 }
 static void tp_free(Tp* t) {
     free(t->probs);
     free(t->gathered);
+    free(t->whole), free(t->sum), free(t->by_token), free(t->mine_sum), free(t->dx1_mine), free(t->ln_grad);
 }
 
 // First vocabulary entry of this rank's slice.
@@ -95,8 +125,10 @@ static int tp_v_lo(const Tp* t) { return t->tp->rank * t->vs; }
 
 // Element e of unit u on this rank, as an element of unit u in train.c's layout, or -1 for
 // padding. Initialisation, checkpoints and the gradient norm all go through it.
+static long tp_gpt_canonical(const Tp* t, const Config* c, int u, long e);
 static long tp_canonical(const Tp* t, const Config* c, int u, long e) {
     int r = t->tp->rank;
+    if (is_gpt(c)) return tp_gpt_canonical(t, c, u, e);
     if (u == 0) {
         long v = r * t->vs + e / c->emb;
         return v < c->vocab ? v * c->emb + e % c->emb : -1;
@@ -112,10 +144,40 @@ static long tp_canonical(const Tp* t, const Config* c, int u, long e) {
     long row = r * (long)kl + e / jl;           // rows [r*kl, (r+1)*kl) of W
     return row < K ? row * J + e % jl : -1;
 }
-// Elements of unit u this rank counts in the gradient norm: all, except that a
-// row-parallel layer's bias, held whole by every rank, is counted by rank 0 alone.
-static long tp_counted(const Tp* t, int u) {
-    return u > 0 && !tp_column(u) && t->tp->rank != 0 ? (long)t->k[u] * t->j[u] : t->size[u];
+// The GPT: a block's split tensors are three column ranges of qkv (this rank's heads in q,
+// in k, in v), rows of proj, columns of fc and rows of fc2; its replicated ones follow whole
+// (transformer.h's block_layout). The embedding: this rank's rows of wte, then wpe whole;
+// the head: its columns of lm_head, then ln_f whole.
+static long tp_gpt_canonical(const Tp* t, const Config* c, int u, long e) {
+    int r = t->tp->rank, C = c->emb, V = c->vocab;
+    if (u == 0) {
+        long v = r * t->vs + e / C;
+        if (e >= (long)t->vs * C) return (long)V * C + (e - (long)t->vs * C); // wpe
+        return v < V ? v * C + e % C : -1;
+    }
+    if (u == c->layers + 1) {
+        if (e >= (long)C * t->vs) return (long)C * V + (e - (long)C * t->vs); // ln_f
+        long col = r * (long)t->vs + e % t->vs;
+        return col < V ? (e / t->vs) * V + col : -1;
+    }
+    int A = t->dims.A, F = t->dims.F;
+    BlockLayout l = block_layout(C, A, F), g = block_layout(C, C, 4 * C);
+    if (e >= l.split) return g.split + (e - l.split); // the replicated tensors, in the same order
+    if (e < l.qkv_b) return g.qkv_w + (e / (3 * A)) * 3L * C + (e % (3 * A)) / A * C + (long)r * A + e % A;
+    if (e < l.proj_w) return g.qkv_b + (e - l.qkv_b) / A * C + (long)r * A + (e - l.qkv_b) % A;
+    if (e < l.fc_w) return g.proj_w + ((long)r * A + (e - l.proj_w) / C) * C + (e - l.proj_w) % C;
+    if (e < l.fc_b) return g.fc_w + (e - l.fc_w) / F * 4L * C + (long)r * F + (e - l.fc_w) % F;
+    if (e < l.fc2_w) return g.fc_b + (long)r * F + (e - l.fc_b);
+    return g.fc2_w + ((long)r * F + (e - l.fc2_w) / C) * C + (e - l.fc2_w) % C;
+}
+// Elements of unit u this rank counts in the gradient norm: all, except that a tensor held
+// whole by every rank (a row-parallel layer's bias; the GPT's LayerNorms, wpe, and its
+// row-parallel biases) is counted by rank 0 alone: the replicated tensors come last.
+static long tp_counted(const Tp* t, const Config* c, int u) {
+    if (t->tp->rank == 0) return t->size[u];
+    if (is_gpt(c))
+        return u == 0 ? (long)t->vs * c->emb : u == c->layers + 1 ? (long)c->emb * t->vs : block_layout(c->emb, t->dims.A, t->dims.F).split;
+    return u > 0 && !tp_column(u) ? (long)t->k[u] * t->j[u] : t->size[u];
 }
 
 // f and g, the conjugate operators around a pair of layers (Megatron's
@@ -175,7 +237,7 @@ static void vocab_parallel_embedding_forward(Tp* t, const Config* c, const float
 // all-reduce of the row maxima, one of the target logits and one of the (exact) sums of
 // exponentials. When it is row-parallel every rank holds all the logits already.
 static void vocab_parallel_cross_entropy(Tp* t, const Config* c, int u, Acts* a, int R, long rows_total) {
-    int split = tp_column(u), J = t->j[u], v_lo = split ? tp_v_lo(t) : 0;
+    int split = is_gpt(c) || tp_column(u), J = is_gpt(c) ? t->vs : t->j[u], v_lo = split ? tp_v_lo(t) : 0;
     float* logits = a->out[u];
     xent_rowmax(a->rowmax, logits, R, J, v_lo, c->vocab);
     xent_target_logit(a->tlogit, logits, a->targets, R, J, v_lo);
@@ -188,11 +250,251 @@ static void vocab_parallel_cross_entropy(Tp* t, const Config* c, int u, Acts* a,
     a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, a->targets, R, J, rows_total);
 }
 
+// ----------------------------------------------------------------------------
+// the strategy, the GPT (--model gpt): a block split by heads, Megatron's way
+//
+//   x -> ln1 -> f -> qkv (column-parallel: the q, k and v columns of this rank's heads)
+//     -> attention (this rank's heads: no communication) -> proj (row-parallel: a partial
+//     sum over its heads) -> g -> + bias, + x = x1
+//   x1 -> ln2 -> f -> fc (column-parallel: its slice of F) -> GELU -> fc2 (row-parallel) -> g
+//     -> + bias, + x1
+//   the embedding and the loss split by vocabulary, as for the MLP
+//
+// Two f and two g a block. LayerNorms, residuals, position embeddings and the two
+// row-parallel biases are replicated: every rank computes them from the same inputs (the
+// whole x, completed by g's all-reduce), so their gradients are the same on every rank and
+// need no communication.
+//
+// --sp, sequence parallelism (Korthikanti et al., 2022; Megatron's
+// gather_from_sequence_parallel_region and reduce_scatter_to_sequence_parallel_region):
+// the regions tensor parallelism replicates (LayerNorms, residuals, the block's input and
+// output) are split by tokens instead: a rank holds `n` of the N = R T tokens of a pass,
+// tokens [lo, lo + n) in shards of ceil(N / t). f becomes an all-gather of the ranks'
+// tokens before a column-parallel layer (backward: a reduce-scatter of its input
+// gradient's partial sums), g a reduce-scatter of a row-parallel layer's partial sums
+// (backward: an all-gather of the output gradient): the all-reduce's two halves, on either
+// side of the token-wise work. A LayerNorm's gain and bias now see only a rank's tokens:
+// their gradients are summed over the ranks (forgetting it is the classic SP bug). Like
+// Megatron, a rank keeps only its tokens' LayerNorm output, and gathers it again for the
+// weight gradient of the layer it feeds: memory 1/t, one all-gather more.
+
+// This rank's tokens of a pass of R rows in the sequence-parallel regions
+typedef struct {
+    long N;     // tokens of the pass, R T
+    long shard; // tokens per rank, padded: ceil(N / t)
+    long lo, n; // this rank's: [lo, lo + n); without --sp every token
+} TpTokens;
+static TpTokens tp_tokens(const Tp* t, int R) {
+    TpTokens k = {.N = (long)R * t->dims.T};
+    k.shard = (k.N + t->tp->size - 1) / t->tp->size;
+    k.lo = t->sp ? t->tp->rank * k.shard : 0;
+    k.n = !t->sp ? k.N : k.N - k.lo < 0 ? 0 : k.N - k.lo < k.shard ? k.N - k.lo : k.shard;
+    return k;
+}
+
+// f, forward: the identity, or with --sp an all-gather of every rank's tokens of `mine`
+// (this rank's n, padded to a shard) into `whole`. Returns the whole [N][C].
+static const float* tp_f_forward(Tp* t, float* mine, float* whole, TpTokens k) {
+    if (!t->sp) return mine;
+    int C = t->dims.C;
+    memset(mine + k.n * C, 0, (size_t)(k.shard - k.n) * C * sizeof(float)); // a short last shard's padding
+    group_allgather(t->tp, mine, whole, k.shard * C, MPI_FLOAT); // f (--sp): all-gather
+    return whole;
+}
+// g, forward: completes a row-parallel layer's exact partial sums `sum` [N][C] across the
+// ranks: an all-reduce, or with --sp a reduce-scatter that leaves each rank the sums of its
+// own tokens. Then out = float(sum + b), each rank's tokens.
+static void tp_g_forward(Tp* t, int64_t* sum, const float* b, float* out, TpTokens k) {
+    int C = t->dims.C;
+    if (!t->sp) {
+        group_allreduce(t->tp, sum, k.N * C, MPI_INT64_T, MPI_SUM); // g: all-reduce
+        linear_forward_finish(out, sum, b, (int)k.N, C);
+        return;
+    }
+    fix_zero(sum + k.N * C, (k.shard * t->tp->size - k.N) * C);
+    fix_zero(t->mine_sum, k.shard * C);
+    group_reduce_scatter(t->tp, sum, k.shard * C, MPI_INT64_T, MPI_SUM, t->mine_sum); // g (--sp): reduce-scatter
+    linear_forward_finish(out, t->mine_sum, b, (int)k.n, C);
+}
+// g, backward: the identity, or with --sp an all-gather of the output gradient's tokens.
+static const float* tp_g_backward(Tp* t, float* mine, float* whole, TpTokens k) {
+    if (!t->sp) return mine;
+    int C = t->dims.C;
+    memset(mine + k.n * C, 0, (size_t)(k.shard - k.n) * C * sizeof(float));
+    group_allgather(t->tp, mine, whole, k.shard * C, MPI_FLOAT); // g backward (--sp): all-gather
+    return whole;
+}
+// f, backward: completes a column-parallel layer's input gradient, exact partial sums
+// accT [C][N] over this rank's columns: an all-reduce, or with --sp a reduce-scatter over
+// tokens; din = the float sums, each rank's tokens.
+static void tp_f_backward(Tp* t, int64_t* accT, float* din, TpTokens k) {
+    int C = t->dims.C;
+    if (!t->sp) {
+        group_allreduce(t->tp, accT, k.N * C, MPI_INT64_T, MPI_SUM); // f backward: all-reduce
+        linear_backward_input_finish(din, accT, (int)k.N, C);
+        return;
+    }
+    int64_t* rows = t->by_token; // by tokens, so that a rank's shard is contiguous
+    for (long n = 0; n < k.N; n++)
+        for (int x = 0; x < C; x++) rows[n * C + x] = accT[(long)x * k.N + n];
+    fix_zero(rows + k.N * C, (k.shard * t->tp->size - k.N) * C);
+    fix_zero(t->mine_sum, k.shard * C);
+    group_reduce_scatter(t->tp, rows, k.shard * C, MPI_INT64_T, MPI_SUM, t->mine_sum); // f backward (--sp): reduce-scatter
+    for (long i = 0; i < k.n * C; i++) din[i] = (float)fix_to(t->mine_sum[i]);
+}
+// --sp: a LayerNorm's gain and bias gradients of this pass, [2][C] exact sums over this
+// rank's tokens, summed over the ranks (every rank's tokens took part), then added to g.
+static void tp_sp_layernorm_grads(Tp* t, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
+                                  const float* rstd, long n, long terms) {
+    int C = t->dims.C;
+    int64_t* mine = t->ln_grad;
+    fix_zero(mine, 2L * C);
+    layernorm_backward_params(mine, mine + C, dy, x, mean, rstd, n, C, terms);
+    if (t->sp) group_allreduce(t->tp, mine, 2L * C, MPI_INT64_T, MPI_SUM); // --sp: the tokens were split
+    for (int x = 0; x < C; x++) dg[x] += mine[x], db[x] += mine[C + x];
+}
+
+// A block's activations on this rank: the BlockActs of its heads and slice of F, over every
+// token, but with --sp its LayerNorm outputs and statistics and x1 are its own tokens'.
+static BlockActs tp_block_acts(Tp* t, const Acts* a, int u) { return block_acts(a->saved[u], &t->dims, a->rows); }
+
+static void tp_block_forward(Tp* t, const float* w, Acts* a, int u, Scratch* s, TpTokens k, Workspace* ws) {
+    const BlockDims* d = &t->dims;
+    BlockParams p = block_params(w, d);
+    BlockActs ba = tp_block_acts(t, a, u);
+    int C = d->C, A = d->A, F = d->F, N = (int)k.N;
+    const float* x = a->out[u - 1]; // this rank's tokens (--sp), or every token
+    float* out = a->out[u];
+    layernorm_forward(ba.ln1, ba.ln1_mean, ba.ln1_rstd, x, p.ln1_g, p.ln1_b, k.n, C);
+    const float* y1 = tp_f_forward(t, ba.ln1, t->whole, k);                   // f
+    linear_forward(ba.qkv, y1, p.qkv_w, p.qkv_b, N, C, 3 * A, ws);             // column-parallel: this rank's heads
+    attention_forward(ba.atty, ba.att, ba.qkv, d, s->tmp, s->acc);            // its heads
+    linear_forward_partial(t->sum, ba.atty, p.proj_w, N, A, C, C, ws);        // row-parallel: over its heads
+    tp_g_forward(t, t->sum, p.proj_b, ba.x1, k);                              // g
+    for (long i = 0; i < k.n * C; i++) ba.x1[i] += x[i];                      // residual
+    layernorm_forward(ba.ln2, ba.ln2_mean, ba.ln2_rstd, ba.x1, p.ln2_g, p.ln2_b, k.n, C);
+    const float* y2 = tp_f_forward(t, ba.ln2, t->whole, k);                   // f
+    linear_forward(ba.fc, y2, p.fc_w, p.fc_b, N, C, F, ws);                   // column-parallel: its slice of F
+    gelu_forward(ba.gelu, ba.fc, (long)N * F);
+    linear_forward_partial(t->sum, ba.gelu, p.fc2_w, N, F, C, 4L * C, ws);    // row-parallel: over its slice
+    tp_g_forward(t, t->sum, p.fc2_b, out, k);                                 // g
+    for (long i = 0; i < k.n * C; i++) out[i] += ba.x1[i];                    // residual
+}
+// The input half: from s->dout (this rank's tokens with --sp) to s->din, leaving the
+// weight half's gradients in the stash (the LayerNorms' for this rank's tokens only).
+static void tp_block_backward_input(Tp* t, const float* w, Acts* a, int u, Scratch* s, int R, TpTokens k,
+                                    Workspace* ws) {
+    const BlockDims* d = &t->dims;
+    BlockParams p = block_params(w, d);
+    BlockActs ba = tp_block_acts(t, a, u);
+    BlockStash st = block_stash(s->stash, d, R);
+    int C = d->C, A = d->A, F = d->F, N = (int)k.N;
+    long most = F > A ? F : A;
+    float *dh = s->tmp, *small = s->tmp + (long)N * most;
+    memcpy(st.dx2, tp_g_backward(t, s->dout, t->whole, k), (size_t)N * C * sizeof(float)); // g backward
+    linear_backward_input(dh, st.dx2, p.fc2_w, N, F, C, ws);                                // row-parallel: float
+    gelu_backward(st.dfc, ba.fc, dh, (long)N * F);
+    linear_backward_input_partial(t->sum, st.dfc, p.fc_w, N, C, F, 4L * C, ws);             // column-parallel: partial
+    tp_f_backward(t, t->sum, st.dln2, k);                                                   // f backward
+    layernorm_backward_input(t->dx1_mine, s->dout, st.dln2, ba.x1, ba.ln2_mean, ba.ln2_rstd, p.ln2_g, k.n, C);
+    memcpy(st.dx1, tp_g_backward(t, t->dx1_mine, t->whole, k), (size_t)N * C * sizeof(float)); // g backward
+    linear_backward_input(dh, st.dx1, p.proj_w, N, A, C, ws);                               // row-parallel: float
+    attention_backward(st.dqkv, dh, ba.qkv, ba.att, ba.atty, d, small, s->acc);           // its heads
+    linear_backward_input_partial(t->sum, st.dqkv, p.qkv_w, N, C, 3 * A, 3L * C, ws);       // column-parallel: partial
+    tp_f_backward(t, t->sum, st.dln1, k);                                                   // f backward
+    layernorm_backward_input(s->din, t->dx1_mine, st.dln1, a->out[u - 1], ba.ln1_mean, ba.ln1_rstd, p.ln1_g, k.n, C);
+}
+// The weight half: this rank's slices' gradients, and the replicated tensors' (with --sp
+// the LayerNorms' summed over the ranks, and the LayerNorm outputs gathered again).
+static void tp_block_backward_weight(Tp* t, int64_t* g, const Acts* a, int u, const float* stash, int R, TpTokens k,
+                                     long terms, Workspace* ws) {
+    const BlockDims* d = &t->dims;
+    BlockGrads gg = block_grads(g, d);
+    BlockActs ba = tp_block_acts(t, a, u);
+    BlockStash st = block_stash((float*)stash, d, R);
+    int C = d->C, A = d->A, F = d->F, N = (int)k.N;
+    linear_backward_weight(gg.fc2_w, gg.fc2_b, ba.gelu, st.dx2, N, F, C, terms, ws);
+    const float* y2 = tp_f_forward(t, ba.ln2, t->whole, k); // --sp: gathered again
+    linear_backward_weight(gg.fc_w, gg.fc_b, y2, st.dfc, N, C, F, terms, ws);
+    tp_sp_layernorm_grads(t, gg.ln2_g, gg.ln2_b, st.dln2, ba.x1, ba.ln2_mean, ba.ln2_rstd, k.n, terms);
+    linear_backward_weight(gg.proj_w, gg.proj_b, ba.atty, st.dx1, N, A, C, terms, ws);
+    const float* y1 = tp_f_forward(t, ba.ln1, t->whole, k); // --sp: gathered again
+    linear_backward_weight(gg.qkv_w, gg.qkv_b, y1, st.dqkv, N, C, 3 * A, terms, ws);
+    tp_sp_layernorm_grads(t, gg.ln1_g, gg.ln1_b, st.dln1, a->out[u - 1], ba.ln1_mean, ba.ln1_rstd, k.n, terms);
+}
+
+// The embedding: the vocabulary-parallel lookup (zeros for tokens of other ranks), summed
+// across ranks (one non-zero term each, so the float sum is exact): an all-reduce, or with
+// --sp a reduce-scatter leaving each rank its tokens; then their positions' wpe.
+static void tp_gpt_embedding_forward(Tp* t, const Config* c, const float* w, Acts* a, int R, TpTokens k) {
+    BlockDims all = t->dims;
+    all.R = R;
+    int C = c->emb;
+    const float* wpe = w + (long)t->vs * C;
+    gpt_embedding_forward(t->whole, a->tokens, w, NULL, tp_v_lo(t), tp_v_lo(t) + t->vs, 0, &all);
+    if (!t->sp) {
+        group_allreduce(t->tp, t->whole, k.N * C, MPI_FLOAT, MPI_SUM); // vocabulary-parallel: all-reduce
+        memcpy(a->out[0], t->whole, (size_t)k.N * C * sizeof(float));
+    } else {
+        memset(t->whole + k.N * C, 0, (size_t)(k.shard * t->tp->size - k.N) * C * sizeof(float));
+        memset(a->out[0], 0, (size_t)k.shard * C * sizeof(float));
+        group_reduce_scatter(t->tp, t->whole, k.shard * C, MPI_FLOAT, MPI_SUM, a->out[0]); // (--sp) reduce-scatter
+    }
+    for (long i = 0; i < k.n; i++)
+        for (int x = 0; x < C; x++) a->out[0][i * C + x] += wpe[(long)((k.lo + i) % c->context) * C + x];
+}
+// Its gradients: this rank's rows of wte from every token's gradient (with --sp gathered
+// first: the reduce-scatter's backward), and wpe's, the same on every rank.
+static void tp_gpt_embedding_backward_weight(Tp* t, const Config* c, int64_t* g, const Acts* a, const float* dx, int R,
+                                             TpTokens k, long terms) {
+    BlockDims all = t->dims;
+    all.R = R;
+    const float* whole = tp_g_backward(t, (float*)dx, t->whole, k); // (--sp) all-gather
+    gpt_embedding_backward(g, g + (long)t->vs * c->emb, a->tokens, whole, tp_v_lo(t), tp_v_lo(t) + t->vs, &all, terms);
+}
+
+// The head: ln_f (replicated, or --sp this rank's tokens), f, lm_head column-parallel by
+// vocabulary, and the vocabulary-parallel cross-entropy over every token.
+static void tp_gpt_head_forward(Tp* t, const Config* c, const float* w, Acts* a, long rows_total, TpTokens k,
+                                Workspace* ws) {
+    int C = c->emb, u = c->layers + 1, N = (int)k.N;
+    float *ln = a->saved[u], *mean = ln + (long)a->rows * c->context * C, *rstd = mean + (long)a->rows * c->context;
+    layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * t->vs, w + (long)C * t->vs + C, k.n, C);
+    const float* y = tp_f_forward(t, ln, t->whole, k);                      // f
+    linear_forward(a->out[u], y, w, NULL, N, C, t->vs, ws);                  // column-parallel: its slice of V
+    vocab_parallel_cross_entropy(t, c, u, a, N, rows_total * c->context);
+}
+static void tp_gpt_head_backward_input(Tp* t, const Config* c, const float* w, Acts* a, Scratch* s, TpTokens k,
+                                       Workspace* ws) {
+    int C = c->emb, u = c->layers + 1, N = (int)k.N;
+    float *mean = a->saved[u] + (long)a->rows * c->context * C, *rstd = mean + (long)a->rows * c->context;
+    float *dlogits = s->stash, *dln = s->stash + (long)N * t->vs;
+    xent_backward(dlogits, a->out[u], a->targets, N, t->vs, tp_v_lo(t));
+    linear_backward_input_partial(t->sum, dlogits, w, N, C, t->vs, c->vocab, ws); // column-parallel: partial
+    tp_f_backward(t, t->sum, dln, k);                                             // f backward
+    layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, w + (long)C * t->vs, k.n, C);
+}
+static void tp_gpt_head_backward_weight(Tp* t, const Config* c, int64_t* g, const Acts* a, const float* stash,
+                                        TpTokens k, long terms, Workspace* ws) {
+    int C = c->emb, u = c->layers + 1, N = (int)k.N;
+    float *ln = a->saved[u], *mean = ln + (long)a->rows * c->context * C, *rstd = mean + (long)a->rows * c->context;
+    const float *dlogits = stash, *dln = stash + (long)N * t->vs;
+    const float* y = tp_f_forward(t, ln, t->whole, k); // --sp: gathered again
+    linear_backward_weight(g, NULL, y, dlogits, N, C, t->vs, terms, ws);
+    tp_sp_layernorm_grads(t, g + (long)C * t->vs, g + (long)C * t->vs + C, dln, a->out[u - 1], mean, rstd, k.n, terms);
+}
+
 // Forward of unit u over R rows, with this rank's slice of its parameters at w.
 static void tp_unit_forward(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
                             long rows_total, Workspace* ws) {
     double t0 = trace_clock();
-    if (u == 0) {
+    t->dims.R = R;
+    if (is_gpt(c)) {
+        TpTokens k = tp_tokens(t, R);
+        if (u == 0) tp_gpt_embedding_forward(t, c, w, a, R, k);
+        else if (u <= c->layers) tp_block_forward(t, w, a, u, s, k, ws);
+        else tp_gpt_head_forward(t, c, w, a, rows_total, k, ws);
+    } else if (u == 0) {
         vocab_parallel_embedding_forward(t, c, w, a, R);
     } else {
         if (tp_column(u)) column_parallel_forward(t, u, w, a->out[u - 1], a->out[u], R, ws);
@@ -211,6 +513,13 @@ static void tp_unit_backward_input(Tp* t, const Config* c, int u, const float* w
                                    Workspace* ws) {
     if (u == 0) return;
     double t0 = trace_clock();
+    t->dims.R = R;
+    if (is_gpt(c)) {
+        if (u <= c->layers) tp_block_backward_input(t, w, a, u, s, R, tp_tokens(t, R), ws);
+        else tp_gpt_head_backward_input(t, c, w, a, s, tp_tokens(t, R), ws);
+        trace_event("compute", t0, trace_clock(), 0, "input gradient %s", unit_name(c, u));
+        return;
+    }
     if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, t->j[u], tp_column(u) ? tp_v_lo(t) : 0);
     else relu_backward(s->dout, a->out[u], (long)R * t->j[u]);
     if (tp_column(u)) column_parallel_backward_input(t, c, u, w, s, R, ws);
@@ -220,21 +529,38 @@ static void tp_unit_backward_input(Tp* t, const Config* c, int u, const float* w
 static void tp_unit_backward_weight(Tp* t, const Config* c, int u, int64_t* g, const Acts* a, const float* dout, int R,
                                     long batch, Workspace* ws) {
     double t0 = trace_clock();
-    if (u == 0) embedding_backward(g, a->tokens, dout, tp_v_lo(t), tp_v_lo(t) + t->vs, R, c->context, c->emb, batch);
-    else parallel_linear_backward_weight(t, u, g, a->out[u - 1], dout, R, batch, ws);
+    t->dims.R = R;
+    if (is_gpt(c)) {
+        TpTokens k = tp_tokens(t, R);
+        long terms = batch * c->context;
+        if (u == 0) tp_gpt_embedding_backward_weight(t, c, g, a, dout, R, k, terms);
+        else if (u <= c->layers) tp_block_backward_weight(t, g, a, u, dout, R, k, terms, ws);
+        else tp_gpt_head_backward_weight(t, c, g, a, dout, k, terms, ws);
+    } else if (u == 0) {
+        embedding_backward(g, a->tokens, dout, tp_v_lo(t), tp_v_lo(t) + t->vs, R, c->context, c->emb, batch);
+    } else {
+        parallel_linear_backward_weight(t, u, g, a->out[u - 1], dout, R, batch, ws);
+    }
     trace_event("compute", t0, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
 }
 static void tp_unit_backward(Tp* t, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
                              long batch, Workspace* ws) {
     tp_unit_backward_input(t, c, u, w, a, s, R, ws);
-    tp_unit_backward_weight(t, c, u, g, a, s->dout, R, batch, ws);
+    tp_unit_backward_weight(t, c, u, g, a, unit_stash(c, u, s), R, batch, ws);
 }
 
-// The whole vocabulary's probabilities of the last forward, on every rank (for sampling).
-static const float* tp_probs(Tp* t, const Config* c, const Acts* a, int R) {
+// The whole vocabulary's probabilities of the last forward, on every rank (for sampling; the
+// GPT's at position pos).
+static const float* tp_probs(Tp* t, const Config* c, const Acts* a, int R, int pos) {
     int u = c->layers + 1;
-    if (!tp_column(u)) return a->out[u];
-    group_allgather(t->tp, a->out[u], t->gathered, (long)R * t->vs, MPI_FLOAT);
+    if (!is_gpt(c) && !tp_column(u)) return a->out[u];
+    const float* mine = a->out[u];
+    if (is_gpt(c)) {
+        for (int r = 0; r < R; r++)
+            memcpy(t->whole + (long)r * t->vs, a->out[u] + ((long)r * c->context + pos) * t->vs, t->vs * sizeof(float));
+        mine = t->whole;
+    }
+    group_allgather(t->tp, mine, t->gathered, (long)R * t->vs, MPI_FLOAT);
     for (int q = 0; q < t->tp->size; q++)
         for (int r = 0; r < R; r++)
             for (int c0 = 0; c0 < t->vs && q * t->vs + c0 < c->vocab; c0++)
@@ -246,7 +572,9 @@ static const float* tp_probs(Tp* t, const Config* c, const Acts* a, int R) {
 // R rows through units [u_lo, u_hi): an all-reduce of the embedding (4 B per element), of
 // every row-parallel layer's output and every column-parallel layer's input gradient
 // (8 B: exact sums), and, with the vocabulary split, of the loss's three pieces per row.
+static double tp_gpt_sent_formula(const Tp* t, const Config* c, int u_lo, int u_hi, double R);
 static double tp_sent_formula(const Tp* t, const Config* c, int u_lo, int u_hi, double R) {
+    if (is_gpt(c)) return tp_gpt_sent_formula(t, c, u_lo, u_hi, R);
     double bytes = 0;
     for (int u = u_lo; u < u_hi; u++) {
         if (u == 0) bytes += 4.0 * R * c->context * c->emb;
@@ -259,12 +587,71 @@ static double tp_sent_formula(const Tp* t, const Config* c, int u_lo, int u_hi, 
 // row-parallel bias whole.
 static double tp_params_formula(const Tp* t, const Config* c, int u_lo, int u_hi) {
     double n = 0;
+    for (int u = u_lo; u < u_hi && is_gpt(c); u++) { // the GPT's: split tensors / N, replicated ones whole
+        double C = c->emb, V = c->vocab, T = c->context, N = t->tp->size;
+        if (u == 0) n += V * C / N + T * C;
+        else if (u <= c->layers) n += (12 * C * C + 7 * C) / N + 6 * C; // qkv, proj, fc, fc2, qkv's and fc's biases
+        else n += C * V / N + 2 * C;
+    }
+    if (is_gpt(c)) return n;
     for (int u = u_lo; u < u_hi; u++) {
         double weights = u == 0 ? (double)c->vocab * c->emb : (double)linear_in(c, u) * linear_out(c, u);
         double bias = u == 0 ? 0 : linear_out(c, u);
         n += (weights + (u > 0 && tp_column(u) ? bias : 0)) / t->tp->size + (u > 0 && !tp_column(u) ? bias : 0);
     }
     return n;
+}
+
+// The GPT's sends per step from each rank, R rows (N = R T tokens) through units [u_lo,
+// u_hi), by the textbook ring formulas (an all-reduce sends 2(t-1)/t of its buffer, a
+// reduce-scatter or an all-gather (t-1)/t; floats 4 B, exact sums 8 B):
+//   without --sp: each block 4 all-reduces of N C exact sums (g twice forward, f twice
+//     backward); the embedding's all-reduce of N C floats; the head's f (N C exact sums)
+//     and the loss's three all-reduces of N (max, target logit, exact sum of exponentials)
+//   --sp: each all-reduce becomes a reduce-scatter (8 B) and an all-gather of finished
+//     floats (4 B), and each block gathers its two LayerNorm outputs again for the weight
+//     gradients (4 B each) and all-reduces the LayerNorms' gradients (2 x 2C exact sums);
+//     the embedding reduce-scatters floats forward and gathers its gradient backward; the
+//     head gathers ln_f's output (forward and again for lm_head's gradient), reduce-scatters
+//     its input gradient and all-reduces ln_f's gradient.
+static double tp_gpt_sent_formula(const Tp* t, const Config* c, int u_lo, int u_hi, double R) {
+    double n = t->tp->size, NC = R * c->context * c->emb, N = R * c->context, C = c->emb, bytes = 0;
+    double all = 2 * (n - 1) / n, half = (n - 1) / n;
+    for (int u = u_lo; u < u_hi; u++) {
+        int head = u == c->layers + 1;
+        if (!t->sp) bytes += u == 0 ? all * 4 * NC : head ? all * (8 * NC + 16 * N) : all * 4 * 8 * NC;
+        else if (u == 0) bytes += half * (4 + 4) * NC;
+        else if (head) bytes += half * (4 + 8 + 4) * NC + all * (16 * N + 16 * C);
+        else bytes += half * (2 * (4 + 8) + 2 * (4 + 8) + 2 * 4) * NC + all * 2 * 16 * C;
+    }
+    return bytes;
+}
+// The activations a rank holds for R rows of the GPT, in bytes, tensor by tensor as the
+// passes above lay them out (transformer.h's BlockActs at this rank's widths; with --sp
+// the per-token tensors of the sequence-parallel regions hold its n tokens only): the
+// tokens and targets; the embedding's output; each block's input... output; the head's
+// LayerNorm and its slice of the probabilities.
+static double tp_gpt_acts_held(const Tp* t, const Config* c, int R, double* per_block) {
+    Tp u = *t;
+    u.dims.R = R;
+    TpTokens k = tp_tokens(&u, R);
+    double N = (double)k.N, n = (double)k.n, C = c->emb, A = t->dims.A, F = t->dims.F;
+    double block = 4 * (n * (3 * C + 4) + N * (3 * A + A + 2 * F) + (double)R * t->dims.NH * c->context * c->context);
+    *per_block = block + 4 * n * C; // with its output (the next block's input)
+    return 8 * N + 4 * n * C + c->layers * (block + 4 * n * C) + 4 * (n * (C + 2) + N * t->vs);
+}
+// The same per block by Korthikanti et al.'s closed forms (s positions, b rows, h = C, a
+// heads, t ranks), which count 2-byte activations with dropout: sbh(34 + 5as/h) on one
+// rank, sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh/t (34 + 5as/h) with sequence
+// parallelism too. Here activations are 4-byte floats and there is no dropout: drop the
+// two dropout masks (sbh each, 1 B), the dropout's output on the scores (2as^2b) and its
+// mask (as^2b), and double every 2-byte term: sbh(64 + 4as/h), sbh(16 + 48/t + 4as/(ht)),
+// sbh/t (64 + 4as/h); plus what the paper leaves out, LayerNorm's mean and rstd (16 B a
+// token: 16sb, or 16sb/t).
+static double tp_gpt_acts_formula(const Tp* t, const Config* c, int R) {
+    double s = c->context, b = R, h = c->emb, a = c->heads, n = t->tp->size;
+    if (t->sp) return s * b * h / n * (64 + 4 * a * s / h) + 16 * s * b / n;
+    return s * b * h * (16 + 48 / n + 4 * a * s / (h * n)) + 16 * s * b;
 }
 
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
@@ -303,7 +690,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     Acts* a = work_load(&r->work, rows, first, R, c->context);
     for (int u = 0; u < n_units(c); u++)
         tp_unit_forward(&r->t, c, u, r->st.params + r->t.off[u], a, &r->work.scratch, R, rows_total, &r->work.ws);
-    if (probs) memcpy(probs, tp_probs(&r->t, c, a, R), (size_t)R * c->vocab * sizeof(float));
+    if (probs) memcpy(probs, tp_probs(&r->t, c, a, R, rows->pos), (size_t)R * c->vocab * sizeof(float));
     return a->loss; // every rank holds the whole loss
 }
 static void backward(Run* r, int R, long B) {
@@ -323,18 +710,67 @@ static double validation_loss(void* ctx) {
 // The formulas of figures(), in words, for the report.
 static const char sent_words[] = "2(N-1)/N x (4 B x B x T x E + 8 B x B x (every split sum's width))";
 static const char mem_words[] = "(4 + 8 + 8 AdamW) B x (P/N + the row-parallel biases) + activations";
+static const char gpt_sent_words[] = "2(N-1)/N x (4 B x BTC + 4 x 8 B x BTC a block + 8 B x BTC + 16 B x BT), with "
+                                     "--sp a reduce-scatter and an all-gather for each (train_tp.c)";
+static const char gpt_mem_words[] = "(4 + 8 + 8 AdamW) B x (P split / N + P replicated) + activations";
 
 // What this rank sent and holds, each beside its formula: every rank takes every row,
-// and a column-parallel layer's activations are its slice.
+// and a column-parallel layer's activations are its slice. The GPT's activations: the
+// blocks' by Korthikanti et al.'s form (tp_gpt_acts_formula), the rest as held.
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, const int* width, int B) {
     const Config* c = &r->cfg;
     long np = r->st.n;
     double acts_row = acts_bytes_per_row(c, 0, n_units(c), width), opt_bytes = opt->adamw ? 8.0 : 0.0;
     Figures f = {.sent = per_step(pr, r->tp.sent), .received = per_step(pr, r->tp.received), .params = 4.0 * np,
                  .grads = 8.0 * np, .optim = opt_bytes * np, .acts = B * acts_row, .bubble = -1};
+    double acts_formula = B * acts_row;
+    if (is_gpt(c)) {
+        double block;
+        f.acts = tp_gpt_acts_held(&r->t, c, B, &block);
+        acts_formula = f.acts - c->layers * block + c->layers * tp_gpt_acts_formula(&r->t, c, B);
+    }
     f.sent_formula = tp_sent_formula(&r->t, c, 0, n_units(c), B) + (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->tp.size) : 0);
-    f.mem_formula = (4.0 + 8.0 + opt_bytes) * tp_params_formula(&r->t, c, 0, n_units(c)) + B * acts_row;
+    f.mem_formula = (4.0 + 8.0 + opt_bytes) * tp_params_formula(&r->t, c, 0, n_units(c)) + acts_formula;
     return f;
+}
+
+// The GPT: a block's activations on this rank, held beside the paper's form (see
+// tp_gpt_acts_formula), for the report.
+static void print_block_activations(const Run* r, int B) {
+    const Config* c = &r->cfg;
+    double block;
+    tp_gpt_acts_held(&r->t, c, B, &block);
+    printf("activations of one block per rank (s %d positions, b %d rows, h %d, a %d heads, t %d%s): %.0f B held; "
+           "Korthikanti et al.'s form for 4-byte floats without dropout, %s: %.0f B\n", c->context, B, c->emb,
+           c->heads, r->tp.size, r->t.sp ? ", --sp" : "", block,
+           r->t.sp ? "sbh/t (64 + 4as/h) + 16sb/t" : "sbh(16 + 48/t + 4as/(ht)) + 16sb", tp_gpt_acts_formula(&r->t, c, B));
+}
+
+// ----------------------------------------------------------------------------
+// options of this program
+
+static const CliFlag tp_flags[] = {
+    {"sp", NULL, "--model gpt: sequence parallelism, the LayerNorms and residuals split by tokens"},
+};
+static const char* tp_flag(void* ctx, int index, const char* value) {
+    (void)index, (void)value;
+    *(int*)ctx = 1;
+    return NULL;
+}
+
+// Refuses a layout the model cannot take, saying why (every rank alike).
+static void tp_check_layout(const Options* o, int n, int sp, const char* run_line) {
+    const Config* m = &o->model;
+    if (sp && !is_gpt(m))
+        dist_exit(2, run_line, "--sp splits by tokens the activations tensor parallelism leaves whole: the GPT's "
+                  "LayerNorms and residuals; the MLP has neither (every layer's input is needed whole by its "
+                  "column-parallel layer), so --sp applies to --model gpt");
+    if (is_gpt(m) && m->heads % n != 0)
+        dist_exit(2, run_line, "%d ranks but %d heads: tensor parallelism gives each rank whole heads (the columns of "
+                  "its heads' q, k and v), so the ranks must divide --heads", n, m->heads);
+    if (!is_gpt(m) && n > m->hidden)
+        dist_exit(2, run_line, "%d ranks but a hidden size of %d: every rank needs at least one hidden unit "
+                  "(raise --hidden or use fewer ranks)", n, m->hidden);
 }
 
 // ----------------------------------------------------------------------------
@@ -346,11 +782,10 @@ int main(int argc, char** argv) {
     // options
     Options o;
     Run run = {.tp = group_world("tp")};
-    dist_parse_or_exit(&o, argc, argv, RUN_LINE, NULL, 0, NULL, NULL);
+    int sp = 0;
+    dist_parse_or_exit(&o, argc, argv, RUN_LINE, tp_flags, 1, tp_flag, &sp);
     dist_dense_only(&o, RUN_LINE);
-    if (world_size > o.model.hidden)
-        dist_exit(2, RUN_LINE, "%d ranks but a hidden size of %d: every rank needs at least one hidden unit "
-                  "(raise --hidden or use fewer ranks)", world_size, o.model.hidden);
+    tp_check_layout(&o, world_size, sp, RUN_LINE);
 
     // data
     load_data(&run.ds, &o, &run.cfg);
@@ -361,7 +796,7 @@ int main(int argc, char** argv) {
     // model: this rank's slice of every unit, its exact gradient sums and optimizer state
     Config* cfg = &run.cfg;
     int rows = pass_rows(&o, o.batch);
-    tp_init(&run.t, &run.tp, cfg, rows);
+    tp_init(&run.t, &run.tp, cfg, rows, sp);
     long np = run.t.off[n_units(cfg)];
     run.st = state_alloc(np, o.opt.adamw);
     run.mine = (Holding){.canonical = canonical, .ctx = &run};
@@ -371,7 +806,7 @@ int main(int argc, char** argv) {
         run.mine.n[u] = run.t.size[u];
         run.mine.at[0][u] = run.st.params + off, run.mine.at[1][u] = run.st.m ? run.st.m + off : NULL;
         run.mine.at[2][u] = run.st.v ? run.st.v + off : NULL;
-        spans[u] = (GradSpan){run.st.grads + off, tp_counted(&run.t, u)};
+        spans[u] = (GradSpan){run.st.grads + off, tp_counted(&run.t, cfg, u)};
     }
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
     int width[MAX_LAYERS + 2];
@@ -380,6 +815,10 @@ int main(int argc, char** argv) {
     char layout[160];
     snprintf(layout, sizeof layout, "tensor parallel over %d ranks: hidden slices of %d%s, vocabulary slices of %d",
              run.tp.size, run.t.hs, run.t.hs * run.tp.size > cfg->hidden ? " (padded)" : "", run.t.vs);
+    if (is_gpt(cfg))
+        snprintf(layout, sizeof layout, "tensor parallel over %d ranks: %d heads and %d of the MLP's %d a rank, "
+                 "vocabulary slices of %d%s", run.tp.size, run.t.dims.NH, run.t.dims.F, 4 * cfg->emb, run.t.vs,
+                 sp ? "; sequence parallel" : "");
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
@@ -388,20 +827,22 @@ int main(int argc, char** argv) {
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
+        long n = dataset_batch_targets(&run.ds, o.seed, step, B);
         int64_t loss = forward(&run, &batch, 0, B, B, NULL); // every rank takes every row
         fix_zero(run.st.grads, np);
         backward(&run, B, B);
-        float scale = clip_factor(&o.opt, spans, n_units(cfg), B, group_norm, &run.tp); // over every slice
-        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
+        float scale = clip_factor(&o.opt, spans, n_units(cfg), n, group_norm, &run.tp); // over every slice
+        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
+        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);
     Figures fig = figures(&run, &progress, &o.opt, width, B);
-    Report rep = {"train_tp.c", layout, sent_words, mem_words};
+    Report rep = {"train_tp.c", layout, is_gpt(cfg) ? gpt_sent_words : sent_words, is_gpt(cfg) ? gpt_mem_words : mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
+    if (is_gpt(cfg) && !o.quiet && world_rank == 0) print_block_activations(&run, B);
     run_free(&run);
     MPI_Finalize();
     return 0;

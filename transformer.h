@@ -227,25 +227,26 @@ static void layernorm_backward_params(int64_t* dg, int64_t* db, const float* dy,
 // ----------------------------------------------------------------------------
 // GELU, the tanh approximation (GPT-2's, makemore's NewGELU):
 //   gelu(x) = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
-// tanh(u) is computed as 1 - 2 / (exp(2u) + 1) with expf, the one transcendental function
-// the project already relies on to give the same bits on every machine it is tested on
-// (the softmax's): a libm's tanhf is another function to trust.
+// computed as x s with s = 1 / (1 + exp(-2u)), since 1 + tanh(u) = 2 s: the same function,
+// with expf, the one transcendental function the project already relies on to give the same
+// bits on every machine it is tested on (the softmax's), where a libm's tanhf would be
+// another to trust; and accurate in the tails, where 1 + tanh(u) computed from a tanh near
+// -1 cancels (gelu(-3.5) lost 3 of float's 7 digits that way).
 
 #define GELU_K 0.7978845608028654f // sqrt(2 / pi)
 #define GELU_C 0.044715f
-ALWAYS_INLINE float gelu_tanh(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
-static void gelu_forward(float* out, const float* x, long n) {
-    for (long i = 0; i < n; i++) {
-        float xi = x[i], u = GELU_K * (xi + GELU_C * xi * xi * xi);
-        out[i] = 0.5f * xi * (1.0f + gelu_tanh(u));
-    }
+ALWAYS_INLINE float gelu_gate(float x) { // s = (1 + tanh(u)) / 2
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    return 1.0f / (1.0f + expf(-2.0f * u));
 }
-// dx = dout gelu'(x), gelu'(x) = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) sqrt(2/pi) (1 + 3 0.044715 x^2)
+static void gelu_forward(float* out, const float* x, long n) {
+    for (long i = 0; i < n; i++) out[i] = x[i] * gelu_gate(x[i]);
+}
+// dx = dout gelu'(x), gelu'(x) = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 0.044715 x^2)
 static void gelu_backward(float* dx, const float* x, const float* dout, long n) {
     for (long i = 0; i < n; i++) {
-        float xi = x[i], u = GELU_K * (xi + GELU_C * xi * xi * xi), th = gelu_tanh(u);
-        float du = GELU_K * (1.0f + 3.0f * GELU_C * xi * xi);
-        dx[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * du);
+        float xi = x[i], s = gelu_gate(xi), du = GELU_K * (1.0f + 3.0f * GELU_C * xi * xi);
+        dx[i] = dout[i] * (s + 2.0f * xi * s * (1.0f - s) * du);
     }
 }
 

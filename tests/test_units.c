@@ -562,6 +562,322 @@ static void test_grad_model(int layers, int hidden, int context, int emb) {
     work_free(&w);
 }
 
+// ----------------------------------------------------------------------------
+// the GPT (transformer.h): gradient checks of each new op and of the whole model, and the
+// attention's two-pass softmax giving the same bits however the keys and queries are split
+
+// double-precision references, written out from the definitions
+static void ln_ref(double* y, const double* x, const double* g, const double* b, int C) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= C;
+    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    for (int c = 0; c < C; c++) y[c] = (x[c] - m) / sqrt(v + 1e-5) * g[c] + b[c];
+}
+static double gelu_ref(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))); }
+// causal attention of one row: qkv [T][3C] -> y [T][C], NH heads; a key j is visible to
+// query i when j <= i + shift (shift 0: the causal mask; 1: a deliberate off-by-one)
+static void attention_ref(double* y, const double* qkv, int T, int C, int NH, int shift) {
+    int HD = C / NH;
+    double s[T];
+    for (int h = 0; h < NH; h++)
+        for (int i = 0; i < T; i++) {
+            double m = -INFINITY, sum = 0;
+            int n = i + shift < T - 1 ? i + shift + 1 : T;
+            for (int j = 0; j < n; j++) {
+                double d = 0;
+                for (int e = 0; e < HD; e++) d += qkv[i * 3 * C + h * HD + e] * qkv[j * 3 * C + C + h * HD + e];
+                s[j] = d / sqrt((double)HD), m = s[j] > m ? s[j] : m;
+            }
+            for (int j = 0; j < n; j++) s[j] = exp(s[j] - m), sum += s[j];
+            for (int e = 0; e < HD; e++) {
+                double o = 0;
+                for (int j = 0; j < n; j++) o += s[j] / sum * qkv[j * 3 * C + 2 * C + h * HD + e];
+                y[i * C + h * HD + e] = o;
+            }
+        }
+}
+
+typedef struct {
+    int N, C;
+    const double* c; // the weights of f = sum c * out
+} LnCtx;
+static double ln_objective(const double* theta, void* vctx) {
+    LnCtx* x = vctx;
+    const double *in = theta, *g = in + x->N * x->C, *b = g + x->C;
+    double y[x->C], f = 0;
+    for (int n = 0; n < x->N; n++) {
+        ln_ref(y, in + n * x->C, g, b, x->C);
+        for (int k = 0; k < x->C; k++) f += x->c[n * x->C + k] * y[k];
+    }
+    return f;
+}
+static void test_grad_layernorm(void) {
+    enum { N = 6, C = 10 };
+    float x[N * C], g[C], b[C], y[N * C], mean[N], rstd[N], cw[N * C], dx[N * C];
+    int64_t dg[C] = {0}, db[C] = {0};
+    fill(x, N * C, 81, 2.0f), fill(g, C, 82, 1.5f), fill(b, C, 83, 0.5f), fill(cw, N * C, 84, 1.0f);
+    layernorm_forward(y, mean, rstd, x, g, b, N, C);
+    layernorm_backward_input(dx, NULL, cw, x, mean, rstd, g, N, C);
+    layernorm_backward_params(dg, db, cw, x, mean, rstd, N, C, N);
+    long n = N * C + 2 * C;
+    double theta[N * C + 2 * C], an[N * C + 2 * C], num[N * C + 2 * C], cd[N * C];
+    for (int i = 0; i < N * C; i++) theta[i] = x[i], an[i] = dx[i], cd[i] = cw[i];
+    for (int i = 0; i < C; i++)
+        theta[N * C + i] = g[i], theta[N * C + C + i] = b[i], an[N * C + i] = fix_to(dg[i]), an[N * C + C + i] = fix_to(db[i]);
+    LnCtx ctx = {N, C, cd};
+    numeric_grad(num, theta, n, ln_objective, &ctx);
+    double err = grad_error(an, num, n);
+    check(err < GRAD_TOL, "gradient check: LayerNorm (input, gain, bias): max rel error %.1e", err);
+}
+static const double* gelu_c;
+static double gelu_objective(const double* x, void* ctx) {
+    double f = 0;
+    for (int i = 0; i < *(const int*)ctx; i++) f += gelu_c[i] * gelu_ref(x[i]);
+    return f;
+}
+static void test_grad_gelu(void) {
+    enum { N = 40 };
+    float x[N], y[N], cw[N], dx[N];
+    fill(x, N, 85, 4.0f), fill(cw, N, 86, 1.0f);
+    gelu_forward(y, x, N);
+    gelu_backward(dx, x, cw, N);
+    double xd[N], a[N], num[N], cd[N], worst = 0;
+    for (int i = 0; i < N; i++) xd[i] = x[i], a[i] = dx[i], cd[i] = cw[i];
+    for (int i = 0; i < N; i++) worst = fmax(worst, fabs(y[i] - gelu_ref(x[i])) / (1e-3 + fabs(gelu_ref(x[i]))));
+    int n = N;
+    gelu_c = cd;
+    numeric_grad(num, xd, N, gelu_objective, &n);
+    double err = grad_error(a, num, N);
+    check(err < GRAD_TOL && worst < 1e-5, "gradient check: GELU (tanh approximation; forward within %.1e of tanh's): max rel error %.1e", worst, err);
+}
+
+typedef struct {
+    int R, T, C, NH, shift;
+    const double* c;
+} AttnCtx;
+static double attention_objective(const double* theta, void* vctx) {
+    AttnCtx* x = vctx;
+    double y[x->T * x->C], f = 0;
+    for (int r = 0; r < x->R; r++) {
+        attention_ref(y, theta + (long)r * x->T * 3 * x->C, x->T, x->C, x->NH, x->shift);
+        for (int i = 0; i < x->T * x->C; i++) f += x->c[(long)r * x->T * x->C + i] * y[i];
+    }
+    return f;
+}
+// The attention op, forward against the reference and backward against finite differences;
+// and the same check with the reference's mask off by one, which must fail: a gradient check
+// that can fail.
+static void test_grad_attention(void) {
+    enum { R = 2, T = 5, C = 6, NH = 2 };
+    BlockDims d = {.R = R, .Tq = T, .T = T, .C = C, .NH = NH, .HD = C / NH, .A = C, .F = 4 * C, .pos = NULL};
+    float qkv[R * T * 3 * C], y[R * T * C], att[R * NH * T * T], cw[R * T * C], dqkv[R * T * 3 * C];
+    float* tmp = mallocCheck(sizeof(float) * block_scratch_floats(&d, R));
+    int64_t* acc = mallocCheck(sizeof(int64_t) * block_scratch_int64s(&d, R));
+    fill(qkv, R * T * 3 * C, 87, 1.5f), fill(cw, R * T * C, 88, 1.0f);
+    attention_forward(y, att, qkv, &d, tmp, acc);
+    attention_backward(dqkv, cw, qkv, att, y, &d, tmp, acc);
+    long n = R * T * 3 * C;
+    double theta[R * T * 3 * C], an[R * T * 3 * C], num[R * T * 3 * C], cd[R * T * C], yr[T * C], fwd = 0;
+    for (int i = 0; i < n; i++) theta[i] = qkv[i], an[i] = dqkv[i];
+    for (int i = 0; i < R * T * C; i++) cd[i] = cw[i];
+    for (int r = 0; r < R; r++) {
+        attention_ref(yr, theta + (long)r * T * 3 * C, T, C, NH, 0);
+        for (int i = 0; i < T * C; i++) fwd = fmax(fwd, fabs(y[r * T * C + i] - yr[i]));
+    }
+    AttnCtx ctx = {R, T, C, NH, 0, cd};
+    numeric_grad(num, theta, n, attention_objective, &ctx);
+    double err = grad_error(an, num, n);
+    check(err < GRAD_TOL && fwd < 1e-5, "gradient check: causal attention, 2 heads (forward within %.1e): max rel error %.1e", fwd, err);
+    ctx.shift = 1; // the reference lets each query see the next key
+    numeric_grad(num, theta, n, attention_objective, &ctx);
+    double wrong = grad_error(an, num, n);
+    check(wrong > 100 * GRAD_TOL, "gradient check that must fail: the reference's causal mask off by one gives max rel error %.1e", wrong);
+    free(tmp), free(acc);
+}
+
+// The masked loss: rows with target -1 (the GPT's padding) add no loss and get no gradient.
+static void test_grad_masked_xent(void) {
+    enum { R = 6, V = 5 };
+    float logits[R * V], probs[R * V], rowmax[R], tl[R], dl[R * V];
+    int64_t sum[R];
+    int targets[R] = {3, -1, 0, 4, -1, 1};
+    fill(logits, R * V, 89, 3.0f);
+    memcpy(probs, logits, sizeof probs);
+    int64_t loss = xent_forward(probs, sum, rowmax, tl, targets, R, V, R);
+    xent_backward(dl, probs, targets, R, V, 0);
+    double ref = 0, worst = 0;
+    for (int r = 0; r < R; r++) {
+        double m = -INFINITY, s = 0;
+        for (int v = 0; v < V; v++) m = fmax(m, logits[r * V + v]);
+        for (int v = 0; v < V; v++) s += exp(logits[r * V + v] - m);
+        for (int v = 0; v < V; v++) {
+            double want = targets[r] < 0 ? 0 : exp(logits[r * V + v] - m) / s - (v == targets[r]);
+            worst = fmax(worst, fabs(dl[r * V + v] - want));
+        }
+        if (targets[r] >= 0) ref += log(s) + m - logits[r * V + targets[r]];
+    }
+    check(fabs(fix_to(loss) - ref) < 1e-5 * ref && worst < 1e-6,
+          "masked cross-entropy: rows without a target add no loss (%.6f, reference %.6f) and get a zero gradient (max error %.1e)",
+          fix_to(loss), ref, worst);
+}
+
+// The whole GPT in double precision: f = the sum of the losses over the valid targets
+typedef struct {
+    const Config* c;
+    const int *tokens, *targets;
+    int R, shift;
+} GptCtx;
+static double gpt_objective(const double* theta, void* vctx) {
+    GptCtx* x = vctx;
+    const Config* c = x->c;
+    int T = c->context, C = c->emb, V = c->vocab, F = 4 * C, L = c->layers;
+    BlockLayout bl = block_layout(C, C, F);
+    double *h = mallocCheck(sizeof(double) * T * C), *y = mallocCheck(sizeof(double) * T * C);
+    double *qkv = mallocCheck(sizeof(double) * T * 3 * C), *a = mallocCheck(sizeof(double) * T * C);
+    double *m = mallocCheck(sizeof(double) * T * F), f = 0;
+    for (int r = 0; r < x->R; r++) {
+        const int *tok = x->tokens + r * T, *tgt = x->targets + r * T;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < C; k++) h[t * C + k] = theta[tok[t] * C + k] + theta[(long)V * C + t * C + k];
+        for (int l = 1; l <= L; l++) {
+            const double* w = theta + unit_offset(c, l);
+            for (int t = 0; t < T; t++) {
+                ln_ref(y + t * C, h + t * C, w + bl.ln1_g, w + bl.ln1_b, C);
+                for (int j = 0; j < 3 * C; j++) {
+                    double o = w[bl.qkv_b + j];
+                    for (int k = 0; k < C; k++) o += y[t * C + k] * w[bl.qkv_w + (long)k * 3 * C + j];
+                    qkv[t * 3 * C + j] = o;
+                }
+            }
+            attention_ref(a, qkv, T, C, c->heads, x->shift);
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < C; j++) {
+                    double o = w[bl.proj_b + j];
+                    for (int k = 0; k < C; k++) o += a[t * C + k] * w[bl.proj_w + (long)k * C + j];
+                    h[t * C + j] += o;
+                }
+            for (int t = 0; t < T; t++) {
+                ln_ref(y + t * C, h + t * C, w + bl.ln2_g, w + bl.ln2_b, C);
+                for (int j = 0; j < F; j++) {
+                    double o = w[bl.fc_b + j];
+                    for (int k = 0; k < C; k++) o += y[t * C + k] * w[bl.fc_w + (long)k * F + j];
+                    m[t * F + j] = gelu_ref(o);
+                }
+                for (int j = 0; j < C; j++) {
+                    double o = w[bl.fc2_b + j];
+                    for (int k = 0; k < F; k++) o += m[t * F + k] * w[bl.fc2_w + (long)k * C + j];
+                    h[t * C + j] += o;
+                }
+            }
+        }
+        const double* w = theta + unit_offset(c, L + 1); // lm_head [C][V], ln_f gain, bias
+        for (int t = 0; t < T; t++) {
+            if (tgt[t] < 0) continue;
+            ln_ref(y, h + t * C, w + (long)C * V, w + (long)C * V + C, C);
+            double logit[V], mx = -INFINITY, s = 0;
+            for (int v = 0; v < V; v++) {
+                logit[v] = 0;
+                for (int k = 0; k < C; k++) logit[v] += y[k] * w[(long)k * V + v];
+                mx = fmax(mx, logit[v]);
+            }
+            for (int v = 0; v < V; v++) s += exp(logit[v] - mx);
+            f += log(s) + mx - logit[tgt[t]];
+        }
+    }
+    free(h), free(y), free(qkv), free(a), free(m);
+    return f;
+}
+static void test_grad_gpt(int layers, int heads, int context, int emb) {
+    Config c = {.model = MODEL_GPT, .heads = heads, .vocab = 7, .context = context, .emb = emb, .layers = layers};
+    int R = 3, T = context;
+    long np = n_params(&c);
+    float* params = mallocCheck(sizeof(float) * np);
+    for (int u = 0; u < n_units(&c); u++)
+        for (long e = 0; e < unit_params(&c, u); e++) params[unit_offset(&c, u) + e] = unit_init_value(&c, 77 + layers, u, e);
+    int tokens[3 * 8], targets[3 * 8];
+    for (int r = 0; r < R; r++) { // names of 2, 4 and T-1 characters: padding, and a full row
+        int n = r == 0 ? 2 : r == 1 ? (T > 4 ? 4 : T - 1) : T - 1;
+        for (int t = 0; t < T; t++) {
+            int ch = 1 + (int)(rng_u64(63, r, t) % (c.vocab - 1));
+            tokens[r * T + t] = t == 0 || t > n ? 0 : targets[r * T + t - 1];
+            targets[r * T + t] = t < n ? ch : t == n ? 0 : -1;
+        }
+    }
+    Work w;
+    work_init(&w, &c, R, NULL);
+    memcpy(w.acts.tokens, tokens, sizeof(int) * R * T);
+    memcpy(w.acts.targets, targets, sizeof(int) * R * T);
+    int64_t loss = model_forward(&c, params, &w, R, R);
+    int64_t* grads = callocCheck(np, sizeof(int64_t));
+    model_backward(&c, params, grads, &w, R, R);
+    double *theta = mallocCheck(sizeof(double) * np), *an = mallocCheck(sizeof(double) * np),
+           *num = mallocCheck(sizeof(double) * np);
+    for (long i = 0; i < np; i++) theta[i] = params[i], an[i] = fix_to(grads[i]);
+    GptCtx ctx = {&c, tokens, targets, R, 0};
+    double ref = gpt_objective(theta, &ctx);
+    numeric_grad(num, theta, np, gpt_objective, &ctx);
+    double err = grad_error(an, num, np);
+    check(fabs(fix_to(loss) - ref) < 1e-5 * ref && err < GRAD_TOL,
+          "gradient check: whole GPT, %d blocks, %d heads, T=%d, C=%d, padded rows (%ld parameters; loss %.6f, "
+          "reference %.6f): max rel error %.1e", layers, heads, context, emb, np, fix_to(loss), ref, err);
+    free(params), free(grads), free(theta), free(an), free(num);
+    work_free(&w);
+}
+
+// The two-pass softmax gives the same bits however the keys come in blocks and whichever
+// queries a rank holds (context parallelism: train_cp.c), forward and backward.
+static void test_attention_split(void) {
+    enum { R = 2, T = 8, C = 8, NH = 2, HD = 4 };
+    BlockDims d = {.R = R, .Tq = T, .T = T, .C = C, .NH = NH, .HD = HD, .A = C, .F = 4 * C, .pos = NULL};
+    float qkv[R * T * 3 * C], y[R * T * C], att[R * NH * T * T], dy[R * T * C], dqkv[R * T * 3 * C];
+    float* tmp = mallocCheck(sizeof(float) * block_scratch_floats(&d, R));
+    int64_t* acc = mallocCheck(sizeof(int64_t) * block_scratch_int64s(&d, R));
+    fill(qkv, R * T * 3 * C, 91, 2.0f), fill(dy, R * T * C, 92, 1.0f);
+    attention_forward(y, att, qkv, &d, tmp, acc);
+    attention_backward(dqkv, dy, qkv, att, y, &d, tmp, acc);
+    // queries of one "rank": positions {1, 2, 5, 6} (zigzag chunks 1 and 2 of 4); keys in two
+    // blocks {0, 1, 6, 7} and {2, 3, 4, 5}, passed in the order a ring would bring them
+    int qpos[4] = {1, 2, 5, 6}, k1[4] = {0, 1, 6, 7}, k2[4] = {2, 3, 4, 5}, Tq = 4;
+    BlockDims q = d;
+    q.Tq = Tq, q.pos = qpos;
+    float qs[R * Tq * 3 * C], kv1[R * 4 * 3 * C], kv2[R * 4 * 3 * C], ys[R * Tq * C], atts[R * NH * Tq * T],
+        rowmax[R * NH * Tq], dys[R * Tq * C], D[R * NH * Tq], vT[HD * 4];
+    int64_t expsum[R * NH * Tq], pv[R * Tq * C], dq[R * Tq * C], dk1[R * 4 * C], dv1[R * 4 * C], dk2[R * 4 * C], dv2[R * 4 * C];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 4; i++) {
+            memcpy(qs + (r * Tq + i) * 3 * C, qkv + (r * T + qpos[i]) * 3 * C, sizeof(float) * 3 * C);
+            memcpy(kv1 + (r * 4 + i) * 3 * C, qkv + (r * T + k1[i]) * 3 * C, sizeof(float) * 3 * C);
+            memcpy(kv2 + (r * 4 + i) * 3 * C, qkv + (r * T + k2[i]) * 3 * C, sizeof(float) * 3 * C);
+            memcpy(dys + (r * Tq + i) * C, dy + (r * T + qpos[i]) * C, sizeof(float) * C);
+        }
+    for (int i = 0; i < R * NH * Tq; i++) rowmax[i] = -INFINITY;
+    memset(expsum, 0, sizeof expsum), memset(pv, 0, sizeof pv);
+    attention_scores(atts, rowmax, qs, 3 * C, kv2 + C, 3 * C, k2, 4, &q, vT);
+    attention_scores(atts, rowmax, qs, 3 * C, kv1 + C, 3 * C, k1, 4, &q, vT);
+    attention_exp_pv(atts, expsum, pv, rowmax, kv1 + 2 * C, 3 * C, k1, 4, &q, T);
+    attention_exp_pv(atts, expsum, pv, rowmax, kv2 + 2 * C, 3 * C, k2, 4, &q, T);
+    attention_finish(atts, ys, C, expsum, pv, &q);
+    int same = 1;
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < Tq; i++) {
+            same &= !memcmp(ys + (r * Tq + i) * C, y + (r * T + qpos[i]) * C, sizeof(float) * C);
+            for (int h = 0; h < NH; h++)
+                same &= !memcmp(atts + ((r * NH + h) * Tq + i) * T, att + ((r * NH + h) * T + qpos[i]) * T, sizeof(float) * T);
+        }
+    check(same, "attention: a rank's queries {1,2,5,6} against two blocks of keys, in either order, give the whole's bits");
+    memset(dq, 0, sizeof dq), memset(dk1, 0, sizeof dk1), memset(dv1, 0, sizeof dv1), memset(dk2, 0, sizeof dk2), memset(dv2, 0, sizeof dv2);
+    attention_backward_d(D, dys, ys, C, &q);
+    attention_backward_block(dq, dk2, dv2, atts, D, qs, 3 * C, kv2 + C, 3 * C, kv2 + 2 * C, 3 * C, dys, C, k2, 4, &q, vT, T);
+    attention_backward_block(dq, dk1, dv1, atts, D, qs, 3 * C, kv1 + C, 3 * C, kv1 + 2 * C, 3 * C, dys, C, k1, 4, &q, vT, T);
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < Tq; i++)
+            for (int x = 0; x < C; x++) same &= (float)fix_to(dq[(r * Tq + i) * C + x]) == dqkv[(r * T + qpos[i]) * 3 * C + x];
+    check(same, "attention backward: those queries' dq, summed over the two blocks of keys, are the whole's bits");
+    free(tmp), free(acc);
+}
+
 // The mixture-of-experts model (model.h), in double precision and written out from its
 // definition: router softmax, top k (ties to the lower index), gates (k = 1: the probability;
 // k = 2: renormalised), capacity C = ceil(F k R / X) by slot then row, experts Linear + ReLU,
@@ -809,6 +1125,14 @@ int main(void) {
     test_grad_model(2, 6, 2, 3);
     test_grad_model(3, 5, 4, 2);
     test_grad_model(1, 33, 5, 3);
+    test_grad_layernorm();
+    test_grad_gelu();
+    test_grad_attention();
+    test_grad_masked_xent();
+    test_attention_split();
+    test_grad_gpt(1, 2, 4, 4);
+    test_grad_gpt(2, 2, 5, 6);
+    test_grad_gpt(1, 1, 3, 3);
     test_grad_moe(1, 4, 1, 4.0f, 12, 0);
     test_grad_moe(1, 4, 1, 1.0f, 12, 1);
     test_grad_moe(2, 4, 2, 1.25f, 12, 1);
