@@ -32,7 +32,7 @@ CFLAGS += -fopenmp
 endif
 
 HEADERS = util.h kernels.h model.h transformer.h data.h ckpt.h cli.h report.h
-PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d train_ep
+PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d train_ep train_cp
 TESTS = tests/test_units tools/compare tools/report tools/schedules tools/costmodel tools/pingpong
 
 .PHONY: all run test check fuzz zoo cluster bench clean mpi openblas

@@ -887,24 +887,56 @@ static void work_free(Work* w) {
 // ----------------------------------------------------------------------------
 // the GPT's units: the embedding, a block, the head (their layers: transformer.h)
 
-// Forward of unit u over R rows: x = wte + wpe; a block; or the head: ln_f, lm_head and the
-// loss, the exact sum over the rows' valid targets.
+// The head over the tokens of d (R rows of its Tq positions): ln_f, lm_head (column-parallel:
+// by vocabulary), the loss, the exact sum over the tokens' valid targets [R][Tq]. Its
+// LayerNorm's output and statistics are kept in a->saved (`rows` rows of T positions).
+static float* gpt_head_saved(const Config* c, const Acts* a, int which) { // 0 ln_f's output, 1 mean, 2 rstd
+    long n = (long)a->rows * c->context;
+    return a->saved[c->layers + 1] + (which == 0 ? 0 : n * c->emb + (which - 1) * n);
+}
+static int64_t gpt_head_forward(const Config* c, const float* w, Acts* a, const int* targets, const BlockDims* d,
+                                long rows_total, Workspace* ws) {
+    int C = c->emb, V = c->vocab, u = c->layers + 1;
+    long N = (long)d->R * d->Tq;
+    float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
+    layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * V, w + (long)C * V + C, N, C);
+    linear_forward(a->out[u], ln, w, NULL, (int)N, C, V, ws); // lm_head: column-parallel (by vocabulary)
+    return xent_forward(a->out[u], a->expsum, a->rowmax, a->tlogit, targets, (int)N, V, rows_total * c->context);
+}
+// The input half: from the loss to s->din, leaving in `stash` the logits' and ln_f's output
+// gradients for the weight half.
+static void gpt_head_backward_input(const Config* c, const float* w, Acts* a, const int* targets, Scratch* s,
+                                    float* stash, const BlockDims* d, Workspace* ws) {
+    int C = c->emb, V = c->vocab, u = c->layers + 1;
+    long N = (long)d->R * d->Tq;
+    float *dlogits = stash, *dln = stash + N * V;
+    xent_backward(dlogits, a->out[u], targets, (int)N, V, 0);
+    linear_backward_input_exact(dln, s->acc, dlogits, w, (int)N, C, V, ws); // column-parallel: exact
+    layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], gpt_head_saved(c, a, 1), gpt_head_saved(c, a, 2),
+                             w + (long)C * V, N, C);
+}
+static void gpt_head_backward_weight(const Config* c, int64_t* g, const Acts* a, const float* stash,
+                                     const BlockDims* d, long terms, Workspace* ws) {
+    int C = c->emb, V = c->vocab, u = c->layers + 1;
+    long N = (long)d->R * d->Tq;
+    const float *dlogits = stash, *dln = stash + N * V;
+    linear_backward_weight(g, NULL, gpt_head_saved(c, a, 0), dlogits, (int)N, C, V, terms, ws);
+    layernorm_backward_params(g + (long)C * V, g + (long)C * V + C, dln, a->out[u - 1], gpt_head_saved(c, a, 1),
+                              gpt_head_saved(c, a, 2), N, C, terms);
+}
+
+// Forward of unit u over R rows: x = wte + wpe; a block; or the head and the loss.
 static void gpt_unit_forward(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
                              Workspace* ws) {
     BlockDims d = gpt_dims(c, R);
-    int C = c->emb, V = c->vocab, T = c->context;
-    long N = (long)R * T;
     if (u == 0) {
-        gpt_embedding_forward(a->out[0], a->tokens, w, w + (long)V * C, 0, V, 1, &d);
+        gpt_embedding_forward(a->out[0], a->tokens, w, w + (long)c->vocab * c->emb, 0, c->vocab, 1, &d);
     } else if (u <= c->layers) {
         BlockParams p = block_params(w, &d);
         BlockActs ba = block_acts(a->saved[u], &d, a->rows);
         block_forward(a->out[u], a->out[u - 1], &p, &ba, &d, s->tmp, s->acc, ws);
     } else {
-        float *ln = a->saved[u], *mean = ln + (long)a->rows * T * C, *rstd = mean + (long)a->rows * T;
-        layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * V, w + (long)C * V + C, N, C);
-        linear_forward(a->out[u], ln, w, NULL, (int)N, C, V, ws); // lm_head: column-parallel (by vocabulary)
-        a->loss = xent_forward(a->out[u], a->expsum, a->rowmax, a->tlogit, a->targets, (int)N, V, rows_total * T);
+        a->loss = gpt_head_forward(c, w, a, a->targets, &d, rows_total, ws);
     }
 }
 // Backward, the input half: from s->dout (the head: from the loss) to s->din, leaving in
@@ -912,8 +944,6 @@ static void gpt_unit_forward(const Config* c, int u, const float* w, Acts* a, Sc
 static void gpt_unit_backward_input(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
                                     Workspace* ws) {
     BlockDims d = gpt_dims(c, R);
-    int C = c->emb, V = c->vocab, T = c->context;
-    long N = (long)R * T;
     if (u == 0) return;
     if (u <= c->layers) {
         BlockParams p = block_params(w, &d);
@@ -921,11 +951,7 @@ static void gpt_unit_backward_input(const Config* c, int u, const float* w, Acts
         BlockStash st = block_stash(s->stash, &d, R);
         block_backward_input(s->din, s->dout, a->out[u - 1], &p, &ba, &st, &d, s->tmp, s->acc, ws);
     } else {
-        float *mean = a->saved[u] + (long)a->rows * T * C, *rstd = mean + (long)a->rows * T;
-        float *dlogits = s->stash, *dln = s->stash + N * V;
-        xent_backward(dlogits, a->out[u], a->targets, (int)N, V, 0);
-        linear_backward_input_exact(dln, s->acc, dlogits, w, (int)N, C, V, ws); // column-parallel: exact
-        layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, w + (long)C * V, N, C);
+        gpt_head_backward_input(c, w, a, a->targets, s, s->stash, &d, ws);
     }
 }
 // The weight half: unit u's parameter gradients added into g, exact sums over the tokens of
@@ -934,20 +960,16 @@ static void gpt_unit_backward_input(const Config* c, int u, const float* w, Acts
 static void gpt_unit_backward_weight(const Config* c, int u, int64_t* g, const Acts* a, const float* stash, int R,
                                      long batch, Workspace* ws) {
     BlockDims d = gpt_dims(c, R);
-    int C = c->emb, V = c->vocab, T = c->context;
-    long N = (long)R * T, terms = batch * T;
+    long terms = batch * c->context;
     if (u == 0) {
-        gpt_embedding_backward(g, g + (long)V * C, a->tokens, stash, 0, V, &d, terms);
+        gpt_embedding_backward(g, g + (long)c->vocab * c->emb, a->tokens, stash, 0, c->vocab, &d, terms);
     } else if (u <= c->layers) {
         BlockGrads gg = block_grads(g, &d);
         BlockActs ba = block_acts(a->saved[u], &d, a->rows);
         BlockStash st = block_stash((float*)stash, &d, R);
         block_backward_weight(&gg, a->out[u - 1], &ba, &st, &d, terms, ws);
     } else {
-        const float *ln = a->saved[u], *mean = ln + (long)a->rows * T * C, *rstd = mean + (long)a->rows * T;
-        const float *dlogits = stash, *dln = stash + N * V;
-        linear_backward_weight(g, NULL, ln, dlogits, (int)N, C, V, terms, ws);
-        layernorm_backward_params(g + (long)C * V, g + (long)C * V + C, dln, a->out[u - 1], mean, rstd, N, C, terms);
+        gpt_head_backward_weight(c, g, a, stash, &d, terms, ws);
     }
 }
 

@@ -440,14 +440,18 @@ static void attention_backward(float* dqkv, const float* dy, const float* qkv, c
 // are column-parallel (their input gradient is a sum over the columns a rank holds), proj
 // and fc2 row-parallel (their output is a sum over the rows a rank holds).
 
-// x [N][C] -> out [N][C], keeping `a`. tmp and acc: block_scratch_floats / _int64s.
-static void block_forward(float* out, const float* x, const BlockParams* p, const BlockActs* a, const BlockDims* d,
-                          float* tmp, int64_t* acc, Workspace* ws) {
+// The forward in three parts, so that a layout can put its own attention between them
+// (train_cp.c): before attention, x [N][C] -> a->qkv; attention; after it, a->atty -> out.
+static void block_forward_qkv(const float* x, const BlockParams* p, const BlockActs* a, const BlockDims* d,
+                              Workspace* ws) {
+    long N = (long)d->R * d->Tq;
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_g, p->ln1_b, N, d->C);
+    linear_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, (int)N, d->C, 3 * d->A, ws);          // column-parallel
+}
+static void block_forward_out(float* out, const float* x, const BlockParams* p, const BlockActs* a,
+                              const BlockDims* d, int64_t* acc, Workspace* ws) {
     long N = (long)d->R * d->Tq;
     int C = d->C, A = d->A, F = d->F;
-    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_g, p->ln1_b, N, C);
-    linear_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, (int)N, C, 3 * A, ws);              // column-parallel
-    attention_forward(a->atty, a->att, a->qkv, d, tmp, acc);                               // causal, exact over keys
     linear_forward_exact(a->x1, acc, a->atty, p->proj_w, p->proj_b, (int)N, A, C, ws);     // row-parallel: exact
     for (long i = 0; i < N * C; i++) a->x1[i] += x[i];                                     // residual
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, p->ln2_g, p->ln2_b, N, C);
@@ -456,24 +460,43 @@ static void block_forward(float* out, const float* x, const BlockParams* p, cons
     linear_forward_exact(out, acc, a->gelu, p->fc2_w, p->fc2_b, (int)N, F, C, ws);         // row-parallel: exact
     for (long i = 0; i < N * C; i++) out[i] += a->x1[i];                                   // residual
 }
+// x [N][C] -> out [N][C], keeping `a`. tmp and acc: block_scratch_floats / _int64s.
+static void block_forward(float* out, const float* x, const BlockParams* p, const BlockActs* a, const BlockDims* d,
+                          float* tmp, int64_t* acc, Workspace* ws) {
+    block_forward_qkv(x, p, a, d, ws);
+    attention_forward(a->atty, a->att, a->qkv, d, tmp, acc);                               // causal, exact over keys
+    block_forward_out(out, x, p, a, d, acc, ws);
+}
 
-// Backward, the input half: from dout (the gradient of the block's output) to dx (of its
-// input), leaving in `st` what the weight half needs.
-static void block_backward_input(float* dx, const float* dout, const float* x, const BlockParams* p,
-                                 const BlockActs* a, const BlockStash* st, const BlockDims* d, float* tmp,
-                                 int64_t* acc, Workspace* ws) {
-    long N = (long)d->R * d->Tq, most = d->F > d->A ? d->F : d->A;
+// Backward, the input half, in three parts as the forward: from dout (the gradient of the
+// block's output) back through fc2, GELU, fc, ln2 and proj to datty (the gradient of
+// attention's output); attention; from st->dqkv back through qkv and ln1 to dx (of the
+// block's input). Each leaves in `st` what the weight half needs.
+static void block_backward_out(float* datty, const float* dout, const BlockParams* p, const BlockActs* a,
+                               const BlockStash* st, const BlockDims* d, float* dh, int64_t* acc, Workspace* ws) {
+    long N = (long)d->R * d->Tq;
     int C = d->C, A = d->A, F = d->F;
-    float *dh = tmp, *small = tmp + N * most; // dh: fc2's input gradient, then attention's output gradient
     memcpy(st->dx2, dout, (size_t)N * C * sizeof(float));
     linear_backward_input(dh, dout, p->fc2_w, (int)N, F, C, ws);                            // row-parallel: float
     gelu_backward(st->dfc, a->fc, dh, N * F);
     linear_backward_input_exact(st->dln2, acc, st->dfc, p->fc_w, (int)N, C, F, ws);        // column-parallel: exact
     layernorm_backward_input(st->dx1, dout, st->dln2, a->x1, a->ln2_mean, a->ln2_rstd, p->ln2_g, N, C);
-    linear_backward_input(dh, st->dx1, p->proj_w, (int)N, A, C, ws);                       // row-parallel: float
+    linear_backward_input(datty, st->dx1, p->proj_w, (int)N, A, C, ws);                    // row-parallel: float
+}
+static void block_backward_qkv(float* dx, const float* x, const BlockParams* p, const BlockActs* a,
+                               const BlockStash* st, const BlockDims* d, int64_t* acc, Workspace* ws) {
+    long N = (long)d->R * d->Tq;
+    linear_backward_input_exact(st->dln1, acc, st->dqkv, p->qkv_w, (int)N, d->C, 3 * d->A, ws); // column-parallel: exact
+    layernorm_backward_input(dx, st->dx1, st->dln1, x, a->ln1_mean, a->ln1_rstd, p->ln1_g, N, d->C);
+}
+static void block_backward_input(float* dx, const float* dout, const float* x, const BlockParams* p,
+                                 const BlockActs* a, const BlockStash* st, const BlockDims* d, float* tmp,
+                                 int64_t* acc, Workspace* ws) {
+    long most = d->F > d->A ? d->F : d->A;
+    float *dh = tmp, *small = tmp + (long)d->R * d->Tq * most; // dh: fc2's input gradient, then attention's output's
+    block_backward_out(dh, dout, p, a, st, d, dh, acc, ws);
     attention_backward(st->dqkv, dh, a->qkv, a->att, a->atty, d, small, acc);             // exact over keys, queries
-    linear_backward_input_exact(st->dln1, acc, st->dqkv, p->qkv_w, (int)N, C, 3 * A, ws);  // column-parallel: exact
-    layernorm_backward_input(dx, st->dx1, st->dln1, x, a->ln1_mean, a->ln1_rstd, p->ln1_g, N, C);
+    block_backward_qkv(dx, x, p, a, st, d, acc, ws);
 }
 // The weight half: every parameter gradient, exact sums over the tokens (`terms`: tokens in
 // the whole batch), from the kept activations and the stash.
