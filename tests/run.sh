@@ -745,6 +745,77 @@ section_accounting() {
 }
 
 # ----------------------------------------------------------------------------
+# the GPT (--model gpt; transformer.h): train.c against every layout that splits it, bit
+# for bit: rows (dp, fsdp), heads (tp), heads and tokens (tp --sp), positions (cp)
+section_gpt() {
+    local small="--model gpt --emb 16 --heads 4 --layers 2 --samples 3" flags n
+    for opt in "--optimizer sgd --lr 0.05" "--clip 0.5"; do # sgd; adamw (the GPT's default) with clipping
+        local tag=gpt_${opt:2:4}
+        flags="$small --steps 40 --eval-every 20 $opt"
+        reference $tag $flags
+        for n in 2 3; do
+            same_as $tag "gpt: dp on $n ranks, ${opt%% *} ${opt#* }, same as train.c" $MPIRUN -n $n ./train_dp $flags
+        done
+        for z in 1 2 3; do
+            same_as $tag "gpt: ZeRO-$z on 3 ranks, $opt, same as train.c" $MPIRUN -n 3 ./train_fsdp --zero $z $flags
+        done
+        for n in 1 2 4; do
+            same_as $tag "gpt: tp on $n ranks (heads split), $opt, same as train.c" $MPIRUN -n $n ./train_tp $flags
+            same_as $tag "gpt: tp --sp on $n ranks (heads and tokens split), $opt, same as train.c" $MPIRUN -n $n ./train_tp --sp $flags
+        done
+        for n in 1 2 4 8; do
+            for comm in ring allgather; do
+                same_as $tag "gpt: cp on $n ranks, $comm, zigzag, $opt, same as train.c" $MPIRUN -n $n ./train_cp --cp-comm $comm $flags
+            done
+        done
+        for n in 2 4; do
+            same_as $tag "gpt: cp on $n ranks, ring, contiguous, $opt, same as train.c" $MPIRUN -n $n ./train_cp --cp-split contiguous $flags
+        done
+    done
+    # 27 rows on 4 ranks (7, 7, 7, 6); a vocabulary of 27 in slices of 14 (one padded); T = 8, cutting longer names
+    flags="$small --steps 30 --eval-every 0 --batch 27 --context 8 --clip 1"
+    reference gpt_odd $flags
+    same_as gpt_odd "gpt: dp, 27 rows on 4 ranks, T=8 (names cut), same as train.c" $MPIRUN -n 4 ./train_dp $flags
+    same_as gpt_odd "gpt: tp --sp on 2 ranks, 27 rows x 8 tokens, vocabulary slices of 14, same as train.c" $MPIRUN -n 2 ./train_tp --sp $flags
+    same_as gpt_odd "gpt: cp on 4 ranks, T=8 (chunks of 1), same as train.c" $MPIRUN -n 4 ./train_cp $flags
+    # resuming across programs: train.c's checkpoint in train_cp and train_tp --sp, train_cp's in train.c
+    flags="$small --steps 30 --eval-every 0 --clip 1"
+    reference gpt_r $flags
+    run "$TMP/gpt_half.out" ./train $flags --steps 15 --quiet --save "$TMP/gpt_half.ckpt"
+    same_as gpt_r "gpt: train_cp resumes train.c's checkpoint, same as train.c" $MPIRUN -n 2 ./train_cp $flags --load "$TMP/gpt_half.ckpt"
+    same_as gpt_r "gpt: train_tp --sp resumes train.c's checkpoint, same as train.c" $MPIRUN -n 2 ./train_tp --sp $flags --load "$TMP/gpt_half.ckpt"
+    run "$TMP/gpt_half2.out" $MPIRUN -n 4 ./train_cp $flags --steps 15 --quiet --save "$TMP/gpt_half2.ckpt"
+    same_as gpt_r "gpt: train.c resumes train_cp's checkpoint, same as train.c" ./train $flags --load "$TMP/gpt_half2.ckpt"
+    # what each run prints of itself: the causal pairs of each split, the bytes beside their formulas
+    run "$TMP/cp.out" $MPIRUN -n 2 ./train_cp --model gpt --cp-split contiguous --steps 2 --samples 0
+    check "gpt: cp prints each rank's positions and causal pairs, contiguous: 36 and 100" \
+        grep -q "positions 8 9 10 11 12 13 14 15: 100 causal pairs" "$TMP/cp.out"
+    run "$TMP/cp.out" $MPIRUN -n 2 ./train_cp --model gpt --steps 2 --samples 0
+    check "gpt: cp prints each rank's positions and causal pairs, zigzag: 68 and 68" \
+        grep -q "positions 4 5 6 7 8 9 10 11: 68 causal pairs" "$TMP/cp.out"
+    accounting "gpt: tp, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_tp --model gpt
+    accounting "gpt: tp --sp, 4 ranks, clipping (a norm of 1 element in chunks of 1, 0, 0, 0)" 128 $MPIRUN -n 4 ./train_tp --model gpt --sp --clip 1
+    accounting "gpt: cp ring, 4 ranks (P + 1 sums in uneven chunks)" 128 $MPIRUN -n 4 ./train_cp --model gpt
+    accounting "gpt: cp all-gather, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_cp --model gpt --cp-comm allgather
+    accounting "gpt: ZeRO-3, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_fsdp --model gpt --zero 3
+    run "$TMP/tp.out" $MPIRUN -n 2 ./train_tp --model gpt --sp --steps 2 --samples 0
+    check "gpt: tp --sp prints a block's activations held beside Korthikanti et al.'s form, equal" \
+        awk '/activations of one block per rank/ { n++; held = $0; sub(/ B held.*/, "", held); sub(/.*: /, "", held); f = $NF == "B" ? $(NF-1) : $NF; if (held + 0 == f + 0 && held > 0) ok++ } END { exit !(n == 1 && ok == 1) }' "$TMP/tp.out"
+    # bad inputs, refused on every rank with one message
+    expect_error 2 "--hidden applies to --model mlp" "gpt: --hidden is refused, saying why" -- ./train --model gpt --hidden 64
+    expect_error 2 "--heads applies to --model gpt" "gpt: --heads without --model gpt is refused" -- ./train --heads 4
+    expect_error 2 "--emb 60 is not a multiple of --heads 8" "gpt: heads that do not divide the width are refused" -- ./train --model gpt --emb 60 --heads 8
+    expect_error 2 "--model must be mlp or gpt" "gpt: an unknown model is refused" -- ./train --model rnn
+    expect_error 2 "3 ranks but 4 heads" "gpt: tp on ranks that do not divide the heads is refused" -- $MPIRUN -n 3 ./train_tp --model gpt
+    expect_error 2 "--sp applies to --model gpt" "gpt: --sp with the MLP is refused, saying why" -- $MPIRUN -n 2 ./train_tp --sp
+    expect_error 2 "so 2N must divide T" "gpt: cp on 3 ranks (2N = 6 does not divide T = 16) is refused" -- $MPIRUN -n 3 ./train_cp --model gpt
+    expect_error 2 "which only the GPT has" "gpt: cp with the MLP is refused, saying why" -- $MPIRUN -n 2 ./train_cp
+    expect_error 2 "--cp-comm must be ring or allgather" "gpt: a bad --cp-comm is refused" -- $MPIRUN -n 2 ./train_cp --model gpt --cp-comm tree
+    expect_error 2 "--experts applies to --model mlp" "gpt: --experts with the GPT is refused" -- ./train --model gpt --experts 4
+    expect_error 1 "cannot open data file" "gpt: a missing data file ends every rank of train_cp" -- $MPIRUN -n 2 ./train_cp --model gpt --data /nonexistent
+}
+
+# ----------------------------------------------------------------------------
 section_run() {
     run "$TMP/run.out" env QUICK=1 OUT="$TMP/out" bash tools/run_all.sh
     local rows
@@ -934,6 +1005,7 @@ run_section schedules
 run_section 3d
 run_section ep
 run_section accounting
+run_section gpt
 run_section run
 run_section builds
 run_section cluster
