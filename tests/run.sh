@@ -418,7 +418,7 @@ section_dp() {
         same_as dp_pieces "dp: $n ranks, 393217 sums in ring pieces of 64Ki, one piece empty, same as train.c" \
             $MPIRUN -n $n ./train_dp $flags
     done
-    # weight averaging: the same update in exact arithmetic, not bit for bit (README)
+    # weight averaging: the same update in exact arithmetic, not bit for bit (docs/exactness.md)
     reference dp_w --steps 50 --eval-every 0
     for n in 2 3 4; do
         run "$TMP/w.out" $MPIRUN -n $n ./train_dp --sync weights --steps 50 --eval-every 0 --quiet \
