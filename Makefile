@@ -8,7 +8,7 @@
 #   make zoo          the bug zoo: 15 classic bugs of distributed training, each caught by a test
 #   make cluster      make run's comparison across emulated hosts (root), with a cost model's predictions
 #                     (HOSTS=2 or 4, LINK="1gbit 100mbit", QUICK=1)
-#   make bench        the performance table of the README (installs OpenBLAS and PyTorch for it if missing)
+#   make bench        the performance tables of docs/performance.md (installs OpenBLAS and PyTorch for them if missing)
 #   make OMP=1 ...    split the kernels across OpenMP threads (the results do not change)
 #   make clean
 #
@@ -70,7 +70,7 @@ bench/bench: bench/bench.c $(HEADERS) | openblas
 	$(CC) $(CFLAGS) -o $@ bench/bench.c -lopenblas $(LDLIBS)
 bench/train_omp: train.c $(HEADERS)
 	$(CC) $(CFLAGS) -fopenmp -o $@ train.c $(LDLIBS)
-# train.c as a user builds it by hand, with no flag at all (README: the plain build)
+# train.c as a user builds it by hand, with no flag at all (the README's hand build; the 'built plain' row)
 bench/train_plain: train.c $(HEADERS)
 	$(CC) -o $@ train.c $(LDLIBS)
 # and PyTorch (Debian's python3-torch) is its third yardstick: without it, those rows are left out

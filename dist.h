@@ -1,7 +1,10 @@
 /*
- * dist.h: what the MPI programs share: start-up and errors that end the whole job,
- * groups of ranks (one communicator each) whose every message is counted, and the
- * per-rank tables printed at the end.
+ * dist.h: what the MPI programs share. First, the communication every strategy uses:
+ * groups of ranks (one communicator each), the ring collectives written out
+ * (reduce-scatter, all-gather, all-reduce) and point-to-point messages, every byte counted.
+ * Then, under "plumbing", what a reader of a strategy can skip: start-up and the errors
+ * that end the whole job, flag parsing and layout checks, checkpoints of a model spread
+ * over ranks, and the per-rank tables printed at the end.
  *
  * The collectives, spelled out. All-reduce, reduce-scatter and all-gather are written
  * below as rings of MPI_Sendrecv, the bandwidth-optimal algorithm MPI libraries use for
@@ -30,83 +33,11 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 
 // ----------------------------------------------------------------------------
-// start-up and errors
-
-static int world_rank, world_size;
-
-// Two ways an MPI program stops on an error:
-//  - fatal (util.h), for an error one rank may meet alone (a failed allocation, a diverged
-//    value, a file it cannot read): MPI_Abort ends every rank at once. When every rank
-//    meets the same error (a missing data file), the message is printed once: rank 0 says
-//    it at once, the others wait half a second, and the abort ends them before that.
-//  - dist_exit, for an error every rank detects alike, before any communication (a bad
-//    flag, a layout that does not fit): rank 0 says it and every rank exits with the same
-//    status (2 for bad usage), without an abort.
-static void fatal_end_job(const char* message) {
-    if (world_rank != 0) nanosleep(&(struct timespec){0, 500000000L}, NULL);
-    fprintf(stderr, "error: %s (rank %d of %d)\n", message, world_rank, world_size);
-    fflush(stdout);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
-
-static void dist_init(int* argc, char*** argv) {
-    MPI_Init(argc, argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    fatal_end = fatal_end_job;
-}
-
-__attribute__((format(printf, 3, 4), noreturn)) static void dist_exit(int status, const char* run_line,
-                                                                     const char* fmt, ...) {
-    if (world_rank == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        fputs("error: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
-        va_end(ap);
-        if (run_line) fprintf(stderr, "run %s --help for the flags\n", run_line);
-    }
-    MPI_Finalize();
-    exit(status);
-}
-
-// cli_parse for MPI programs: every rank parses the same argv; rank 0 prints.
-static void dist_parse_or_exit(Options* o, int argc, char** argv, const char* run_line, const CliFlag* extra,
-                               int n_extra, CliHandler handle, void* ctx) {
-    const char* err;
-    int rc = cli_parse(o, argc, argv, extra, n_extra, handle, ctx, &err);
-    if (rc == 0) return;
-    if (world_rank == 0) {
-        if (rc == 2) fprintf(stderr, "error: %s\n", err);
-        cli_usage(rc == 1 ? stdout : stderr, run_line, extra, n_extra);
-    }
-    MPI_Finalize();
-    exit(rc == 1 ? 0 : 2);
-}
-
-// Message tags, one per kind of message, so that a receive can only match its own kind.
-// A pipeline's activations and gradients are tagged with their microbatch (pp_tag in
-// train_pp.c), from TAG_MICROBATCH up: MPI promises tags up to 32767.
-enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT, TAG_MICROBATCH = 1024 };
-
-// The programs that train the dense model only: --experts belongs to train.c and train_ep.c.
-static void dist_dense_only(const Options* o, const char* run_line) {
-    if (o->model.experts > 0)
-        dist_exit(2, run_line, "--experts: this program trains the dense model; the mixture of experts trains in "
-                  "train.c (one process) and train_ep.c (experts spread over ranks)");
-}
-
-// Data parallelism (train_dp.c, train_fsdp.c) gives every rank a share of each batch's rows.
-static void dist_check_rows(const Options* o, const char* run_line) {
-    if (world_size > o->batch)
-        dist_exit(2, run_line, "%d ranks but a batch of %d rows: every rank needs at least one row (raise --batch)",
-                  world_size, o->batch);
-}
-
-// ----------------------------------------------------------------------------
 // groups of ranks, and counted communication
+
+// This rank's place in the whole job (MPI_COMM_WORLD), set by dist_init (in the plumbing,
+// below).
+static int world_rank, world_size;
 
 typedef struct {
     MPI_Comm comm;
@@ -131,6 +62,11 @@ static void count_sent(Group* g, double bytes) {
 static void count_received(Group* g, double bytes) {
     if (in_step) g->received += bytes;
 }
+
+// Message tags, one per kind of message, so that a receive can only match its own kind.
+// A pipeline's activations and gradients are tagged with their microbatch (pp_tag in
+// train_pp.c), from TAG_MICROBATCH up: MPI promises tags up to 32767.
+enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT, TAG_MICROBATCH = 1024 };
 
 static int type_bytes(MPI_Datatype t) {
     int s;
@@ -183,6 +119,9 @@ static void ring_sendrecv(Group* g, const void* out, long n_out, void* in, long 
     count_sent(g, (double)n_out * b);
     count_received(g, (double)n_in * b);
 }
+
+// ----------------------------------------------------------------------------
+// the collectives: rings of messages between the ranks of a group
 
 // Ring reduce-scatter, in place: afterwards chunk r of buf holds the sum over every rank
 // of its chunk r (the other chunks hold partial sums). Step k passes on chunk r-k-1, to
@@ -274,6 +213,22 @@ static void group_iallgather(Group* g, const void* send, void* recv, long shard,
     count_received(g, b);
     trace_event("comm", now_seconds(), now_seconds(), b, "start all-gather %s", g->name);
 }
+
+// What the textbook ring algorithm sends from each rank: an all-reduce of `bytes` over n
+// ranks, and a reduce-scatter or an all-gather whose whole buffer is `bytes`.
+static double ring_allreduce_bytes(double bytes, int n) { return 2.0 * (n - 1) / n * bytes; }
+static double ring_half_bytes(double bytes, int n) { return (double)(n - 1) / n * bytes; }
+
+// The callback through which model.h's clip_factor communicates: the gradient norm's two
+// pieces combined over a group (MAX, then SUM).
+static void group_norm(void* group, float* maxabs, int64_t* sumsq) {
+    if (maxabs) group_allreduce(group, maxabs, 1, MPI_FLOAT, MPI_MAX);
+    if (sumsq) group_allreduce(group, sumsq, 1, MPI_INT64_T, MPI_SUM);
+}
+
+// ----------------------------------------------------------------------------
+// point to point: one rank to another (the pipeline's activations and gradients)
+
 static void group_send(Group* g, const void* buf, long count, MPI_Datatype type, int to, int tag) {
     double t = now_seconds();
     MPI_Send(buf, (int)count, type, to, tag, g->comm);
@@ -296,11 +251,52 @@ static void group_irecv(Group* g, void* buf, long count, MPI_Datatype type, int 
     count_received(g, (double)count * type_bytes(type));
 }
 
-// The callback through which model.h's clip_factor communicates: the gradient norm's two
-// pieces combined over a group (MAX, then SUM).
-static void group_norm(void* group, float* maxabs, int64_t* sumsq) {
-    if (maxabs) group_allreduce(group, maxabs, 1, MPI_FLOAT, MPI_MAX);
-    if (sumsq) group_allreduce(group, sumsq, 1, MPI_INT64_T, MPI_SUM);
+// ============================================================================
+// plumbing: start-up and errors, flags and layout checks, checkpoints, the report.
+// Every program needs them; none of them is part of a strategy.
+
+// ----------------------------------------------------------------------------
+// start-up, errors, and stopping together
+
+// Two ways an MPI program stops on an error:
+//  - fatal(...) (util.h), for an error one rank may meet alone (a failed allocation, a
+//    diverged value, a file it cannot read). fatal formats its message and calls util.h's
+//    fatal_end pointer, which dist_init points at fatal_end_job, just below: it prints the
+//    message with its rank and calls MPI_Abort, which ends every rank of the job at once,
+//    so no rank is left waiting in a collective for the one that stopped. When every rank
+//    meets the same error (a missing data file), the message is printed once: rank 0 says
+//    it at once, the others wait half a second, and the abort ends them before that.
+//  - dist_exit, for an error every rank detects alike, before any communication (a bad
+//    flag, a layout that does not fit): rank 0 says it and every rank exits with the same
+//    status (2 for bad usage), without an abort.
+static void fatal_end_job(const char* message) {
+    if (world_rank != 0) nanosleep(&(struct timespec){0, 500000000L}, NULL);
+    fprintf(stderr, "error: %s (rank %d of %d)\n", message, world_rank, world_size);
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+static void dist_init(int* argc, char*** argv) {
+    MPI_Init(argc, argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    fatal_end = fatal_end_job; // from now on, fatal() ends every rank (util.h, "fatal errors")
+}
+
+__attribute__((format(printf, 3, 4), noreturn)) static void dist_exit(int status, const char* run_line,
+                                                                     const char* fmt, ...) {
+    if (world_rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("error: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+        if (run_line) fprintf(stderr, "run %s --help for the flags\n", run_line);
+    }
+    MPI_Finalize();
+    exit(status);
 }
 
 // Whether any rank's flag is set (every rank calls it): how ranks agree to stop at the same
@@ -308,6 +304,37 @@ static void group_norm(void* group, float* maxabs, int64_t* sumsq) {
 static int dist_any(int flag) {
     MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     return flag;
+}
+
+// ----------------------------------------------------------------------------
+// flags and layout checks
+
+// cli_parse for MPI programs: every rank parses the same argv; rank 0 prints.
+static void dist_parse_or_exit(Options* o, int argc, char** argv, const char* run_line, const CliFlag* extra,
+                               int n_extra, CliHandler handle, void* ctx) {
+    const char* err;
+    int rc = cli_parse(o, argc, argv, extra, n_extra, handle, ctx, &err);
+    if (rc == 0) return;
+    if (world_rank == 0) {
+        if (rc == 2) fprintf(stderr, "error: %s\n", err);
+        cli_usage(rc == 1 ? stdout : stderr, run_line, extra, n_extra);
+    }
+    MPI_Finalize();
+    exit(rc == 1 ? 0 : 2);
+}
+
+// The programs that train the dense model only: --experts belongs to train.c and train_ep.c.
+static void dist_dense_only(const Options* o, const char* run_line) {
+    if (o->model.experts > 0)
+        dist_exit(2, run_line, "--experts: this program trains the dense model; the mixture of experts trains in "
+                  "train.c (one process) and train_ep.c (experts spread over ranks)");
+}
+
+// Data parallelism (train_dp.c, train_fsdp.c) gives every rank a share of each batch's rows.
+static void dist_check_rows(const Options* o, const char* run_line) {
+    if (world_size > o->batch)
+        dist_exit(2, run_line, "%d ranks but a batch of %d rows: every rank needs at least one row (raise --batch)",
+                  world_size, o->batch);
 }
 
 // ----------------------------------------------------------------------------
@@ -426,11 +453,6 @@ static void dist_draw_timeline(MPI_Comm comm, int n, const double* t0, const dou
     if (root && most > 0) draw_timeline(size, lane_name, most, all0, all1, marks, width, legend);
     free(a0), free(a1), free(am), free(all0), free(all1), free(marks);
 }
-
-// What the textbook ring algorithm sends from each rank: an all-reduce of `bytes` over n
-// ranks, and a reduce-scatter or an all-gather whose whole buffer is `bytes`.
-static double ring_allreduce_bytes(double bytes, int n) { return 2.0 * (n - 1) / n * bytes; }
-static double ring_half_bytes(double bytes, int n) { return (double)(n - 1) / n * bytes; }
 
 #pragma GCC diagnostic pop
 #endif // DIST_H

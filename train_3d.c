@@ -54,10 +54,13 @@ typedef struct {
     int T, D, P;          // --tp, --dp, --pp
     int zero, prefetch;   // --zero, --prefetch
     int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
-    Group tp, dp, pp, world;
-    Tp t;                 // this rank's tensor-parallel slice of every unit
-    Fsdp f;               // those slices of this stage's units, sharded across the data-parallel ranks
-    Pp p;                 // this stage of the pipeline
+    Group tp_group;       // the T ranks with this rank's (dp, pp): one stage's tensor-parallel slices
+    Group dp_group;       // the D ranks with its (tp, pp): the data-parallel replicas of its slice
+    Group pp_group;       // the P ranks with its (tp, dp): the stages of its pipeline
+    Group world_group;    // every rank: the clipping norm over the whole grid
+    Tp tensor;            // this rank's tensor-parallel slice of every unit
+    Fsdp fsdp;            // those slices of this stage's units, sharded across the data-parallel ranks
+    Pp pipe;              // this stage of the pipeline
     int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
     int width[MAX_LAYERS + 2]; // each unit's activation width on this rank
     Workspace ws;
@@ -65,7 +68,7 @@ typedef struct {
 } Run;
 
 static void run_free(Run* r) {
-    dataset_free(&r->ds), fsdp_free(&r->f), tp_free(&r->t), pp_free(&r->p), workspace_free(&r->ws);
+    dataset_free(&r->ds), fsdp_free(&r->fsdp), tp_free(&r->tensor), pp_free(&r->pipe), workspace_free(&r->ws);
 }
 
 // ----------------------------------------------------------------------------
@@ -77,7 +80,7 @@ static void run_free(Run* r) {
 // (tp, pp) and the P ranks with its (tp, dp).
 static void grid_split(Run* r) {
     int tp = world_rank % r->T, dp = world_rank / r->T % r->D, pp = world_rank / (r->T * r->D);
-    Group* g[3] = {&r->tp, &r->dp, &r->pp};
+    Group* g[3] = {&r->tp_group, &r->dp_group, &r->pp_group};
     int color[3] = {pp * r->D + dp, pp * r->T + tp, dp * r->T + tp}, key[3] = {tp, dp, pp};
     const char* name[3] = {"tp", "dp", "pp"};
     for (int k = 0; k < 3; k++) {
@@ -87,7 +90,7 @@ static void grid_split(Run* r) {
         g[k]->name = name[k];
         g[k]->sent = g[k]->received = 0;
     }
-    r->world = group_world("world");
+    r->world_group = group_world("world");
 }
 
 // A chunk's work (the pipeline's StageWork): its units in order, each one's
@@ -95,19 +98,21 @@ static void grid_split(Run* r) {
 // whenever the schedule runs it, is reduce-scattered at once.
 static void stage_forward(void* ctx, int v, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
-    int lo = r->p.u_lo[v], hi = r->p.u_hi[v];
+    int lo = r->pipe.u_lo[v], hi = r->pipe.u_hi[v];
     for (int u = lo; u < hi; u++)
-        tp_unit_forward(&r->t, &r->cfg, u, fsdp_unit_params(&r->f, u, u + 1 < hi ? u + 1 : -1), a, sc, R, rows_total, &r->ws);
+        tp_unit_forward(&r->tensor, &r->cfg, u, fsdp_unit_params(&r->fsdp, u, u + 1 < hi ? u + 1 : -1), a, sc, R,
+                        rows_total, &r->ws);
 }
 static void unit_weight(Run* r, int u, const Acts* a, const float* dout, int R, long batch) {
-    tp_unit_backward_weight(&r->t, &r->cfg, u, fsdp_unit_grads(&r->f, u), a, dout, R, batch, &r->ws);
-    fsdp_reduce_unit_grads(&r->f, u);
+    tp_unit_backward_weight(&r->tensor, &r->cfg, u, fsdp_unit_grads(&r->fsdp, u), a, dout, R, batch, &r->ws);
+    fsdp_reduce_unit_grads(&r->fsdp, u);
 }
 static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    int lo = r->p.u_lo[v], hi = r->p.u_hi[v];
+    int lo = r->pipe.u_lo[v], hi = r->pipe.u_hi[v];
     for (int u = hi - 1; u >= lo; u--) {
-        tp_unit_backward_input(&r->t, &r->cfg, u, fsdp_unit_params(&r->f, u, u - 1 >= lo ? u - 1 : -1), a, sc, R, &r->ws);
+        tp_unit_backward_input(&r->tensor, &r->cfg, u, fsdp_unit_params(&r->fsdp, u, u - 1 >= lo ? u - 1 : -1), a, sc,
+                               R, &r->ws);
         if (stash) memcpy(stash[u], sc->dout, (size_t)R * r->width[u] * sizeof(float)); // for W
         else unit_weight(r, u, a, sc->dout, R, batch);
         scratch_step_down(sc);
@@ -115,7 +120,7 @@ static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const*
 }
 static void stage_backward_weight(void* ctx, int v, const Acts* a, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    for (int u = r->p.u_lo[v]; u < r->p.u_hi[v]; u++) unit_weight(r, u, a, stash[u], R, batch);
+    for (int u = r->pipe.u_lo[v]; u < r->pipe.u_hi[v]; u++) unit_weight(r, u, a, stash[u], R, batch);
 }
 
 // The gradients this rank counts in the global norm, every element of the model once
@@ -126,11 +131,11 @@ static void stage_backward_weight(void* ctx, int v, const Acts* a, float* const*
 static int grid_grad_spans(const Run* r, GradSpan* spans) {
     int n = 0;
     for (int u = 0; u < n_units(&r->cfg); u++) {
-        if (r->f.size[u] == 0) continue; // a unit of another rank's chunks
-        long lo, hi, counted = tp_counted(&r->t, &r->cfg, u);
-        fsdp_range(&r->f, u, &lo, &hi);
+        if (r->fsdp.size[u] == 0) continue; // a unit of another rank's chunks
+        long lo, hi, counted = tp_counted(&r->tensor, &r->cfg, u);
+        fsdp_range(&r->fsdp, u, &lo, &hi);
         if (hi > counted) hi = counted > lo ? counted : lo;
-        spans[n++] = (GradSpan){fsdp_shard_grads(&r->f, u), hi - lo};
+        spans[n++] = (GradSpan){fsdp_shard_grads(&r->fsdp, u), hi - lo};
     }
     return n;
 }
@@ -140,8 +145,8 @@ static int grid_grad_spans(const Run* r, GradSpan* spans) {
 static long canonical(const void* ctx, int u, long e) {
     const Run* r = ctx;
     long lo, hi;
-    fsdp_range(&r->f, u, &lo, &hi);
-    return tp_canonical(&r->t, &r->cfg, u, lo + e);
+    fsdp_range(&r->fsdp, u, &lo, &hi);
+    return tp_canonical(&r->tensor, &r->cfg, u, lo + e);
 }
 
 // ----------------------------------------------------------------------------
@@ -151,10 +156,12 @@ static long canonical(const void* ctx, int u, long e) {
 
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
     Run* r = ctx;
-    int64_t loss = pp_forward_rows(&r->p, rows, first, R, rows_total, probs ? TAG_SAMPLE : TAG_EVAL);
+    int64_t loss = pp_forward_rows(&r->pipe, rows, first, R, rows_total, probs ? TAG_SAMPLE : TAG_EVAL);
     if (probs) {
-        if (r->pp.rank == pp_last_rank(&r->p)) memcpy(probs, tp_probs(&r->t, &r->cfg, pp_last_acts(&r->p), R, rows->pos), (size_t)R * r->cfg.vocab * sizeof(float));
-        MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, pp_last_rank(&r->p), r->pp.comm);
+        if (r->pp_group.rank == pp_last_rank(&r->pipe))
+            memcpy(probs, tp_probs(&r->tensor, &r->cfg, pp_last_acts(&r->pipe), R, rows->pos),
+                   (size_t)R * r->cfg.vocab * sizeof(float));
+        MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, pp_last_rank(&r->pipe), r->pp_group.comm);
     }
     return loss;
 }
@@ -163,9 +170,9 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
 // added across replicas on the last stage, which has the losses, then broadcast.
 static double validation_loss(void* ctx) {
     Run* r = ctx;
-    int64_t total = evaluate(forward, r, &r->ds, r->D, r->dp.rank);
-    if (r->pp.rank == pp_last_rank(&r->p)) group_allreduce(&r->dp, &total, 1, MPI_INT64_T, MPI_SUM);
-    MPI_Bcast(&total, 1, MPI_INT64_T, pp_last_rank(&r->p), r->pp.comm);
+    int64_t total = evaluate(forward, r, &r->ds, r->D, r->dp_group.rank);
+    if (r->pp_group.rank == pp_last_rank(&r->pipe)) group_allreduce(&r->dp_group, &total, 1, MPI_INT64_T, MPI_SUM);
+    MPI_Bcast(&total, 1, MPI_INT64_T, pp_last_rank(&r->pipe), r->pp_group.comm);
     return mean_loss(total, &r->ds);
 }
 
@@ -255,20 +262,26 @@ static const char mem_words[] = "ZeRO's, on this stage's tensor-parallel slices,
 // clipping norm. Memory: ZeRO's on this stage's slices, and the pipeline's peak activations.
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, long rows) {
     const Config* c = &r->cfg;
-    int last = r->pp.rank == pp_last_rank(&r->p), mb_rows = (int)(rows + r->M - 1) / r->M;
-    Figures f = {.sent_axis = {per_step(pr, r->tp.sent), per_step(pr, r->dp.sent), per_step(pr, r->pp.sent)},
-                 .params = r->f.bytes_params, .grads = r->f.bytes_grads, .optim = r->f.bytes_opt,
-                 .acts = pp_acts_bytes(&r->p, c, r->width, mb_rows), .bubble = r->P > 1 ? pp_bubble(&r->p) : -1};
-    f.sent = f.sent_axis[0] + f.sent_axis[1] + f.sent_axis[2] + per_step(pr, r->world.sent);
-    f.received = per_step(pr, r->tp.received + r->dp.received + r->pp.received + r->world.received);
-    int loss_relayed = last && r->pp.rank != 0 && !(r->tp.rank == 0 && r->dp.rank == 0); // only one pipeline sends it
+    int last = r->pp_group.rank == pp_last_rank(&r->pipe), mb_rows = (int)(rows + r->M - 1) / r->M;
+    Figures f = {.sent_axis = {per_step(pr, r->tp_group.sent), per_step(pr, r->dp_group.sent),
+                               per_step(pr, r->pp_group.sent)},
+                 .params = r->fsdp.bytes_params, .grads = r->fsdp.bytes_grads, .optim = r->fsdp.bytes_opt,
+                 .acts = pp_acts_bytes(&r->pipe, c, r->width, mb_rows), .bubble = r->P > 1 ? pp_bubble(&r->pipe) : -1};
+    f.sent = f.sent_axis[0] + f.sent_axis[1] + f.sent_axis[2] + per_step(pr, r->world_group.sent);
+    f.received =
+        per_step(pr, r->tp_group.received + r->dp_group.received + r->pp_group.received + r->world_group.received);
+    // only one pipeline sends it
+    int loss_relayed = last && r->pp_group.rank != 0 && !(r->tp_group.rank == 0 && r->dp_group.rank == 0);
     double tp_sent = 0, slices = 0, biggest = 0; // over this rank's chunks, of its tensor-parallel slices
-    for (int v = 0; v < r->V; v++) tp_sent += tp_sent_formula(&r->t, c, r->p.u_lo[v], r->p.u_hi[v], (double)rows);
-    for (int u = 0; u < n_units(c); u++) slices += r->f.size[u], biggest = r->f.size[u] > biggest ? r->f.size[u] : biggest;
-    f.sent_formula = tp_sent + fsdp_sent_formula(&r->f, r->M) + (last ? ring_allreduce_bytes(8, r->D) : 0) +
-                     pp_sent_formula(&r->p) - (loss_relayed ? 8 : 0) +
+    for (int v = 0; v < r->V; v++)
+        tp_sent += tp_sent_formula(&r->tensor, c, r->pipe.u_lo[v], r->pipe.u_hi[v], (double)rows);
+    for (int u = 0; u < n_units(c); u++)
+        slices += r->fsdp.size[u], biggest = r->fsdp.size[u] > biggest ? r->fsdp.size[u] : biggest;
+    f.sent_formula = tp_sent + fsdp_sent_formula(&r->fsdp, r->M) + (last ? ring_allreduce_bytes(8, r->D) : 0) +
+                     pp_sent_formula(&r->pipe) - (loss_relayed ? 8 : 0) +
                      (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, world_size) : 0);
-    f.mem_formula = fsdp_mem_formula(&r->f, slices, biggest, opt->adamw) + pp_acts_formula(&r->p, c, r->width, mb_rows);
+    f.mem_formula =
+        fsdp_mem_formula(&r->fsdp, slices, biggest, opt->adamw) + pp_acts_formula(&r->pipe, c, r->width, mb_rows);
     return f;
 }
 // The bytes every rank sent per step on each axis (rank 0, from every rank's figures).
@@ -311,20 +324,20 @@ int main(int argc, char** argv) {
     Config* cfg = &run.cfg;
     pp_split(cfg, run.P * run.V, run.first);
     long lo, hi; // this data-parallel replica's rows of every global batch
-    split_range(o.batch, run.D, run.dp.rank, &lo, &hi);
+    split_range(o.batch, run.D, run.dp_group.rank, &lo, &hi);
     int rows = pass_rows(&o, (hi - lo + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
-    tp_init(&run.t, &run.tp, cfg, rows, 0);
-    tp_widths(&run.t, cfg, run.width);
+    tp_init(&run.tensor, &run.tp_group, cfg, rows, 0);
+    tp_widths(&run.tensor, cfg, run.width);
     long slice_size[MAX_LAYERS + 2] = {0}; // FSDP shards the slices of this rank's chunks; other units are empty
     for (int v = 0; v < run.V; v++)
-        for (int k = chunk_global(run.sched, run.P, run.pp.rank, v), u = run.first[k]; u < run.first[k + 1]; u++)
-            slice_size[u] = run.t.size[u];
-    fsdp_init(&run.f, run.zero, run.prefetch, &run.dp, slice_size, n_units(cfg), o.opt.adamw);
-    run.mine = fsdp_holding(&run.f);
+        for (int k = chunk_global(run.sched, run.P, run.pp_group.rank, v), u = run.first[k]; u < run.first[k + 1]; u++)
+            slice_size[u] = run.tensor.size[u];
+    fsdp_init(&run.fsdp, run.zero, run.prefetch, &run.dp_group, slice_size, n_units(cfg), o.opt.adamw);
+    run.mine = fsdp_holding(&run.fsdp);
     run.mine.canonical = canonical, run.mine.ctx = &run;
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
-    fsdp_gather_params(&run.f);
-    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, run.V, run.first, (int)(hi - lo), o.batch, rows, run.width,
+    fsdp_gather_params(&run.fsdp);
+    pp_init(&run.pipe, &run.pp_group, cfg, run.M, run.sched, run.V, run.first, (int)(hi - lo), o.batch, rows, run.width,
             (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
@@ -336,20 +349,21 @@ int main(int argc, char** argv) {
     }
 
     // training loop
-    int B = o.batch, last = run.pp.rank == pp_last_rank(&run.p);
+    int B = o.batch, last = run.pp_group.rank == pp_last_rank(&run.pipe);
     GradSpan spans[MAX_LAYERS + 2];
     int n_spans = grid_grad_spans(&run, spans);
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, lo); // this replica's rows
-        fsdp_zero_grads(&run.f);
-        int64_t loss = pp_step(&run.p, &batch); // the schedule, each stage's units tensor-parallel and sharded
-        fsdp_reduce_grads(&run.f);              // ZeRO-1: the whole slice's gradients, once the schedule is done
-        if (last) group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows
-        if (run.tp.rank == 0 && run.dp.rank == 0) pp_loss_to_first(&run.p, &loss); // to world rank 0, which prints
-        float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.world); // over the whole grid
-        fsdp_step(&run.f, &o.opt, grad_factor(B), scale, step);
+        fsdp_zero_grads(&run.fsdp);
+        int64_t loss = pp_step(&run.pipe, &batch); // the schedule, each stage's units tensor-parallel and sharded
+        fsdp_reduce_grads(&run.fsdp);              // ZeRO-1: the whole slice's gradients, once the schedule is done
+        if (last) group_allreduce(&run.dp_group, &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows
+        if (run.tp_group.rank == 0 && run.dp_group.rank == 0)
+            pp_loss_to_first(&run.pipe, &loss); // to world rank 0, which prints
+        float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.world_group); // over the whole grid
+        fsdp_step(&run.fsdp, &o.opt, grad_factor(B), scale, step);
         if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
@@ -361,7 +375,8 @@ int main(int argc, char** argv) {
     Figures* all = dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run);
     if (world_rank == 0 && !o.quiet) grid_print_axes(all);
     free(all);
-    if (run.timeline && run.tp.rank == 0 && run.dp.rank == 0) pp_timeline(&run.p); // world rank 0's pipeline
+    if (run.timeline && run.tp_group.rank == 0 && run.dp_group.rank == 0)
+        pp_timeline(&run.pipe); // world rank 0's pipeline
     run_free(&run);
     MPI_Finalize();
     return 0;

@@ -99,7 +99,7 @@ static void dp_backward_overlap(Run* r, int R, long B) {
 // as train.c's in exact arithmetic, but not bit for bit: train.c rounds one step,
 // p - lr * g, while here every rank rounds its own step before the average, so the last
 // bits differ from step 2 on, and like any perturbation of training the difference grows
-// with the steps (README). With AdamW or clipping it is not even the same update: refused.
+// with the steps (docs/exactness.md). With AdamW or clipping it is not even the same update: refused.
 static void dp_step_sync_weights(Run* r, const Optimizer* opt, long np, long n, long step) {
     optimizer_step(opt, r->st.params, r->st.grads, r->st.m, r->st.v, np, grad_factor(n) * r->dp.size, 1.0f, step);
     int64_t* sum = r->st.grads; // the gradients are spent: reuse their buffer for the exact sum

@@ -123,9 +123,15 @@ static int cpu_isa(void) { return 0; }
 
 // ----------------------------------------------------------------------------
 // fatal errors
-
-// How a fatal error ends the program: its message on stderr, then exit(1). dist_init
-// replaces this with dist.h's fatal_end_job.
+//
+// fatal(...) formats its message and hands it to fatal_end, which never returns:
+//  - in train.c and the tools, fatal_end_process below: "error: message", then exit(1);
+//  - in an MPI program, dist_init (dist.h, "start-up, errors, and stopping together")
+//    points fatal_end at fatal_end_job: the message, with the rank, then MPI_Abort, which
+//    ends every rank of the job at once, so that no rank waits for one that stopped;
+//  - in tests/fuzz.c, a function that jumps back to the fuzzer, which tries the next input.
+// A pointer set at start-up, not an #ifdef, so that this file needs no MPI and may be
+// included before dist.h.
 static void fatal_end_process(const char* message) {
     fprintf(stderr, "error: %s\n", message);
     exit(1);

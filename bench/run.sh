@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/run.sh: the benchmark behind the README's performance table. `make bench` builds
+# bench/run.sh: the benchmark behind docs/performance.md's tables. `make bench` builds
 # what it needs and runs this; REPS=3 make bench for a quicker, noisier table.
 #
 # For the default and the large configuration it runs train.c, train.c built with OpenMP

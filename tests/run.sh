@@ -418,7 +418,7 @@ section_dp() {
         same_as dp_pieces "dp: $n ranks, 393217 sums in ring pieces of 64Ki, one piece empty, same as train.c" \
             $MPIRUN -n $n ./train_dp $flags
     done
-    # weight averaging: the same update in exact arithmetic, not bit for bit (README)
+    # weight averaging: the same update in exact arithmetic, not bit for bit (docs/exactness.md)
     reference dp_w --steps 50 --eval-every 0
     for n in 2 3 4; do
         run "$TMP/w.out" $MPIRUN -n $n ./train_dp --sync weights --steps 50 --eval-every 0 --quiet \
@@ -983,6 +983,52 @@ section_cluster() {
 }
 
 # ----------------------------------------------------------------------------
+# The docs: a short README that opens with its two commands and links every page of docs/;
+# each page opens with its commands; every relative link reaches its file, and every
+# #anchor a heading of that file (GitHub's anchors: lower case, punctuation dropped,
+# spaces as hyphens, -1, -2 ... for repeats).
+md_anchors() {
+    awk '/^```/ { fence = !fence; next }
+         !fence && /^#+ / { s = $0; sub(/^#+ +/, "", s); s = tolower(s); gsub(/[^a-z0-9 _-]/, "", s)
+                            gsub(/ /, "-", s); n = seen[s]++; print (n ? s "-" n : s) }' "$1"
+}
+md_links() { # the relative link targets of a page, outside code
+    awk '/^```/ { fence = !fence; next }
+         !fence { s = $0; gsub(/`[^`]*`/, "", s)
+                  while (match(s, /\]\([^)]*\)/)) {
+                      t = substr(s, RSTART + 2, RLENGTH - 3); s = substr(s, RSTART + RLENGTH)
+                      if (t !~ /^[a-z]+:/) print t } }' "$1"
+}
+section_docs() {
+    local lines
+    lines=$(wc -l <README.md)
+    check "docs: README.md is short ($lines lines, at most 300)" test "$lines" -le 300
+    check "docs: README.md opens with its two commands, make run then make test" \
+        bash -c "sed -n 4p README.md | grep -q '^make run ' && sed -n 5p README.md | grep -q '^make test '"
+    local f t path anchor broken="" unlinked="" commandless=""
+    for f in README.md docs/*.md; do
+        [ -e "$f" ] || continue # no page yet
+        while read -r t; do
+            path=${t%%#*} anchor=""
+            [ "$path" != "$t" ] && anchor=${t#*#}
+            if [ -z "$path" ]; then path=$f; else path=$(dirname "$f")/$path; fi
+            if [ ! -e "$path" ] || { [ -n "$anchor" ] && ! md_anchors "$path" | grep -qxF -- "$anchor"; }; then
+                broken="$broken $f:$t"
+            fi
+        done < <(md_links "$f")
+    done
+    for f in docs/*.md; do
+        [ -e "$f" ] || continue
+        md_links README.md | grep -qxF "$f" || unlinked="$unlinked $f"
+        [ "$(sed -n 3p "$f")" = '```sh' ] || commandless="$commandless $f"
+    done
+    check "docs: every link of README.md and docs/*.md reaches its file and heading${broken:+ (broken:$broken)}" test -z "$broken"
+    check "docs: the README links every page of docs/${unlinked:+ (not linked:$unlinked)}" test -z "$unlinked"
+    check "docs: every page of docs/ opens with its commands (a sh block under its title)${commandless:+ (not:$commandless)}" \
+        test -z "$commandless"
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
     if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
@@ -1007,6 +1053,7 @@ run_section ep
 run_section accounting
 run_section gpt
 run_section run
+run_section docs
 run_section builds
 run_section cluster
 if [ "$SKIPPED" -gt 0 ]; then echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"; else echo "$PASSED passed, $FAILED failed"; fi

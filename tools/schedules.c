@@ -63,7 +63,7 @@ static int grid(void) {
                     if (c.ok && (sched == SCHEDULE_ZB1 || sched == SCHEDULE_ZBV) && c.bubble_total > f1b1 + 1e-9) bad = 1;
                     for (int r = 0; r < S && c.ok && sched == SCHEDULE_ZBV; r++)
                         if (c.peak[r] > S + 1e-9) bad = 1;
-                    if (c.ok && sched == SCHEDULE_ZBV && M >= 4 * S && c.bubble_total >= 0.05) bad = 1; // the condition README states
+                    if (c.ok && sched == SCHEDULE_ZBV && M >= 4 * S && c.bubble_total >= 0.05) bad = 1; // the condition docs/schedules.md states
                     for (int r = 0; r < S && c.ok; r++) {
                         double peak = schedule_peak_formula(sched, S, chunks, M, r);
                         if (peak >= 0 && fabs(c.peak[r] - peak) > 1e-9) bad = 1;

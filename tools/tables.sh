@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/tables.sh: the measured tables of the README, one section per strategy.
+# tools/tables.sh: the measured tables of docs/ (dp.md, fsdp.md, ...), one section per strategy.
 #
 #   bash tools/tables.sh dp fsdp tp pp 3d ep schedules   # any of them; all of them without arguments
 #
