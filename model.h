@@ -770,8 +770,8 @@ typedef struct {
 // What unit u of the GPT keeps per row besides its output: a block's BlockActs, the head's
 // LayerNorm output and statistics; the embedding nothing.
 static long gpt_saved_per_row(const Config* c, int u) {
-    BlockDims d = gpt_dims(c, 1);
     if (u == 0 || !is_gpt(c)) return 0;
+    BlockDims d = gpt_dims(c, 1);
     return u <= c->layers ? block_acts_per_row(&d) : (long)c->context * (c->emb + 2);
 }
 static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const int* width) {
@@ -830,8 +830,8 @@ typedef struct {
 // The GPT: what the weight half of unit u's backward reads, per row: a block's BlockStash,
 // the head's gradients of its logits and of its LayerNorm's output.
 static long gpt_stash_per_row(const Config* c, int u) {
-    BlockDims d = gpt_dims(c, 1);
     if (u == 0 || !is_gpt(c)) return 0;
+    BlockDims d = gpt_dims(c, 1);
     return u <= c->layers ? block_stash_per_row(&d) : (long)c->context * (c->vocab + c->emb);
 }
 static void scratch_init(Scratch* s, const Config* c, int rows) {

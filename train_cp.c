@@ -59,6 +59,7 @@
 typedef struct {
     Group* cp;
     int ring;         // --cp-comm: ring (1) or allgather (0)
+    int online;       // --cp-softmax online: the one-pass softmax, for comparison (not train.c's bits)
     int zigzag;       // --cp-split: zigzag (1) or contiguous (0)
     int Tq;           // positions a rank holds, T / N
     int* pos;         // [N][Tq] every rank's positions, ascending; this rank's at pos + rank Tq
@@ -71,6 +72,7 @@ typedef struct {
     int64_t *dk_mine, *dv_mine; // [rows][Tq][C] this rank's keys' gradients, summed over every rank's queries
     float *rowmax, *D, *kT;    // [rows][NH][Tq], [rows][NH][Tq], [C][Tq]
     int64_t *expsum, *pv, *dq; // [rows][NH][Tq], [rows][Tq][C], [rows][Tq][C]
+    float *run_sum, *run_out;  // --cp-softmax online: [rows][NH][Tq], [rows][Tq][C]
     int* targets;              // [rows][Tq] the targets at this rank's positions
 } Cp;
 
@@ -87,9 +89,9 @@ static long cp_pairs(const int* pos, int Tq) {
     return n;
 }
 
-static void cp_init(Cp* p, Group* cp, const Config* c, int rows, int ring, int zigzag) {
+static void cp_init(Cp* p, Group* cp, const Config* c, int rows, int ring, int zigzag, int online) {
     int N = cp->size, T = c->context, C = c->emb;
-    *p = (Cp){.cp = cp, .ring = ring, .zigzag = zigzag, .Tq = T / N};
+    *p = (Cp){.cp = cp, .ring = ring, .zigzag = zigzag, .online = online, .Tq = T / N};
     p->pos = mallocCheck(sizeof(int) * T);
     for (int q = 0; q < N; q++) cp_positions(T, N, zigzag, q, p->pos + q * p->Tq);
     p->dims = gpt_dims(c, rows);
@@ -106,13 +108,14 @@ static void cp_init(Cp* p, Group* cp, const Config* c, int rows, int ring, int z
     p->kT = mallocCheck(sizeof(float) * (long)C * p->Tq);
     p->expsum = mallocCheck(sizeof(int64_t) * heads), p->pv = mallocCheck(sizeof(int64_t) * n);
     p->dq = mallocCheck(sizeof(int64_t) * n);
+    p->run_sum = mallocCheck(sizeof(float) * heads), p->run_out = mallocCheck(sizeof(float) * n);
     p->targets = mallocCheck(sizeof(int) * (long)rows * p->Tq);
 }
 static void cp_free(Cp* p) {
     for (int b = 0; b < 2; b++) free(p->k[b]), free(p->v[b]), free(p->dk[b]), free(p->dv[b]);
     for (int u = 0; u < MAX_LAYERS + 2; u++) free(p->kv_all[u]);
     free(p->pos), free(p->dk_all), free(p->dv_all), free(p->dk_mine), free(p->dv_mine), free(p->rowmax), free(p->D);
-    free(p->kT), free(p->expsum), free(p->pv), free(p->dq), free(p->targets);
+    free(p->kT), free(p->expsum), free(p->pv), free(p->dq), free(p->targets), free(p->run_sum), free(p->run_out);
 }
 static const int* cp_pos_of(const Cp* p, int q) { return p->pos + q * p->Tq; }
 
@@ -182,6 +185,60 @@ static void cp_attention_forward(Cp* p, BlockActs* a, int u) {
     attention_finish(a->att, a->atty, C, p->expsum, p->pv, d);
 }
 
+// --cp-softmax online: ring attention as usually written, for comparison. K and V go round
+// together, once; for each block a query's running max m, sum S and output O are rescaled
+// by exp(m_old - m_new) and the block's terms added, in float. The rescaling depends on the
+// order in which the blocks raised the max, and the float sums on how the keys were
+// split: the result is within a rounding of train.c's, not its bits, and the difference
+// grows with the steps. Backward is the exact one, on P = exp(s - m) / S.
+static void cp_attention_forward_online(Cp* p, BlockActs* a) {
+    const BlockDims* d = &p->dims;
+    int N = p->cp->size, C = d->C, HD = d->HD, me = p->cp->rank;
+    long tokens = (long)d->R * p->Tq, n = tokens * C, heads = (long)d->R * d->NH * p->Tq;
+    for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY, p->run_sum[i] = 0.0f;
+    memset(p->run_out, 0, n * sizeof(float));
+    cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, C);
+    for (int h = 0, b = 0; h < N; h++, b ^= 1) {
+        MPI_Request req[4];
+        int q = (me - h + N) % N;
+        const int* kpos = cp_pos_of(p, q);
+        if (h < N - 1) cp_hop_start(p, p->k[b], p->k[b ^ 1], n, MPI_FLOAT, 0, req);     // K onward
+        if (h < N - 1) cp_hop_start(p, p->v[b], p->v[b ^ 1], n, MPI_FLOAT, 1, req + 2); // V onward, with it
+        double t0 = trace_clock();
+        float* bmax = p->D; // this block's row maxima
+        for (long i = 0; i < heads; i++) bmax[i] = -INFINITY;
+        attention_scores(a->att, bmax, a->qkv, 3 * C, p->k[b], C, kpos, p->Tq, d, p->kT);
+        for (int r = 0; r < d->R; r++)
+            for (int hd = 0; hd < d->NH; hd++)
+                for (int i = 0; i < p->Tq; i++) {
+                    long rhi = ((long)r * d->NH + hd) * p->Tq + i;
+                    if (bmax[rhi] == -INFINITY) continue; // the mask hides this whole block
+                    float m = p->rowmax[rhi] > bmax[rhi] ? p->rowmax[rhi] : bmax[rhi];
+                    float scale = expf(p->rowmax[rhi] - m), *o = p->run_out + ((long)r * p->Tq + i) * C + hd * HD;
+                    p->run_sum[rhi] *= scale;
+                    for (int x = 0; x < HD; x++) o[x] *= scale;
+                    for (int j = 0; j < p->Tq && kpos[j] <= d->pos[i]; j++) {
+                        float e = expf(a->att[rhi * d->T + kpos[j]] - m);
+                        const float* vj = p->v[b] + ((long)r * p->Tq + j) * C + hd * HD;
+                        p->run_sum[rhi] += e;
+                        for (int x = 0; x < HD; x++) o[x] += e * vj[x];
+                    }
+                    p->rowmax[rhi] = m;
+                }
+        trace_event("compute", t0, trace_clock(), 0, "online block %d", q);
+        if (h < N - 1) cp_hop_wait(req, 4);
+    }
+    for (int r = 0; r < d->R; r++) // y = O / S; P = exp(s - m) / S for backward
+        for (int hd = 0; hd < d->NH; hd++)
+            for (int i = 0; i < p->Tq; i++) {
+                long rhi = ((long)r * d->NH + hd) * p->Tq + i;
+                float* prow = a->att + rhi * d->T;
+                for (int t = 0; t < d->T; t++) prow[t] = t <= d->pos[i] ? expf(prow[t] - p->rowmax[rhi]) / p->run_sum[rhi] : 0.0f;
+                for (int x = 0; x < HD; x++)
+                    a->atty[((long)r * p->Tq + i) * C + hd * HD + x] = p->run_out[((long)r * p->Tq + i) * C + hd * HD + x] / p->run_sum[rhi];
+            }
+}
+
 // Backward: dqkv of this rank's tokens from datty, dK and dV summed over every rank's
 // queries (exact) and brought home.
 static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv, int u) {
@@ -238,7 +295,8 @@ static void cp_block_forward(Cp* p, const float* w, Acts* a, int u, Workspace* w
     BlockParams prm = block_params(w, &p->dims);
     BlockActs ba = block_acts(a->saved[u], &p->dims, a->rows);
     block_forward_qkv(a->out[u - 1], &prm, &ba, &p->dims, ws);
-    cp_attention_forward(p, &ba, u);
+    if (p->online) cp_attention_forward_online(p, &ba);
+    else cp_attention_forward(p, &ba, u);
     block_forward_out(a->out[u], a->out[u - 1], &prm, &ba, &p->dims, acc, ws);
 }
 static void cp_block_backward(Cp* p, const float* w, int64_t* g, Acts* a, int u, Scratch* s, long terms,
@@ -315,7 +373,7 @@ typedef struct {
     Work work;      // activations of every row at this rank's positions
     Cp p;
     Group cp;       // every rank
-    int ring, zigzag, timeline; // --cp-comm, --cp-split, --timeline
+    int ring, zigzag, timeline, online; // --cp-comm, --cp-split, --timeline, --cp-softmax
 } Run;
 
 static void run_free(Run* r) {
@@ -388,6 +446,7 @@ static Figures figures(const Run* r, const Progress* pr, int B) {
 static char cp_mark(const TraceEvent* e) {
     if (!strncmp(e->name, "scores", 6)) return 'K';
     if (!strncmp(e->name, "sums", 4)) return 'V';
+    if (!strncmp(e->name, "online", 6)) return 'O';
     if (!strncmp(e->name, "backward block", 14)) return 'b';
     if (!strncmp(e->name, "attention backward", 18)) return 'b';
     if (!strncmp(e->name, "attention", 9)) return 'A';
@@ -403,8 +462,9 @@ static void cp_timeline(const Run* r, double step_t0) {
     for (long i = 0; i < trace_count; i++)
         if ((mark[n] = cp_mark(&trace_events[i])))
             t0[n] = trace_events[i].t0 - step_t0, t1[n] = trace_events[i].t1 - step_t0, n++;
-    dist_draw_timeline(r->cp.comm, n, t0, t1, mark, "rank", 96, "K scores of a block of keys, V its exact sums, b "
-                       "its backward, A attention over the gathered blocks, | waiting for a hop, > a collective");
+    dist_draw_timeline(r->cp.comm, n, t0, t1, mark, "rank", 96, "K scores of a block of keys, V its exact sums, O "
+                       "both in one pass (--cp-softmax online), b its backward, A attention over the gathered blocks, "
+                       "| waiting for a hop, > a collective");
     free(t0), free(t1), free(mark);
 }
 
@@ -415,6 +475,7 @@ static const CliFlag cp_flags[] = {
     {"cp-comm", "HOW", "attention across ranks: ring (default; ring attention) or allgather (Llama 3's)"},
     {"cp-split", "HOW", "positions per rank: zigzag (default; chunks i and 2N-1-i of 2N) or contiguous"},
     {"timeline", NULL, "draw the last step of every rank: each block of keys, each hop"},
+    {"cp-softmax", "HOW", "exact (default: two passes, train.c's bits) or online (one pass, for comparison: not its bits)"},
 };
 static const char* cp_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
@@ -429,6 +490,11 @@ static const char* cp_flag(void* ctx, int index, const char* value) {
         else return "--cp-split must be zigzag or contiguous";
     }
     if (index == 2) r->timeline = 1;
+    if (index == 3) {
+        if (!strcmp(value, "exact")) r->online = 0;
+        else if (!strcmp(value, "online")) r->online = 1;
+        else return "--cp-softmax must be exact or online";
+    }
     return NULL;
 }
 
@@ -441,7 +507,9 @@ int main(int argc, char** argv) {
     // options
     Options o;
     Run run = {.cp = group_world("cp"), .ring = 1, .zigzag = 1};
-    dist_parse_or_exit(&o, argc, argv, RUN_LINE, cp_flags, 3, cp_flag, &run);
+    dist_parse_or_exit(&o, argc, argv, RUN_LINE, cp_flags, 4, cp_flag, &run);
+    if (run.online && !run.ring)
+        dist_exit(2, RUN_LINE, "--cp-softmax online is ring attention's one-pass softmax: it applies to --cp-comm ring");
     if (!is_gpt(&o.model))
         dist_exit(2, RUN_LINE, "context parallelism splits a row's positions, which only the GPT has (--model gpt): "
                   "the MLP's rows are single examples");
@@ -464,10 +532,11 @@ int main(int argc, char** argv) {
     long start = state_load(&run.st, &o, &run.ds, cfg);
     int rows = pass_rows(&o, o.batch);
     work_init(&run.work, cfg, rows, NULL);
-    cp_init(&run.p, &run.cp, cfg, rows, run.ring, run.zigzag);
+    cp_init(&run.p, &run.cp, cfg, rows, run.ring, run.zigzag, run.online);
     char layout[160];
-    snprintf(layout, sizeof layout, "context parallel over %d ranks: %d of %d positions each (%s), attention by %s", N,
-             run.p.Tq, T, run.zigzag ? "zigzag" : "contiguous", run.ring ? "ring" : "all-gather");
+    snprintf(layout, sizeof layout, "context parallel over %d ranks: %d of %d positions each (%s), attention by %s%s", N,
+             run.p.Tq, T, run.zigzag ? "zigzag" : "contiguous", run.ring ? "ring" : "all-gather",
+             run.online ? " with the one-pass online softmax (not exact)" : "");
     if (!o.quiet && world_rank == 0) {
         print_config(&o, &run.ds, layout);
         for (int q = 0; q < N; q++) {

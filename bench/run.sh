@@ -49,6 +49,20 @@ EOF
         [ -z "$TORCH" ] || echo "$TORCH, 1 thread (torch_step.py)|1|/usr/bin/python3 bench/torch_step.py"
         return 0
     fi
+    if [ "$1" = gpt ]; then # makemore's Transformer, its default configuration
+        cat <<EOF
+train.c|1|./train
+train.c built plain: cc train.c -o train -lm|1|bench/train_plain
+data parallel|2|$MPIRUN -n 2 ./train_dp
+ZeRO-3|2|$MPIRUN -n 2 ./train_fsdp --zero 3
+tensor parallel|2|$MPIRUN -n 2 ./train_tp
+tensor parallel --sp|2|$MPIRUN -n 2 ./train_tp --sp
+context parallel, ring|2|$MPIRUN -n 2 ./train_cp
+context parallel, all-gather|2|$MPIRUN -n 2 ./train_cp --cp-comm allgather
+EOF
+        [ -z "$TORCH" ] || echo "$TORCH, 1 thread (torch_step.py)|1|/usr/bin/python3 bench/torch_step.py"
+        return 0
+    fi
     if [ "$1" = deep ]; then # two hidden layers: the units split evenly into 2 pipeline stages
         cat <<EOF
 train.c|1|./train
@@ -106,7 +120,14 @@ one_run() {
 # linear layer (forward, weight gradient, input gradient): 6 x (weights of the linear layers)
 # x rows (context 16 and a vocabulary of 27, as for names.txt)
 flag() { echo "$2" | sed -n "s/.*--$1 \([0-9]*\).*/\1/p"; }
+# the GPT (--model gpt, makemore's defaults: C 64, 4 blocks, T 16, batch 32): 6 x the
+# parameters of its matrix products (12 C^2 a block, and lm_head's C x 27) per token, plus
+# attention's q.k and P.v, 12 x blocks x T x C per token (the usual count, causal or not)
 step_flops() {
+    if [[ $1 == *"--model gpt"* ]]; then
+        echo $((32 * 16 * (6 * (4 * 12 * 64 * 64 + 64 * 27) + 12 * 4 * 16 * 64)))
+        return
+    fi
     local emb hidden batch layers
     emb=$(flag emb "$1") hidden=$(flag hidden "$1") batch=$(flag batch "$1") layers=$(flag layers "$1")
     layers=${layers:-1}
@@ -224,6 +245,12 @@ goals() {
     goal_row "large, 2 ranks: tensor parallel at least 1.6x" "$(ratio "$t_large" "$(ms large "tensor parallel")")" 1.6 "-"
     goal_row "2 ranks, pipeline, 8 microbatches, best schedule ($pp_name), in the deep configuration (with one hidden layer the stages cannot balance): at least 1.4x" \
         "$(ratio "$(ms deep train.c)" "$pp_best")" 1.4 "-"
+    if [ -n "$TORCH" ]; then
+        local t_gpt torch_gpt
+        t_gpt=$(ms gpt train.c) torch_gpt=$(ms gpt "$TORCH, 1 thread (torch_step.py)")
+        goal_row "the GPT, makemore's default configuration: train.c at most 1.5x PyTorch's time (train.c's time / PyTorch's)" \
+            "$(ratio "$t_gpt" "$torch_gpt")" 1.5 "$(printf 'PyTorch %.2f ms, train.c %.2f ms' "$torch_gpt" "$t_gpt")" lower
+    fi
 }
 
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
@@ -235,6 +262,7 @@ echo "peak of one core, float32 fused multiply-adds (bench/bench peak): $PEAK GF
 bench_config default "--emb 16 --hidden 64 --batch 32" 2000 200
 bench_config large "--emb 64 --hidden 1024 --batch 256" 30 5
 bench_config deep "--emb 64 --hidden 1024 --batch 256 --layers 2" 20 5
+bench_config gpt "--model gpt --context 16" 30 5
 echo
 echo "the products of linear 1 in the large configuration, one at a time (bench/bench kernels, median of 20):"
 echo

@@ -786,6 +786,19 @@ section_gpt() {
     same_as gpt_r "gpt: train_tp --sp resumes train.c's checkpoint, same as train.c" $MPIRUN -n 2 ./train_tp --sp $flags --load "$TMP/gpt_half.ckpt"
     run "$TMP/gpt_half2.out" $MPIRUN -n 4 ./train_cp $flags --steps 15 --quiet --save "$TMP/gpt_half2.ckpt"
     same_as gpt_r "gpt: train.c resumes train_cp's checkpoint, same as train.c" ./train $flags --load "$TMP/gpt_half2.ckpt"
+    # the one-pass online softmax of ring attention as usually written: within a rounding of
+    # train.c, but not its bits, and not the same on 2 and on 4 ranks (why two passes)
+    flags="$small --steps 20 --eval-every 0"
+    reference gpt_on $flags
+    for n in 2 4; do
+        run "$TMP/on$n.out" $MPIRUN -n $n ./train_cp --cp-softmax online $flags --quiet --log "$TMP/on$n.csv" --save "$TMP/on$n.ckpt"
+    done
+    tools/compare "$TMP/gpt_on.csv" "$TMP/on2.csv" "$TMP/gpt_on.ckpt" "$TMP/on2.ckpt" >"$TMP/on.cmp"
+    check "gpt: cp --cp-softmax online differs from train.c from step 1, by a rounding ($(cat "$TMP/on.cmp"))" \
+        grep -Eq "^differ: first at step 1; losses up to [0-9.]+e-(0[7-9]|[1-9][0-9]) relative" "$TMP/on.cmp"
+    check "gpt: cp --cp-softmax online on 2 ranks and on 4 differ from each other: the online softmax depends on the split" \
+        bash -c "! tools/compare $TMP/on2.csv $TMP/on4.csv $TMP/on2.ckpt $TMP/on4.ckpt"
+    expect_error 2 "applies to --cp-comm ring" "gpt: --cp-softmax online with the all-gather is refused" -- $MPIRUN -n 2 ./train_cp --model gpt --cp-comm allgather --cp-softmax online
     # what each run prints of itself: the causal pairs of each split, the bytes beside their formulas
     run "$TMP/cp.out" $MPIRUN -n 2 ./train_cp --model gpt --cp-split contiguous --steps 2 --samples 0
     check "gpt: cp prints each rank's positions and causal pairs, contiguous: 36 and 100" \

@@ -10,6 +10,9 @@
 # ep: train_ep.c on 2 and 4 ranks, 4 and 8 experts, top-1 and top-2, each against train.c with
 # the same --experts; the all-to-all, the dropped tokens and the aux loss apart.
 # schedules: every pipeline schedule on 4 ranks, 8 and 16 microbatches (tools/schedule_table.sh).
+# gpt_tp, cp: the GPT (--model gpt) split by heads (tp, with and without --sp) and by positions
+# (cp, both splits, both ways of exchanging K and V), 200 steps each: bytes and memory per
+# rank beside their formulas, and a block's activations beside Korthikanti et al.'s.
 # This machine has 2 cores: runs with more ranks share them, which shows in their times
 # (and in the pipeline's measured bubble), not in their bytes, memory or results.
 set -euo pipefail
@@ -213,7 +216,51 @@ table_ep() {
 }
 val_of() { sed -n 's/^validation loss \([0-9.]*\).*/\1/p' "$1"; }
 
-for t in ${*:-dp fsdp tp pp 3d ep schedules}; do
+table_gpt_tp() {
+    fresh
+    local f="--model gpt --steps 200 --eval-every 0" n sp names="train"
+    one train "$f" -- ./train
+    for n in 1 2 4; do
+        for sp in "" "--sp"; do
+            one tp$n${sp:2} "$f" -- $MPIRUN -n $n ./train_tp $sp
+            names="$names tp$n${sp:2}"
+        done
+    done
+    echo "### the GPT split by heads, with and without sequence parallelism, \`--model gpt --steps 200\`: \`bash tools/tables.sh gpt_tp\`"
+    echo
+    tools/report "$OUT" $names
+    echo
+    echo "| ranks | --sp | sent/step/rank (formula) | a block's activations per rank, held | Korthikanti et al.'s form, 4-byte floats, no dropout |"
+    echo "| --- | --- | --- | --- | --- |"
+    for r in ${names#train }; do
+        local o="$OUT/runs/$r.out"
+        echo "| ${r:2:1} | $([ "${r:3}" = sp ] && echo yes || echo no) | $(sed -n 's/^  rank 0 *sent \(.*\) (formula \([^)]*\)).*/\1 (\2)/p' "$o")" \
+            "| $(sed -n 's/.*: \([0-9]*\) B held.*/\1 B/p' "$o") | $(sed -n 's/.*without dropout, \(.*\): \([0-9]*\) B$/\2 B: \1/p' "$o") |"
+    done
+}
+
+table_cp() {
+    fresh
+    local f="--model gpt --steps 200 --eval-every 0" n comm split names="train"
+    one train "$f" -- ./train
+    for n in 2 4 8; do
+        for comm in ring allgather; do
+            one cp$n-$comm "$f" -- $MPIRUN -n $n ./train_cp --cp-comm $comm
+            names="$names cp$n-$comm"
+        done
+    done
+    one cp2-ring-contiguous "$f" -- $MPIRUN -n 2 ./train_cp --cp-split contiguous
+    names="$names cp2-ring-contiguous"
+    echo "### the GPT split by positions, \`--model gpt --steps 200\`: \`bash tools/tables.sh cp\`"
+    echo
+    tools/report "$OUT" $names
+    echo
+    for r in cp2-ring cp2-ring-contiguous; do
+        echo "- $r: $(grep '^  rank [0-9]* *positions' "$OUT/runs/$r.out" | sed 's/^ *//' | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
+    done
+}
+
+for t in ${*:-dp fsdp tp pp 3d ep schedules gpt_tp cp}; do
     "table_$t"
     echo
 done
