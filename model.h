@@ -303,68 +303,119 @@ static void xent_backward(float* dlogits, const float* probs, const int* targets
 // With --experts X every hidden layer is a mixture of X experts, each shaped like the
 // dense layer it replaces (Linear K -> H, then ReLU), and a router (Linear K -> X, no bias):
 //
-//   in [R][K] --router--> p = softmax(in Wr) [R][X] --> each row's top k experts, gates g
-//     --dispatch--> expert x: h = ReLU(in Wx + bx) --combine--> out[r] = sum over r's k of g h
+//   in [n][K] --router--> p = softmax(in Wr) [n][X] --> each token's top k experts, gates g
+//     --dispatch--> expert x: h = ReLU(in Wx + bx) --combine--> out[t] = sum over t's k of g h
+//
+// A token is a row of K floats, whatever it stands for: the MLP's tokens are the rows of a
+// pass (n = R). Nothing below depends on what an expert computes (Expert: rows of K floats
+// to rows of H floats).
 //
 // Choices:
 //  - Gates: with k = 1 the router's probability itself (Switch Transformer): renormalised
 //    over one expert it would always be 1, and the loss would teach the router nothing;
-//    with k = 2 renormalised over the two (Mixtral), so that a row's output keeps the
+//    with k = 2 renormalised over the two (Mixtral), so that a token's output keeps the
 //    scale of one expert's however sure the router is. Ties go to the lower expert index.
-//  - Capacity: in a training batch of B rows, expert x takes at most C = ceil(F k B / X)
-//    tokens; past that a token is dropped by x (its term of the output is 0). Priority goes
-//    by slot, then by row of the global batch (GShard): every row's first choice before any
-//    second choice. Validation and sampling drop nothing: capacity bounds the work of a
-//    training step, and a model judged with drops would be judged on a batch-dependent part.
+//  - Capacity: in a training batch of B tokens, expert x takes at most C = ceil(F k B / X)
+//    of them; past that a token is dropped by x (its term of the output is 0). Priority
+//    goes by slot, then by token of the global batch (GShard): every token's first choice
+//    before any second choice. Validation and sampling drop nothing: capacity bounds the
+//    work of a training step, and a model judged with drops would be judged on a
+//    batch-dependent part.
 //  - Load balancing (Switch): aux = alpha X sum_x f_x P_x, with f_x the share of the batch's
 //    k B choices that went to x (before drops) and P_x the mean probability the router gave
 //    x. It is added to the objective and reported apart. f_x is a count (its gradient is 0),
-//    so in the sum of the rows' losses every row's p_x gets the gradient alpha X f_x.
+//    so in the sum of the tokens' losses every token's p_x gets the gradient alpha X f_x.
 //
-// Why every layout gets the same bits: a row's routing, gates and combine are computed on
-// the row's own rank; an expert's output for a row is one row of a matmul, the same bits
-// whichever rows share the call (kernels.h); the sums that gather rows from many ranks (an
-// expert's and the router's weight gradients, the aux loss) are exact. Capacity needs each
-// token's place among all those that chose its expert: the ranks share their counts.
+// Why every layout gets the same bits: a token's routing, gates and combine are computed on
+// the token's own rank; an expert's output for a token is one row of a matmul, the same bits
+// whichever tokens share the call (kernels.h); the sums that gather tokens from many ranks
+// (an expert's and the router's weight gradients, the aux loss) are exact. Capacity needs
+// each token's place among all those that chose its expert: the ranks share their counts.
+//
+// How a layout spreads the experts: `ranks` ranks each hold a contiguous range of the X
+// experts (split_range) and route their own tokens, contiguous ranges of the batch in rank
+// order. The layer is written as steps, so that a layout puts its communication between
+// them, in its own file (train_ep.c: the counts all-gathered, dispatch and combine
+// all-to-alls); moe_forward and moe_backward, at the end of this section, are the same
+// steps on one process (train.c), whose counts are all its own and whose all-to-alls are
+// copies:
+//   forward    moe_route           the router: probabilities, each token's top k and gates,
+//                                  and the counts of this rank's choices
+//              moe_plan            from every rank's counts: the capacity's cut, the
+//                                  dispatch order, the rows to and from each rank
+//              moe_balance         (training) the load-balancing loss, and the load figures
+//              moe_permute         the kept tokens' input rows, in the dispatch order
+//              | dispatch          each row to the rank holding its expert
+//              expert_forward      each expert on the tokens it received
+//              | combine           each output back to its token's rank
+//              moe_unpermute       each token's gated sum of its experts' outputs
+//   backward   moe_unpermute_backward, | dispatch, expert_backward, | combine,
+//              moe_router_backward, moe_permute_backward
+// (permute and unpermute: Megatron's names for the local halves of dispatch and combine.)
 
-// How a layout spreads the experts (train_ep.c): `ranks` ranks each hold a contiguous range
-// of the X experts (split_range) and route their own rows, contiguous ranges of the batch in
-// rank order. gather: all[ranks][n] = every rank's mine[n]. exchange (all-to-all): sends
-// send_rows[q] rows of `width` floats to each rank q, in rank order, and receives
-// recv_rows[q] rows from each. train.c passes none: one process holds every expert.
+// An expert, as the layer sees it: a function from rows of K floats to rows of H floats,
+// with `params` parameters of its own in one block, that keeps `saved` floats a token for
+// its backward besides its input and output rows. The MLP's: Linear K -> H then ReLU (a
+// weight [K][H], then a bias [H]), keeping nothing more (ReLU's backward reads its output).
 typedef struct {
-    int ranks, rank;
-    void (*gather)(void* ctx, const int* mine, int* all, int n);
-    void (*exchange)(void* ctx, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
-                     const char* what);
-    void* ctx;
-} MoeComm;
+    int K, H;
+    long params, saved;
+} Expert;
+static Expert moe_expert(const Config* c, int u) {
+    return (Expert){.K = linear_in(c, u), .H = c->hidden, .params = expert_params(c, u), .saved = 0};
+}
+// out [n][H] = the expert with parameters w on in [n][K]; its own activations to saved [n][saved]
+static void expert_forward(const Expert* e, float* out, float* saved, const float* in, const float* w, int n,
+                           Workspace* ws) {
+    (void)saved; // the MLP's expert keeps none
+    linear_forward(out, in, w, w + (long)e->K * e->H, n, e->K, e->H, ws);
+    relu_forward(out, (long)n * e->H);
+}
+// Backward, from dout [n][H] (overwritten): din [n][K], and the exact gradients of its
+// parameters added into g (laid out as w; `terms`: tokens in the whole batch)
+static void expert_backward(const Expert* e, float* din, int64_t* g, float* dout, const float* in, const float* out,
+                            const float* saved, const float* w, int n, long terms, Workspace* ws) {
+    (void)saved;
+    relu_backward(dout, out, (long)n * e->H);
+    linear_backward_weight(g, g + (long)e->K * e->H, in, dout, n, e->K, e->H, terms, ws);
+    linear_backward_input(din, dout, w, n, e->K, e->H, ws);
+}
+
+// An MoE layer's parameters: the router's weight [K][X], then each expert's block, in
+// order. Where expert x starts in the parameters of a rank that holds experts x_lo, ...
+static long moe_expert_at(const Config* c, const Expert* e, int x, int x_lo) {
+    return (long)e->K * c->experts + (long)(x - x_lo) * e->params;
+}
 
 // What one MoE layer keeps from its forward for its backward, and its load figures.
 typedef struct {
-    int rows;          // capacity of the per-row arrays
+    int layer;         // the unit it is, for traces
+    Expert e;          // what each of its experts computes
+    int rows;          // capacity of the per-token arrays, in tokens
     float* probs;      // [rows][X] router probabilities
     float* dprobs;     // [rows][X] backward: their gradient, then the router's output gradient
     int* choice;       // [rows][k] chosen experts, most probable first
     float* gate;       // [rows][k] their weights in the output
     float* dgate;      // [rows][k] backward
     int* slot;         // [rows][k] the token's place in the dispatch order, or -1: dropped
-    double* coef;      // [X] alpha X f_x: the aux loss's gradient on each row's p_x
-    // the plan (ranks = the layout's ranks): counts[ranks][k][X] choices, start[ranks][k][X]
-    // the place of each block's first token, kept[ranks][X] tokens each rank sends to each
-    // expert, send_rows and recv_rows [ranks] rows to and from each rank
+    int* mine;         // [k][X] this rank's choices, by slot and expert
+    double* coef;      // [X] alpha X f_x: the aux loss's gradient on each token's p_x
+    // the plan (ranks = the layout's ranks): start[ranks][k][X] the place of each block's
+    // first token, kept[ranks][X] tokens each rank sends to each expert, send_rows and
+    // recv_rows [ranks] rows to and from each rank
     int ranks;
-    int *counts, *kept, *send_rows, *recv_rows, *next;
+    int *kept, *send_rows, *recv_rows, *next;
     long* start;
     // tokens dispatched by this rank, in the dispatch order: by expert (and so by the rank
-    // holding it), then slot, then row; and the tokens this rank's experts received, by
+    // holding it), then slot, then token; and the tokens this rank's experts received, by
     // source rank, then expert. Rows of max(K, H) floats at most.
     long n_sent, n_recv, sent_cap, recv_cap;
-    int* sent_row;     // [n_sent] the row each token came from
+    int* sent_row;     // [n_sent] the token each came from
     float* sent;       // [n_sent] inputs [K]; backward: output gradients [H]
     float* back;       // [n_sent] the experts' outputs [H]; backward: input gradients [K]
-    float* recv_in;    // [n_recv][K] inputs, kept for the weight gradient
-    float* recv_h;     // [n_recv][H] outputs, kept for ReLU's backward
+    float* recv_in;    // [n_recv][K] inputs, kept for the backward
+    float* recv_h;     // [n_recv][H] outputs, kept for the backward
+    float* recv_saved; // [n_recv][saved] what the experts keep besides
     float* recv_d;     // [n_recv][H] backward: output gradients
     float* recv_din;   // [n_recv][K] backward: input gradients
     // load, over the training steps: tokens that chose each expert, and tokens dropped
@@ -374,37 +425,39 @@ typedef struct {
     double tokens_out, tokens_in; // tokens sent to other ranks' experts, and received from other ranks
 } MoeLayer;
 
-static void moe_layer_init(MoeLayer* m, const Config* c, int rows) {
+// A layer of experts `e` (unit `layer`), for passes of up to `rows` tokens
+static void moe_layer_init(MoeLayer* m, const Config* c, int layer, Expert e, int rows) {
     int X = c->experts, k = c->top_k;
     memset(m, 0, sizeof *m);
-    m->rows = rows;
+    m->layer = layer, m->e = e, m->rows = rows;
     m->probs = mallocCheck((size_t)rows * X * sizeof(float));
     m->dprobs = mallocCheck((size_t)rows * X * sizeof(float));
     m->choice = mallocCheck((size_t)rows * k * sizeof(int));
     m->gate = mallocCheck((size_t)rows * k * sizeof(float));
     m->dgate = mallocCheck((size_t)rows * k * sizeof(float));
     m->slot = mallocCheck((size_t)rows * k * sizeof(int));
+    m->mine = mallocCheck((size_t)k * X * sizeof(int));
+    m->next = mallocCheck((size_t)k * X * sizeof(int));
     m->coef = callocCheck((size_t)X, sizeof(double));
     m->load_sum = callocCheck((size_t)X, sizeof(double));
 }
 static void moe_layer_free(MoeLayer* m) {
-    free(m->probs), free(m->dprobs), free(m->choice), free(m->gate), free(m->dgate), free(m->slot), free(m->coef);
-    free(m->counts), free(m->kept), free(m->send_rows), free(m->recv_rows), free(m->next), free(m->start);
-    free(m->sent_row), free(m->sent), free(m->back), free(m->recv_in), free(m->recv_h), free(m->recv_d);
-    free(m->recv_din), free(m->load_sum);
+    free(m->probs), free(m->dprobs), free(m->choice), free(m->gate), free(m->dgate), free(m->slot), free(m->mine);
+    free(m->coef), free(m->kept), free(m->send_rows), free(m->recv_rows), free(m->next), free(m->start);
+    free(m->sent_row), free(m->sent), free(m->back), free(m->recv_in), free(m->recv_h), free(m->recv_saved);
+    free(m->recv_d), free(m->recv_din), free(m->load_sum);
 }
-// Buffers that depend on the routing: grown when a pass needs more (the first passes only).
-static void moe_reserve(MoeLayer* m, const Config* c, int u, int ranks, long n_sent, long n_recv) {
+// Buffers that depend on the layout and the routing: grown when a pass needs more (the
+// first passes only).
+static void moe_reserve(MoeLayer* m, const Config* c, int ranks, long n_sent, long n_recv) {
     int X = c->experts, k = c->top_k;
-    long W = linear_in(c, u) > c->hidden ? linear_in(c, u) : c->hidden;
+    long W = m->e.K > m->e.H ? m->e.K : m->e.H;
     if (m->ranks != ranks) {
         m->ranks = ranks;
-        m->counts = reallocCheck(m->counts, (size_t)ranks * k * X * sizeof(int));
         m->start = reallocCheck(m->start, (size_t)ranks * k * X * sizeof(long));
         m->kept = reallocCheck(m->kept, (size_t)ranks * X * sizeof(int));
         m->send_rows = reallocCheck(m->send_rows, (size_t)ranks * sizeof(int));
         m->recv_rows = reallocCheck(m->recv_rows, (size_t)ranks * sizeof(int));
-        m->next = reallocCheck(m->next, (size_t)k * X * sizeof(int));
     }
     if (n_sent > m->sent_cap) {
         m->sent_cap = n_sent;
@@ -416,17 +469,20 @@ static void moe_reserve(MoeLayer* m, const Config* c, int u, int ranks, long n_s
         m->recv_cap = n_recv;
         m->recv_in = reallocCheck(m->recv_in, (size_t)n_recv * W * sizeof(float));
         m->recv_h = reallocCheck(m->recv_h, (size_t)n_recv * W * sizeof(float));
+        m->recv_saved = reallocCheck(m->recv_saved, (size_t)n_recv * m->e.saved * sizeof(float));
         m->recv_d = reallocCheck(m->recv_d, (size_t)n_recv * W * sizeof(float));
         m->recv_din = reallocCheck(m->recv_din, (size_t)n_recv * W * sizeof(float));
     }
 }
 
-// The router: p = softmax(in Wr) over the X experts, each row's top k (ties to the lower
-// index) and their gates.
-static void moe_route(const Config* c, MoeLayer* m, const float* in, const float* wr, int R, int K, Workspace* ws) {
+// The router, on this rank's n tokens in [n][K]: p = softmax(in Wr) over the X experts,
+// each token's top k (ties to the lower index) and their gates; and the counts of this
+// rank's choices by slot and expert (m->mine), which the plan needs from every rank.
+static void moe_route(const Config* c, MoeLayer* m, const float* in, const float* wr, int n, Workspace* ws) {
     int X = c->experts, k = c->top_k;
-    matmul_float(m->probs, in, wr, R, K, X, ws);
-    for (int r = 0; r < R; r++) {
+    double t = trace_clock();
+    matmul_float(m->probs, in, wr, n, m->e.K, X, ws);
+    for (int r = 0; r < n; r++) {
         float *p = m->probs + (long)r * X, mx = p[0], sum = 0.0f;
         for (int x = 1; x < X; x++) mx = p[x] > mx ? p[x] : mx;
         for (int x = 0; x < X; x++) p[x] = expf(p[x] - mx), sum += p[x];
@@ -445,27 +501,33 @@ static void moe_route(const Config* c, MoeLayer* m, const float* in, const float
             g[0] = p[ch[0]] / s, g[1] = p[ch[1]] / s;
         }
     }
+    memset(m->mine, 0, (size_t)k * X * sizeof(int));
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < k; j++) m->mine[j * X + m->choice[(long)r * k + j]]++;
+    trace_event("compute", t, trace_clock(), 0, "router %d", m->layer);
 }
 
-// Rows of expert x's weight [K][H] and bias [H] in a rank's parameters for an MoE unit: the
-// router, then its experts [x_lo, ...).
-static long moe_expert_at(const Config* c, int u, int x, int x_lo) {
-    return router_params(c, u) + (long)(x - x_lo) * expert_params(c, u);
+// Each expert's capacity in a pass over a batch of n_total tokens: ceil(F k B / X) in
+// training, no limit otherwise.
+static long moe_capacity(const Config* c, long n_total, int training) {
+    return training ? (long)ceil((double)c->capacity * c->top_k * n_total / c->experts) : LONG_MAX;
 }
 
-// The plan of a pass, from every rank's counts of choices (counts[ranks][k][X], gathered):
-// each token's place among all those that chose its expert, and so which are kept (place
-// < C); how many tokens each rank sends each expert; this rank's dispatch order.
-static void moe_plan(const Config* c, int u, MoeLayer* m, int R, int ranks, int rank, long C) {
+// The plan of a pass, from every rank's counts of choices (counts[ranks][k][X], all of them
+// gathered): each token's place among all those that chose its expert, and so which are
+// kept (place < C); how many tokens each rank sends each expert, and so the rows this rank
+// sends to and receives from each rank; this rank's dispatch order.
+static void moe_plan(const Config* c, MoeLayer* m, const int* counts, int ranks, int rank, int n, long C) {
     int X = c->experts, k = c->top_k;
     long x_lo, x_hi;
     split_range(X, ranks, rank, &x_lo, &x_hi);
-    for (int x = 0; x < X; x++) { // places: by slot, then rank (that is, by row of the batch)
+    moe_reserve(m, c, ranks, 0, 0);
+    for (int x = 0; x < X; x++) { // places: by slot, then rank (that is, by token of the batch)
         long place = 0;
         for (int j = 0; j < k; j++)
             for (int s = 0; s < ranks; s++) {
                 long i = ((long)s * k + j) * X + x;
-                m->start[i] = place, place += m->counts[i];
+                m->start[i] = place, place += counts[i];
             }
     }
     for (int s = 0; s < ranks; s++)
@@ -473,7 +535,7 @@ static void moe_plan(const Config* c, int u, MoeLayer* m, int R, int ranks, int 
             long kept = 0;
             for (int j = 0; j < k; j++) {
                 long i = ((long)s * k + j) * X + x, room = C - m->start[i];
-                kept += room <= 0 ? 0 : room < m->counts[i] ? room : m->counts[i];
+                kept += room <= 0 ? 0 : room < counts[i] ? room : counts[i];
             }
             m->kept[(long)s * X + x] = (int)kept;
         }
@@ -487,20 +549,20 @@ static void moe_plan(const Config* c, int u, MoeLayer* m, int R, int ranks, int 
         m->send_rows[q] = (int)to, m->recv_rows[q] = (int)from;
         m->n_sent += to, m->n_recv += from;
     }
-    moe_reserve(m, c, u, ranks, m->n_sent, m->n_recv);
+    moe_reserve(m, c, ranks, m->n_sent, m->n_recv);
     // this rank's tokens: kept or dropped, then their places in the dispatch order
     int* seen = m->next; // [k][X] tokens of this rank met so far in each block
     memset(seen, 0, (size_t)k * X * sizeof(int));
     for (int j = 0; j < k; j++)
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < n; r++) {
             int x = m->choice[(long)r * k + j];
             long place = m->start[((long)rank * k + j) * X + x] + seen[j * X + x]++;
             m->slot[(long)r * k + j] = place < C ? 0 : -1;
         }
     int* at = m->next; // [X] each expert's next place in the dispatch order
-    for (int x = 0, n = 0; x < X; x++) at[x] = n, n += m->kept[(long)rank * X + x];
+    for (int x = 0, i = 0; x < X; x++) at[x] = i, i += m->kept[(long)rank * X + x];
     for (int j = 0; j < k; j++)
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < n; r++) {
             int* slot = m->slot + (long)r * k + j;
             if (*slot < 0) continue;
             *slot = at[m->choice[(long)r * k + j]]++;
@@ -508,70 +570,40 @@ static void moe_plan(const Config* c, int u, MoeLayer* m, int R, int ranks, int 
         }
 }
 
-// Moves rows between the ranks that route tokens and the ranks that hold their experts:
-// the layout's all-to-all, or, on one process, a copy.
-static void moe_exchange(const MoeComm* comm, const float* send, const int* send_rows, float* recv,
-                         const int* recv_rows, int width, const char* what) {
-    if (comm) comm->exchange(comm->ctx, send, send_rows, recv, recv_rows, width, what);
-    else memcpy(recv, send, (size_t)send_rows[0] * width * sizeof(float));
+// A training pass's load-balancing loss: each expert's coefficient alpha X f_x (from every
+// rank's counts), the exact sum of this rank's tokens' terms added to *aux, and the load
+// figures.
+static void moe_balance(const Config* c, MoeLayer* m, const int* counts, int ranks, int rank, int n, long n_total,
+                        long C, int64_t* aux) {
+    int X = c->experts, k = c->top_k;
+    long dropped = 0;
+    for (int x = 0; x < X; x++) {
+        long chose = 0;
+        for (int s = 0; s < ranks; s++)
+            for (int j = 0; j < k; j++) chose += counts[((long)s * k + j) * X + x];
+        m->coef[x] = (double)c->aux_loss * X * (double)chose / ((double)k * n_total);
+        m->load_sum[x] += (double)chose;
+        dropped += chose > C ? chose - C : 0;
+    }
+    m->dropped_sum += (double)dropped, m->dropped_last = dropped, m->capacity_last = C, m->steps++;
+    m->tokens_out += (double)(m->n_sent - m->send_rows[rank]), m->tokens_in += (double)(m->n_recv - m->recv_rows[rank]);
+    for (int r = 0; r < n; r++) {
+        double a = 0;
+        for (int x = 0; x < X; x++) a += m->coef[x] * m->probs[(long)r * X + x];
+        *aux += fix_term(a, n_total, "load-balancing loss");
+    }
 }
 
-// Forward of MoE unit u over R rows: in [R][K] -> out [R][H]. `w` holds the router and this
-// rank's experts (moe_expert_at). `rows_total` rows make the batch; `training` applies
-// capacity and adds the rows' load-balancing terms to *aux (an exact sum).
-static void moe_forward(const Config* c, int u, const float* w, MoeLayer* m, const MoeComm* comm, const float* in,
-                        float* out, int R, long rows_total, int training, int64_t* aux, Workspace* ws) {
-    int X = c->experts, k = c->top_k, K = linear_in(c, u), H = c->hidden;
-    int ranks = comm ? comm->ranks : 1, rank = comm ? comm->rank : 0;
-    long x_lo, x_hi;
-    split_range(X, ranks, rank, &x_lo, &x_hi);
-    double t = trace_clock();
-    moe_reserve(m, c, u, ranks, 0, 0);
-    moe_route(c, m, in, w, R, K, ws);
-    // every rank's counts of choices by slot and expert, so that every rank can tell which
-    // tokens are kept and how many each rank sends each expert
-    int* mine = m->counts + (long)rank * k * X;
-    memset(mine, 0, (size_t)k * X * sizeof(int));
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < k; j++) mine[j * X + m->choice[(long)r * k + j]]++;
-    if (comm) comm->gather(comm->ctx, mine, m->counts, k * X);
-    long C = training ? (long)ceil((double)c->capacity * k * rows_total / X) : LONG_MAX;
-    moe_plan(c, u, m, R, ranks, rank, C);
-    if (training) { // load figures, and the load-balancing terms of this rank's rows
-        long dropped = 0;
-        for (int x = 0; x < X; x++) {
-            long n = 0;
-            for (int s = 0; s < ranks; s++)
-                for (int j = 0; j < k; j++) n += m->counts[((long)s * k + j) * X + x];
-            m->coef[x] = (double)c->aux_loss * X * (double)n / ((double)k * rows_total);
-            m->load_sum[x] += (double)n;
-            dropped += n > C ? n - C : 0;
-        }
-        m->dropped_sum += (double)dropped, m->dropped_last = dropped, m->capacity_last = C, m->steps++;
-        m->tokens_out += (double)(m->n_sent - m->send_rows[rank]), m->tokens_in += (double)(m->n_recv - m->recv_rows[rank]);
-        for (int r = 0; r < R; r++) {
-            double a = 0;
-            for (int x = 0; x < X; x++) a += m->coef[x] * m->probs[(long)r * X + x];
-            *aux += fix_term(a, rows_total, "load-balancing loss");
-        }
-    }
+// The kept tokens' input rows, in the dispatch order: the rows to send
+static void moe_permute(MoeLayer* m, const float* in) {
+    int K = m->e.K;
     for (long i = 0; i < m->n_sent; i++) memcpy(m->sent + i * K, in + (long)m->sent_row[i] * K, K * sizeof(float));
-    trace_event("compute", t, trace_clock(), 0, "router %d", u);
-    // dispatch; every expert of this rank on the tokens it received; combine
-    moe_exchange(comm, m->sent, m->send_rows, m->recv_in, m->recv_rows, K, "dispatch");
-    t = trace_clock();
-    for (int s = 0, at = 0; s < ranks; s++)
-        for (long x = x_lo; x < x_hi; x++) {
-            int n = m->kept[(long)s * X + x];
-            if (n == 0) continue;
-            const float* wx = w + moe_expert_at(c, u, (int)x, (int)x_lo);
-            linear_forward(m->recv_h + (long)at * H, m->recv_in + (long)at * K, wx, wx + (long)K * H, n, K, H, ws);
-            relu_forward(m->recv_h + (long)at * H, (long)n * H);
-            at += n;
-        }
-    trace_event("compute", t, trace_clock(), 0, "experts %d", u);
-    moe_exchange(comm, m->recv_h, m->recv_rows, m->back, m->send_rows, H, "combine");
-    for (int r = 0; r < R; r++) // out[r] = sum over its kept slots, in slot order, of gate * h
+}
+// out [n][H]: each token's sum over its kept slots, in slot order, of gate x the expert's
+// output (the rows come back in the dispatch order)
+static void moe_unpermute(const Config* c, const MoeLayer* m, float* out, int n) {
+    int k = c->top_k, H = m->e.H;
+    for (int r = 0; r < n; r++)
         for (int i = 0; i < H; i++) {
             float o = 0.0f;
             for (int j = 0; j < k; j++) {
@@ -582,17 +614,12 @@ static void moe_forward(const Config* c, int u, const float* w, MoeLayer* m, con
         }
 }
 
-// Backward of MoE unit u: from dout [R][H], the input gradient din [R][K], and the exact
-// weight gradients of the router and of this rank's experts added into g (laid out as w).
-static void moe_backward(const Config* c, int u, const float* w, int64_t* g, MoeLayer* m, const MoeComm* comm,
-                         const float* in, const float* dout, float* din, int R, long batch, Workspace* ws) {
-    int X = c->experts, k = c->top_k, K = linear_in(c, u), H = c->hidden;
-    int ranks = comm ? comm->ranks : 1, rank = comm ? comm->rank : 0;
-    long x_lo, x_hi;
-    split_range(X, ranks, rank, &x_lo, &x_hi);
+// Backward of moe_unpermute, from dout [n][H]: the gates' gradients, dot(dout, h), and each
+// kept token's output gradient, gate x dout, in the dispatch order (the rows to send).
+static void moe_unpermute_backward(const Config* c, MoeLayer* m, const float* dout, int n) {
+    int k = c->top_k, H = m->e.H;
     double t = trace_clock();
-    // the gates' gradients, dot(dout, h); each kept token's output gradient, gate * dout
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < n; r++)
         for (int j = 0; j < k; j++) {
             int slot = m->slot[(long)r * k + j];
             float d = 0.0f;
@@ -605,26 +632,16 @@ static void moe_backward(const Config* c, int u, const float* w, int64_t* g, Moe
         while (m->slot[(long)r * k + j] != i) j++;
         for (int e = 0; e < H; e++) m->sent[i * H + e] = m->gate[(long)r * k + j] * dout[(long)r * H + e];
     }
-    trace_event("compute", t, trace_clock(), 0, "gates %d", u);
-    // to the experts, back through them, and their input gradients back to the tokens' ranks
-    moe_exchange(comm, m->sent, m->send_rows, m->recv_d, m->recv_rows, H, "dispatch (backward)");
-    t = trace_clock();
-    for (int s = 0, at = 0; s < ranks; s++)
-        for (long x = x_lo; x < x_hi; x++) {
-            int n = m->kept[(long)s * X + x];
-            if (n == 0) continue;
-            long off = moe_expert_at(c, u, (int)x, (int)x_lo);
-            float* d = m->recv_d + (long)at * H;
-            relu_backward(d, m->recv_h + (long)at * H, (long)n * H);
-            linear_backward_weight(g + off, g + off + (long)K * H, m->recv_in + (long)at * K, d, n, K, H, batch, ws);
-            linear_backward_input(m->recv_din + (long)at * K, d, w + off, n, K, H, ws);
-            at += n;
-        }
-    trace_event("compute", t, trace_clock(), 0, "experts backward %d", u);
-    moe_exchange(comm, m->recv_din, m->recv_rows, m->back, m->send_rows, K, "combine (backward)");
-    // the router: gates -> probabilities (+ the aux loss's alpha X f_x) -> softmax -> scores
-    t = trace_clock();
-    for (int r = 0; r < R; r++) {
+    trace_event("compute", t, trace_clock(), 0, "gates %d", m->layer);
+}
+// Backward of the router, from the gates' gradients: gates -> probabilities (+ the aux
+// loss's alpha X f_x) -> softmax -> scores; the router's exact weight gradient added into
+// g, and its input gradient to din [n][K].
+static void moe_router_backward(const Config* c, MoeLayer* m, const float* wr, int64_t* g, const float* in,
+                                float* din, int n, long terms, Workspace* ws) {
+    int X = c->experts, k = c->top_k;
+    double t = trace_clock();
+    for (int r = 0; r < n; r++) {
         const float *p = m->probs + (long)r * X, *gate = m->gate + (long)r * k, *dg = m->dgate + (long)r * k;
         const int* ch = m->choice + (long)r * k;
         float* dp = m->dprobs + (long)r * X;
@@ -638,15 +655,64 @@ static void moe_backward(const Config* c, int u, const float* w, int64_t* g, Moe
         for (int x = 0; x < X; x++) dot += p[x] * dp[x];
         for (int x = 0; x < X; x++) dp[x] = p[x] * (dp[x] - dot);
     }
-    linear_backward_weight(g, NULL, in, m->dprobs, R, K, X, batch, ws);
-    linear_backward_input(din, m->dprobs, w, R, K, X, ws);
-    for (int r = 0; r < R; r++) // plus each kept expert's input gradient, in slot order
+    linear_backward_weight(g, NULL, in, m->dprobs, n, m->e.K, X, terms, ws);
+    linear_backward_input(din, m->dprobs, wr, n, m->e.K, X, ws);
+    trace_event("compute", t, trace_clock(), 0, "router backward %d", m->layer);
+}
+// Backward of moe_permute: each kept token's input gradient (back in the dispatch order)
+// added to its row of din [n][K], in slot order
+static void moe_permute_backward(const Config* c, const MoeLayer* m, float* din, int n) {
+    int k = c->top_k, K = m->e.K;
+    for (int r = 0; r < n; r++)
         for (int j = 0; j < k; j++) {
             int slot = m->slot[(long)r * k + j];
             if (slot >= 0)
                 for (int i = 0; i < K; i++) din[(long)r * K + i] += m->back[(long)slot * K + i];
         }
-    trace_event("compute", t, trace_clock(), 0, "router backward %d", u);
+}
+
+// The layer on one process (train.c), in [n][K] -> out [n][H]: every expert is here, so the
+// counts are all its own and dispatch and combine are copies (train_ep.c: all-to-alls). `w`
+// holds the router and every expert; the batch has n_total tokens; `training` applies the
+// capacity and adds the tokens' load-balancing terms to *aux (an exact sum).
+static void moe_forward(const Config* c, const float* w, MoeLayer* m, const float* in, float* out, int n, long n_total,
+                        int training, int64_t* aux, Workspace* ws) {
+    const Expert* e = &m->e;
+    moe_route(c, m, in, w, n, ws);
+    long C = moe_capacity(c, n_total, training);
+    moe_plan(c, m, m->mine, 1, 0, n, C);
+    if (training) moe_balance(c, m, m->mine, 1, 0, n, n_total, C, aux);
+    moe_permute(m, in);
+    memcpy(m->recv_in, m->sent, (size_t)m->n_sent * e->K * sizeof(float)); // dispatch
+    double t = trace_clock();
+    for (int x = 0, at = 0; x < c->experts; at += m->kept[x], x++)
+        if (m->kept[x] > 0)
+            expert_forward(e, m->recv_h + (long)at * e->H, m->recv_saved + (long)at * e->saved,
+                           m->recv_in + (long)at * e->K, w + moe_expert_at(c, e, x, 0), m->kept[x], ws);
+    trace_event("compute", t, trace_clock(), 0, "experts %d", m->layer);
+    memcpy(m->back, m->recv_h, (size_t)m->n_sent * e->H * sizeof(float)); // combine
+    moe_unpermute(c, m, out, n);
+}
+// Its backward: from dout [n][H], the input gradient din [n][K], and the exact weight
+// gradients of the router and of every expert added into g (laid out as w); `terms`:
+// tokens in the whole batch.
+static void moe_backward(const Config* c, const float* w, int64_t* g, MoeLayer* m, const float* in, const float* dout,
+                         float* din, int n, long terms, Workspace* ws) {
+    const Expert* e = &m->e;
+    moe_unpermute_backward(c, m, dout, n);
+    memcpy(m->recv_d, m->sent, (size_t)m->n_sent * e->H * sizeof(float)); // dispatch (backward)
+    double t = trace_clock();
+    for (int x = 0, at = 0; x < c->experts; at += m->kept[x], x++)
+        if (m->kept[x] > 0) {
+            long off = moe_expert_at(c, e, x, 0);
+            expert_backward(e, m->recv_din + (long)at * e->K, g + off, m->recv_d + (long)at * e->H,
+                            m->recv_in + (long)at * e->K, m->recv_h + (long)at * e->H,
+                            m->recv_saved + (long)at * e->saved, w + off, m->kept[x], terms, ws);
+        }
+    trace_event("compute", t, trace_clock(), 0, "experts backward %d", m->layer);
+    memcpy(m->back, m->recv_din, (size_t)m->n_sent * e->K * sizeof(float)); // combine (backward)
+    moe_router_backward(c, m, w, g, in, din, n, terms, ws);
+    moe_permute_backward(c, m, din, n);
 }
 
 // ----------------------------------------------------------------------------
@@ -759,7 +825,6 @@ typedef struct {
     int64_t loss;               // exact sum of the row losses of the last forward
     // with --experts
     MoeLayer* moe;              // [L+2]: the state of each MoE unit held here, else NULL
-    const MoeComm* comm;        // how the experts are spread over ranks (train_ep.c); NULL: all here
     int training;               // this pass is a training batch: capacity and the aux loss apply
     int64_t aux;                // exact sum of the rows' load-balancing terms of the last forward
 } Acts;
@@ -790,7 +855,7 @@ static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, co
     if (c->experts > 0) {
         a->moe = callocCheck(MAX_LAYERS + 2, sizeof(MoeLayer));
         for (int u = u_lo; u < u_hi; u++)
-            if (is_moe(c, u)) moe_layer_init(&a->moe[u], c, rows);
+            if (is_moe(c, u)) moe_layer_init(&a->moe[u], c, u, moe_expert(c, u), rows);
     }
 }
 static void acts_free(Acts* a) {
@@ -1007,7 +1072,7 @@ static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratc
     } else if (u == 0) {
         embedding_forward(a->out[0], a->tokens, w, 0, c->vocab, R, c->context, c->emb);
     } else if (is_moe(c, u)) {
-        moe_forward(c, u, w, &a->moe[u], a->comm, a->out[u - 1], a->out[u], R, rows_total, a->training, &a->aux, ws);
+        moe_forward(c, w, &a->moe[u], a->out[u - 1], a->out[u], R, rows_total, a->training, &a->aux, ws);
     } else {
         int K = linear_in(c, u), J = linear_out(c, u);
         const float *in = a->out[u - 1], *bias = w + (long)K * J;
@@ -1060,7 +1125,7 @@ static void unit_backward_weight(const Config* c, int u, int64_t* g, const Acts*
 static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R, long batch,
                           Workspace* ws) {
     if (is_moe(c, u)) {
-        moe_backward(c, u, w, g, &a->moe[u], a->comm, a->out[u - 1], s->dout, s->din, R, batch, ws);
+        moe_backward(c, w, g, &a->moe[u], a->out[u - 1], s->dout, s->din, R, batch, ws);
         return;
     }
     unit_backward_input(c, u, w, a, s, R, ws);

@@ -1,10 +1,12 @@
 /*
  * train_ep.c: expert parallelism. The model is train.c's with --experts X: every hidden
- * layer a mixture of X experts with a router (model.h, "mixture of experts"). The experts
- * are spread over the N ranks, a contiguous range each; everything else (the embedding,
- * the routers, the output layer) is replicated. Ranks split every batch's rows as data
- * parallelism does. It prints exactly what `./train --experts X` prints for the same
- * flags: the same loss at every step, the same final parameters bit for bit, the same names.
+ * layer a mixture of X experts with a router (its pieces, the router, the capacity plan
+ * and an expert, are model.h's "mixture of experts"; how tokens move between them is here,
+ * in ep_moe_forward and ep_moe_backward). The experts are spread over the N ranks, a
+ * contiguous range each; everything else (the embedding, the routers, the output layer)
+ * is replicated. Ranks split every batch's rows as data parallelism does. It prints
+ * exactly what `./train --experts X` prints for the same flags: the same loss at every
+ * step, the same final parameters bit for bit, the same names.
  *
  *              rank 0: rows 0-15, experts 0 1          rank 1: rows 16-31, experts 2 3
  *   forward    embedding, router (replicated)          embedding, router
@@ -33,7 +35,8 @@
  *
  * Compare with ./train --experts 4: the same losses, names and final checkpoint, whatever N.
  *
- * Sections: the state of one run; the strategy; the forward pass and the figures; options; main.
+ * Sections: the state of one run; the strategy (an MoE layer's all-to-alls, the replicated
+ * gradients' all-reduce); the forward pass and the figures; options; main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -52,17 +55,17 @@ typedef struct {
     State st;          // the replicated weights and this rank's experts, unit by unit (ep_layout)
     long off[MAX_LAYERS + 2], n[MAX_LAYERS + 2]; // where each unit starts in st, and its size here
     int x_lo, x_hi;    // this rank's experts [x_lo, x_hi) of every MoE layer
-    Work work;         // activations of this rank's rows
-    MoeComm comm;      // how model.h's MoE layers reach the other ranks: ep_gather, ep_exchange
+    Work work;         // activations of this rank's rows, and each MoE layer's plan (model.h's MoeLayer)
     Group ep;          // every rank: the all-to-alls (their bytes counted apart)
     Group dp;          // every rank: the all-reduce of the replicated gradients and the loss, the counts
     int64_t* packed;   // the replicated gradients, packed for their one all-reduce
+    int* counts;       // [N][k][X]: every rank's choices in an MoE layer, by slot and expert
     int* ep_counts;    // [4][N]: an all-to-all's counts and displacements
     int timeline;      // --timeline
 } Run;
 
 static void run_free(Run* r) {
-    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), free(r->packed), free(r->ep_counts);
+    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), free(r->packed), free(r->counts), free(r->ep_counts);
 }
 
 // Unit u as this rank holds it: an MoE unit's router, then its experts [x_lo, x_hi); any
@@ -93,20 +96,18 @@ static Holding ep_holding(Run* r) {
 }
 
 // ----------------------------------------------------------------------------
-// the strategy: tokens to their experts and back (model.h's MoE layer calls these)
+// the strategy: tokens to their experts and back
+//
+// An MoE layer is model.h's steps (its moe_forward runs them on one process) with the
+// communication between them here: every rank's counts of choices all-gathered, then two
+// all-to-alls, dispatch (each token's row to the rank holding its expert) and combine (each
+// expert's output back to its token's rank); backward, two more: the output gradients the
+// way dispatch went, the input gradients back the way combine came.
 
-// Every rank's counts of choices by slot and expert, so that every rank knows which tokens
-// the capacity keeps and how many rows each rank sends each other.
-static void ep_gather(void* ctx, const int* mine, int* all, int n) {
-    Run* r = ctx;
-    group_allgather(&r->dp, mine, all, n, MPI_INT); // counted with the all-reduce: the all-to-alls stand apart
-}
-
-// Dispatch and combine: an all-to-all of rows of `width` floats, send_rows[q] of them to
-// rank q (the rows are in rank order), recv_rows[q] of them from q.
-static void ep_exchange(void* ctx, const float* send, const int* send_rows, float* recv, const int* recv_rows,
-                        int width, const char* what) {
-    Run* r = ctx;
+// An all-to-all of rows of `width` floats: send_rows[q] of them to rank q (the rows are in
+// rank order), recv_rows[q] of them from rank q, into recv in rank order.
+static void ep_all_to_all(Run* r, const float* send, const int* send_rows, float* recv, const int* recv_rows,
+                          int width, const char* what) {
     int N = r->ep.size, me = r->ep.rank;
     int *sc = r->ep_counts, *sd = sc + N, *rc = sd + N, *rd = rc + N;
     long s = 0, t = 0; // MPI counts are ints: the totals must fit one
@@ -126,6 +127,72 @@ static void ep_exchange(void* ctx, const float* send, const int* send_rows, floa
             if (rc[q]) count_received(&r->ep, 4.0 * rc[q]);
         }
     trace_event("comm", t0, now_seconds(), r->ep.sent - sent, "%s", what);
+}
+
+// Forward of MoE unit u on this rank's n tokens, a->out[u-1] [n][K] -> a->out[u] [n][H];
+// `w` holds the router and this rank's experts [x_lo, x_hi); the batch has n_total tokens.
+static void ep_moe_forward(Run* r, int u, const float* w, Acts* a, int n, long n_total) {
+    const Config* c = &r->cfg;
+    MoeLayer* m = &a->moe[u];
+    const Expert* e = &m->e;
+    Workspace* ws = &r->work.ws;
+    int N = r->ep.size, X = c->experts;
+    // the router on this rank's tokens, then every rank's counts of choices, so that every
+    // rank knows which tokens the capacity keeps and how many rows each rank sends each other
+    moe_route(c, m, a->out[u - 1], w, n, ws);
+    group_allgather(&r->dp, m->mine, r->counts, (long)c->top_k * X, MPI_INT); // counted with the all-reduce
+    long C = moe_capacity(c, n_total, a->training);
+    moe_plan(c, m, r->counts, N, r->ep.rank, n, C);
+    if (a->training) moe_balance(c, m, r->counts, N, r->ep.rank, n, n_total, C, &a->aux);
+    moe_permute(m, a->out[u - 1]);
+    // dispatch: each kept token's input row to the rank holding its expert
+    ep_all_to_all(r, m->sent, m->send_rows, m->recv_in, m->recv_rows, e->K, "dispatch");
+    // this rank's experts on the tokens they received: from rank 0 a block for each of its
+    // experts in order, then from rank 1, ... (the plan's kept[rank][expert] rows each)
+    double t = trace_clock();
+    for (int q = 0, at = 0; q < N; q++)
+        for (int x = r->x_lo; x < r->x_hi; x++) {
+            int rows = m->kept[(long)q * X + x];
+            if (rows == 0) continue;
+            expert_forward(e, m->recv_h + (long)at * e->H, m->recv_saved + (long)at * e->saved,
+                           m->recv_in + (long)at * e->K, w + moe_expert_at(c, e, x, r->x_lo), rows, ws);
+            at += rows;
+        }
+    trace_event("compute", t, trace_clock(), 0, "experts %d", u);
+    // combine: each expert's output row back to its token's rank, then each token's gated sum
+    ep_all_to_all(r, m->recv_h, m->recv_rows, m->back, m->send_rows, e->H, "combine");
+    moe_unpermute(c, m, a->out[u], n);
+}
+
+// Backward of MoE unit u: from s->dout [n][H], the input gradient s->din [n][K], and the
+// exact gradients of the router and of this rank's experts added into g (`terms`: tokens in
+// the batch). An expert's weight gradient sums, exactly, its tokens from every rank on the
+// rank that holds it: it needs no all-reduce. The router's, replicated, does (below).
+static void ep_moe_backward(Run* r, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int n, long terms) {
+    const Config* c = &r->cfg;
+    MoeLayer* m = &a->moe[u];
+    const Expert* e = &m->e;
+    Workspace* ws = &r->work.ws;
+    int N = r->ep.size, X = c->experts;
+    moe_unpermute_backward(c, m, s->dout, n); // the gates' gradients; each kept token's output gradient
+    // the output gradients to the experts' ranks (the backward of combine, the way dispatch goes)
+    ep_all_to_all(r, m->sent, m->send_rows, m->recv_d, m->recv_rows, e->H, "dispatch (backward)");
+    double t = trace_clock();
+    for (int q = 0, at = 0; q < N; q++)
+        for (int x = r->x_lo; x < r->x_hi; x++) {
+            int rows = m->kept[(long)q * X + x];
+            if (rows == 0) continue;
+            long off = moe_expert_at(c, e, x, r->x_lo);
+            expert_backward(e, m->recv_din + (long)at * e->K, g + off, m->recv_d + (long)at * e->H,
+                            m->recv_in + (long)at * e->K, m->recv_h + (long)at * e->H,
+                            m->recv_saved + (long)at * e->saved, w + off, rows, terms, ws);
+            at += rows;
+        }
+    trace_event("compute", t, trace_clock(), 0, "experts backward %d", u);
+    // the input gradients back to the tokens' ranks (the backward of dispatch, the way combine goes)
+    ep_all_to_all(r, m->recv_din, m->recv_rows, m->back, m->send_rows, e->K, "combine (backward)");
+    moe_router_backward(c, m, w, g, a->out[u - 1], s->din, n, terms, ws);
+    moe_permute_backward(c, m, s->din, n); // plus each kept token's input gradient from its experts
 }
 
 // After backward: the replicated weights' gradients (the embedding, every router, the output
@@ -167,8 +234,11 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     split_range(R, r->ep.size, r->ep.rank, &lo, &hi);
     Acts* a = work_load(&r->work, rows, first + lo, (int)(hi - lo), c->context);
     a->training = rows->kind == ROWS_TRAIN, a->aux = 0;
-    for (int u = 0; u < n_units(c); u++)
-        unit_forward(c, u, r->st.params + r->off[u], a, &r->work.scratch, (int)(hi - lo), rows_total, &r->work.ws);
+    for (int u = 0; u < n_units(c); u++) {
+        const float* w = r->st.params + r->off[u];
+        if (is_moe(c, u)) ep_moe_forward(r, u, w, a, (int)(hi - lo), rows_total);
+        else unit_forward(c, u, w, a, &r->work.scratch, (int)(hi - lo), rows_total, &r->work.ws);
+    }
     int64_t sums[2] = {a->loss, a->aux};
     group_allreduce(&r->dp, sums, 2, MPI_INT64_T, MPI_SUM);
     a->aux = sums[1];
@@ -186,8 +256,10 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
 static void backward(Run* r, int R, long B) {
     const Config* c = &r->cfg;
     for (int u = n_units(c) - 1; u >= 0; u--) {
-        unit_backward(c, u, r->st.params + r->off[u], r->st.grads + r->off[u], &r->work.acts, &r->work.scratch, R, B,
-                      &r->work.ws);
+        const float* w = r->st.params + r->off[u];
+        int64_t* g = r->st.grads + r->off[u];
+        if (is_moe(c, u)) ep_moe_backward(r, u, w, g, &r->work.acts, &r->work.scratch, R, B);
+        else unit_backward(c, u, w, g, &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
         scratch_step_down(&r->work.scratch);
     }
 }
@@ -267,7 +339,6 @@ static void ep_print_exchange(const Run* r, const Progress* pr, int R, int B) {
 // of forward (f) and backward (b), the all-reduces and all-gathers (A).
 static char ep_mark(const TraceEvent* e) {
     const char* n = e->name;
-    if (!strncmp(n, "forward experts", 15)) return 0; // an MoE unit as a whole: its parts are drawn
     if (!strncmp(n, "dispatch", 8)) return 'D';
     if (!strncmp(n, "combine", 7)) return 'C';
     if (!strncmp(n, "router", 6)) return 'r';
@@ -337,9 +408,8 @@ int main(int argc, char** argv) {
     long start = holding_load(&holding, &o, &run.ds, cfg);
     run.packed = mallocCheck(sizeof(int64_t) * np);
     run.ep_counts = mallocCheck(sizeof(int) * 4 * N);
-    run.comm = (MoeComm){.ranks = N, .rank = run.ep.rank, .gather = ep_gather, .exchange = ep_exchange, .ctx = &run};
+    run.counts = mallocCheck(sizeof(int) * N * cfg->top_k * X);
     work_init(&run.work, cfg, pass_rows(&o, o.batch), NULL); // an expert's block of tokens: up to a batch
-    run.work.acts.comm = &run.comm;
     char layout[192], per_rank[64];
     snprintf(per_rank, sizeof per_rank, X % N ? "%d or %d a rank (uneven: the first ranks take one more)" : "%d a rank",
              X / N, X / N + 1);

@@ -999,6 +999,131 @@ static void test_grad_moe(int layers, int experts, int top_k, float capacity, in
     work_free(&w);
 }
 
+// The MoE layer's steps as a layout runs them (train_ep.c), on N ranks simulated in one
+// process: each rank routes its own tokens and holds a range of the experts, the counts
+// are concatenated, and the all-to-alls are copies between the ranks' buffers. The output,
+// the aux loss, the input gradient and every weight gradient must have moe_forward's and
+// moe_backward's bits (one process holding every expert).
+// sim_all_to_all: rank q's rows for rank p (send_rows[q][p] of them, after those for the
+// ranks before p) land in rank p's buffer after those from the ranks before q. Returns 0
+// if the two sides disagree on a count.
+static int sim_all_to_all(int N, float* const* send, int* const* send_rows, float* const* recv, int* const* recv_rows,
+                          int width) {
+    int ok = 1;
+    for (int p = 0; p < N; p++)
+        for (int q = 0, at = 0; q < N; at += recv_rows[p][q], q++) {
+            long from = 0;
+            for (int i = 0; i < p; i++) from += send_rows[q][i];
+            ok &= send_rows[q][p] == recv_rows[p][q];
+            memcpy(recv[p] + (long)at * width, send[q] + from * width, sizeof(float) * recv_rows[p][q] * width);
+        }
+    return ok;
+}
+static void test_moe_split(int experts, int top_k, float capacity, int n_total, int N, int want_drops) {
+    Config c = {.vocab = 7, .context = 3, .emb = 4, .hidden = 10, .layers = 1, .experts = experts, .top_k = top_k,
+                .capacity = capacity, .aux_loss = 0.05f};
+    Expert e = moe_expert(&c, 1);
+    int K = e.K, H = e.H, X = experts, k = top_k;
+    long np = unit_params(&c, 1), nr = (long)K * X;
+    float *w = mallocCheck(sizeof(float) * np), *in = mallocCheck(sizeof(float) * n_total * K);
+    float *dout = mallocCheck(sizeof(float) * n_total * H);
+    for (long i = 0; i < np; i++) w[i] = unit_init_value(&c, 5, 1, i) * (i < nr ? 4.0f : 1.0f); // a sure router: uneven loads
+    fill(in, (long)n_total * K, 11, 1.0f);
+    fill(dout, (long)n_total * H, 12, 1.0f);
+    Workspace ws;
+    workspace_init(&ws, n_total, max_width(&c), max_linear_weight(&c));
+    // one process
+    MoeLayer one;
+    moe_layer_init(&one, &c, 1, e, n_total);
+    float *out1 = mallocCheck(sizeof(float) * n_total * H), *din1 = mallocCheck(sizeof(float) * n_total * K);
+    int64_t aux1 = 0, *g1 = callocCheck(np, sizeof(int64_t));
+    moe_forward(&c, w, &one, in, out1, n_total, n_total, 1, &aux1, &ws);
+    moe_backward(&c, w, g1, &one, in, dout, din1, n_total, n_total, &ws);
+    // N ranks
+    MoeLayer m[4];
+    long lo[4], hi[4], x_lo[4], x_hi[4];
+    float *wq[4], *send[4], *recv[4];
+    int64_t* gq[4];
+    int *send_rows[4], *recv_rows[4], *counts = mallocCheck(sizeof(int) * N * k * X), ok = 1;
+    float *out = mallocCheck(sizeof(float) * n_total * H), *din = mallocCheck(sizeof(float) * n_total * K);
+    int64_t aux = 0;
+    for (int q = 0; q < N; q++) {
+        split_range(n_total, N, q, &lo[q], &hi[q]);
+        split_range(X, N, q, &x_lo[q], &x_hi[q]);
+        long n = nr + (x_hi[q] - x_lo[q]) * e.params;
+        wq[q] = mallocCheck(sizeof(float) * n), gq[q] = callocCheck(n, sizeof(int64_t));
+        memcpy(wq[q], w, sizeof(float) * nr); // the router, replicated
+        memcpy(wq[q] + nr, w + moe_expert_at(&c, &e, (int)x_lo[q], 0), sizeof(float) * (n - nr)); // its experts
+        moe_layer_init(&m[q], &c, 1, e, n_total);
+    }
+    for (int q = 0; q < N; q++) {
+        moe_route(&c, &m[q], in + lo[q] * K, wq[q], (int)(hi[q] - lo[q]), &ws);
+        memcpy(counts + (long)q * k * X, m[q].mine, sizeof(int) * k * X); // the all-gather
+    }
+    long C = moe_capacity(&c, n_total, 1);
+    for (int q = 0; q < N; q++) {
+        moe_plan(&c, &m[q], counts, N, q, (int)(hi[q] - lo[q]), C);
+        moe_balance(&c, &m[q], counts, N, q, (int)(hi[q] - lo[q]), n_total, C, &aux);
+        moe_permute(&m[q], in + lo[q] * K);
+        send_rows[q] = m[q].send_rows, recv_rows[q] = m[q].recv_rows;
+    }
+    for (int q = 0; q < N; q++) send[q] = m[q].sent, recv[q] = m[q].recv_in;
+    ok &= sim_all_to_all(N, send, send_rows, recv, recv_rows, K); // dispatch
+    for (int q = 0; q < N; q++) { // each rank's experts on what it received: by source rank, then expert
+        MoeLayer* p = &m[q];
+        for (int s = 0, at = 0; s < N; s++)
+            for (int x = (int)x_lo[q]; x < x_hi[q]; at += p->kept[s * X + x], x++)
+                if (p->kept[s * X + x] > 0)
+                    expert_forward(&e, p->recv_h + (long)at * H, p->recv_saved + (long)at * e.saved,
+                                   p->recv_in + (long)at * K, wq[q] + moe_expert_at(&c, &e, x, (int)x_lo[q]),
+                                   p->kept[s * X + x], &ws);
+    }
+    for (int q = 0; q < N; q++) send[q] = m[q].recv_h, recv[q] = m[q].back;
+    ok &= sim_all_to_all(N, send, recv_rows, recv, send_rows, H); // combine
+    for (int q = 0; q < N; q++) moe_unpermute(&c, &m[q], out + lo[q] * H, (int)(hi[q] - lo[q]));
+    // backward
+    for (int q = 0; q < N; q++) moe_unpermute_backward(&c, &m[q], dout + lo[q] * H, (int)(hi[q] - lo[q]));
+    for (int q = 0; q < N; q++) send[q] = m[q].sent, recv[q] = m[q].recv_d;
+    ok &= sim_all_to_all(N, send, send_rows, recv, recv_rows, H); // the output gradients to the experts
+    for (int q = 0; q < N; q++) {
+        MoeLayer* p = &m[q];
+        for (int s = 0, at = 0; s < N; s++)
+            for (int x = (int)x_lo[q]; x < x_hi[q]; at += p->kept[s * X + x], x++)
+                if (p->kept[s * X + x] > 0) {
+                    long off = moe_expert_at(&c, &e, x, (int)x_lo[q]);
+                    expert_backward(&e, p->recv_din + (long)at * K, gq[q] + off, p->recv_d + (long)at * H,
+                                    p->recv_in + (long)at * K, p->recv_h + (long)at * H,
+                                    p->recv_saved + (long)at * e.saved, wq[q] + off, p->kept[s * X + x], n_total, &ws);
+                }
+    }
+    for (int q = 0; q < N; q++) send[q] = m[q].recv_din, recv[q] = m[q].back;
+    ok &= sim_all_to_all(N, send, recv_rows, recv, send_rows, K); // the input gradients back
+    for (int q = 0; q < N; q++) {
+        int n = (int)(hi[q] - lo[q]);
+        moe_router_backward(&c, &m[q], wq[q], gq[q], in + lo[q] * K, din + lo[q] * K, n, n_total, &ws);
+        moe_permute_backward(&c, &m[q], din + lo[q] * K, n);
+    }
+    // the same bits: the router's gradient summed over the ranks, each expert's where it is
+    int same_grads = 1;
+    for (long i = 0; i < nr; i++) {
+        int64_t sum = 0;
+        for (int q = 0; q < N; q++) sum += gq[q][i];
+        same_grads &= sum == g1[i];
+    }
+    for (int q = 0; q < N; q++)
+        same_grads &= !memcmp(gq[q] + nr, g1 + moe_expert_at(&c, &e, (int)x_lo[q], 0),
+                              sizeof(int64_t) * (x_hi[q] - x_lo[q]) * e.params);
+    int same = ok && !memcmp(out, out1, sizeof(float) * n_total * H) && aux == aux1 &&
+               !memcmp(din, din1, sizeof(float) * n_total * K) && same_grads;
+    check(same && (one.dropped_last > 0) == want_drops && m[0].dropped_last == one.dropped_last,
+          "mixture of %d experts, top-%d, capacity %g, %d tokens over %d simulated ranks (%ld dropped): the output, "
+          "aux loss, input and weight gradients have one process's bits", X, k, capacity, n_total, N, one.dropped_last);
+    for (int q = 0; q < N; q++) free(wq[q]), free(gq[q]), moe_layer_free(&m[q]);
+    moe_layer_free(&one);
+    free(w), free(in), free(dout), free(out1), free(din1), free(g1), free(counts), free(out), free(din);
+    workspace_free(&ws);
+}
+
 // ----------------------------------------------------------------------------
 // data loader
 
@@ -1138,6 +1263,10 @@ int main(void) {
     test_grad_moe(2, 4, 2, 1.25f, 12, 1);
     test_grad_moe(1, 3, 2, 2.0f, 10, 0);
     test_grad_moe(2, 8, 2, 0.5f, 16, 1);
+    test_moe_split(4, 1, 0.75f, 30, 2, 1);
+    test_moe_split(5, 2, 0.5f, 31, 3, 1);
+    test_moe_split(8, 2, 4.0f, 30, 4, 0);
+    test_moe_split(3, 2, 1.0f, 29, 3, 1);
     test_data();
     test_rng();
     printf("%d passed, %d failed\n", n_pass, n_fail);
