@@ -127,11 +127,12 @@ static const int* cp_pos_of(const Cp* p, int q) { return p->pos + q * p->Tq; }
 // crosses ranks (dK and dV, summed over every rank's queries). Each block of keys carries
 // its positions, and the causal mask compares positions, whichever rank a block came from.
 
-// This rank's K and V, from its q k v rows [R Tq][3C], into k and v [R Tq][C].
-static void cp_pack_kv(const float* qkv, float* k, float* v, long n_tokens, int C) {
+// This rank's K and V, from its q k v rows [R Tq][3A], into k and v [R Tq][A] (A: the width of
+// the heads it holds, C here; a tensor-parallel rank's share in train_3d.c).
+static void cp_pack_kv(const float* qkv, float* k, float* v, long n_tokens, int A) {
     for (long i = 0; i < n_tokens; i++) {
-        memcpy(k + i * C, qkv + i * 3 * C + C, C * sizeof(float));
-        memcpy(v + i * C, qkv + i * 3 * C + 2 * C, C * sizeof(float));
+        memcpy(k + i * A, qkv + i * 3 * A + A, A * sizeof(float));
+        memcpy(v + i * A, qkv + i * 3 * A + 2 * A, A * sizeof(float));
     }
 }
 // The ring's hop: send the block held to the next rank while the previous rank's arrives.
@@ -153,7 +154,7 @@ static void cp_hop_wait(MPI_Request* req, int n) {
 // Forward: atty and the probabilities att of this rank's queries, over every rank's keys.
 static void cp_attention_forward(Cp* p, BlockActs* a, int u) {
     const BlockDims* d = &p->dims;
-    int N = p->cp->size, C = d->C, me = p->cp->rank;
+    int N = p->cp->size, C = d->A, me = p->cp->rank; // C: the width of the heads held
     long tokens = (long)d->R * p->Tq, n = tokens * C, heads = (long)d->R * d->NH * p->Tq;
     for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY;
     fix_zero(p->expsum, heads), fix_zero(p->pv, n);
@@ -193,7 +194,7 @@ static void cp_attention_forward(Cp* p, BlockActs* a, int u) {
 // grows with the steps. Backward is the exact one, on P = exp(s - m) / S.
 static void cp_attention_forward_online(Cp* p, BlockActs* a) {
     const BlockDims* d = &p->dims;
-    int N = p->cp->size, C = d->C, HD = d->HD, me = p->cp->rank;
+    int N = p->cp->size, C = d->A, HD = d->HD, me = p->cp->rank; // C: the width of the heads held
     long tokens = (long)d->R * p->Tq, n = tokens * C, heads = (long)d->R * d->NH * p->Tq;
     for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY, p->run_sum[i] = 0.0f;
     memset(p->run_out, 0, n * sizeof(float));
@@ -243,7 +244,7 @@ static void cp_attention_forward_online(Cp* p, BlockActs* a) {
 // queries (exact) and brought home.
 static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv, int u) {
     const BlockDims* d = &p->dims;
-    int N = p->cp->size, C = d->C, me = p->cp->rank;
+    int N = p->cp->size, C = d->A, me = p->cp->rank; // C: the width of the heads held
     long tokens = (long)d->R * p->Tq, n = tokens * C;
     attention_backward_d(p->D, datty, a->atty, C, d);
     fix_zero(p->dq, n);

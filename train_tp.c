@@ -70,6 +70,12 @@ typedef struct {
     int64_t* mine_sum;              // [rows T / t + 1][C] --sp: the sums of this rank's tokens
     float* dx1_mine;                // [rows T][C] the gradient between a block's two halves, this rank's tokens
     int64_t* ln_grad;               // [2][C] a LayerNorm's gradient of one pass
+    // train_3d.c's context-parallel axis: attention over every rank's positions (train_cp.c),
+    // its ranks' targets at this rank's positions; NULL here: attention over the positions held
+    void (*attend)(void* ctx, BlockActs* a, int u);
+    void (*attend_backward)(void* ctx, const BlockActs* a, const float* datty, float* dqkv, int u);
+    void* attend_ctx;
+    const int* targets;
 } Tp;
 
 static int tp_column(int l) { return linear_kind(l) == COLUMN_PARALLEL; }
@@ -236,18 +242,19 @@ static void vocab_parallel_embedding_forward(Tp* t, const Config* c, const float
 // holds the logits of its slice of the vocabulary, and the loss never gathers them: an
 // all-reduce of the row maxima, one of the target logits and one of the (exact) sums of
 // exponentials. When it is row-parallel every rank holds all the logits already.
-static void vocab_parallel_cross_entropy(Tp* t, const Config* c, int u, Acts* a, int R, long rows_total) {
+static void vocab_parallel_cross_entropy(Tp* t, const Config* c, int u, Acts* a, const int* targets, int R,
+                                         long rows_total) {
     int split = is_gpt(c) || tp_column(u), J = is_gpt(c) ? t->vs : t->j[u], v_lo = split ? tp_v_lo(t) : 0;
     float* logits = a->out[u];
     xent_rowmax(a->rowmax, logits, R, J, v_lo, c->vocab);
-    xent_target_logit(a->tlogit, logits, a->targets, R, J, v_lo);
+    xent_target_logit(a->tlogit, logits, targets, R, J, v_lo);
     if (split) {
         group_allreduce(t->tp, a->rowmax, R, MPI_FLOAT, MPI_MAX);
         group_allreduce(t->tp, a->tlogit, R, MPI_FLOAT, MPI_SUM); // one rank holds each target
     }
     xent_expsum(a->expsum, logits, logits, a->rowmax, R, J, v_lo, c->vocab);
     if (split) group_allreduce(t->tp, a->expsum, R, MPI_INT64_T, MPI_SUM); // exact
-    a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, a->targets, R, J, rows_total);
+    a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, targets, R, J, rows_total);
 }
 
 // ----------------------------------------------------------------------------
@@ -285,7 +292,7 @@ typedef struct {
     long lo, n; // this rank's: [lo, lo + n); without --sp every token
 } TpTokens;
 static TpTokens tp_tokens(const Tp* t, int R) {
-    TpTokens k = {.N = (long)R * t->dims.T};
+    TpTokens k = {.N = (long)R * t->dims.Tq};
     k.shard = (k.N + t->tp->size - 1) / t->tp->size;
     k.lo = t->sp ? t->tp->rank * k.shard : 0;
     k.n = !t->sp ? k.N : k.N - k.lo < 0 ? 0 : k.N - k.lo < k.shard ? k.N - k.lo : k.shard;
@@ -368,7 +375,8 @@ static void tp_block_forward(Tp* t, const float* w, Acts* a, int u, Scratch* s, 
     layernorm_forward(ba.ln1, ba.ln1_mean, ba.ln1_rstd, x, p.ln1_g, p.ln1_b, k.n, C);
     const float* y1 = tp_f_forward(t, ba.ln1, t->whole, k);                   // f
     linear_forward(ba.qkv, y1, p.qkv_w, p.qkv_b, N, C, 3 * A, ws);             // column-parallel: this rank's heads
-    attention_forward(ba.atty, ba.att, ba.qkv, d, s->tmp, s->acc);            // its heads
+    if (t->attend) t->attend(t->attend_ctx, &ba, u);                          // its heads, every rank's positions
+    else attention_forward(ba.atty, ba.att, ba.qkv, d, s->tmp, s->acc);       // its heads
     linear_forward_partial(t->sum, ba.atty, p.proj_w, N, A, C, C, ws);        // row-parallel: over its heads
     tp_g_forward(t, t->sum, p.proj_b, ba.x1, k);                              // g
     for (long i = 0; i < k.n * C; i++) ba.x1[i] += x[i];                      // residual
@@ -399,7 +407,8 @@ static void tp_block_backward_input(Tp* t, const float* w, Acts* a, int u, Scrat
     layernorm_backward_input(t->dx1_mine, s->dout, st.dln2, ba.x1, ba.ln2_mean, ba.ln2_rstd, p.ln2_g, k.n, C);
     memcpy(st.dx1, tp_g_backward(t, t->dx1_mine, t->whole, k), (size_t)N * C * sizeof(float)); // g backward
     linear_backward_input(dh, st.dx1, p.proj_w, N, A, C, ws);                               // row-parallel: float
-    attention_backward(st.dqkv, dh, ba.qkv, ba.att, ba.atty, d, small, s->acc);           // its heads
+    if (t->attend_backward) t->attend_backward(t->attend_ctx, &ba, dh, st.dqkv, u);       // its heads, every rank's positions
+    else attention_backward(st.dqkv, dh, ba.qkv, ba.att, ba.atty, d, small, s->acc);     // its heads
     linear_backward_input_partial(t->sum, st.dqkv, p.qkv_w, N, C, 3 * A, 3L * C, ws);       // column-parallel: partial
     tp_f_backward(t, t->sum, st.dln1, k);                                                   // f backward
     layernorm_backward_input(s->din, t->dx1_mine, st.dln1, a->out[u - 1], ba.ln1_mean, ba.ln1_rstd, p.ln1_g, k.n, C);
@@ -441,7 +450,7 @@ static void tp_gpt_embedding_forward(Tp* t, const Config* c, const float* w, Act
         group_reduce_scatter(t->tp, t->whole, k.shard * C, MPI_FLOAT, MPI_SUM, a->out[0]); // (--sp) reduce-scatter
     }
     for (long i = 0; i < k.n; i++)
-        for (int x = 0; x < C; x++) a->out[0][i * C + x] += wpe[(long)((k.lo + i) % c->context) * C + x];
+        for (int x = 0; x < C; x++) a->out[0][i * C + x] += wpe[(long)dims_pos(&all, (int)((k.lo + i) % all.Tq)) * C + x];
 }
 // Its gradients: this rank's rows of wte from every token's gradient (with --sp gathered
 // first: the reduce-scatter's backward), and wpe's, the same on every rank.
@@ -462,14 +471,14 @@ static void tp_gpt_head_forward(Tp* t, const Config* c, const float* w, Acts* a,
     layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * t->vs, w + (long)C * t->vs + C, k.n, C);
     const float* y = tp_f_forward(t, ln, t->whole, k);                      // f
     linear_forward(a->out[u], y, w, NULL, N, C, t->vs, ws);                  // column-parallel: its slice of V
-    vocab_parallel_cross_entropy(t, c, u, a, N, rows_total * c->context);
+    vocab_parallel_cross_entropy(t, c, u, a, t->targets ? t->targets : a->targets, N, rows_total * c->context);
 }
 static void tp_gpt_head_backward_input(Tp* t, const Config* c, const float* w, Acts* a, Scratch* s, TpTokens k,
                                        Workspace* ws) {
     int C = c->emb, u = c->layers + 1, N = (int)k.N;
     float *mean = a->saved[u] + (long)a->rows * c->context * C, *rstd = mean + (long)a->rows * c->context;
     float *dlogits = s->stash, *dln = s->stash + (long)N * t->vs;
-    xent_backward(dlogits, a->out[u], a->targets, N, t->vs, tp_v_lo(t));
+    xent_backward(dlogits, a->out[u], t->targets ? t->targets : a->targets, N, t->vs, tp_v_lo(t));
     linear_backward_input_partial(t->sum, dlogits, w, N, C, t->vs, c->vocab, ws); // column-parallel: partial
     tp_f_backward(t, t->sum, dln, k);                                             // f backward
     layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, w + (long)C * t->vs, k.n, C);
@@ -500,7 +509,7 @@ static void tp_unit_forward(Tp* t, const Config* c, int u, const float* w, Acts*
         if (tp_column(u)) column_parallel_forward(t, u, w, a->out[u - 1], a->out[u], R, ws);
         else row_parallel_forward(t, c, u, w, a->out[u - 1], a->out[u], s, R, ws);
         if (u <= c->layers) relu_forward(a->out[u], (long)R * t->j[u]);
-        else vocab_parallel_cross_entropy(t, c, u, a, R, rows_total);
+        else vocab_parallel_cross_entropy(t, c, u, a, a->targets, R, rows_total);
     }
     trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
 }
