@@ -98,6 +98,49 @@ relay() {
     grep -q ' passed, 0 failed$' "$TMP/relay" || fail "$name did not finish: $(tail -n 3 "$TMP/relay" | tr '\n' '|')"
 }
 
+# tools/costmodel's inputs: a cluster file with one line changed (sed EXPRESSION) is refused
+# naming that line and key; bad flags exit 2 naming the flag
+costmodel_inputs() {
+    local C="tools/costmodel project" good=cluster/h100-16k.txt bad="$TMP/cluster.txt"
+    cluster_bad() { # PATTERN NAME SED-EXPRESSION
+        sed "$3" "$good" >"$bad"
+        expect_error 1 "$1" "costmodel: $2" -- $C "$bad"
+    }
+    cluster_bad "cluster.txt:9: efficiency must be a decimal number above 0 and at most 1, got 'nan'" \
+        "a cluster file's 'efficiency nan' is refused, naming the line" 's/^efficiency .*/efficiency nan/'
+    cluster_bad "cluster.txt:6: nodes must be an integer from 1 and at most 1e\+06, got '0'" \
+        "a cluster file's 'nodes 0' is refused, naming the line" 's/^nodes .*/nodes 0/'
+    cluster_bad "cluster.txt:8: flops must be a decimal number above 0 .*, got '-5'" \
+        "a cluster file's 'flops -5' is refused, naming the line" 's/^flops .*/flops -5/'
+    cluster_bad "cluster.txt:10: memory_gb must be a decimal number .*, got '80GB'" \
+        "a cluster file's unreadable number is refused, naming the line" 's/^memory_gb .*/memory_gb 80GB/'
+    cluster_bad "cluster.txt:8: flops must be a decimal number .*, got 'inf'" \
+        "a cluster file's 'flops inf' is refused" 's/^flops .*/flops inf/'
+    cluster_bad "cluster.txt:12: nodes is given twice \(first on line 6\)" \
+        "a key given twice in a cluster file is refused, naming both lines" 's/^intra_gbytes_per_s .*/nodes 4/'
+    cluster_bad "cluster.txt:8: unknown key 'flop' \(the keys: name nodes" \
+        "an unknown key in a cluster file is refused, listing the keys" 's/^flops /flop /'
+    cluster_bad "cluster.txt: missing key\(s\): memory_gb$" "a missing key is named" '/^memory_gb/d'
+    cluster_bad "cluster.txt:8: flops takes one value, got '989e12 1'" \
+        "a line with two values is refused" 's/^flops .*/flops 989e12 1/'
+    mkfifo "$TMP/fifo"
+    expect_error 1 "cluster file '.*fifo' is not a regular file" "costmodel: a named pipe as the cluster file is refused, not waited on" \
+        -- $C "$TMP/fifo"
+    local big="--hidden 16384 --layers 1511 --emb 64 --context 64 --vocab 128256 --batch 16000000"
+    expect_error 2 "--hidden must be an integer from 1 .*, got '12abc'" "costmodel: --hidden 12abc is refused" -- $C $good --hidden 12abc
+    expect_error 2 "--pp needs a value" "costmodel: a flag without its value is refused" -- $C $good $big --tp 8 --pp
+    expect_error 2 "--layers is given twice" "costmodel: a flag given twice is refused" -- $C $good --layers 2 --layers 3
+    expect_error 2 "--tp 3 --pp 16 is not a layout the projection considers" \
+        "costmodel: a layout the projection does not consider (--tp 3) is refused, not dropped" -- $C $good $big --tp 3 --pp 16
+    # make cluster's predictions: a run's summary, and the links' alpha and beta as numbers
+    run "$TMP/cm.out" ./train --steps 2 --samples 0 --quiet --summary "$TMP/cm.sum"
+    printf 'rows=1 ms=0.01\nrows=64 ms=0.5\n' >"$TMP/cm.compute"
+    expect_error 2 "BETA \(bytes/s\) must be a decimal number above 0 .*, got '1e8x'" "costmodel: an unreadable link speed is refused" \
+        -- tools/costmodel predict "$TMP/cm.sum" 1e-5 1e8x "$TMP/cm.compute"
+    expect_error 2 "ALPHA \(seconds\) must be a decimal number from 0 .*, got 'nan'" "costmodel: a link latency of nan is refused" \
+        -- tools/costmodel predict "$TMP/cm.sum" nan 1e8 "$TMP/cm.compute"
+}
+
 section_units() {
     relay "unit tests" "" tests/test_units
     # The kernels' AVX2 and plain x86-64 variants, which this machine runs only when told to:
@@ -124,6 +167,7 @@ section_units() {
     fi
     # the cost model's arithmetic (tools/costmodel.c), on cases computed by hand
     relay "costmodel selftest" "costmodel: " tools/costmodel selftest
+    costmodel_inputs
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
     for t in data ckpt cli; do

@@ -30,8 +30,10 @@
 #include "../ckpt.h"
 #include "../schedules.h"
 #include "summary.h"
+#include "costmodel_cluster.h"
 
 #include <ctype.h>
+#include <stdarg.h>
 
 // ----------------------------------------------------------------------------
 // the alpha-beta model of the collectives
@@ -183,47 +185,6 @@ static Table measure_table(void) {
 // project: a described cluster, a large model of our family, every layout ranked
 
 typedef struct {
-    char name[128];
-    int nodes, per_node;
-    double flops, efficiency, memory; // per device: peak FLOP/s, the fraction reached, bytes
-    double alpha_intra, beta_intra, alpha_inter, beta_inter;
-} Cluster;
-
-static Cluster read_cluster(const char* path) {
-    Cluster c = {0};
-    FILE* f = fopen(path, "r");
-    if (!f) fatal("cannot open cluster file '%s': %s", path, strerror(errno));
-    char line[512], key[64];
-    double v;
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#' || line[strspn(line, " \t\r\n")] == 0) continue;
-        if (!strncmp(line, "name ", 5)) {
-            snprintf(c.name, sizeof c.name, "%.127s", line + 5);
-            c.name[strcspn(c.name, "\n")] = 0;
-            continue;
-        }
-        if (sscanf(line, "%63s %lf", key, &v) != 2) fatal("%s: cannot read '%s'", path, line);
-        double* at = !strcmp(key, "flops") ? &c.flops : !strcmp(key, "efficiency") ? &c.efficiency
-                   : !strcmp(key, "memory_gb") ? &c.memory : !strcmp(key, "intra_latency_us") ? &c.alpha_intra
-                   : !strcmp(key, "intra_gbytes_per_s") ? &c.beta_intra : !strcmp(key, "inter_latency_us") ? &c.alpha_inter
-                   : !strcmp(key, "inter_gbytes_per_s") ? &c.beta_inter : NULL;
-        if (!strcmp(key, "nodes")) c.nodes = (int)v;
-        else if (!strcmp(key, "devices_per_node")) c.per_node = (int)v;
-        else if (at) *at = v;
-        else fatal("%s: unknown key '%s'", path, key);
-        n++;
-    }
-    fclose(f);
-    if (n != 9 || c.nodes < 1 || c.per_node < 1 || c.flops <= 0 || c.efficiency <= 0 || c.memory <= 0 ||
-        c.beta_intra <= 0 || c.beta_inter <= 0)
-        fatal("%s: needs nodes, devices_per_node, flops, efficiency, memory_gb, intra_latency_us, "
-              "intra_gbytes_per_s, inter_latency_us, inter_gbytes_per_s", path);
-    c.memory *= 1e9, c.beta_intra *= 1e9, c.beta_inter *= 1e9, c.alpha_intra *= 1e-6, c.alpha_inter *= 1e-6;
-    return c;
-}
-
-typedef struct {
     double V, T, E, H, L, B; // vocabulary, context, embedding, hidden, layers, batch (rows: tokens)
 } Big;
 typedef struct {
@@ -358,7 +319,8 @@ static int selftest(void) {
     near("3d 2x2x2 on 2 hosts: only the pipeline axis crosses",
          predict(&g, flat, &ms, 2, k, &compute) - compute, 8 * 1e-6 + 4000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
     // the projection: a 2-node cluster and a model whose numbers are easy
-    Cluster c = {"test", 2, 2, 1e12, 0.5, 1e12, 1e-6, 1e11, 1e-5, 1e10};
+    Cluster c = {.name = "test", .nodes = 2, .per_node = 2, .flops = 1e12, .efficiency = 0.5, .memory = 1e12,
+                 .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10};
     Big m = {1, 1, 1, 1000, 3, 1000}; // P = 1 + 1000 + 2e6 + 1000, flops = 6 x 1000 x (P - 1)
     double P = 1 + 1000 + 2e6 + 1000;
     Layout l = cost(&c, &m, 1, 1, 4, 0, 1);
@@ -369,6 +331,24 @@ static int selftest(void) {
          l.comm, 2 * 2 * t_allreduce(2 * 500.0 * 1000, 2, 1e-6, 1e11) + t_allreduce(2 * P / 2, 2, 1e-5, 1e10));
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures > 0;
+}
+
+// A bad argument: the message, and exit 2 (as the programs' bad flags).
+__attribute__((format(printf, 1, 2), noreturn)) static void usage_error(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(2);
+}
+// An argument as a number in [lo, hi] (above lo when lo_open), or exit 2 naming it.
+static double arg_number(const char* what, const char* s, double lo, int lo_open, double hi, int integer) {
+    char err[256];
+    double v;
+    if (cm_number(what, s, lo, lo_open, hi, integer, &v, err, sizeof err)) usage_error("%s", err);
+    return v;
 }
 
 int main(int argc, char** argv) {
@@ -382,8 +362,13 @@ int main(int argc, char** argv) {
         Summary m;
         summary_read(&m, argv[2]);
         Run r = run_of(&m);
-        Links k = {atof(argv[3]), atof(argv[4]), atof(argv[3]), atof(argv[4]), 1};
-        if (argc == 9) k.local_alpha = atof(argv[6]), k.local_beta = atof(argv[7]), k.hosts = atoi(argv[8]);
+        double alpha = arg_number("ALPHA (seconds)", argv[3], 0, 0, 10, 0), beta = arg_number("BETA (bytes/s)", argv[4], 0, 1, 1e15, 0);
+        Links k = {alpha, beta, alpha, beta, 1};
+        if (argc == 9) {
+            k.local_alpha = arg_number("LOCAL_ALPHA (seconds)", argv[6], 0, 0, 10, 0);
+            k.local_beta = arg_number("LOCAL_BETA (bytes/s)", argv[7], 0, 1, 1e15, 0);
+            k.hosts = (int)arg_number("HOSTS", argv[8], 1, 0, 1024, 1);
+        }
         double compute;
         int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
         Table t = {0};
@@ -402,22 +387,38 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (argc >= 3 && !strcmp(argv[1], "project")) {
-        Cluster c = read_cluster(argv[2]);
+        Cluster c = cluster_read(argv[2]);
         Big m = {27, 16, 16, 64, 1, 32};
         int top = 12, mark_tp = 0, mark_pp = 0;
-        for (int i = 3; i + 1 < argc; i += 2) {
-            double v = atof(argv[i + 1]);
-            if (!(v > 0)) fatal("%s needs a positive number, got '%s'", argv[i], argv[i + 1]);
-            if (!strcmp(argv[i], "--hidden")) m.H = v;
-            else if (!strcmp(argv[i], "--layers")) m.L = v;
-            else if (!strcmp(argv[i], "--emb")) m.E = v;
-            else if (!strcmp(argv[i], "--context")) m.T = v;
-            else if (!strcmp(argv[i], "--vocab")) m.V = v;
-            else if (!strcmp(argv[i], "--batch")) m.B = v;
-            else if (!strcmp(argv[i], "--top")) top = (int)v;
-            else if (!strcmp(argv[i], "--tp")) mark_tp = (int)v;
-            else if (!strcmp(argv[i], "--pp")) mark_pp = (int)v;
-            else fatal("unknown flag '%s'", argv[i]);
+        static const char* const flags[] = {"--hidden", "--layers", "--emb", "--context", "--vocab", "--batch", "--top", "--tp", "--pp"};
+        int seen[9] = {0};
+        for (int i = 3; i < argc; i += 2) {
+            int f = 0;
+            while (f < 9 && strcmp(argv[i], flags[f])) f++;
+            if (f == 9) usage_error("unknown flag '%s' (flags: --hidden --layers --emb --context --vocab --batch --top --tp --pp)", argv[i]);
+            if (seen[f]++) usage_error("%s is given twice", argv[i]);
+            if (i + 1 >= argc) usage_error("%s needs a value", argv[i]);
+            double v = arg_number(argv[i], argv[i + 1], 1, 0, f == 5 ? 1e12 : 1e9, 1);
+            if (f == 0) m.H = v;
+            else if (f == 1) m.L = v;
+            else if (f == 2) m.E = v;
+            else if (f == 3) m.T = v;
+            else if (f == 4) m.V = v;
+            else if (f == 5) m.B = v;
+            else if (f == 6) top = (int)fmin(v, 4096);
+            else if (f == 7) mark_tp = (int)fmin(v, 1 << 30);
+            else mark_pp = (int)fmin(v, 1 << 30);
+        }
+        int n = c.nodes * c.per_node;
+        if (mark_tp || mark_pp) { // only the layouts project() considers
+            if (!mark_tp || !mark_pp) usage_error("give both --tp and --pp to mark a layout");
+            if (mark_tp & (mark_tp - 1) || mark_tp > 64 || mark_pp & (mark_pp - 1) || mark_pp > 128)
+                usage_error("--tp %d --pp %d is not a layout the projection considers: TP is a power of 2 up to 64, "
+                            "PP a power of 2 up to 128", mark_tp, mark_pp);
+            if (n % (mark_tp * mark_pp) || mark_pp > m.L || m.B / (n / (mark_tp * mark_pp)) / (mark_pp > 1 ? 4 * mark_pp : 1) < 1)
+                usage_error("--tp %d --pp %d does not fit %d devices, %g layers and a batch of %g rows: TP x PP must divide "
+                            "the devices, PP at most the layers, and each of 4 x PP microbatches hold a row", mark_tp,
+                            mark_pp, n, m.L, m.B);
         }
         project(&c, &m, top, mark_tp, mark_pp);
         return 0;
