@@ -170,7 +170,7 @@ section_units() {
     costmodel_inputs
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
-    for t in data ckpt cli; do
+    for t in data ckpt cli cluster; do
         ls tests/fuzz/$t/* >/dev/null 2>&1 || continue
         if ! cc -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -DREPLAY -DTARGET_$t \
             tests/fuzz.c -o "$TMP/replay_$t" -lm 2>"$TMP/replay.err"; then
