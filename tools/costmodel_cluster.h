@@ -24,6 +24,7 @@ typedef struct {
     char name[128];
     int nodes, per_node;
     double flops, efficiency;         // per device: peak dense BF16 FLOP/s, and the fraction large matrix products reach
+    double attention_efficiency;      // the fraction attention's kernels reach (not given: efficiency)
     double fp8_flops, fp8_efficiency; // the same for FP8 (0: not given)
     double memory;                    // bytes per device
     double alpha_intra, beta_intra;   // inside a node: seconds per message, bytes per second each way
@@ -62,6 +63,7 @@ static const ClusterKey cluster_keys[] = {
     {"devices_per_node", 1, 0, 1024, 1, 1},
     {"flops", 0, 1, 1e18, 0, 1},
     {"efficiency", 0, 1, 1, 0, 1},
+    {"attention_efficiency", 0, 1, 1, 0, 0},
     {"fp8_flops", 0, 1, 1e18, 0, 0},
     {"fp8_efficiency", 0, 1, 1, 0, 0},
     {"memory_gb", 0, 1, 1e6, 0, 1},
@@ -150,13 +152,14 @@ static const char* cluster_parse(Cluster* c, const char* text, size_t n, const c
         snprintf(err, errn, "%s: missing key(s):%s", path, missing);
         return err;
     }
-    if (!seen[5] != !seen[6]) {
+    if (!seen[6] != !seen[7]) {
         snprintf(err, errn, "%s: fp8_flops and fp8_efficiency go together: give both or neither", path);
         return err;
     }
     c->nodes = (int)v[1], c->per_node = (int)v[2], c->flops = v[3], c->efficiency = v[4];
-    c->fp8_flops = v[5], c->fp8_efficiency = v[6], c->memory = v[7] * 1e9;
-    c->alpha_intra = v[8] * 1e-6, c->beta_intra = v[9] * 1e9, c->alpha_inter = v[10] * 1e-6, c->beta_inter = v[11] * 1e9;
+    c->attention_efficiency = seen[5] ? v[5] : v[4];
+    c->fp8_flops = v[6], c->fp8_efficiency = v[7], c->memory = v[8] * 1e9;
+    c->alpha_intra = v[9] * 1e-6, c->beta_intra = v[10] * 1e9, c->alpha_inter = v[11] * 1e-6, c->beta_inter = v[12] * 1e9;
     if ((double)c->nodes * c->per_node > CLUSTER_MAX_DEVICES) {
         snprintf(err, errn, "%s: %d nodes x %d devices is more than %d devices", path, c->nodes, c->per_node,
                  CLUSTER_MAX_DEVICES);
