@@ -156,6 +156,9 @@ costmodel_inputs() {
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8x "$TMP/cm.compute"
     expect_error 2 "ALPHA \(seconds\) must be a decimal number from 0 .*, got 'nan'" "costmodel: a link latency of nan is refused" \
         -- tools/costmodel replay "$TMP/cm.sum" nan 1e8 "$TMP/cm.compute"
+    expect_error 2 "BETA \(bytes/s\) must be a decimal number above 0 and at most 1e\+14, got '1.0486e\+15'" \
+        "costmodel: a link speed tools/pingpong could not measure (2^20 B / 1 ns) is refused" \
+        -- tools/costmodel replay "$TMP/cm.sum" 3.998e-03 1.0486e+15 "$TMP/cm.compute"
     printf 'rows=1 ms=0.01\nrows=64 ms=abc\n' >"$TMP/cm.compute"
     expect_error 1 "cm.compute:2: ms must be a decimal number" "costmodel: a compute table's bad line is refused, not the rest ignored" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.compute"

@@ -75,7 +75,12 @@ done
             read -r salpha sbeta < <(sed 's/alpha=//; s/beta=//' "$OUT/shm.link")
             hosts=$HOSTS
             [ "$c" = shm ] && hosts=1
-            predicted=$(tools/costmodel replay "$sum" "$alpha" "$beta" "$(compute_of $run)" "$salpha" "$sbeta" "$hosts" | sed 's/predicted_ms=\([0-9.]*\).*/\1/')
+            # a link whose alpha and beta tools/pingpong could not measure: the cell says so
+            if ! out=$(tools/costmodel replay "$sum" "$alpha" "$beta" "$(compute_of $run)" "$salpha" "$sbeta" "$hosts" 2>&1); then
+                printf ' %s / - (%s) |' "$measured" "$(printf '%s' "$out" | sed 's/^error: //' | head -c 120)"
+                continue
+            fi
+            predicted=$(printf '%s' "$out" | sed 's/predicted_ms=\([0-9.]*\).*/\1/')
             ratio=$(awk -v m="$measured" -v p="$predicted" 'BEGIN { printf "%+.0f%%", 100 * (p - m) / m }')
             printf ' %s / %s (%s) |' "$measured" "$predicted" "$ratio"
         done

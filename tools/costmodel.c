@@ -682,15 +682,14 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
 }
 
 static void print_cost_line(const Layout* l, const Cost* k) {
-    char sched[32];
-    layout_words(l, sched, sizeof sched);
     printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
            "ep_s=%.4g pp_s=%.4g dp_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
-           "layout=tp%d.cp%d.pp%d.dp%d.ep%d zero=%d sp=%s recompute=%s schedule=%s microbatches=%d\n",
+           "layout=tp%d.cp%d.pp%d.dp%d.ep%d zero=%d sp=%s recompute=%s schedule=%s virtual=%d microbatches=%d\n",
            k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->bubble,
            (k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
            k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
-           l->sp ? "yes" : "no", recompute_names[l->recompute], sched, l->M);
+           l->sp ? "yes" : "no", recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
+           l->pp > 1 ? schedule_chunks(l->sched, l->V) : 1, l->M);
 }
 
 // ----------------------------------------------------------------------------
@@ -923,11 +922,13 @@ int main(int argc, char** argv) {
     }
     if (!strcmp(verb, "replay")) {
         if (argc != 5 && argc != 6 && argc != 9) usage(), exit(2);
-        double alpha = arg_number("ALPHA (seconds)", argv[3], 0, 0, 10, 0), beta = arg_number("BETA (bytes/s)", argv[4], 0, 1, 1e15, 0);
+        // beta above 100 TB/s is no measurement (tools/pingpong's 1 MiB message took no longer
+        // than its 8 bytes: it prints 2^20 / 1 ns)
+        double alpha = arg_number("ALPHA (seconds)", argv[3], 0, 0, 10, 0), beta = arg_number("BETA (bytes/s)", argv[4], 0, 1, 1e14, 0);
         Links k = {alpha, beta, alpha, beta, 1};
         if (argc == 9) {
             k.local_alpha = arg_number("LOCAL_ALPHA (seconds)", argv[6], 0, 0, 10, 0);
-            k.local_beta = arg_number("LOCAL_BETA (bytes/s)", argv[7], 0, 1, 1e15, 0);
+            k.local_beta = arg_number("LOCAL_BETA (bytes/s)", argv[7], 0, 1, 1e14, 0);
             k.hosts = (int)arg_number("HOSTS", argv[8], 1, 0, 1024, 1);
         }
         Summary m;
