@@ -789,6 +789,9 @@ static int selftest(void) {
     // O-input 2h, gate, up and product 6 x 352, softmax 2as
     near("activations, GQA + SwiGLU, no dropout", layer_acts_per_token(&gqa, 0, 1, 0, RECOMPUTE_NONE, 64),
          8 * 128 + 4 * 128 + 4 * 32 + 6 * 352 + 2 * 8 * 64);
+    // an MoE layer: the top-2 and shared experts' SwiGLU (3 x 64 wide) and the token's 2 dispatched copies
+    near("activations, MoE layer: experts' SwiGLU and the dispatched copies", layer_acts_per_token(&moe, 1, 1, 0, RECOMPUTE_NONE, 64),
+         8 * 128 + 4 * 128 + 4 * 32 + 6 * 3 * 64 + 2 * 128 * 2 + 2 * 8 * 64);
     // a whole device: 1F1B on 4 stages holds 4 microbatches on rank 0; CP 2 halves the
     // tokens; full recomputation keeps 2h per token and layer (SP: / t) and one layer's set
     Layout l = {.tp = 2, .cp = 2, .pp = 4, .dp = 2, .ep = 1, .zero = 0, .sp = 1, .recompute = RECOMPUTE_SELECTIVE,
