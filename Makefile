@@ -58,7 +58,7 @@ tools/report: tools/report.c tools/summary.h util.h
 	$(CC) $(CFLAGS) -o $@ tools/report.c $(LDLIBS)
 tools/schedules: tools/schedules.c schedules.h util.h
 	$(CC) $(CFLAGS) -o $@ tools/schedules.c $(LDLIBS)
-tools/costmodel: tools/costmodel.c tools/summary.h $(HEADERS) schedules.h
+tools/costmodel: tools/costmodel.c tools/costmodel_cluster.h tools/costmodel_llm.h tools/summary.h $(HEADERS) schedules.h
 	$(CC) $(CFLAGS) -o $@ tools/costmodel.c $(LDLIBS)
 tools/pingpong: tools/pingpong.c util.h dist.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ tools/pingpong.c $(LDLIBS)

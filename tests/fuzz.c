@@ -1,7 +1,8 @@
 /*
- * tests/fuzz.c: the three readers of outside input, driven by libFuzzer: the data loader
- * (data.h), the checkpoint reader (ckpt.h) and the flag parser (cli.h). One file, one
- * target per build, chosen with -DTARGET=data, ckpt or cli.
+ * tests/fuzz.c: the readers of outside input, driven by libFuzzer: the data loader
+ * (data.h), the checkpoint reader (ckpt.h), the flag parser (cli.h) and tools/costmodel's
+ * cluster files (tools/costmodel_cluster.h). One file, one target per build, chosen with
+ * -DTARGET_data, TARGET_ckpt, TARGET_cli or TARGET_cluster.
  *
  *   make fuzz                                     # each target, 1 million inputs or more
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DTARGET=ckpt tests/fuzz.c -o fuzz_ckpt -lm
@@ -123,7 +124,7 @@ static void input_set(const uint8_t* data, size_t size) {
     if (ftruncate(input_fd, 0) != 0 || pwrite(input_fd, data, size, 0) != (ssize_t)size) abort();
 }
 
-#if defined(TARGET_data) || !defined(TARGET_ckpt) && !defined(TARGET_cli)
+#if defined(TARGET_data) || !defined(TARGET_ckpt) && !defined(TARGET_cli) && !defined(TARGET_cluster)
 // ----------------------------------------------------------------------------
 // data: any bytes as --data. A file that loads must give batches inside its examples.
 static int run_one(const uint8_t* data, size_t size) {
@@ -181,6 +182,29 @@ static int run_one(const uint8_t* data, size_t size) {
             if (!isfinite(values[i])) abort();
     }
     release_all();
+    return 0;
+}
+#elif defined(TARGET_cluster)
+// ----------------------------------------------------------------------------
+// cluster: any bytes as a cluster file of tools/costmodel (tools/costmodel_cluster.h). A
+// refusal says why; a file that parses has every value finite and inside its key's range.
+#include "../tools/costmodel_cluster.h"
+static int run_one(const uint8_t* data, size_t size) {
+    Cluster c;
+    char err[512] = "";
+    if (cluster_parse(&c, (const char*)data, size, "fuzz", err, sizeof err)) {
+        if (!err[0]) abort();
+        snprintf(last_error, sizeof last_error, "%s", err);
+        return 0;
+    }
+    double all[] = {c.flops, c.efficiency, c.fp8_flops, c.fp8_efficiency, c.memory, c.alpha_intra, c.beta_intra,
+                    c.alpha_inter, c.beta_inter};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!isfinite(all[i]) || all[i] < 0) abort();
+    if (c.nodes < 1 || c.per_node < 1 || (double)c.nodes * c.per_node > CLUSTER_MAX_DEVICES || !(c.flops > 0) ||
+        !(c.efficiency > 0) || c.efficiency > 1 || c.fp8_efficiency > 1 || !(c.memory > 0) || !(c.beta_intra > 0) ||
+        !(c.beta_inter > 0) || !c.name[0] || (c.fp8_flops > 0) != (c.fp8_efficiency > 0))
+        abort();
     return 0;
 }
 #else

@@ -98,6 +98,83 @@ relay() {
     grep -q ' passed, 0 failed$' "$TMP/relay" || fail "$name did not finish: $(tail -n 3 "$TMP/relay" | tr '\n' '|')"
 }
 
+# tools/costmodel's inputs: a cluster file with one line changed (sed EXPRESSION) is refused
+# naming that line and key; bad flags exit 2 naming the flag; then the published runs
+costmodel_inputs() {
+    local good=cluster/h100-16k.txt bad="$TMP/cluster.txt"
+    local shape="--layers 4 --width 256 --heads 8 --vocab 1000 --seq 256 --tokens 65536"
+    local C="tools/costmodel rank"
+    line() { grep -n "^$1 " "$good" | cut -d: -f1; } # the line of a key in the good file
+    cluster_bad() { # PATTERN NAME SED-EXPRESSION
+        sed "$3" "$good" >"$bad"
+        expect_error 1 "$1" "costmodel: $2" -- $C "$bad" $shape
+    }
+    cluster_bad "cluster.txt:$(line efficiency): efficiency must be a decimal number above 0 and at most 1, got 'nan'" \
+        "a cluster file's 'efficiency nan' is refused, naming the line" 's/^efficiency .*/efficiency nan/'
+    cluster_bad "cluster.txt:$(line nodes): nodes must be an integer from 1 and at most 1e\+06, got '0'" \
+        "a cluster file's 'nodes 0' is refused, naming the line" 's/^nodes .*/nodes 0/'
+    cluster_bad "cluster.txt:$(line flops): flops must be a decimal number above 0 .*, got '-5'" \
+        "a cluster file's 'flops -5' is refused, naming the line" 's/^flops .*/flops -5/'
+    cluster_bad "cluster.txt:$(line memory_gb): memory_gb must be a decimal number .*, got '80GB'" \
+        "a cluster file's unreadable number is refused, naming the line" 's/^memory_gb .*/memory_gb 80GB/'
+    cluster_bad "cluster.txt:$(line flops): flops must be a decimal number .*, got 'inf'" \
+        "a cluster file's 'flops inf' is refused" 's/^flops .*/flops inf/'
+    cluster_bad "cluster.txt:$(line intra_gbytes_per_s): nodes is given twice \(first on line $(line nodes)\)" \
+        "a key given twice in a cluster file is refused, naming both lines" 's/^intra_gbytes_per_s .*/nodes 4/'
+    cluster_bad "cluster.txt:$(line flops): unknown key 'flop' \(the keys: name nodes" \
+        "an unknown key in a cluster file is refused, listing the keys" 's/^flops /flop /'
+    cluster_bad "cluster.txt: missing key\(s\): memory_gb$" "a missing key is named" '/^memory_gb/d'
+    cluster_bad "cluster.txt:$(line flops): flops takes one value, got '989e12 1'" \
+        "a line with two values is refused" 's/^flops .*/flops 989e12 1/'
+    cluster_bad "fp8_flops and fp8_efficiency go together" "FP8's peak without its efficiency is refused" '/^fp8_efficiency/d'
+    mkfifo "$TMP/fifo"
+    expect_error 1 "cluster file '.*fifo' is not a regular file" "costmodel: a named pipe as the cluster file is refused, not waited on" \
+        -- $C "$TMP/fifo" $shape
+    # flags: each number whole and in range, each flag once and with its value, and only
+    # layouts that rank considers
+    expect_error 2 "--width must be an integer from 1 .*, got '256abc'" "costmodel: --width 256abc is refused" \
+        -- $C $good ${shape/256 /256abc }
+    expect_error 2 "--pp needs a value" "costmodel: a flag without its value is refused" -- $C $good $shape --tp 8 --pp
+    expect_error 2 "--layers is given twice" "costmodel: a flag given twice is refused" -- $C $good $shape --layers 3
+    expect_error 2 "unknown flag '--hidden'" "costmodel: an unknown flag is refused" -- $C $good $shape --hidden 64
+    expect_error 2 "--dp-overlap must be a decimal number from 0 and at most 1, got 'nan'" "costmodel: --dp-overlap nan is refused" \
+        -- $C $good $shape --dp-overlap nan
+    expect_error 2 "TP 3: the model takes TP a power of 2 up to 64 that divides the 8 heads \(not among the layouts rank considers\)" \
+        "costmodel: a layout rank does not consider (--tp 3) is refused, not dropped" -- $C $good $shape --tp 3 --pp 16
+    expect_error 2 "TP 8 x CP 1 x PP 4 does not divide the 24 devices" "costmodel: predict refuses a layout that does not cover the devices" \
+        -- tools/costmodel predict $good $shape --tp 8 --pp 4 --devices 24
+    expect_error 2 "--tokens 1000 is not a whole number of sequences of --seq 256" "costmodel: a step of part of a sequence is refused" \
+        -- $C $good ${shape/65536/1000}
+    expect_error 2 "the model needs --heads" "costmodel: a shape without its heads is refused" -- $C $good ${shape/--heads 8/}
+    expect_error 2 "--fp8: the cluster file gives no fp8_flops" "costmodel: --fp8 on a cluster without FP8 figures is refused" \
+        -- $C cluster/nvlink-node.txt $shape --fp8
+    # make cluster's predictions (replay): a run's summary, the links' alpha and beta as numbers,
+    # the compute table line by line
+    run "$TMP/cm.out" ./train --steps 2 --samples 0 --quiet --summary "$TMP/cm.sum"
+    printf 'rows=1 ms=0.01\nrows=64 ms=0.5\n' >"$TMP/cm.compute"
+    expect_error 2 "BETA \(bytes/s\) must be a decimal number above 0 .*, got '1e8x'" "costmodel: an unreadable link speed is refused" \
+        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8x "$TMP/cm.compute"
+    expect_error 2 "ALPHA \(seconds\) must be a decimal number from 0 .*, got 'nan'" "costmodel: a link latency of nan is refused" \
+        -- tools/costmodel replay "$TMP/cm.sum" nan 1e8 "$TMP/cm.compute"
+    expect_error 2 "BETA \(bytes/s\) must be a decimal number above 0 and at most 1e\+14, got '1.0486e\+15'" \
+        "costmodel: a link speed tools/pingpong could not measure (2^20 B / 1 ns) is refused" \
+        -- tools/costmodel replay "$TMP/cm.sum" 3.998e-03 1.0486e+15 "$TMP/cm.compute"
+    printf 'rows=1 ms=0.01\nrows=64 ms=abc\n' >"$TMP/cm.compute"
+    expect_error 1 "cm.compute:2: ms must be a decimal number" "costmodel: a compute table's bad line is refused, not the rest ignored" \
+        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.compute"
+    printf 'rows=1 ms=0.01\nrows=64 ms=0.5\n' >"$TMP/cm.compute"
+    check "costmodel: replay of train.c's summary predicts its compute from the table (32 rows: 0.01 + 31/63 x 0.49 ms)" \
+        bash -c "tools/costmodel replay '$TMP/cm.sum' 1e-5 1e8 '$TMP/cm.compute' | grep -q '^predicted_ms=0.2511 '"
+    # the published runs: each projection (its layout's rank and its figure) as recorded in
+    # tools/costmodel.c and notes/costmodel.md; a change of the model that moves one fails here
+    run "$TMP/published" tools/costmodel published --check
+    if [ $? = 0 ] && [ "$(grep -c '^| \(Llama\|DeepSeek\)' "$TMP/published")" = 4 ]; then
+        pass "costmodel: the published runs (Llama 3 405B x 3, DeepSeek-V3) project as recorded: $(grep -o '[0-9]* of [0-9]* | [^|]* |' "$TMP/published" | tr '\n' ' ')"
+    else
+        fail "costmodel: the published runs drifted from their record: $(head -c 400 "$TMP/published" | tr '\n' '|')"
+    fi
+}
+
 section_units() {
     relay "unit tests" "" tests/test_units
     # The kernels' AVX2 and plain x86-64 variants, which this machine runs only when told to:
@@ -124,9 +201,10 @@ section_units() {
     fi
     # the cost model's arithmetic (tools/costmodel.c), on cases computed by hand
     relay "costmodel selftest" "costmodel: " tools/costmodel selftest
+    costmodel_inputs
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
-    for t in data ckpt cli; do
+    for t in data ckpt cli cluster; do
         ls tests/fuzz/$t/* >/dev/null 2>&1 || continue
         if ! cc -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -DREPLAY -DTARGET_$t \
             tests/fuzz.c -o "$TMP/replay_$t" -lm 2>"$TMP/replay.err"; then

@@ -1,72 +1,87 @@
 /*
- * tools/costmodel.c: how long one training step takes, predicted from three things a
- * reader can check: how fast this machine computes (a short benchmark of the project's
- * own kernels), how fast its links are (alpha, the latency of a message, and beta, the
- * bytes per second; tools/pingpong measures both), and what each program sends per step
- * (its formulas, printed in every report) and how long its pipeline idles (schedules.h).
+ * tools/costmodel.c: how long one training step takes, predicted from things a reader can
+ * check. Two uses:
  *
- *   tools/costmodel compute                           # this machine: ms per step of train.c's model, by rows
- *   tools/costmodel predict RUN.sum ALPHA BETA [COMPUTE [LOCAL_ALPHA LOCAL_BETA HOSTS]]  # one run of make cluster
- *   tools/costmodel project cluster/h100-16k.txt [--hidden H --layers L ... --tp 8 --pp 16]  # layouts ranked; where TP 8 x PP 16 stands
- *   tools/costmodel selftest                          # the arithmetic, on cases computed by hand
+ * Our programs on emulated hosts (make cluster): from how fast this machine computes (a
+ * short benchmark of the project's own kernels), how fast its links are (alpha, the latency
+ * of a message, and beta, the bytes per second; tools/pingpong measures both), what each
+ * program sends per step (its formulas, in every --summary) and how long its pipeline
+ * idles (schedules.h).
  *
- * The model, for one step (every term is per rank; ranks work in parallel):
+ *   tools/costmodel compute [train.c's flags]      # ms per step of train.c's model, by rows
+ *   tools/costmodel replay RUN.sum ALPHA BETA [COMPUTE_TABLE [LOCAL_ALPHA LOCAL_BETA HOSTS]]
+ *
+ * Real transformers on real clusters (cluster/NAME.txt), by tools/costmodel_llm.h's closed
+ * forms, checked against published training runs:
+ *
+ *   tools/costmodel predict CLUSTER SHAPE LAYOUT   # one layout: step time, MFU, memory, each term
+ *   tools/costmodel rank CLUSTER SHAPE [LAYOUT]    # every layout that fits, best first
+ *   tools/costmodel published                      # Llama 3 405B and DeepSeek-V3: rank, predicted vs published
+ *   tools/costmodel selftest                       # every formula, on cases computed by hand
+ *
+ * replay's model, for one step (every term per rank; ranks work in parallel):
  *
  *   time = compute x (1 / (1 - bubble)) x oversubscription  +  messages x alpha  +  bytes / beta
  *
- *   compute          the rank's share of train.c's work: rows B/N for data parallel and ZeRO
- *                    (measured at that row count, so small batches keep their overheads),
- *                    1/N of the whole for tensor parallel, 1/S for a pipeline stage
+ *   compute          the rank's share of train.c's work at its rows: B/D rows of a data-
+ *                    parallel replica (measured at that row count, so small batches keep
+ *                    their overheads), 1/T of them for tensor, 1/C for context and 1/S for
+ *                    pipeline parallelism
  *   bubble           the schedule's closed form: (S-1)/(M+S-1) for GPipe and 1F1B, ...
  *   oversubscription ranks / cores, when processes take turns on the cores (emulated hosts
  *                    share this machine's cores)
  *   messages, bytes  what the rank sends per step: the program's formula for bytes and its
- *                    count of messages (a ring all-reduce on N ranks: 2(N-1) messages of 1/N,
- *                    the reduce-scatter's cut in pieces of 64Ki elements)
+ *                    count of messages
  *
  * Communication is charged in full, never hidden behind compute: the programs' collectives
  * block (train_dp --overlap aside), so that is what they do.
  */
 #include "../ckpt.h"
 #include "../schedules.h"
+#include "costmodel_cluster.h"
+#include "costmodel_llm.h"
 #include "summary.h"
 
 #include <ctype.h>
+#include <stdarg.h>
+
+// A bad argument: the message, and exit 2 (as the programs' bad flags).
+__attribute__((format(printf, 1, 2), noreturn)) static void usage_error(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(2);
+}
+// An argument as a number in [lo, hi] (above lo when lo_open), or exit 2 naming it.
+static double arg_number(const char* what, const char* s, double lo, int lo_open, double hi, int integer) {
+    char err[256];
+    double v;
+    if (cm_number(what, s, lo, lo_open, hi, integer, &v, err, sizeof err)) usage_error("%s", err);
+    return v;
+}
 
 // ----------------------------------------------------------------------------
-// the alpha-beta model of the collectives
-
-// A ring all-reduce of `bytes` over n ranks: 2(n-1) steps, each a message of bytes/n.
-static double t_allreduce(double bytes, int n, double alpha, double beta) {
-    return n <= 1 ? 0 : 2.0 * (n - 1) * (alpha + bytes / n / beta);
-}
-// A ring all-gather or reduce-scatter whose whole buffer is `bytes`: n-1 steps.
-static double t_half(double bytes, int n, double alpha, double beta) {
-    return n <= 1 ? 0 : (n - 1.0) * (alpha + bytes / n / beta);
-}
-static double t_p2p(double bytes, double alpha, double beta) { return alpha + bytes / beta; }
-
-// ----------------------------------------------------------------------------
-// compute: ms of one training step of the default model on R rows, by the project's kernels
+// compute: seconds of one training step of train.c's model on R rows, by the project's kernels
 
 static Dataset names;
-static double step_seconds(const Config* c, int R) {
-    State s = state_alloc(n_params(c), 0);
-    Options o = {.seed = 42};
+static double step_seconds(const Options* o, const Config* c, int R) {
+    State s = state_alloc(n_params(c), o->opt.adamw);
     Holding all = holding_units(c, &s, 0, n_units(c), 0);
-    holding_load(&all, &o, &names, c);
+    holding_load(&all, o, &names, c);
     Work w;
     work_init(&w, c, R, NULL);
-    Optimizer opt = {.lr = 0.1f};
     enum { REPS = 41 };
     double t[REPS];
     for (int rep = -5; rep < REPS; rep++) {
         double t0 = now_seconds();
-        Rows rows = training_rows(&names, 42, rep + 10, 0);
+        Rows rows = training_rows(&names, o->seed, rep + 10, 0);
         model_forward_rows(c, s.params, &w, &rows, 0, R, R, NULL);
         fix_zero(s.grads, s.n);
         model_backward(c, s.params, s.grads, &w, R, R);
-        optimizer_step(&opt, s.params, s.grads, s.m, s.v, s.n, grad_factor(R), 1.0f, 1);
+        optimizer_step(&o->opt, s.params, s.grads, s.m, s.v, s.n, grad_factor(R), 1.0f, rep + 10);
         if (rep >= 0) t[rep] = now_seconds() - t0;
     }
     work_free(&w);
@@ -75,16 +90,17 @@ static double step_seconds(const Config* c, int R) {
 }
 
 // ----------------------------------------------------------------------------
-// predict: one run of make cluster, from its --summary
+// replay: one run of make cluster, from its --summary
 
 // What the model needs of a run: its program and layout, and what the rank that sends the
-// most sends per step (the formula's bytes, of them on each axis of train_3d.c's grid, and
-// its messages).
+// most sends per step (the formula's bytes, of them on each axis of the grid, and its
+// messages). Axes in the grid's order, fastest first: tensor, context, data, pipeline.
+enum { AXIS_TP, AXIS_CP, AXIS_DP, AXIS_PP, AXES };
 typedef struct {
     char program[64], layout[200];
     int ranks, batch;
     double sent, messages;
-    double axis[3];
+    double axis[AXES];
 } Run;
 
 static Run run_of(const Summary* m) {
@@ -94,23 +110,31 @@ static Run run_of(const Summary* m) {
     for (int q = 0; q < m->ranks; q++) {
         if (m->sent_formula[q] > r.sent) {
             r.sent = m->sent_formula[q];
-            memcpy(r.axis, m->axis[q], sizeof r.axis);
+            // summary.h's axes: tensor, data, pipeline (a 4D grid's context axis is not recorded yet)
+            r.axis[AXIS_TP] = m->axis[q][0], r.axis[AXIS_DP] = m->axis[q][1], r.axis[AXIS_PP] = m->axis[q][2];
         }
         r.messages = m->messages[q] > r.messages ? m->messages[q] : r.messages;
     }
     return r;
 }
 
+// The number before `word` in a layout's words ("2 tensor", "4 microbatches"), or 0.
+static int layout_count(const char* layout, const char* word) {
+    const char* p = strstr(layout, word);
+    if (!p) return 0;
+    const char* q = p;
+    while (q > layout && isdigit((unsigned char)q[-1])) q--;
+    return q < p ? atoi(q) : 0;
+}
+
 // The pipeline of a layout, from its words ("2 stages x 1 chunks, 4 microbatches, 1f1b"; 3D:
 // "2 pipeline ... 4 microbatches, gpipe"): stages, microbatches and the closed-form bubble.
 static double layout_bubble(const char* layout, int* S, int* M) {
-    const char* p;
-    *S = 1, *M = 1;
-    if ((p = strstr(layout, " stages"))) while (p > layout && isdigit((unsigned char)p[-1])) p--, *S = atoi(p);
-    if ((p = strstr(layout, " pipeline ="))) while (p > layout && isdigit((unsigned char)p[-1])) p--, *S = atoi(p);
-    if ((p = strstr(layout, " microbatches"))) while (p > layout && isdigit((unsigned char)p[-1])) p--, *M = atoi(p);
-    int V = 1, sched = SCHEDULE_1F1B;
-    if ((p = strstr(layout, " chunks"))) while (p > layout && isdigit((unsigned char)p[-1])) p--, V = atoi(p);
+    *S = layout_count(layout, " stages");
+    if (!*S) *S = layout_count(layout, " pipeline");
+    *M = layout_count(layout, " microbatches");
+    int V = layout_count(layout, " chunks"), sched = SCHEDULE_1F1B;
+    *S = *S > 0 ? *S : 1, *M = *M > 0 ? *M : 1, V = V > 0 ? V : 1;
     for (int k = 0; k < N_SCHEDULES; k++)
         if (strstr(layout, schedule_names[k])) sched = k;
     if (*S <= 1) return 0;
@@ -118,7 +142,28 @@ static double layout_bubble(const char* layout, int* S, int* M) {
     return b < 0 ? (*S - 1.0) / (*M + *S - 1.0) : b;
 }
 
-// The links a run's messages take: across hosts (alpha, beta) or, for an axis of the 3D grid
+// The degrees of a run's axes: a one-strategy program's ranks all on its axis; a grid's from
+// its words ("grid of 2 tensor x 2 data x 2 pipeline = 8 ranks"; a 4D grid: "... x 2 context
+// x ...").
+static void run_degrees(const Run* r, int S, int deg[AXES]) {
+    const char* p = r->program;
+    int N = r->ranks;
+    for (int a = 0; a < AXES; a++) deg[a] = 1;
+    if (!strcmp(p, "train.c")) return;
+    if (!strcmp(p, "train_dp.c") || !strcmp(p, "train_fsdp.c")) deg[AXIS_DP] = N;
+    else if (!strcmp(p, "train_tp.c")) deg[AXIS_TP] = N;
+    else if (!strcmp(p, "train_cp.c")) deg[AXIS_CP] = N;
+    else if (!strcmp(p, "train_pp.c")) deg[AXIS_PP] = S;
+    else if (!strcmp(p, "train_3d.c")) {
+        static const char* const words[AXES] = {" tensor", " context", " data", " pipeline"};
+        for (int a = 0; a < AXES; a++) deg[a] = layout_count(r->layout, words[a]) > 0 ? layout_count(r->layout, words[a]) : 1;
+        if (deg[0] * deg[1] * deg[2] * deg[3] != N) fatal("cannot read the grid of '%s' (%d ranks)", r->layout, N);
+    } else {
+        fatal("no cost model for program '%s'", p);
+    }
+}
+
+// The links a run's messages take: across hosts (alpha, beta) or, for an axis of a grid
 // whose groups fit inside a host, shared memory (local_alpha, local_beta).
 typedef struct {
     double alpha, beta, local_alpha, local_beta;
@@ -126,35 +171,30 @@ typedef struct {
 } Links;
 
 // Seconds of one step of run r: compute from `t_rows` (train.c's step time by rows).
-// Ranks fill the hosts in order, so in train_3d.c's grid (tensor fastest, then data, then
+// Ranks fill the hosts in order, so in a grid (tensor fastest, then context, data and
 // pipeline) an axis stays inside a host when the product of it and the faster axes fits.
-static double predict(const Run* r, double (*t_rows)(void* ctx, int rows), void* ctx, int cores, Links k,
-                      double* compute_out) {
-    double alpha = k.alpha, beta = k.beta;
-    int N = r->ranks, S, M, T = 1, D = 1;
-    double bubble = layout_bubble(r->layout, &S, &M), compute;
-    const char* prog = r->program;
-    if (!strcmp(prog, "train.c")) compute = t_rows(ctx, r->batch);
-    else if (!strcmp(prog, "train_dp.c") || !strcmp(prog, "train_fsdp.c")) compute = t_rows(ctx, (r->batch + N - 1) / N);
-    else if (!strcmp(prog, "train_tp.c")) compute = t_rows(ctx, r->batch) / N;
-    else if (!strcmp(prog, "train_pp.c")) compute = t_rows(ctx, r->batch) / S / (1 - bubble);
-    else if (!strcmp(prog, "train_3d.c")) {
-        if (sscanf(r->layout, "grid of %d tensor x %d data", &T, &D) != 2) fatal("cannot read the grid of '%s'", r->layout);
-        compute = t_rows(ctx, (r->batch + D - 1) / D) / T / S / (1 - bubble);
-    } else fatal("no cost model for program '%s'", prog);
+static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), void* ctx, int cores, Links k,
+                          double* compute_out) {
+    int N = r->ranks, S, M, deg[AXES];
+    double bubble = layout_bubble(r->layout, &S, &M);
+    run_degrees(r, S, deg);
+    int D = deg[AXIS_DP];
+    double compute = t_rows(ctx, (r->batch + D - 1) / D) / deg[AXIS_TP] / deg[AXIS_CP] / deg[AXIS_PP] / (1 - bubble);
     if (N > cores) compute *= (double)N / cores;
     *compute_out = compute;
-    if (!strcmp(prog, "train_3d.c") && r->sent > 0 && k.hosts > 1) {
-        int per_host = (N + k.hosts - 1) / k.hosts, span[3] = {T, T * D, N};
+    int grid = deg[AXIS_TP] < N && deg[AXIS_CP] < N && deg[AXIS_DP] < N && deg[AXIS_PP] < N; // more than one axis
+    if (grid && r->sent > 0 && k.hosts > 1) {
+        int per_host = (N + k.hosts - 1) / k.hosts, span = 1;
         double comm = 0;
-        for (int a = 0; a < 3; a++) { // messages shared out in proportion to the bytes
-            int local = span[a] <= per_host;
+        for (int a = 0; a < AXES; a++) { // messages shared out in proportion to the bytes
+            span *= deg[a];
+            int local = span <= per_host;
             double share = r->axis[a] / r->sent;
-            comm += share * r->messages * (local ? k.local_alpha : alpha) + r->axis[a] / (local ? k.local_beta : beta);
+            comm += share * r->messages * (local ? k.local_alpha : k.alpha) + r->axis[a] / (local ? k.local_beta : k.beta);
         }
         return compute + comm;
     }
-    return compute + r->messages * alpha + r->sent / beta;
+    return compute + r->messages * k.alpha + r->sent / k.beta;
 }
 
 // t_rows from a table of measured (rows, seconds), linear between its points
@@ -171,151 +211,485 @@ static double table_rows(void* ctx, int rows) {
             return t->sec[i - 1] + (t->sec[i] - t->sec[i - 1]) * (rows - t->rows[i - 1]) / (t->rows[i] - t->rows[i - 1]);
     return t->sec[t->n - 1] * rows / t->rows[t->n - 1];
 }
-static Table measure_table(void) {
-    dataset_load(&names, "names.txt", DATA_DEFAULT_MAX_LINE, 42);
-    Config c = {.vocab = names.vocab, .context = 16, .emb = 16, .hidden = 64, .layers = 1};
+// train.c's step by rows 1, 2, 4, ..., 64, for the model of train.c's flags (argv[0]: "compute")
+static Table measure_table(int argc, char** argv) {
+    Options o;
+    cli_parse_or_exit(&o, argc, argv, "tools/costmodel compute", NULL, 0, NULL, NULL);
+    Config c;
+    load_data(&names, &o, &c);
     Table t = {0};
-    for (int rows = 1; rows <= 64; rows *= 2) t.rows[t.n] = rows, t.sec[t.n++] = step_seconds(&c, rows);
+    for (int rows = 1; rows <= 64; rows *= 2) t.rows[t.n] = rows, t.sec[t.n++] = step_seconds(&o, &c, rows);
+    return t;
+}
+// A table measured earlier: "rows=R ms=X" lines, rows rising
+static Table read_table(const char* path) {
+    Table t = {0};
+    FILE* f = fopen(path, "r");
+    if (!f) fatal("cannot open compute table '%s': %s", path, strerror(errno));
+    char line[256];
+    int number = 0;
+    while (fgets(line, sizeof line, f)) {
+        number++;
+        char rows[64], ms[64], err[256];
+        double r, x;
+        if (line[strspn(line, " \t\r\n")] == 0) continue;
+        if (sscanf(line, " rows=%63[^ ] ms=%63s", rows, ms) != 2 || t.n == 32)
+            fatal("%s:%d: expected 'rows=R ms=X' (at most 32 lines), got '%.60s'", path, number, line);
+        if (cm_number("rows", rows, 1, 0, 1 << 20, 1, &r, err, sizeof err) || cm_number("ms", ms, 0, 1, 1e9, 0, &x, err, sizeof err))
+            fatal("%s:%d: %s", path, number, err);
+        if (t.n > 0 && r <= t.rows[t.n - 1]) fatal("%s:%d: rows must rise from line to line", path, number);
+        t.rows[t.n] = (int)r, t.sec[t.n++] = x / 1e3;
+    }
+    fclose(f);
+    if (t.n == 0) fatal("'%s' holds no rows=R ms=X lines", path);
     return t;
 }
 
 // ----------------------------------------------------------------------------
-// project: a described cluster, a large model of our family, every layout ranked
+// rank: every layout of a transformer on a cluster
 
-typedef struct {
-    char name[128];
-    int nodes, per_node;
-    double flops, efficiency, memory; // per device: peak FLOP/s, the fraction reached, bytes
-    double alpha_intra, beta_intra, alpha_inter, beta_inter;
-} Cluster;
-
-static Cluster read_cluster(const char* path) {
-    Cluster c = {0};
-    FILE* f = fopen(path, "r");
-    if (!f) fatal("cannot open cluster file '%s': %s", path, strerror(errno));
-    char line[512], key[64];
-    double v;
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#' || line[strspn(line, " \t\r\n")] == 0) continue;
-        if (!strncmp(line, "name ", 5)) {
-            snprintf(c.name, sizeof c.name, "%.127s", line + 5);
-            c.name[strcspn(c.name, "\n")] = 0;
-            continue;
+// zbv's bubble and peak activations (in microbatches through a stage) for S stages and M
+// microbatches: schedules.h has no closed form, so its checker plays the schedule (once per
+// S, M and durations). Its build takes time quadratic in M: zbv is considered up to M 512,
+// where its bubble is already under 1% (16 stages).
+enum { ZBV_MAX_M = 512 };
+static void zbv_figures(int S, int M, int recompute, double* bubble, double* peak) {
+    typedef struct {
+        int S, M, full;
+        double bubble, peak;
+    } Played;
+    static Played cache[4096];
+    static int n;
+    int full = recompute == RECOMPUTE_FULL;
+    for (int i = 0; i < n; i++)
+        if (cache[i].S == S && cache[i].M == M && cache[i].full == full) {
+            *bubble = cache[i].bubble, *peak = cache[i].peak;
+            return;
         }
-        if (sscanf(line, "%63s %lf", key, &v) != 2) fatal("%s: cannot read '%s'", path, line);
-        double* at = !strcmp(key, "flops") ? &c.flops : !strcmp(key, "efficiency") ? &c.efficiency
-                   : !strcmp(key, "memory_gb") ? &c.memory : !strcmp(key, "intra_latency_us") ? &c.alpha_intra
-                   : !strcmp(key, "intra_gbytes_per_s") ? &c.beta_intra : !strcmp(key, "inter_latency_us") ? &c.alpha_inter
-                   : !strcmp(key, "inter_gbytes_per_s") ? &c.beta_inter : NULL;
-        if (!strcmp(key, "nodes")) c.nodes = (int)v;
-        else if (!strcmp(key, "devices_per_node")) c.per_node = (int)v;
-        else if (at) *at = v;
-        else fatal("%s: unknown key '%s'", path, key);
-        n++;
-    }
-    fclose(f);
-    if (n != 9 || c.nodes < 1 || c.per_node < 1 || c.flops <= 0 || c.efficiency <= 0 || c.memory <= 0 ||
-        c.beta_intra <= 0 || c.beta_inter <= 0)
-        fatal("%s: needs nodes, devices_per_node, flops, efficiency, memory_gb, intra_latency_us, "
-              "intra_gbytes_per_s, inter_latency_us, inter_gbytes_per_s", path);
-    c.memory *= 1e9, c.beta_intra *= 1e9, c.beta_inter *= 1e9, c.alpha_intra *= 1e-6, c.alpha_inter *= 1e-6;
-    return c;
+    Action* lists[64];
+    int counts[64];
+    for (int r = 0; r < S; r++) lists[r] = mallocCheck(sizeof(Action) * 3 * 2 * M);
+    schedule_build(SCHEDULE_ZBV, S, 2, M, lists, counts);
+    Check c = schedule_check(SCHEDULE_ZBV, S, 2, M, lists, counts, pipeline_durations(recompute), NULL, NULL, 0);
+    if (!c.ok) fatal("internal: zbv with %d stages and %d microbatches: %s", S, M, c.why);
+    *bubble = c.bubble_total, *peak = 0;
+    for (int r = 0; r < S; r++) *peak = fmax(*peak, c.peak[r]), free(lists[r]);
+    if (n < 4096) cache[n++] = (Played){S, M, full, *bubble, *peak};
+}
+
+static Cost cost_of(const Cluster* c, const Shape* m, const Practice* pr, const Layout* l, int devices) {
+    double zb = 0, zp = 0;
+    if (l->pp > 1 && l->sched == SCHEDULE_ZBV) zbv_figures(l->pp, l->M, l->recompute, &zb, &zp);
+    return layout_cost(c, m, pr, l, devices, zb, zp);
+}
+
+// Whether a layout is one the model considers (and rank enumerates), for these devices and
+// this model: NULL, or why not.
+static int power_of_2(long x) { return x > 0 && (x & (x - 1)) == 0; }
+static const char* layout_rule(const Shape* m, const Layout* l, int devices, char* err, size_t n) {
+    double seqs = m->tokens / m->seq;
+    if (!power_of_2(l->tp) || l->tp > 64 || m->heads % l->tp)
+        snprintf(err, n, "TP %d: the model takes TP a power of 2 up to 64 that divides the %d heads", l->tp, m->heads);
+    else if (!power_of_2(l->cp) || l->cp > 64 || m->seq % (2 * l->cp))
+        snprintf(err, n, "CP %d: the model takes CP a power of 2 up to 64 whose double divides the sequence (%d): each "
+                 "device takes two chunks, one early and one late, to share the causal mask's work", l->cp, m->seq);
+    else if (!power_of_2(l->pp) || l->pp > 128 || l->pp > m->layers)
+        snprintf(err, n, "PP %d: the model takes PP a power of 2 up to 128 and at most the %d layers", l->pp, m->layers);
+    else if ((long)l->tp * l->cp * l->pp * l->dp != devices)
+        snprintf(err, n, "TP %d x CP %d x PP %d does not divide the %d devices", l->tp, l->cp, l->pp, devices);
+    else if (fmod(seqs, (double)l->dp * l->M) != 0)
+        snprintf(err, n, "DP %d x %d microbatches does not divide the %.0f sequences of a step", l->dp, l->M, seqs);
+    else if (m->experts == 0 && l->ep != 1)
+        snprintf(err, n, "EP %d: a dense model has no experts to spread", l->ep);
+    else if (m->experts > 0 && (!power_of_2(l->ep) || l->dp % l->ep || m->experts % l->ep))
+        snprintf(err, n, "EP %d: the model takes EP a power of 2 dividing DP (%d) and the experts (%d)", l->ep, l->dp, m->experts);
+    else if (l->sp && l->tp == 1)
+        snprintf(err, n, "sequence parallelism splits across TP: it needs TP above 1");
+    else if (l->pp > 1 && l->sched == SCHEDULE_INTERLEAVED && (l->V < 2 || l->M % l->pp || (m->layers + l->pp - 1) / l->pp < l->V))
+        snprintf(err, n, "interleaved with V %d: V from 2 to the layers of a stage, and microbatches (%d) a multiple of PP (%d)",
+                 l->V, l->M, l->pp);
+    else if (l->pp > 1 && l->sched == SCHEDULE_ZB1 && l->M < l->pp)
+        snprintf(err, n, "zb1 with %d microbatches on %d stages: its closed form holds for at least as many microbatches as stages", l->M, l->pp);
+    else if (l->pp > 1 && l->sched == SCHEDULE_ZBV && (l->pp > 64 || l->M > ZBV_MAX_M || (m->layers + l->pp - 1) / l->pp < 2))
+        snprintf(err, n, "zbv: up to 64 stages of 2 layers or more, up to %d microbatches", ZBV_MAX_M);
+    else if (l->pp > 1 && l->sched == SCHEDULE_NAIVE)
+        snprintf(err, n, "naive runs one microbatch at a time: the model does not consider it");
+    else
+        return NULL;
+    return err;
 }
 
 typedef struct {
-    double V, T, E, H, L, B; // vocabulary, context, embedding, hidden, layers, batch (rows: tokens)
-} Big;
-typedef struct {
-    int tp, pp, dp, zero, M;
-    double time, compute, comm, bubble, memory;
-    int fits;
-} Layout;
+    Layout l;
+    Cost k;
+} Candidate;
 
-// One layout: tp x pp x dp devices, ZeRO stage (0: plain DP), 1F1B with M microbatches.
-// Mixed precision as large runs train: 2-byte parameters and gradients, 12 bytes of fp32
-// master weights, m and v per parameter (ZeRO's K = 12); activations kept in 2 bytes.
-static Layout cost(const Cluster* c, const Big* m, int tp, int pp, int dp, int zero, int M) {
-    Layout l = {tp, pp, dp, zero, M, 0, 0, 0, 0, 0, 0};
-    double P = m->V * m->E + m->T * m->E * m->H + (m->L - 1) * m->H * m->H + m->H * m->V; // weights
-    double flops = 6.0 * m->B * (P - m->V * m->E);          // forward 2, backward 4 per weight and row
-    double rate = c->flops * c->efficiency;
-    double rows_mb = m->B / dp / M;                         // rows of one microbatch on one replica
-    l.bubble = pp > 1 ? (pp - 1.0) / (M + pp - 1.0) : 0;
-    l.compute = flops / (tp * pp * dp) / rate / (1 - l.bubble);
-    // which links each axis uses: tp innermost, then pp, then dp (the usual rank order)
-    int inner_tp = tp <= c->per_node, inner_pp = tp * pp <= c->per_node, inner_dp = tp * pp * dp <= c->per_node;
-    double a_tp = inner_tp ? c->alpha_intra : c->alpha_inter, b_tp = inner_tp ? c->beta_intra : c->beta_inter;
-    double a_pp = inner_pp ? c->alpha_intra : c->alpha_inter, b_pp = inner_pp ? c->beta_intra : c->beta_inter;
-    double a_dp = inner_dp ? c->alpha_intra : c->alpha_inter, b_dp = inner_dp ? c->beta_intra : c->beta_inter;
-    // TP: Megatron pairs (column then row): per pair one all-reduce of the activations in
-    // forward (g) and one in backward (f), for every microbatch; 2 bytes a value
-    double pairs = (m->L + 1) / 2.0 / pp;
-    double t_tp = tp > 1 ? 2 * pairs * M * t_allreduce(2 * rows_mb * m->H, tp, a_tp, b_tp) : 0;
-    // PP: each microbatch sends its activations forward and its gradient back, across a
-    // boundary; the first and last stage's steady state overlaps the rest, the fill does not
-    double t_pp = pp > 1 ? 2.0 * (M + pp - 2) * t_p2p(2 * rows_mb * m->H, a_pp, b_pp) : 0;
-    // DP: the gradients of this rank's slice (P / (tp pp) values, 2 bytes): all-reduce
-    // (plain and ZeRO 1, 2: reduce-scatter + all-gather, the same bytes), ZeRO-3 gathers the
-    // parameters again for backward: 1.5 times
-    double slice = P / tp / pp;
-    double t_dp = t_allreduce(2 * slice, dp, a_dp, b_dp) * (zero == 3 ? 1.5 : 1.0);
-    l.comm = t_tp + t_pp + t_dp;
-    l.time = l.compute + l.comm;
-    double bytes = slice * (2 + (zero >= 3 ? 2.0 / dp : 2) + (zero >= 2 ? 2.0 / dp : 2) + (zero >= 1 ? 12.0 / dp : 12));
-    // 1F1B holds up to pp microbatches on the first stage: every layer's input and output
-    double acts = (pp < M ? pp : M) * rows_mb * 2 * (m->T * m->E + 2 * m->H * (m->L / pp) / tp + m->V / pp);
-    l.memory = bytes + acts;
-    l.fits = l.memory <= c->memory;
-    return l;
+// What the user fixed (-1: free) for every candidate.
+typedef struct {
+    int zero, sp, recompute, sched, V, M;
+} Fixed;
+
+static int same_degrees(const Layout* a, const Layout* b) {
+    return a->tp == b->tp && a->cp == b->cp && a->pp == b->pp && a->dp == b->dp && a->ep == b->ep;
 }
 
+// Those that fit first, fastest first; then the others, smallest memory first.
 static int by_time(const void* a, const void* b) {
-    const Layout *x = a, *y = b;
-    if (x->fits != y->fits) return y->fits - x->fits;
-    return (x->time > y->time) - (x->time < y->time);
+    const Candidate *x = a, *y = b;
+    if (x->k.fits != y->k.fits) return y->k.fits - x->k.fits;
+    double p = x->k.fits ? x->k.step : x->k.memory, q = y->k.fits ? y->k.step : y->k.memory;
+    return (p > q) - (p < q);
 }
 
-static void project(const Cluster* c, const Big* m, int top, int mark_tp, int mark_pp) {
-    int n = c->nodes * c->per_node, count = 0;
-    Layout* all = mallocCheck(sizeof(Layout) * 4096);
-    for (int tp = 1; tp <= n && tp <= 64; tp *= 2)
-        for (int pp = 1; tp * pp <= n && pp <= 128; pp *= 2) {
-            if (n % (tp * pp) || pp > m->L) continue;
-            int dp = n / (tp * pp);
-            for (int zero = 0; zero <= 3; zero++) {
-                int M = pp > 1 ? 4 * pp : 1;
-                if (m->B / dp / M < 1) continue;
-                if (count < 4096) all[count++] = cost(c, m, tp, pp, dp, zero, M);
+// Every layout of the devices, each at its fastest ZeRO stage, SP, recomputation and
+// schedule that fits (or, if none fits, its smallest memory). Returns the count; *out holds
+// them, those that fit first, fastest first.
+static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const Fixed* fx, int devices, Candidate** out) {
+    int cap = 1024, n = 0;
+    Candidate* all = mallocCheck(sizeof(Candidate) * cap);
+    double seqs = m->tokens / m->seq;
+    for (int tp = 1; tp <= 64; tp *= 2)
+        for (int cp = 1; cp <= 64; cp *= 2)
+            for (int pp = 1; pp <= 128; pp *= 2) {
+                if (devices % ((long)tp * cp * pp)) continue;
+                int dp = devices / (tp * cp * pp);
+                for (int ep = 1; ep <= (m->experts > 0 ? dp : 1); ep *= 2) {
+                    Candidate best = {.k.step = -1};
+                    int M = fx->M > 0 ? fx->M : (fmod(seqs, dp) == 0 ? (int)fmin(seqs / dp, 1 << 20) : 1);
+                    for (int zero = 0; zero <= 3; zero++)
+                        for (int sp = 0; sp <= 1; sp++)
+                            for (int rec = 0; rec <= 2; rec++)
+                                for (int sched = 0; sched < N_SCHEDULES; sched++)
+                                    for (int V = 1; V <= 8; V *= 2) {
+                                        if ((fx->zero >= 0 && zero != fx->zero) || (fx->sp >= 0 && sp != fx->sp) ||
+                                            (fx->recompute >= 0 && rec != fx->recompute))
+                                            continue;
+                                        if (pp == 1 && (sched != SCHEDULE_1F1B || V > 1)) continue; // no pipeline
+                                        if (pp > 1 && fx->sched >= 0 && sched != fx->sched) continue;
+                                        if ((sched == SCHEDULE_INTERLEAVED) != (V > 1) && pp > 1) continue;
+                                        if (fx->V > 0 && pp > 1 && sched == SCHEDULE_INTERLEAVED && V != fx->V) continue;
+                                        Layout l = {tp, cp, pp, dp, ep, zero, sp, rec, sched, V, M};
+                                        char why[256];
+                                        if (layout_rule(m, &l, devices, why, sizeof why)) continue;
+                                        Cost k = cost_of(c, m, pr, &l, devices);
+                                        int better = best.k.step < 0 || (k.fits && !best.k.fits) ||
+                                                     (k.fits == best.k.fits && (k.fits ? k.step < best.k.step : k.memory < best.k.memory));
+                                        if (better) best = (Candidate){l, k};
+                                    }
+                    if (best.k.step < 0) continue;
+                    if (n == cap) all = reallocCheck(all, sizeof(Candidate) * (cap *= 2));
+                    all[n++] = best;
+                }
             }
-        }
-    qsort(all, count, sizeof(Layout), by_time);
-    double P = m->V * m->E + m->T * m->E * m->H + (m->L - 1) * m->H * m->H + m->H * m->V;
-    printf("%s: %d devices (%d nodes x %d), %.0f TFLOP/s each at %.0f%%, %.0f GB\n", c->name, n, c->nodes, c->per_node,
-           c->flops / 1e12, 100 * c->efficiency, c->memory / 1e9);
-    printf("model: %.0f billion parameters (hidden %.0f, %.0f layers, context %.0f x emb %.0f), batch %.0f rows\n\n",
-           P / 1e9, m->H, m->L, m->T, m->E, m->B);
-    printf("| rank | TP | PP | DP | ZeRO | M | step (s) | compute | communication | bubble | memory/device (GB) |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    int shown = 0;
-    for (int i = 0; i < count && shown < top; i++, shown++) {
-        const Layout* l = &all[i];
-        printf("| %d | %d | %d | %d | %d | %d | %s%.2f | %.2f | %.2f | %.2f | %.1f%s |\n", i + 1, l->tp, l->pp, l->dp,
-               l->zero, l->M, l->fits ? "" : "(no fit) ", l->time, l->compute, l->comm, l->bubble, l->memory / 1e9,
-               l->fits ? "" : " > memory");
-    }
+    qsort(all, n, sizeof(Candidate), by_time);
+    *out = all;
+    return n;
+}
+
+// Where a layout loses time against its compute alone: the largest of the bubble, each
+// axis's exposed traffic and recomputation's extra work.
+static const char* largest_loss(const Shape* m, const Practice* pr, const Candidate* x) {
+    const Cost* k = &x->k;
+    double f8, plain = hardware_flops(m, RECOMPUTE_NONE, &f8, pr->fp8), f8r, again = hardware_flops(m, x->l.recompute, &f8r, pr->fp8);
+    double losses[] = {(k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
+                       k->compute * (1 - plain / again)};
+    static const char* const names_[] = {"bubble", "TP", "CP", "EP", "PP sends", "DP", "recompute"};
+    int best = 0;
+    for (int i = 1; i < 7; i++)
+        if (losses[i] > losses[best]) best = i;
+    return losses[best] > 0 ? names_[best] : "-";
+}
+
+static void layout_words(const Layout* l, char* s, size_t n) {
+    if (l->pp > 1 && l->sched == SCHEDULE_INTERLEAVED) snprintf(s, n, "interleaved V %d", l->V);
+    else snprintf(s, n, "%s", l->pp > 1 ? schedule_names[l->sched] : "-");
+}
+
+static void print_model(const Cluster* c, const Shape* m, const Practice* pr, int devices) {
+    printf("%s: %d of its %d devices, %.0f TFLOP/s BF16 each at %.1f%%", c->name, devices, c->nodes * c->per_node,
+           c->flops / 1e12, 100 * c->efficiency);
+    if (pr->fp8) printf(", FP8 %.0f at %.1f%%", c->fp8_flops / 1e12, 100 * c->fp8_efficiency);
+    printf(", %.0f GB\n", c->memory / 1e9);
+    printf("model: %.1f billion parameters (%.1f billion active), %.0f GFLOP per token (6 x active + attention), "
+           "%d layers of %d, sequence %d, %.0f tokens a step\n", params_total(m) / 1e9, params_active(m) / 1e9,
+           model_flops(m) / 1e9, m->layers, m->width, m->seq, m->tokens);
+}
+
+static void print_table_head(void) {
+    printf("| rank | TP | CP | PP | DP | EP | ZeRO | SP | recompute | schedule | M | step (s) | MFU | memory (GB) | compute "
+           "| bubble | TP (s) | CP (s) | EP (s) | PP (s) | DP (s) | largest loss |\n");
+    printf("| ---: | --: | --: | --: | --: | --: | --: | --: | --- | --- | --: | --: | --: | --: | --: | --: | --: | --: | --: "
+           "| --: | --: | --- |\n");
+}
+static void print_row(int rank, const Shape* m, const Practice* pr, const Candidate* x) {
+    const Layout* l = &x->l;
+    const Cost* k = &x->k;
+    char sched[32];
+    layout_words(l, sched, sizeof sched);
+    printf("| %d | %d | %d | %d | %d | %d | %d | %s | %s | %s | %d | %.2f | %.1f%% | %.1f%s | %.2f | %.3f | %.2f | %.2f | "
+           "%.2f | %.2f | %.2f | %s |\n", rank, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero, l->sp ? "yes" : "no",
+           recompute_names[l->recompute], sched, l->M, k->step, 100 * k->mfu, k->memory / 1e9, k->fits ? "" : " (no fit)",
+           k->compute, k->bubble, k->tp, k->cp, k->ep, k->pp, k->dp, k->fits ? largest_loss(m, pr, x) : "memory");
+}
+
+// The rank of the layout with the marked degrees among those that fit (0: it does not fit).
+static int rank_of(const Candidate* all, int n, const Layout* mark) {
+    for (int i = 0; i < n; i++)
+        if (same_degrees(&all[i].l, mark)) return all[i].k.fits ? i + 1 : 0;
+    return -1;
+}
+static int count_fits(const Candidate* all, int n) {
     int fit = 0;
-    for (int i = 0; i < count; i++) fit += all[i].fits;
-    printf("\n%d layouts considered, %d fit in memory\n", count, fit);
-    for (int i = 0; i < count; i++) // the first (fastest) of the marked layout's ZeRO stages
-        if (all[i].tp == mark_tp && all[i].pp == mark_pp) {
-            const Layout* l = &all[i];
-            printf("the layout TP %d, PP %d, DP %d (ZeRO %d, M %d): rank %d of %d, %.2f s a step (%.2f compute, %.2f "
-                   "communication), %.1f GB a device%s\n", l->tp, l->pp, l->dp, l->zero, l->M, i + 1, count, l->time,
-                   l->compute, l->comm, l->memory / 1e9, l->fits ? "" : ": does not fit");
-            break;
+    for (int i = 0; i < n; i++) fit += all[i].k.fits;
+    return fit;
+}
+
+// ----------------------------------------------------------------------------
+// the published runs: each layout, its rank, and the figure the model predicts for it
+
+typedef struct {
+    const char* name;
+    const char* cluster;
+    int devices;
+    Shape m;
+    Practice pr;
+    Layout l;    // the published degrees (and ZeRO stage, schedule where published: else -1)
+    int mfu;     // the figure compared: 1 MFU, 0 GPU-hours per trillion tokens
+    double published, tolerance; // its published value; the goal's relative tolerance
+    const char* source;
+    double recorded;   // what the model predicted when the record was last made (notes/costmodel.md)
+    int recorded_rank;
+} Published;
+
+static const Shape llama3_405b = {.layers = 126, .width = 16384, .heads = 128, .kv_heads = 8, .ffn = 53248,
+                                  .vocab = 128256, .seq = 8192, .swiglu = 1, .tokens = 2048.0 * 8192};
+static Published published_runs(int i) {
+    Shape deepseek = {.layers = 61, .width = 7168, .heads = 128, .kv_heads = 128, .head_dim = 128, .ffn = 18432,
+                      .vocab = 129280, .seq = 4096, .swiglu = 1, .experts = 256, .top_k = 8, .expert_ffn = 2048,
+                      .shared = 1, .dense = 3, .q_lora = 1536, .kv_lora = 512, .rope = 64, .tokens = 15360.0 * 4096};
+    Shape long_context = llama3_405b;
+    long_context.seq = 131072, long_context.tokens = 128.0 * 131072;
+    const char* llama = "The Llama 3 Herd of Models (2024), Table 4";
+    Published runs[] = {
+        {"Llama 3 405B, 8,192 H100s", "cluster/h100-16k.txt", 8192, llama3_405b, {0},
+         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, 1, 0.43, 0.20, llama, 0.5734, 34},
+        {"Llama 3 405B, 16,384 H100s", "cluster/h100-16k.txt", 16384, llama3_405b, {0},
+         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.41, 0.20, llama, 0.5375, 27},
+        {"Llama 3 405B, 16,384 H100s, sequence 131,072", "cluster/h100-16k.txt", 16384, long_context, {0},
+         {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.38, 0.20, llama, 0.4718, 1},
+        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4},
+         {1, 1, 16, 128, 64, 1, -1, -1, -1, -1, 120}, 0, 180e3, 0.25, "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3",
+         1.057e5, 27},
+    };
+    return runs[i];
+}
+enum { N_PUBLISHED = 4 };
+
+// The published run's layout as the model best runs it (its published settings fixed, the
+// rest free), and its rank among the best of every layout of the same run (0: no fit).
+typedef struct {
+    Candidate x;
+    int rank, fit;
+    double got; // the figure compared
+} Projection;
+static Projection project_published(const Published* p) {
+    Cluster c = cluster_read(p->cluster);
+    Fixed free_ = {-1, -1, -1, -1, -1, -1}, mine = {p->l.zero, p->l.sp, p->l.recompute, p->l.sched, p->l.V, -1};
+    Candidate *all, *own;
+    int n = enumerate(&c, &p->m, &p->pr, &free_, p->devices, &all), n_own = enumerate(&c, &p->m, &p->pr, &mine, p->devices, &own);
+    Projection r = {.fit = count_fits(all, n), .rank = -1};
+    for (int j = 0; j < n_own && r.rank < 0; j++)
+        if (same_degrees(&own[j].l, &p->l)) r.x = own[j], r.rank = 0;
+    if (r.rank < 0) fatal("internal: the published layout of %s is not among the layouts", p->name);
+    if (r.x.k.fits) {
+        r.rank = 1;
+        for (int j = 0; j < n; j++) r.rank += all[j].k.fits && all[j].k.step < r.x.k.step && !same_degrees(&all[j].l, &r.x.l);
+    }
+    r.got = p->mfu ? r.x.k.mfu : r.x.k.gpu_hours_per_t;
+    free(all), free(own);
+    return r;
+}
+
+// published: a table of the runs; --check: exit 1 if a projection drifted from what was
+// recorded (its rank, or its figure by more than 1%), so that a change of the model that
+// moves them updates the record, and the notes that quote it, on purpose.
+static int published(int check) {
+    printf("| run | layout | rank (goal: 10 or better) | predicted | published | off (goal) | as the model runs it |\n");
+    printf("| --- | --- | ---: | ---: | ---: | ---: | --- |\n");
+    int drifted = 0;
+    for (int i = 0; i < N_PUBLISHED; i++) {
+        Published p = published_runs(i);
+        Projection r = project_published(&p);
+        const Layout* l = &r.x.l;
+        char sched[32], got[32], pub[32];
+        layout_words(l, sched, sizeof sched);
+        if (p.mfu) snprintf(got, sizeof got, "MFU %.1f%%", 100 * r.got), snprintf(pub, sizeof pub, "%.0f%%", 100 * p.published);
+        else snprintf(got, sizeof got, "%.0fK GPU-hours", r.got / 1e3), snprintf(pub, sizeof pub, "%.0fK", p.published / 1e3);
+        double off = r.got / p.published - 1;
+        printf("| %s | TP %d, CP %d, PP %d, DP %d, EP %d | %d of %d | %s | %s | %+.0f%% (%.0f%%) %s | ZeRO %d, SP %s, recompute %s, %s, "
+               "M %d, %.1f GB |\n", p.name, l->tp, l->cp, l->pp, l->dp, l->ep, r.rank, r.fit, got, pub, 100 * off,
+               100 * p.tolerance, fabs(off) <= p.tolerance ? "met" : "missed", l->zero, l->sp ? "yes" : "no",
+               recompute_names[l->recompute], sched, l->M, r.x.k.memory / 1e9);
+        if (check && (r.rank != p.recorded_rank || fabs(r.got / p.recorded - 1) > 0.01)) {
+            fprintf(stderr, "published: %s drifted: rank %d (recorded %d), %.4g (recorded %.4g)\n", p.name, r.rank,
+                    p.recorded_rank, r.got, p.recorded);
+            drifted = 1;
         }
-    free(all);
+    }
+    printf("\n(sources: %s; %s)\n", published_runs(0).source, published_runs(N_PUBLISHED - 1).source);
+    return drifted;
+}
+
+// ----------------------------------------------------------------------------
+// the flags of predict and rank
+
+typedef struct {
+    const char* name;
+    char kind; // 'n' a number from lo to hi (an integer when asked), 'w' a word, 's' a switch
+    double lo, hi;
+    int integer;
+} Flag;
+static const Flag llm_flags[] = {
+    {"layers", 'n', 1, 100000, 1}, {"width", 'n', 1, 1 << 20, 1}, {"heads", 'n', 1, 65536, 1},
+    {"kv-heads", 'n', 1, 65536, 1}, {"head-dim", 'n', 1, 65536, 1}, {"ffn", 'n', 1, 1 << 24, 1},
+    {"vocab", 'n', 1, 1 << 24, 1}, {"seq", 'n', 2, 1 << 24, 1}, {"tokens", 'n', 1, 1e12, 1}, {"mlp", 'w', 0, 0, 0},
+    {"experts", 'n', 0, 65536, 1}, {"top-k", 'n', 1, 65536, 1}, {"expert-ffn", 'n', 1, 1 << 24, 1},
+    {"shared-experts", 'n', 0, 64, 1}, {"dense-layers", 'n', 0, 100000, 1}, {"q-lora", 'n', 1, 1 << 20, 1},
+    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1},
+    {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
+    {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
+    {"pp", 'n', 1, 1 << 20, 1}, {"dp", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"ep", 'n', 1, 65536, 1}, {"zero", 'n', 0, 3, 1},
+    {"schedule", 'w', 0, 0, 0}, {"virtual", 'n', 1, 64, 1}, {"microbatches", 'n', 1, 1 << 24, 1}, {"sp", 's', 0, 0, 0},
+    {"recompute", 'w', 0, 0, 0}, {"top", 'n', 1, 100000, 1},
+};
+enum { N_LLM_FLAGS = sizeof llm_flags / sizeof llm_flags[0] };
+
+typedef struct {
+    Shape m;
+    Practice pr;
+    Layout l;
+    Fixed fx;
+    int devices, top, marked, given[N_LLM_FLAGS];
+} Request;
+
+static int flag_index(const char* name) {
+    for (int f = 0; f < N_LLM_FLAGS; f++)
+        if (!strcmp(name, llm_flags[f].name)) return f;
+    return -1;
+}
+#define GIVEN(r, name) ((r)->given[flag_index(name)])
+
+static Request parse_request(int argc, char** argv, const Cluster* c, int rank) {
+    Request q = {.m = {.swiglu = 1}, .fx = {-1, -1, -1, -1, -1, -1}, .top = 12};
+    double v[N_LLM_FLAGS] = {0};
+    const char* word[N_LLM_FLAGS] = {0};
+    for (int i = 0; i < argc; i++) {
+        const char* a = argv[i];
+        int f = strncmp(a, "--", 2) ? -1 : flag_index(a + 2);
+        if (f < 0) usage_error("unknown flag '%s' (see tools/costmodel's usage)", a);
+        if (q.given[f]++) usage_error("%s is given twice", a);
+        if (llm_flags[f].kind == 's') continue;
+        if (i + 1 >= argc) usage_error("%s needs a value", a);
+        const char* value = argv[++i];
+        if (llm_flags[f].kind == 'n') v[f] = arg_number(a, value, llm_flags[f].lo, 0, llm_flags[f].hi, llm_flags[f].integer);
+        else word[f] = value;
+    }
+    Shape* m = &q.m;
+    const char* need[] = {"layers", "width", "heads", "vocab", "seq", "tokens"};
+    for (int i = 0; i < 6; i++)
+        if (!GIVEN(&q, need[i])) usage_error("the model needs --%s (the shape: --layers --width --heads --vocab --seq --tokens)", need[i]);
+#define VAL(name) v[flag_index(name)]
+    m->layers = (int)VAL("layers"), m->width = (int)VAL("width"), m->heads = (int)VAL("heads"), m->vocab = (int)VAL("vocab");
+    m->seq = (int)VAL("seq"), m->tokens = VAL("tokens");
+    m->kv_heads = GIVEN(&q, "kv-heads") ? (int)VAL("kv-heads") : m->heads;
+    m->head_dim = GIVEN(&q, "head-dim") ? (int)VAL("head-dim") : 0;
+    m->ffn = GIVEN(&q, "ffn") ? (int)VAL("ffn") : 4 * m->width;
+    if (word[flag_index("mlp")]) {
+        const char* s = word[flag_index("mlp")];
+        if (strcmp(s, "swiglu") && strcmp(s, "gelu")) usage_error("--mlp must be swiglu or gelu, got '%s'", s);
+        m->swiglu = !strcmp(s, "swiglu");
+    }
+    m->experts = (int)VAL("experts");
+    m->top_k = GIVEN(&q, "top-k") ? (int)VAL("top-k") : 1;
+    m->expert_ffn = GIVEN(&q, "expert-ffn") ? (int)VAL("expert-ffn") : m->ffn;
+    m->shared = (int)VAL("shared-experts"), m->dense = (int)VAL("dense-layers");
+    m->q_lora = (int)VAL("q-lora"), m->kv_lora = (int)VAL("kv-lora");
+    m->rope = GIVEN(&q, "rope-dim") ? (int)VAL("rope-dim") : m->kv_lora > 0 ? 64 : 0;
+    m->dropout = GIVEN(&q, "dropout");
+    if (m->width % m->heads && !m->head_dim) usage_error("--width %d is not a multiple of --heads %d (or give --head-dim)", m->width, m->heads);
+    if (m->heads % m->kv_heads) usage_error("--kv-heads %d must divide --heads %d", m->kv_heads, m->heads);
+    if (m->experts == 0 && (GIVEN(&q, "top-k") || GIVEN(&q, "expert-ffn") || GIVEN(&q, "shared-experts") || GIVEN(&q, "dense-layers")))
+        usage_error("--top-k, --expert-ffn, --shared-experts and --dense-layers apply with --experts only");
+    if (m->experts > 0 && m->top_k > m->experts) usage_error("--top-k %d is more than --experts %d", m->top_k, m->experts);
+    if (m->dense >= m->layers && m->experts > 0) usage_error("--dense-layers %d leaves no MoE layer of %d", m->dense, m->layers);
+    if ((GIVEN(&q, "q-lora") || GIVEN(&q, "rope-dim")) && !m->kv_lora) usage_error("--q-lora and --rope-dim are MLA's: they need --kv-lora");
+    if (m->kv_lora && GIVEN(&q, "kv-heads")) usage_error("--kv-heads is grouped-query attention's; MLA (--kv-lora) has none");
+    if (fmod(m->tokens, m->seq)) usage_error("--tokens %.0f is not a whole number of sequences of --seq %d", m->tokens, m->seq);
+    q.pr.fp8 = GIVEN(&q, "fp8");
+    if (q.pr.fp8 && !(c->fp8_flops > 0)) usage_error("--fp8: the cluster file gives no fp8_flops and fp8_efficiency");
+    q.pr.dp_overlap = VAL("dp-overlap"), q.pr.ep_overlap = VAL("ep-overlap"), q.pr.route_nodes = (int)VAL("route-nodes");
+    if ((GIVEN(&q, "ep-overlap") || GIVEN(&q, "route-nodes")) && !m->experts) usage_error("--ep-overlap and --route-nodes apply with --experts only");
+    if (word[flag_index("cp-exchange")]) {
+        const char* s = word[flag_index("cp-exchange")];
+        if (strcmp(s, "ring") && strcmp(s, "allgather")) usage_error("--cp-exchange must be ring or allgather, got '%s'", s);
+        q.pr.cp_ring = !strcmp(s, "ring");
+    }
+    q.devices = GIVEN(&q, "devices") ? (int)VAL("devices") : c->nodes * c->per_node;
+    if (q.devices > c->nodes * c->per_node) usage_error("--devices %d: the cluster has %d", q.devices, c->nodes * c->per_node);
+    q.top = GIVEN(&q, "top") ? (int)VAL("top") : 12;
+    if (GIVEN(&q, "top") && !rank) usage_error("--top applies to rank");
+    // the layout: the knobs (fixed for every layout rank considers), and the degrees
+    Fixed* fx = &q.fx;
+    if (GIVEN(&q, "zero")) fx->zero = (int)VAL("zero");
+    if (GIVEN(&q, "sp")) fx->sp = 1;
+    if (word[flag_index("recompute")]) {
+        const char* s = word[flag_index("recompute")];
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(s, recompute_names[k])) fx->recompute = k;
+        if (fx->recompute < 0) usage_error("--recompute must be none, selective or full, got '%s'", s);
+    }
+    if (word[flag_index("schedule")]) {
+        char err[256];
+        if (schedule_parse(word[flag_index("schedule")], &fx->sched, err, sizeof err)) usage_error("%s", err);
+    }
+    if (GIVEN(&q, "virtual")) {
+        if (fx->sched != SCHEDULE_INTERLEAVED) usage_error("--virtual applies to --schedule interleaved");
+        fx->V = (int)VAL("virtual");
+    }
+    if (fx->sched == SCHEDULE_INTERLEAVED && fx->V < 0 && !rank) usage_error("--schedule interleaved needs --virtual V (chunks per device)");
+    if (GIVEN(&q, "microbatches")) fx->M = (int)VAL("microbatches");
+    Layout* l = &q.l;
+    q.marked = GIVEN(&q, "tp") || GIVEN(&q, "cp") || GIVEN(&q, "pp") || GIVEN(&q, "dp") || GIVEN(&q, "ep");
+    l->tp = GIVEN(&q, "tp") ? (int)VAL("tp") : 1, l->cp = GIVEN(&q, "cp") ? (int)VAL("cp") : 1;
+    l->pp = GIVEN(&q, "pp") ? (int)VAL("pp") : 1, l->ep = GIVEN(&q, "ep") ? (int)VAL("ep") : 1;
+    long inner = (long)l->tp * l->cp * l->pp;
+    l->dp = q.devices % inner ? 0 : (int)(q.devices / inner); // 0: layout_rule says why below
+    if (GIVEN(&q, "dp") && l->dp && (int)VAL("dp") != l->dp)
+        usage_error("--dp %d: TP %d x CP %d x PP %d on %d devices leaves DP %d", (int)VAL("dp"), l->tp, l->cp, l->pp, q.devices, l->dp);
+    l->zero = fx->zero >= 0 ? fx->zero : 0, l->sp = fx->sp > 0, l->recompute = fx->recompute >= 0 ? fx->recompute : 0;
+    l->sched = fx->sched >= 0 ? fx->sched : SCHEDULE_1F1B, l->V = fx->V > 0 ? fx->V : 1;
+    if (l->pp == 1) l->sched = SCHEDULE_1F1B, l->V = 1;
+    l->M = fx->M > 0 ? fx->M : l->dp && fmod(m->tokens / m->seq, l->dp) == 0 ? (int)fmin(m->tokens / m->seq / l->dp, 1 << 24) : 1;
+    if (q.marked || !rank) { // a layout rank does not consider is refused, saying why
+        char why[320];
+        Layout degrees = *l; // rank: the degrees (and microbatches) are the layout; the rest is chosen per layout
+        if (rank) degrees.sched = SCHEDULE_1F1B, degrees.V = 1, degrees.sp = 0;
+        if (layout_rule(m, rank ? &degrees : l, q.devices, why, sizeof why))
+            usage_error("%s%s", why, rank ? " (not among the layouts rank considers)" : "");
+    }
+    return q;
+#undef VAL
+}
+
+static void print_cost_line(const Layout* l, const Cost* k) {
+    printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
+           "ep_s=%.4g pp_s=%.4g dp_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
+           "layout=tp%d.cp%d.pp%d.dp%d.ep%d zero=%d sp=%s recompute=%s schedule=%s virtual=%d microbatches=%d\n",
+           k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->bubble,
+           (k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
+           k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
+           l->sp ? "yes" : "no", recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
+           l->pp > 1 ? schedule_chunks(l->sched, l->V) : 1, l->M);
 }
 
 // ----------------------------------------------------------------------------
@@ -341,88 +715,270 @@ static int selftest(void) {
     near("bubble of naive with 4 stages = 3/4", layout_bubble("pipeline of 4 stages x 1 chunks, 8 microbatches, naive schedule", &S, &M), 0.75);
     near("bubble of the 3D grid 2 x 2 x 2, gpipe, M 4 = 1/5",
          layout_bubble("grid of 2 tensor x 2 data x 2 pipeline = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", &S, &M), 0.2);
-    // 1 ms per row; data parallel on 2 ranks, 32 rows: 16 ms + 4 messages x 10 us + 150 KB / 100 MB/s
+
+    // replay: 1 ms per row; data parallel on 2 ranks, 32 rows: 16 ms + 4 messages x 10 us + 150 KB / 100 MB/s
     double ms = 1e-3, compute;
     Run dp = {"train_dp.c", "data parallel over 2 ranks", 2, 32, 149088, 4, {0}};
     Links k = {1e-5, 1e8, 1e-6, 1e9, 2};
-    near("dp on 2 ranks", predict(&dp, flat, &ms, 2, k, &compute), 0.016 + 4e-5 + 149088 / 1e8);
+    near("replay: dp on 2 ranks", predict_run(&dp, flat, &ms, 2, k, &compute), 0.016 + 4e-5 + 149088 / 1e8);
     // a pipeline of 2 stages, 1F1B, M = 4: 32 ms / 2 / (1 - 1/5) = 20 ms, plus 8 messages of 1 KB
     Run pp = {"train_pp.c", "pipeline of 2 stages x 1 chunks, 4 microbatches, 1f1b schedule", 2, 32, 8192, 8, {0}};
-    near("pp 2 stages, 1f1b, M 4", predict(&pp, flat, &ms, 2, k, &compute), 0.020 + 8e-5 + 8192 / 1e8);
+    near("replay: pp 2 stages, 1f1b, M 4", predict_run(&pp, flat, &ms, 2, k, &compute), 0.020 + 8e-5 + 8192 / 1e8);
+    // tensor and context parallel on 4 ranks: 32 ms / 4, and 10 messages of 10 KB
+    Run tp = {"train_tp.c", "tensor parallel over 4 ranks", 4, 32, 1e5, 10, {0}};
+    near("replay: tp on 4 ranks", predict_run(&tp, flat, &ms, 4, k, &compute), 0.008 + 1e-4 + 1e5 / 1e8);
+    Run cpr = {"train_cp.c", "context parallel over 4 ranks", 4, 32, 1e5, 10, {0}};
+    near("replay: cp on 4 ranks", predict_run(&cpr, flat, &ms, 4, k, &compute), 0.008 + 1e-4 + 1e5 / 1e8);
     // 8 ranks on 2 cores: compute takes 4 times as long
     Run g = {"train_3d.c", "grid of 2 tensor x 2 data x 2 pipeline = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", 8, 32, 0, 0, {0}};
-    near("3d 2x2x2 on 2 cores", predict(&g, flat, &ms, 2, (Links){0, 1, 0, 1, 2}, &compute), 16e-3 / 2 / 2 / 0.8 * 4);
+    near("replay: 3d 2x2x2 on 2 cores", predict_run(&g, flat, &ms, 2, (Links){0, 1, 0, 1, 2}, &compute), 16e-3 / 2 / 2 / 0.8 * 4);
     // on 2 hosts of 4 ranks: tensor and data axes inside a host, the pipeline across; 10
     // messages shared out as the bytes: 1000 tp, 3000 dp, 1000 pp
-    g.sent = 5000, g.messages = 10, g.axis[0] = 1000, g.axis[1] = 3000, g.axis[2] = 1000;
-    near("3d 2x2x2 on 2 hosts: only the pipeline axis crosses",
-         predict(&g, flat, &ms, 2, k, &compute) - compute, 8 * 1e-6 + 4000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
-    // the projection: a 2-node cluster and a model whose numbers are easy
-    Cluster c = {"test", 2, 2, 1e12, 0.5, 1e12, 1e-6, 1e11, 1e-5, 1e10};
-    Big m = {1, 1, 1, 1000, 3, 1000}; // P = 1 + 1000 + 2e6 + 1000, flops = 6 x 1000 x (P - 1)
-    double P = 1 + 1000 + 2e6 + 1000;
-    Layout l = cost(&c, &m, 1, 1, 4, 0, 1);
-    near("projection: DP 4 compute", l.compute, 6.0 * 1000 * (P - 1) / 4 / 5e11);
-    near("projection: DP 4 all-reduce across nodes", l.comm, 6 * (1e-5 + 2 * P / 4 / 1e10));
-    l = cost(&c, &m, 2, 1, 2, 0, 1); // TP inside a node: 2 pairs x 2 all-reduces of 2 x 500 rows x 1000 x 2 B
-    near("projection: TP 2 x DP 2, communication",
-         l.comm, 2 * 2 * t_allreduce(2 * 500.0 * 1000, 2, 1e-6, 1e11) + t_allreduce(2 * P / 2, 2, 1e-5, 1e10));
+    g.sent = 5000, g.messages = 10, g.axis[AXIS_TP] = 1000, g.axis[AXIS_DP] = 3000, g.axis[AXIS_PP] = 1000;
+    near("replay: 3d 2x2x2 on 2 hosts: only the pipeline axis crosses",
+         predict_run(&g, flat, &ms, 2, k, &compute) - compute, 8 * 1e-6 + 4000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
+    // a 4D grid 2 x 2 x 1 x 2 on 2 hosts: tensor and context inside (4 ranks), pipeline across
+    Run g4 = {"train_3d.c", "grid of 2 tensor x 2 context x 1 data x 2 pipeline = 8 ranks; 4 microbatches, 1f1b", 8, 32,
+              4000, 8, {1000, 2000, 0, 1000}};
+    near("replay: 4D grid 2x2x1x2: compute 32 ms / 2 / 2 / 2 / (1 - 1/5), context axis inside a host",
+         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
+
+    // ---- the transformer (tools/costmodel_llm.h) ----
+    // parameters, GPT-2 small by hand: 12 layers of 768, MHA, GELU 3072, vocabulary 50257:
+    // a layer 4 x 768^2 + 2 x 768 x 3072 + 2 x 768 (norms); embedding and head 50257 x 768 each
+    Shape gpt2 = {.layers = 12, .width = 768, .heads = 12, .kv_heads = 12, .ffn = 3072, .vocab = 50257, .seq = 1024, .tokens = 1024};
+    double layer = 4.0 * 768 * 768 + 2.0 * 768 * 3072;
+    near("params of GPT-2 small (untied head)", params_total(&gpt2), 12 * (layer + 2 * 768) + 768 + 2.0 * 50257 * 768);
+    near("active params: the blocks and the head, not the embedding", params_active(&gpt2), 12 * layer + 50257.0 * 768);
+    // GQA and SwiGLU: 8 heads of 16 (width 128), 2 KV heads: Q, O 128 x 128, K, V 128 x 32; SwiGLU 3 x 128 x 352
+    Shape gqa = {.layers = 2, .width = 128, .heads = 8, .kv_heads = 2, .ffn = 352, .vocab = 100, .seq = 64, .swiglu = 1, .tokens = 64};
+    near("GQA attention: Q, O 128 x 128, K, V 128 x 32", attention_params(&gqa), 2 * 128.0 * 128 + 2 * 128.0 * 32);
+    near("SwiGLU MLP: 3 matrices of 128 x 352", mlp_params(&gqa, gqa.ffn), 3 * 128.0 * 352);
+    // MoE: 4 layers, the first dense; 8 experts of 64 (SwiGLU), top-2, 1 shared; router 128 x 8
+    Shape moe = gqa;
+    moe.layers = 4, moe.experts = 8, moe.top_k = 2, moe.expert_ffn = 64, moe.shared = 1, moe.dense = 1;
+    double att = attention_params(&gqa), ex = 3 * 128.0 * 64;
+    near("MoE total params", params_total(&moe), 4 * (att + 256) + 352 * 384.0 + 3 * (128 * 8 + 9 * ex) + 128 + 2 * 100 * 128.0);
+    near("MoE active params: top-2 and the shared expert", params_active(&moe), 4 * att + 352 * 384.0 + 3 * (128 * 8 + 3 * ex) + 100 * 128.0);
+    near("MoE routed expert params", params_experts(&moe), 3 * 8 * ex);
+    // MLA, DeepSeek-V3's attention: Q 7168 x 1536 + 1536 x 128 x 192; KV down 7168 x 576; K, V up 512 x 128 x 128 each; O 16384 x 7168
+    Shape mla = {.layers = 1, .width = 7168, .heads = 128, .head_dim = 128, .ffn = 1, .vocab = 1, .seq = 4096,
+                 .q_lora = 1536, .kv_lora = 512, .rope = 64, .tokens = 4096};
+    near("MLA attention params", attention_params(&mla), 7168.0 * 1536 + 1536.0 * 128 * 192 + 7168.0 * 576 + 2 * 512.0 * 128 * 128 + 16384.0 * 7168);
+    // FLOPs per token: 6 x active + 12 x layers x sequence x width (PaLM's count)
+    near("model FLOPs of GPT-2 small: 6 N + 12 L s d", model_flops(&gpt2), 6 * (12 * layer + 50257.0 * 768) + 12.0 * 12 * 1024 * 768);
+    double f8;
+    near("hardware FLOPs: the causal half of attention", hardware_flops(&gpt2, RECOMPUTE_NONE, &f8, 0),
+         6 * (12 * layer + 50257.0 * 768) + 6.0 * 12 * 1024 * 768);
+    near("hardware FLOPs, selective: attention's forward again", hardware_flops(&gpt2, RECOMPUTE_SELECTIVE, &f8, 0),
+         6 * (12 * layer + 50257.0 * 768) + 8.0 * 12 * 1024 * 768);
+    near("hardware FLOPs, full: the blocks' forward again", hardware_flops(&gpt2, RECOMPUTE_FULL, &f8, 0),
+         8 * 12 * layer + 6 * 50257.0 * 768 + 8.0 * 12 * 1024 * 768);
+    hardware_flops(&gpt2, RECOMPUTE_NONE, &f8, 1);
+    near("FP8 FLOPs: the blocks' products, not the head or attention", f8, 6 * 12 * layer);
+    // activations: Korthikanti's GPT (dropout, MHA, GELU 4h): 34h + 5as per token; TP 8 without
+    // SP: 10h + 24h/8 + 5as/8; with SP: (34h + 5as)/8; selective: 34h/8
+    Shape kor = gpt2;
+    kor.dropout = 1;
+    double h = 768, as = 12.0 * 1024;
+    near("activations, no parallelism: 34h + 5as", layer_acts_per_token(&kor, 0, 1, 0, RECOMPUTE_NONE, 1024), 34 * h + 5 * as);
+    near("activations, TP 8: 10h + 24h/t + 5as/t", layer_acts_per_token(&kor, 0, 8, 0, RECOMPUTE_NONE, 1024), 10 * h + 24 * h / 8 + 5 * as / 8);
+    near("activations, TP 8 + SP: (34h + 5as)/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_NONE, 1024), (34 * h + 5 * as) / 8);
+    near("activations, TP 8 + SP, selective: 34h/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_SELECTIVE, 1024), 34 * h / 8);
+    // without dropout, GQA (K, V 2 heads of 16) and SwiGLU 352: 8h + Q 2h, K, V 2 x 2 x 32,
+    // O-input 2h, gate, up and product 6 x 352, softmax 2as
+    near("activations, GQA + SwiGLU, no dropout", layer_acts_per_token(&gqa, 0, 1, 0, RECOMPUTE_NONE, 64),
+         8 * 128 + 4 * 128 + 4 * 32 + 6 * 352 + 2 * 8 * 64);
+    // an MoE layer: the top-2 and shared experts' SwiGLU (3 x 64 wide) and the token's 2 dispatched copies
+    near("activations, MoE layer: experts' SwiGLU and the dispatched copies", layer_acts_per_token(&moe, 1, 1, 0, RECOMPUTE_NONE, 64),
+         8 * 128 + 4 * 128 + 4 * 32 + 6 * 3 * 64 + 2 * 128 * 2 + 2 * 8 * 64);
+    // a whole device: 1F1B on 4 stages holds 4 microbatches on rank 0; CP 2 halves the
+    // tokens; full recomputation keeps 2h per token and layer (SP: / t) and one layer's set
+    Layout l = {.tp = 2, .cp = 2, .pp = 4, .dp = 2, .ep = 1, .zero = 0, .sp = 1, .recompute = RECOMPUTE_SELECTIVE,
+                .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
+    Shape big = {.layers = 8, .width = 1024, .heads = 16, .kv_heads = 16, .ffn = 4096, .vocab = 1000, .seq = 2048, .tokens = 2048.0 * 16};
+    double tok = 2048 / 2.0; // a microbatch: one sequence, half of it on this device
+    near("activations of a device: 1F1B rank 0, 4 microbatches x 2 layers, CP 2, TP 2 + SP",
+         activation_bytes(&big, &l, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    l.recompute = RECOMPUTE_FULL;
+    near("activations, full recomputation: layer inputs, one layer's set, the logits (last stage)",
+         activation_bytes(&big, &l, 0), fmax(4 * 2 * tok * 2 * 1024 / 2, 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2) +
+                                            tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    l.recompute = RECOMPUTE_SELECTIVE, l.sched = SCHEDULE_INTERLEAVED, l.V = 2;
+    near("activations, interleaved V 2 on 4 stages: (2 x 3 + 4 + 1) / 2 = 5.5 microbatches of a stage",
+         activation_bytes(&big, &l, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    // ZeRO: 16 bytes per parameter; stage 1 shards the 12 of the optimizer, 2 the gradients, 3 the weights
+    near("ZeRO-0, 1e9 params", state_bytes(1e9, 0, 8), 16e9);
+    near("ZeRO-1 over 8", state_bytes(1e9, 1, 8), 4e9 + 1.5e9);
+    near("ZeRO-2 over 8", state_bytes(1e9, 2, 8), 2e9 + 2e9 / 8 + 1.5e9);
+    near("ZeRO-3 over 8", state_bytes(1e9, 3, 8), 16e9 / 8);
+
+    // the time terms, on a cluster whose numbers are easy: 2 nodes of 4, 1e15 FLOP/s at 50%
+    // (attention at 25%), links 1e-6 s, 1e11 B/s inside a node; 1e-5 s, 1e10 B/s between
+    Cluster c = {.name = "test", .nodes = 2, .per_node = 4, .flops = 1e15, .efficiency = 0.5, .attention_efficiency = 0.25, .fp8_flops = 2e15,
+                 .fp8_efficiency = 0.25, .memory = 1e12, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10};
+    Practice pr = {0};
+    Layout dp8 = {.tp = 1, .cp = 1, .pp = 1, .dp = 8, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 2};
+    Cost kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
+    double F = hardware_flops(&big, RECOMPUTE_NONE, &f8, 0), A = 3 * attention_core(&big);
+    near("compute: tokens / devices x hardware FLOPs / (peak x efficiency), attention at its own",
+         kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14));
+    double P = params_total(&big);
+    near("DP 8 across 2 nodes: an all-reduce of 2-byte gradients between nodes", kk.dp, t_allreduce(2 * P, 8, 1e-5, 1e10));
+    near("step = compute + DP", kk.step, kk.compute + kk.dp);
+    near("MFU = tokens x model FLOPs / (step x devices x peak)", kk.mfu, big.tokens * model_flops(&big) / (kk.step * 8 * 1e15));
+    near("GPU-hours per trillion tokens", kk.gpu_hours_per_t, kk.step * 8 / 3600 * 1e12 / big.tokens);
+    pr.dp_overlap = 0.1;
+    double t_dp = t_allreduce(2 * P, 8, 1e-5, 1e10);
+    kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
+    near("DP, a tenth hidden behind compute", kk.dp, 0.9 * t_dp);
+    pr.dp_overlap = 1;
+    kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
+    near("DP, all hidden but what outlasts compute", kk.dp, t_dp - kk.compute);
+    pr.dp_overlap = 0;
+    dp8.zero = 3;
+    near("ZeRO-3: 1.5 times the traffic", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).dp, 1.5 * t_allreduce(2 * P, 8, 1e-5, 1e10));
+    // TP 4 inside a node, DP 2 across: per layer and microbatch 4 all-reduces of the
+    // microbatch's activations (one sequence: 2048 x 1024 x 2 bytes) over TP's links
+    Layout t4 = {.tp = 4, .cp = 1, .pp = 1, .dp = 2, .ep = 1, .sp = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
+    kk = layout_cost(&c, &big, &pr, &t4, 8, 0, 0);
+    near("TP 4 in a node: 8 layers x 8 microbatches x 4 all-reduces", kk.tp, 8 * 8 * 4 * t_allreduce(2 * 2048.0 * 1024, 4, 1e-6, 1e11));
+    t4.recompute = RECOMPUTE_FULL;
+    near("TP under full recomputation: 6 all-reduces", layout_cost(&c, &big, &pr, &t4, 8, 0, 0).tp,
+         8 * 8 * 6 * t_allreduce(2 * 2048.0 * 1024, 4, 1e-6, 1e11));
+    // CP 2 inside a node (TP 2 x CP 2 = 4), all-gather: K and V of the sequence (2 x 2048 x
+    // 1024 / TP 2 values, 2 bytes) gathered, again, and reduce-scattered per layer and microbatch
+    Layout c2 = {.tp = 2, .cp = 2, .pp = 1, .dp = 2, .ep = 1, .sp = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
+    double kvb = 2 * 2048.0 * 2 * 1024 / 2;
+    kk = layout_cost(&c, &big, &pr, &c2, 8, 0, 0);
+    near("CP 2, all-gather: 3 collectives per layer and microbatch", kk.cp, 8 * 8 * 3 * t_half(kvb, 2, 1e-6, 1e11));
+    pr.cp_ring = 1;
+    double core = big.tokens / 8 * 3 * attention_core(&big) / 2.5e14;
+    near("CP 2 as a ring: what attention's time does not hide", layout_cost(&c, &big, &pr, &c2, 8, 0, 0).cp,
+         fmax(0, 8 * 8 * 3 * t_half(kvb, 2, 1e-6, 1e11) - core));
+    pr.cp_ring = 0;
+    // PP 4 across the 2 nodes (DP 2 x PP 4), 1F1B, M 4: bubble 3/7; 2 x (4 + 2) sends of a
+    // microbatch's activations (2048 x 1024 x 2 bytes) between nodes
+    Layout p4 = {.tp = 1, .cp = 1, .pp = 4, .dp = 2, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
+    kk = layout_cost(&c, &big, &pr, &p4, 8, 0, 0);
+    near("PP 4, 1F1B, M 8: bubble 3/11", kk.bubble, 3.0 / 11);
+    near("PP sends: 2 (V M + S - 2) of a microbatch's activations", kk.pp, 2 * (8 + 2) * t_p2p(2 * 2048.0 * 1024, 1e-5, 1e10));
+    near("step with a pipeline: (compute + ...) / (1 - bubble) + sends + DP", kk.step,
+         kk.compute / (1 - 3.0 / 11) + kk.pp + kk.dp);
+    p4.sched = SCHEDULE_ZB1;
+    near("zb1's bubble on 4 stages, M 8: 3 / (3 x 8 + 3)", layout_cost(&c, &big, &pr, &p4, 8, 0, 0).bubble, 3.0 / 27);
+    double zb, zp;
+    zbv_figures(4, 8, RECOMPUTE_NONE, &zb, &zp);
+    near("zbv's peak on 4 stages, M 8: S microbatches of a stage (the checker)", zp, 4);
+    // EP 4 on the 2 nodes of 4 (DP 8): each all-to-all sends 3/4 of the copies, 3 in the node,
+    // none between: 4 all-to-alls per MoE layer and microbatch; under FP8 the dispatch halves
+    Shape mbig = big;
+    mbig.experts = 8, mbig.top_k = 2, mbig.expert_ffn = 1024;
+    Layout e4 = {.tp = 1, .cp = 1, .pp = 1, .dp = 8, .ep = 4, .sched = SCHEDULE_1F1B, .V = 1, .M = 2};
+    double copies = 2048.0 * 2 * 1024 * 2; // one sequence x top-2 x width x 2 bytes
+    near("all-to-all inside a node", t_alltoall(&c, copies, 4, 1, 1), 3 * 1e-6 + copies * 3 / 4 / 1e11);
+    near("all-to-all over 8 devices of 2 nodes: the 4 of the other node over the slow links",
+         t_alltoall(&c, copies, 8, 1, 1), 7 * 1e-5 + fmax(copies * 3 / 8 / 1e11, copies * 4 / 8 / 1e10));
+    near("node-limited routing to 2 nodes of the group's 2, top-2: every copy may cross", route_scale(&c, &mbig, 8, 1, 2), 1);
+    near("node-limited routing to 1 node of a token's top-2: half the copies cross", route_scale(&c, &mbig, 8, 1, 1), 0.5);
+    near("all-to-all over 2 nodes, routed to 1 node: half the far bytes",
+         t_alltoall(&c, copies, 8, 1, 0.5), 7 * 1e-5 + fmax(copies * 3 / 8 / 1e11, copies * 4 / 8 / 1e10 / 2));
+    near("EP 4: 8 MoE layers x 2 microbatches x 4 all-to-alls", layout_cost(&c, &mbig, &pr, &e4, 8, 0, 0).ep,
+         8 * 2 * 4 * t_alltoall(&c, copies, 4, 1, 1));
+    pr.fp8 = 1, pr.ep_overlap = 1;
+    kk = layout_cost(&c, &mbig, &pr, &e4, 8, 0, 0);
+    near("EP under --ep-overlap 1: hidden while compute lasts", kk.ep,
+         fmax(0, 8 * 2 * (t_alltoall(&c, copies / 2, 4, 1, 1) + 3 * t_alltoall(&c, copies, 4, 1, 1)) - kk.compute));
+    double F8, F16 = hardware_flops(&mbig, RECOMPUTE_NONE, &F8, 1) - F8;
+    double A8 = 3 * attention_core(&mbig);
+    near("compute under FP8: the blocks at the FP8 rate", kk.compute, mbig.tokens / 8 * ((F16 - A8) / 5e14 + A8 / 2.5e14 + F8 / 5e14));
+    near("expert weights per device: routed experts / EP", state_bytes(expert_params_per_device(&mbig, &e4), 0, 2),
+         16 * params_experts(&mbig) / 4);
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures > 0;
 }
 
+// ----------------------------------------------------------------------------
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: tools/costmodel compute [train.c's flags]\n"
+            "       tools/costmodel replay RUN.sum ALPHA BETA [COMPUTE_TABLE [LOCAL_ALPHA LOCAL_BETA HOSTS]]\n"
+            "       tools/costmodel predict CLUSTER_FILE SHAPE [LAYOUT] [PRACTICE]\n"
+            "       tools/costmodel rank CLUSTER_FILE SHAPE [LAYOUT] [PRACTICE] [--top N]\n"
+            "       tools/costmodel published [--check] | selftest\n"
+            "SHAPE:    --layers L --width W --heads A --vocab V --seq S --tokens T (a step) [--kv-heads K] [--head-dim D]\n"
+            "          [--ffn F (4W)] [--mlp swiglu|gelu] [--experts E --top-k K --expert-ffn F --shared-experts S\n"
+            "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout]\n"
+            "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full\n"
+            "          --schedule gpipe|1f1b|interleaved|zb1|zbv --virtual V --microbatches M (rank: fixed for all)\n"
+            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --route-nodes R --cp-exchange allgather|ring --devices N\n");
+}
+
 int main(int argc, char** argv) {
-    if (argc >= 2 && !strcmp(argv[1], "selftest")) return selftest();
-    if (argc == 2 && !strcmp(argv[1], "compute")) {
-        Table t = measure_table();
+    const char* verb = argc >= 2 ? argv[1] : "";
+    if (!strcmp(verb, "selftest") && argc == 2) return selftest();
+    if (!strcmp(verb, "compute")) {
+        Table t = measure_table(argc - 1, argv + 1);
         for (int i = 0; i < t.n; i++) printf("rows=%d ms=%.4f\n", t.rows[i], 1e3 * t.sec[i]);
         return 0;
     }
-    if ((argc == 5 || argc == 6 || argc == 9) && !strcmp(argv[1], "predict")) {
+    if (!strcmp(verb, "replay")) {
+        if (argc != 5 && argc != 6 && argc != 9) usage(), exit(2);
+        // beta above 100 TB/s is no measurement (tools/pingpong's 1 MiB message took no longer
+        // than its 8 bytes: it prints 2^20 / 1 ns)
+        double alpha = arg_number("ALPHA (seconds)", argv[3], 0, 0, 10, 0), beta = arg_number("BETA (bytes/s)", argv[4], 0, 1, 1e14, 0);
+        Links k = {alpha, beta, alpha, beta, 1};
+        if (argc == 9) {
+            k.local_alpha = arg_number("LOCAL_ALPHA (seconds)", argv[6], 0, 0, 10, 0);
+            k.local_beta = arg_number("LOCAL_BETA (bytes/s)", argv[7], 0, 1, 1e14, 0);
+            k.hosts = (int)arg_number("HOSTS", argv[8], 1, 0, 1024, 1);
+        }
         Summary m;
         summary_read(&m, argv[2]);
         Run r = run_of(&m);
-        Links k = {atof(argv[3]), atof(argv[4]), atof(argv[3]), atof(argv[4]), 1};
-        if (argc == 9) k.local_alpha = atof(argv[6]), k.local_beta = atof(argv[7]), k.hosts = atoi(argv[8]);
-        double compute;
-        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-        Table t = {0};
-        if (argc >= 6) { // a table measured earlier: "rows=R ms=X" lines
-            FILE* f = fopen(argv[5], "r");
-            if (!f) fatal("cannot open '%s'", argv[5]);
-            double ms;
-            while (t.n < 32 && fscanf(f, " rows=%d ms=%lf", &t.rows[t.n], &ms) == 2) t.sec[t.n++] = ms / 1e3;
-            fclose(f);
-            if (t.n == 0) fatal("'%s' holds no rows=R ms=X lines", argv[5]);
-        } else {
-            t = measure_table();
-        }
-        double s = predict(&r, table_rows, &t, cores, k, &compute);
+        Table t = argc >= 6 ? read_table(argv[5]) : measure_table(1, (char*[]){"compute", NULL});
+        double compute, s = predict_run(&r, table_rows, &t, (int)sysconf(_SC_NPROCESSORS_ONLN), k, &compute);
         printf("predicted_ms=%.4f compute_ms=%.4f comm_ms=%.4f\n", 1e3 * s, 1e3 * compute, 1e3 * (s - compute));
         return 0;
     }
-    if (argc >= 3 && !strcmp(argv[1], "project")) {
-        Cluster c = read_cluster(argv[2]);
-        Big m = {27, 16, 16, 64, 1, 32};
-        int top = 12, mark_tp = 0, mark_pp = 0;
-        for (int i = 3; i + 1 < argc; i += 2) {
-            double v = atof(argv[i + 1]);
-            if (!(v > 0)) fatal("%s needs a positive number, got '%s'", argv[i], argv[i + 1]);
-            if (!strcmp(argv[i], "--hidden")) m.H = v;
-            else if (!strcmp(argv[i], "--layers")) m.L = v;
-            else if (!strcmp(argv[i], "--emb")) m.E = v;
-            else if (!strcmp(argv[i], "--context")) m.T = v;
-            else if (!strcmp(argv[i], "--vocab")) m.V = v;
-            else if (!strcmp(argv[i], "--batch")) m.B = v;
-            else if (!strcmp(argv[i], "--top")) top = (int)v;
-            else if (!strcmp(argv[i], "--tp")) mark_tp = (int)v;
-            else if (!strcmp(argv[i], "--pp")) mark_pp = (int)v;
-            else fatal("unknown flag '%s'", argv[i]);
+    if ((!strcmp(verb, "predict") || !strcmp(verb, "rank")) && argc >= 3) {
+        int rank = !strcmp(verb, "rank");
+        Cluster c = cluster_read(argv[2]);
+        Request q = parse_request(argc - 3, argv + 3, &c, rank);
+        if (!rank) {
+            Cost k = cost_of(&c, &q.m, &q.pr, &q.l, q.devices);
+            print_cost_line(&q.l, &k);
+            return 0;
         }
-        project(&c, &m, top, mark_tp, mark_pp);
+        Candidate* all;
+        int n = enumerate(&c, &q.m, &q.pr, &q.fx, q.devices, &all), fit = count_fits(all, n);
+        print_model(&c, &q.m, &q.pr, q.devices);
+        printf("\n");
+        print_table_head();
+        for (int i = 0; i < n && i < q.top; i++) print_row(i + 1, &q.m, &q.pr, &all[i]);
+        printf("\n%d layouts (TP x CP x PP x DP x EP), each at its best ZeRO stage, SP, recomputation and schedule; %d fit in %.0f GB\n",
+               n, fit, c.memory / 1e9);
+        if (q.marked) {
+            int r = rank_of(all, n, &q.l);
+            for (int i = 0; i < n; i++)
+                if (same_degrees(&all[i].l, &q.l)) {
+                    printf("the layout TP %d, CP %d, PP %d, DP %d, EP %d: ", q.l.tp, q.l.cp, q.l.pp, q.l.dp, q.l.ep);
+                    if (r > 0) printf("rank %d of %d; ", r, fit);
+                    else printf("does not fit (%.1f GB at least); ", all[i].k.memory / 1e9);
+                    print_cost_line(&all[i].l, &all[i].k);
+                }
+            if (r < 0) printf("the layout TP %d, CP %d, PP %d, DP %d, EP %d: no setting of it is possible with the flags given\n",
+                              q.l.tp, q.l.cp, q.l.pp, q.l.dp, q.l.ep);
+        }
+        free(all);
         return 0;
     }
-    fprintf(stderr, "usage: tools/costmodel compute | predict RUN.sum ALPHA BETA [COMPUTE_TABLE [LOCAL_ALPHA LOCAL_BETA HOSTS]] | project CLUSTER "
-                    "[--hidden H --layers L --emb E --context T --vocab V --batch B --top N --tp T --pp P] | selftest\n");
+    if (!strcmp(verb, "published") && argc <= 3) {
+        int check = argc == 3 && !strcmp(argv[2], "--check");
+        if (argc == 3 && !check) usage_error("published takes --check only, got '%s'", argv[2]);
+        return published(check);
+    }
+    usage();
     return 2;
 }

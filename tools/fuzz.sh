@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# tools/fuzz.sh: `make fuzz`. The three readers of outside input (tests/fuzz.c: the data
-# loader, the checkpoint reader, the flag parser) under libFuzzer with AddressSanitizer and
+# tools/fuzz.sh: `make fuzz`. The readers of outside input (tests/fuzz.c: the data loader,
+# the checkpoint reader, the flag parser, tools/costmodel's cluster files) under libFuzzer with AddressSanitizer and
 # UBSan, each for RUNS inputs (default 1 million) or at most SECONDS seconds (default 900).
 # Prints executions, time and findings per target; an input that crashes is copied to
 # tests/fuzz/<target>/, where make test replays it from then on, and the run fails.
 #
 #   make fuzz                      # about 2 minutes on 2 cores
 #   RUNS=10000000 make fuzz        # longer
+#   TARGETS=cluster make fuzz      # some of the targets
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-1000000}
@@ -16,7 +17,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
 # seed inputs: real files the fuzzer mutates from (libFuzzer also keeps what it finds)
-mkdir -p "$dir/data" "$dir/ckpt" "$dir/cli"
+mkdir -p "$dir/data" "$dir/ckpt" "$dir/cli" "$dir/cluster"
 head -40 names.txt >"$dir/data/names"
 printf 'emma\r\nolivia\r\n\r\nava\r\nmia\r\nzoe\r\nli\r\nbo\r\nal\r\ncy\r\ned\r\n' >"$dir/data/crlf"
 printf '\xef\xbb\xbfemma\nolivia\nava\nmia\nzoe\nli\nbo\nal\ncy\ned\n' >"$dir/data/bom"
@@ -33,10 +34,12 @@ printf -- '--steps\0100\0--lr\0000.5\0--optimizer\0adamw\0--clip\0001.0' >"$dir/
 printf -- '--batch\08\0--hidden\0128\0--save\0/tmp/x\0--save-every\0010\0--keep\03' >"$dir/cli/b"
 printf -- '--seed\018446744073709551615\0--timeout\00\0--quiet\0--allow-changes' >"$dir/cli/c"
 cp tests/fuzz/cli/* "$dir/cli/" 2>/dev/null
+cp cluster/*.txt "$dir/cluster/" # tools/costmodel's cluster files
+cp tests/fuzz/cluster/* "$dir/cluster/" 2>/dev/null
 
 failed=0
 printf '%-6s %12s %8s %10s  %s\n' target executions seconds per-second findings
-for t in data ckpt cli; do
+for t in ${TARGETS:-data ckpt cli cluster}; do
     clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTARGET_$t \
         tests/fuzz.c -o "$dir/fuzz_$t" -lm || exit 1
     mkdir -p "$dir/found_$t"

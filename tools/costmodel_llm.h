@@ -1,0 +1,314 @@
+/*
+ * tools/costmodel_llm.h: one training step of a transformer on a described cluster, in
+ * closed form: its parameters and FLOPs, the memory each device holds, and the time of each
+ * part of the step, for one layout of tensor (TP), context (CP), pipeline (PP), data (DP)
+ * and expert (EP) parallelism. tools/costmodel.c ranks layouts with it (predict, rank,
+ * published); every formula has a case computed by hand in its selftest.
+ *
+ * The model, per device (devices work in parallel; ranks are ordered TP fastest, then CP,
+ * then DP with EP's groups inside it, then PP, as train_3d.c orders its grid):
+ *
+ *   step = (compute + TP + CP + EP exposed) / (1 - bubble) + PP sends + DP exposed
+ *
+ *   compute   the device's share of the FLOPs (plus what recomputation repeats), at the
+ *             cluster's rates: peak x the fraction large matrix products reach (FP8 layers
+ *             at the FP8 rate with --fp8), attention's core at its kernels' fraction; the
+ *             pipeline runs at its fullest stage's pace
+ *   TP        Megatron's two all-reduces per layer forward and two backward (with sequence
+ *             parallelism: an all-gather and a reduce-scatter for each, the same time)
+ *   CP        each layer gathers the K and V of the whole sequence forward, again backward,
+ *             and reduce-scatters their gradients; as a ring it hides behind attention
+ *   EP        four all-to-alls per MoE layer (dispatch and combine, forward and backward;
+ *             with node-limited routing a token crosses once to each node it reaches), a
+ *             stated fraction hidden behind compute (--ep-overlap)
+ *   bubble    the schedule's idle fraction (schedules.h's closed forms; zbv played there)
+ *   PP        a microbatch's activations across each stage boundary, forward and back
+ *   DP        the gradients reduce-scattered and the parameters all-gathered (an all-
+ *             reduce's time; ZeRO-3 gathers once more for backward), a stated fraction
+ *             hidden behind compute (--dp-overlap)
+ *
+ * A collective over n devices that fit in a node uses the node's links, else the links
+ * between nodes (the slowest link of a ring sets its pace): ring all-reduce 2(n-1) steps of
+ * 1/n of the buffer, all-gather and reduce-scatter n-1 steps, each alpha + bytes / beta.
+ * "Hidden" traffic hides only behind compute that exists: at most the compute's time.
+ *
+ * Not modelled (each a reason real runs are slower than predicted): memory-bound element-
+ * wise work (norms, activations, the loss), matrix shapes below the best one's rate, clocks
+ * under sustained power limits, stragglers and jitter across thousands of devices, the head
+ * and embedding's extra work on the end stages, congestion, and the cost of overlapping
+ * (DeepSeek-V3 gives 20 of 132 SMs to communication).
+ *
+ * Memory: 2-byte weights and gradients and 12 bytes of FP32 master weights, m and v per
+ * parameter, sharded by ZeRO's stage over the devices that hold the same weights; the
+ * activations of Korthikanti et al. (2022), "Reducing Activation Recomputation in Large
+ * Transformer Models", term by term, times the microbatches the schedule holds at its peak.
+ */
+#ifndef COSTMODEL_LLM_H
+#define COSTMODEL_LLM_H
+
+#include "../schedules.h"
+#include "costmodel_cluster.h"
+
+// ----------------------------------------------------------------------------
+// the model
+
+typedef struct {
+    int layers, width, heads, kv_heads, head_dim, ffn; // head_dim: of Q, K and V (width / heads unless given)
+    int vocab, seq;
+    int swiglu;                                        // SwiGLU MLP (3 matrices), else GELU (2)
+    int experts, top_k, expert_ffn, shared, dense;     // MoE: routed experts (0: none), per token, width, shared experts, first dense layers
+    int q_lora, kv_lora, rope;                         // MLA (kv_lora > 0): latent ranks and the decoupled RoPE width
+    int dropout;                                       // dropout masks kept for backward (Korthikanti's GPT)
+    double tokens;                                     // per step
+} Shape;
+
+// What a run does that is not its layout.
+typedef struct {
+    int fp8;                       // the blocks' matrix products in FP8 (the head and attention in BF16)
+    double dp_overlap, ep_overlap; // fraction of DP's and EP's traffic hidden behind compute
+    int cp_ring;                   // CP passes K and V round a ring (overlapping attention), else all-gathers them
+    int route_nodes;               // MoE: node-limited routing, each token to at most this many nodes (0: none)
+} Practice;
+
+enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
+static const char* const recompute_names[] = {"none", "selective", "full"};
+
+typedef struct {
+    int tp, cp, pp, dp, ep, zero, sp, recompute;
+    int sched, V, M; // pipeline schedule (schedules.h), chunks per device, microbatches (pp 1: M passes in turn)
+} Layout;
+
+typedef struct {
+    double step, compute, bubble, tp, cp, ep, pp, dp; // seconds (tp, cp, ep, dp: the exposed part)
+    double weights, acts, memory;                      // bytes per device: weights, gradients and optimizer state; activations; their sum
+    double mfu, gpu_hours_per_t;                       // model FLOPs / (step x devices x peak); GPU-hours per trillion tokens
+    int fits;
+} Cost;
+
+static int moe_layers(const Shape* m) { return m->experts > 0 ? m->layers - m->dense : 0; }
+static double head_dim(const Shape* m) { return m->head_dim > 0 ? m->head_dim : (double)m->width / m->heads; }
+// widths of the attention core: Q and K (MLA adds its RoPE part), V
+static double d_qk(const Shape* m) { return m->heads * (head_dim(m) + (m->kv_lora > 0 ? m->rope : 0)); }
+static double d_v(const Shape* m) { return m->heads * head_dim(m); }
+
+// Parameters of one layer's attention: Q, K, V and output projections (GQA: kv_heads of K
+// and V); MLA: Q through its latent (or directly), K and V up from one shared latent, and
+// the shared RoPE key.
+static double attention_params(const Shape* m) {
+    double h = m->width, dh = head_dim(m);
+    if (m->kv_lora > 0) {
+        double q = m->q_lora > 0 ? h * m->q_lora + m->q_lora * d_qk(m) : h * d_qk(m);
+        return q + h * (m->kv_lora + m->rope) + m->kv_lora * m->heads * dh * 2 + d_v(m) * h;
+    }
+    return h * m->heads * dh + 2 * h * m->kv_heads * dh + m->heads * dh * h;
+}
+static double mlp_params(const Shape* m, double f) { return (m->swiglu ? 3 : 2) * (double)m->width * f; }
+// Every parameter, and those that one token uses in matrix products (its routed experts
+// only; not the embedding, a lookup), and those of the routed experts (sharded by EP).
+static double params_total(const Shape* m) {
+    double E = moe_layers(m), D = m->layers - E, h = m->width;
+    double moe = h * m->experts + (m->experts + m->shared) * mlp_params(m, m->expert_ffn);
+    return m->layers * (attention_params(m) + 2 * h) + D * mlp_params(m, m->ffn) + E * moe + h + 2.0 * m->vocab * h;
+}
+static double params_active(const Shape* m) {
+    double E = moe_layers(m), D = m->layers - E, h = m->width;
+    double moe = h * m->experts + (m->top_k + m->shared) * mlp_params(m, m->expert_ffn);
+    return m->layers * attention_params(m) + D * mlp_params(m, m->ffn) + E * moe + h * m->vocab;
+}
+static double params_experts(const Shape* m) { return moe_layers(m) * (double)m->experts * mlp_params(m, m->expert_ffn); }
+
+// FLOPs per token. The model's, for MFU: 6 per active parameter (forward 2, backward 4) and
+// attention's 12 x layers x sequence x width (PaLM's count, the causal mask not subtracted).
+// The hardware's, for time: the causal kernels skip the masked half of attention, and
+// recomputation repeats forward work (selective: the attention core; full: every layer).
+static double attention_core(const Shape* m) { return (double)m->layers * m->seq * (d_qk(m) + d_v(m)); } // forward, causal
+static double model_flops(const Shape* m) { return 6 * params_active(m) + 6 * attention_core(m); }
+static double hardware_flops(const Shape* m, int recompute, double* fp8_part, int fp8) {
+    double linear = params_active(m) - (double)m->width * m->vocab; // the blocks' matrix products
+    double passes = recompute == RECOMPUTE_FULL ? 4 : 3;           // forward, backward's two, and the forward again
+    double core = 3 * attention_core(m) + (recompute >= RECOMPUTE_SELECTIVE ? attention_core(m) : 0);
+    *fp8_part = fp8 ? 2 * passes * linear : 0;
+    return 2 * passes * linear + 6.0 * m->width * m->vocab + core;
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+// Bytes of activations one layer keeps for backward, per token on one device, Korthikanti
+// et al.'s accounting term by term (2 bytes a value, 1 a dropout mask); s_kv: the keys
+// each query attends to. Their GPT (MHA, GELU 4h, dropout) gives 34h + 5as, and TP without
+// SP 10h + 24h/t + 5as/t; SP divides all by t; selective recomputation drops the as terms.
+// Replicated (without SP) are the inputs of the norms and of the first matrix product of
+// each block and the output dropout masks; the rest is split across TP.
+static double layer_acts_per_token(const Shape* m, int moe, int tp, int sp, int recompute, double s_kv) {
+    double h = m->width, t = tp, a = m->heads, drop = m->dropout, mla = m->kv_lora > 0;
+    double rep = 2 * (2 * h + 2 * h) + 2 * drop * h; // attention and MLP: norm input, first matrix input; output dropout masks
+    double k = mla ? d_qk(m) : m->kv_heads * head_dim(m), v = mla ? d_v(m) : m->kv_heads * head_dim(m);
+    double split = 2 * d_qk(m) + 2 * k + 2 * v + 2 * d_v(m); // Q, K, V, the output projection's input
+    if (mla) split += 2.0 * (m->kv_lora + m->rope + m->q_lora); // MLA's latents
+    double f = moe ? m->expert_ffn * (double)(m->top_k + m->shared) : m->ffn;
+    split += m->swiglu ? 2 * (2 * f) + 2 * f : 2 * f + 2 * f; // SwiGLU: gate and up, their product; GELU: its input, output
+    if (moe) split += 2 * h * m->top_k;                       // the token's dispatched copies
+    double scores = recompute >= RECOMPUTE_SELECTIVE ? 0 : a * s_kv * (2 + 3 * drop); // softmax output (+ mask, dropped output)
+    return (sp ? rep / t : rep) + split / t + scores / t;
+}
+static double layer_acts(const Shape* m, int tp, int sp, int recompute) { // per token, averaged over dense and MoE layers
+    double moe = (double)moe_layers(m) / m->layers;
+    return (1 - moe) * layer_acts_per_token(m, 0, tp, sp, recompute, m->seq) +
+           moe * layer_acts_per_token(m, 1, tp, sp, recompute, m->seq);
+}
+
+// Activations one device holds at its peak, in bytes: per microbatch and layer, times the
+// layers of its stage and the microbatches its schedule keeps (schedules.h; zbv: the
+// checker's, passed as zbv_peak); the last stage's FP32 logits (rank 0's under zbv). Full
+// recomputation keeps each layer's input only, and the working set of the one layer that
+// backward recomputes.
+static double activation_bytes(const Shape* m, const Layout* l, double zbv_peak) {
+    double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp;
+    int S = l->pp, per_stage = (m->layers + S - 1) / S;
+    double layer = tokens * layer_acts(m, l->tp, l->sp, l->recompute), logits = 4.0 * tokens * m->vocab / l->tp, once = 0;
+    if (l->recompute == RECOMPUTE_FULL) {
+        layer = tokens * 2.0 * m->width / (l->sp ? l->tp : 1);
+        once = tokens * layer_acts(m, l->tp, l->sp, RECOMPUTE_SELECTIVE);
+    }
+    double peak = 0;
+    for (int r = 0; r < S; r++) {
+        double held = S == 1 ? 1 : l->sched == SCHEDULE_ZBV ? zbv_peak : schedule_peak_formula(l->sched, S, l->V, l->M, r);
+        int last = l->sched == SCHEDULE_ZBV ? r == 0 : r == S - 1;
+        peak = fmax(peak, held * per_stage * layer + once + (last ? logits : 0));
+    }
+    return peak;
+}
+
+// Weights, gradients and optimizer state on one device: 2 + 2 + 12 bytes per parameter,
+// ZeRO stage 1 sharding the 12, stage 2 the gradients too, stage 3 the weights too, over the
+// devices holding the same parameters: DP x CP for the dense ones, DP x CP / EP for experts.
+static double state_bytes(double params, int zero, double shards) {
+    return params * ((zero >= 3 ? 2 / shards : 2) + (zero >= 2 ? 2 / shards : 2) + (zero >= 1 ? 12 / shards : 12));
+}
+static double dense_params_per_device(const Shape* m, const Layout* l) {
+    return (params_total(m) - params_experts(m)) / l->tp / l->pp;
+}
+static double expert_params_per_device(const Shape* m, const Layout* l) {
+    return params_experts(m) / l->tp / l->pp / l->ep;
+}
+
+// ----------------------------------------------------------------------------
+// communication: the alpha-beta model of the collectives
+
+// A ring all-reduce of `bytes` over n devices: 2(n-1) steps, each a message of bytes/n.
+static double t_allreduce(double bytes, int n, double alpha, double beta) {
+    return n <= 1 ? 0 : 2.0 * (n - 1) * (alpha + bytes / n / beta);
+}
+// A ring all-gather or reduce-scatter whose whole buffer is `bytes`: n-1 steps.
+static double t_half(double bytes, int n, double alpha, double beta) {
+    return n <= 1 ? 0 : (n - 1.0) * (alpha + bytes / n / beta);
+}
+static double t_p2p(double bytes, double alpha, double beta) { return alpha + bytes / beta; }
+
+// The links a group uses: inside a node when `extent` consecutive devices (the group and
+// the faster axes inside it) fit in one.
+static void links(const Cluster* c, int extent, double* alpha, double* beta) {
+    int inside = extent <= c->per_node;
+    *alpha = inside ? c->alpha_intra : c->alpha_inter;
+    *beta = inside ? c->beta_intra : c->beta_inter;
+}
+
+// An all-to-all over EP devices, each sending `bytes` spread evenly over the group (1/ep
+// stays home): the part for devices of its own node over the node's links, the rest between
+// nodes, both at once; a message to each of the others. `remote` scales the part between
+// nodes: node-limited routing sends a token once to each node it reaches (route_scale).
+static double t_alltoall(const Cluster* c, double bytes, int ep, int stride, double remote) {
+    if (ep <= 1) return 0;
+    int in_node = c->per_node / stride < 1 ? 1 : c->per_node / stride; // devices of the group in one node
+    if (in_node > ep) in_node = ep;
+    double local = bytes * (in_node - 1) / ep, far = bytes * (ep - in_node) / ep * remote;
+    double alpha = ep > in_node ? c->alpha_inter : c->alpha_intra;
+    return (ep - 1) * alpha + fmax(local / c->beta_intra, far / c->beta_inter);
+}
+// Node-limited routing (DeepSeek-V3): a token's k experts lie on at most R of the group's
+// nodes, and it crosses to each of those nodes once (then NVLink forwards it): min(R, nodes)
+// copies of k cross. Without it (R 0), every copy travels on its own.
+static double route_scale(const Cluster* c, const Shape* m, int ep, int stride, int R) {
+    int in_node = c->per_node / stride < 1 ? 1 : c->per_node / stride, nodes = ep / (in_node < ep ? in_node : ep);
+    return R > 0 ? fmin(1.0, fmin(R, nodes) / (double)m->top_k) : 1;
+}
+
+// ----------------------------------------------------------------------------
+// one layout
+
+// The pipeline's bubble (schedules.h), with forward, input-gradient and weight-gradient
+// halves of equal time (full recomputation adds a forward to the input half); zbv has no
+// closed form: the caller passes what schedules.h's checker measured.
+static Durations pipeline_durations(int recompute) { return (Durations){.f = 1, .i = recompute == RECOMPUTE_FULL ? 2 : 1, .w = 1}; }
+static double pipeline_bubble(const Layout* l, double zbv_bubble) {
+    if (l->pp <= 1) return 0;
+    if (l->sched == SCHEDULE_ZBV) return zbv_bubble;
+    return schedule_bubble_formula(l->sched, l->pp, l->V, l->M, pipeline_durations(l->recompute));
+}
+
+static double hidden(double overlap, double traffic, double compute) { return fmin(overlap * traffic, compute); }
+
+static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, const Layout* l, int devices,
+                        double zbv_bubble, double zbv_peak) {
+    Cost k = {0};
+    double fp8_flops, flops = hardware_flops(m, l->recompute, &fp8_flops, pr->fp8);
+    double per_device = m->tokens / devices;
+    int per_stage = (m->layers + l->pp - 1) / l->pp;
+    double imbalance = per_stage * (double)l->pp / m->layers; // the fullest stage sets the pace
+    double attention = (3 + (l->recompute >= RECOMPUTE_SELECTIVE)) * attention_core(m); // at attention kernels' rate
+    double core = per_device * imbalance * attention / (c->flops * c->attention_efficiency);
+    k.compute = core + per_device * imbalance * ((flops - fp8_flops - attention) / (c->flops * c->efficiency) +
+                                                 (fp8_flops > 0 ? fp8_flops / (c->fp8_flops * c->fp8_efficiency) : 0));
+    double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp, h = m->width;
+    double alpha, beta;
+    // TP: 2 all-reduces of a microbatch's activations per layer forward, 2 backward, 2 more
+    // when the forward runs again
+    links(c, l->tp, &alpha, &beta);
+    double n_tp = 4 + (l->recompute == RECOMPUTE_FULL ? 2 : 0);
+    double tp = per_stage * l->M * n_tp * t_allreduce(2 * tokens * h, l->tp, alpha, beta);
+    // CP: K and V of the whole sequence gathered forward and again backward, their gradients
+    // reduce-scattered (and gathered once more under full recomputation); a ring moves the
+    // same bytes in cp-1 steps while attention computes, hiding up to the attention's time
+    links(c, l->tp * l->cp, &alpha, &beta);
+    double kv = m->kv_lora > 0 ? (d_qk(m) + d_v(m)) / l->tp // K and V widths on one TP device (GQA: a head at least)
+                : m->kv_heads >= l->tp ? 2.0 * m->kv_heads * head_dim(m) / l->tp : 2 * head_dim(m);
+    double kv_bytes = 2 * seqs_mb * m->seq * kv;
+    double cp = per_stage * l->M * (3 + (l->recompute == RECOMPUTE_FULL)) * t_half(kv_bytes, l->cp, alpha, beta);
+    if (pr->cp_ring) cp = fmax(0, cp - core);
+    // EP: per MoE layer and microbatch, dispatch (FP8 under --fp8) and combine forward, and
+    // their gradients backward: each device sends its tokens' copies, top-k per token
+    double moe_per_stage = per_stage * (double)moe_layers(m) / m->layers;
+    double copies = tokens / l->tp * m->top_k * h;
+    int stride = l->tp * l->cp;
+    double far = route_scale(c, m, l->ep, stride, pr->route_nodes);
+    double dispatch = t_alltoall(c, copies * (pr->fp8 ? 1 : 2), l->ep, stride, far), other = t_alltoall(c, copies * 2, l->ep, stride, far);
+    double a2a = dispatch + 3 * other + (l->recompute == RECOMPUTE_FULL ? dispatch + other : 0);
+    double ep = moe_per_stage * l->M * a2a;
+    ep -= hidden(pr->ep_overlap, ep, k.compute);
+    k.tp = tp, k.cp = cp, k.ep = ep;
+    k.bubble = pipeline_bubble(l, zbv_bubble);
+    // PP: a microbatch's activations (scattered across TP under SP) over each boundary,
+    // forward and back: the sends of one device's chunks and of the fill on the critical path
+    links(c, l->tp * l->cp * l->dp * l->pp, &alpha, &beta);
+    int V = l->pp > 1 ? schedule_chunks(l->sched, l->V) : 0;
+    k.pp = l->pp > 1 ? 2.0 * (V * l->M + l->pp - 2) * t_p2p(2 * tokens * h / (l->sp ? l->tp : 1), alpha, beta) : 0;
+    // DP: an all-reduce's time for the gradients (reduce-scatter, then all-gather of the
+    // weights), 1.5 times under ZeRO-3; dense weights over DP x CP, experts over DP x CP / EP
+    links(c, l->tp * l->cp * l->dp, &alpha, &beta);
+    double dp = t_allreduce(2 * dense_params_per_device(m, l), l->dp * l->cp, alpha, beta);
+    if (m->experts > 0) dp += t_allreduce(2 * expert_params_per_device(m, l), l->dp / l->ep * l->cp, alpha, beta);
+    dp *= l->zero == 3 ? 1.5 : 1;
+    k.dp = dp - hidden(pr->dp_overlap, dp, k.compute);
+    k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp;
+    k.weights = state_bytes(dense_params_per_device(m, l), l->zero, (double)l->dp * l->cp) +
+                state_bytes(expert_params_per_device(m, l), l->zero, (double)l->dp / l->ep * l->cp);
+    k.acts = activation_bytes(m, l, zbv_peak);
+    k.memory = k.weights + k.acts;
+    k.fits = k.memory <= c->memory;
+    k.mfu = m->tokens * model_flops(m) / (k.step * devices * c->flops);
+    k.gpu_hours_per_t = k.step * devices / 3600 * (1e12 / m->tokens);
+    return k;
+}
+
+#endif // COSTMODEL_LLM_H
