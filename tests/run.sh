@@ -824,7 +824,6 @@ section_gpt() {
     expect_error 2 "so 2N must divide T" "gpt: cp on 3 ranks (2N = 6 does not divide T = 16) is refused" -- $MPIRUN -n 3 ./train_cp --model gpt
     expect_error 2 "which only the GPT has" "gpt: cp with the MLP is refused, saying why" -- $MPIRUN -n 2 ./train_cp
     expect_error 2 "--cp-comm must be ring or allgather" "gpt: a bad --cp-comm is refused" -- $MPIRUN -n 2 ./train_cp --model gpt --cp-comm tree
-    expect_error 2 "--experts applies to --model mlp" "gpt: --experts with the GPT is refused" -- ./train --model gpt --experts 4
     expect_error 1 "cannot open data file" "gpt: a missing data file ends every rank of train_cp" -- $MPIRUN -n 2 ./train_cp --model gpt --data /nonexistent
 }
 
