@@ -5,6 +5,8 @@
  *   tokens [R][T] -> wte[token] + wpe[position] -> x [R][T][C]
  *   block (x L):  x = x + proj(attention(qkv(ln1(x))))   NH causal heads of HD = C / NH
  *                 x = x + fc2(gelu(fc(ln2(x))))           fc: C -> F = 4C, fc2: F -> C
+ *                 (--experts X: x = x + the gated sum of the MLPs of the top k of X experts,
+ *                 each with its own fc and fc2, a router on ln2(x) choosing; model.h)
  *   head:         logits = ln_f(x) lm_head                (C -> V, no bias, not tied to wte)
  *   loss:         cross-entropy, the mean over the batch's valid targets (padding has none)
  *
