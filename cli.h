@@ -66,9 +66,11 @@ static const CliFlag cli_common[] = {
     {"hidden", "N", "mlp: hidden size H (default 64); the GPT's MLP is 4C"},
     {"layers", "N", "mlp: hidden layers L (default 1); gpt: blocks (default 4)"},
     {"heads", "N", "gpt: attention heads, dividing --emb (default 4)"},
-    {"experts", "X", "mlp: make every hidden layer a mixture of X experts (default 0: dense; train.c and train_ep.c)"},
+    {"experts", "X", "make every hidden layer (mlp) or every block's MLP (gpt) a mixture of X experts (default 0: "
+                     "dense; train.c and train_ep.c)"},
     {"top-k", "K", "with --experts: experts per token, 1 or 2 (default 1)"},
-    {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (default 1.25)"},
+    {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (gpt: its "
+                      "positions with a target) (default 1.25)"},
     {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01)"},
     {"seed", "N", "seed of every random number (default 42)"},
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
@@ -304,10 +306,6 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         snprintf(cli_error, sizeof cli_error, "--context must be an integer from 1 to 1024 for --model mlp, got '0'");
         *err = cli_error;
     }
-    if (!*err && gpt && m->experts > 0) {
-        snprintf(cli_error, sizeof cli_error, "--experts applies to --model mlp: the GPT's blocks are dense");
-        *err = cli_error;
-    }
     // defaults: the MLP's, or makemore's for the GPT
     if (m->context < 0) m->context = gpt ? 0 : 16; // the GPT's 0: the longest line + 1 (load_data)
     if (m->emb < 0) m->emb = gpt ? 64 : 16;
@@ -344,7 +342,9 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden, C = m->emb;
     double x = m->experts > 0 ? m->experts : 1, hidden = (t_e * h + (m->layers - 1) * h * h + h * m->layers) * x;
     double total = 256.0 * o->model.emb + hidden + (m->experts > 0 ? (t_e + (m->layers - 1) * h) * x : 0) + h * 257;
-    if (gpt) total = 2.0 * 256 * C + 1024 * C + m->layers * (12 * C * C + 13 * C); // vocabulary and T at most 256, 1024
+    if (gpt) // vocabulary and T at most 256, 1024; a block's attention, LayerNorms and router, and its MLP or experts
+        total = 2.0 * 256 * C + 1024 * C +
+                m->layers * (4 * C * C + 8 * C + (m->experts > 0 ? C * x : 0) + x * (8 * C * C + 5 * C));
     if (total > 512.0 * 1024 * 1024) {
         snprintf(cli_error, sizeof cli_error,
                  "the model would have about %.0f million parameters; this project caps it at 512 million "

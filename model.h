@@ -4,14 +4,16 @@
  *   embedding (V x E) -> flatten (T*E) -> [Linear -> ReLU] x L -> Linear (-> V) -> softmax cross-entropy
  *
  * Read top to bottom: configuration; ops (each with a forward and a backward taking the
- * same arguments in the same order: outputs first, then inputs, then dims); parameter
- * layout and initialisation; activations; the model as a list of units; optimizers and
- * the gradient norm; the program's forward pass, validation and sampling. The arithmetic
- * itself (matmul kernels, exact fixed-point sums) is in kernels.h.
+ * same arguments in the same order: outputs first, then inputs, then dims); the mixture of
+ * experts; parameter layout and initialisation; activations; the GPT's units (its layers
+ * are transformer.h's); a unit with a mixture of experts; the model as a list of units;
+ * optimizers and the gradient norm; the program's forward pass, validation and sampling.
+ * The arithmetic itself (matmul kernels, exact fixed-point sums) is in kernels.h.
  *
  * Dims legend: R rows (examples) in a batch, T context length, E embedding size,
  * V vocabulary size, H hidden size, L hidden layers, K a linear layer's inputs, J its outputs;
- * with --experts, X experts per hidden layer, each token routed to its top k.
+ * with --experts, X experts per hidden layer (the GPT: per block), each token (the GPT: a
+ * position) routed to its top k.
  *
  * Units: the model is a list of L+2 units, the granularity at which a pipeline splits it
  * into stages and at which FSDP gathers it: unit 0 is the embedding, unit l (1 <= l <= L+1)
@@ -71,13 +73,25 @@ static inline int unit_width(const Config* c, int u) {
 // the padded positions among them carrying none)
 static inline int targets_per_row(const Config* c) { return is_gpt(c) ? c->context : 1; }
 static long gpt_unit_params(const Config* c, int u); // the GPT's section below
-// Whether unit u is a mixture of experts: every hidden layer, with --experts.
+// Whether unit u is a mixture of experts: with --experts, every hidden layer of the MLP, and
+// every block of the GPT (its MLP half).
 static inline int is_moe(const Config* c, int u) { return c->experts > 0 && u >= 1 && u <= c->layers; }
-// An MoE unit's parameters: the router's weight [K][X], then expert 0's weight [K][H] and
-// bias [H], expert 1's, ...: each expert one contiguous block, so that a rank holding
-// experts [x_lo, x_hi) holds one range of them.
-static inline long router_params(const Config* c, int u) { return (long)linear_in(c, u) * c->experts; }
-static inline long expert_params(const Config* c, int u) { return (long)linear_in(c, u) * c->hidden + c->hidden; }
+// An MoE unit's parameters: first those every rank of expert parallelism holds (`shared`:
+// the MLP's router's weight [K][X]; the GPT's block's attention, LayerNorms and router,
+// transformer.h's moe_block_layout), then expert 0's block, expert 1's, ...: each expert
+// one contiguous block (the MLP's: a weight [K][H] and a bias [H]; the GPT's: its MLP,
+// transformer.h's mlp_layout), so that a rank holding experts [x_lo, x_hi) holds one range.
+static inline long router_params(const Config* c, int u) {
+    return (long)(is_gpt(c) ? c->emb : linear_in(c, u)) * c->experts;
+}
+static inline long expert_params(const Config* c, int u) {
+    if (is_gpt(c)) return 8L * c->emb * c->emb + 5L * c->emb; // fc C x 4C and its bias, fc2 4C x C and its bias
+    return (long)linear_in(c, u) * c->hidden + c->hidden;
+}
+static inline long moe_shared_params(const Config* c, int u) {
+    if (is_gpt(c)) return 4L * c->emb * c->emb + 8L * c->emb + router_params(c, u); // qkv, proj, ln1, ln2, router
+    return router_params(c, u);
+}
 // parameters of unit u: the embedding table, a weight [K][J] followed by a bias [J], or
 // an MoE layer's router and experts
 static inline long unit_params(const Config* c, int u) {
@@ -91,6 +105,8 @@ static inline long unit_offset(const Config* c, int u) {
     return off;
 }
 static inline long n_params(const Config* c) { return unit_offset(c, n_units(c)); }
+// The most tokens an MoE unit routes from one row: the MLP's row is one; the GPT's, T positions
+static inline int moe_tokens_per_row(const Config* c) { return is_gpt(c) ? c->context : 1; }
 static inline long max_unit_params(const Config* c) {
     long m = 0;
     for (int u = 0; u < n_units(c); u++) m = unit_params(c, u) > m ? unit_params(c, u) : m;
@@ -98,7 +114,10 @@ static inline long max_unit_params(const Config* c) {
 }
 // the largest weight matrix: a linear layer's (an expert's has the same shape) or a router's
 static inline long max_linear_weight(const Config* c) {
-    if (is_gpt(c)) return (long)c->emb * (4L * c->emb > c->vocab ? 4L * c->emb : c->vocab); // fc's, or lm_head's
+    if (is_gpt(c)) { // fc's, lm_head's, or a router's
+        long m = 4L * c->emb > c->vocab ? 4L * c->emb : c->vocab;
+        return (long)c->emb * (c->experts > m ? c->experts : m);
+    }
     long m = 0;
     for (int l = 1; l <= c->layers + 1; l++) {
         long w = (long)linear_in(c, l) * (is_moe(c, l) && c->experts > linear_out(c, l) ? c->experts : linear_out(c, l));
@@ -300,15 +319,19 @@ static void xent_backward(float* dlogits, const float* probs, const int* targets
 // ----------------------------------------------------------------------------
 // mixture of experts
 //
-// With --experts X every hidden layer is a mixture of X experts, each shaped like the
-// dense layer it replaces (Linear K -> H, then ReLU), and a router (Linear K -> X, no bias):
+// With --experts X every hidden layer of the MLP, and the MLP half of every block of the
+// GPT, is a mixture of X experts, each shaped like the dense layer it replaces, and a router
+// (Linear K -> X, no bias):
 //
 //   in [n][K] --router--> p = softmax(in Wr) [n][X] --> each token's top k experts, gates g
-//     --dispatch--> expert x: h = ReLU(in Wx + bx) --combine--> out[t] = sum over t's k of g h
+//     --dispatch--> expert x: h = E_x(in) --combine--> out[t] = sum over t's k of g h
 //
-// A token is a row of K floats, whatever it stands for: the MLP's tokens are the rows of a
-// pass (n = R). Nothing below depends on what an expert computes (Expert: rows of K floats
-// to rows of H floats).
+// The MLP's expert is Linear K -> H then ReLU; the GPT's is the block's MLP, fc C -> 4C,
+// GELU, fc2 4C -> C (transformer.h's mlp_forward), with weights and biases of its own. A
+// token is a row of K floats, whatever it stands for: the MLP's tokens are the rows of a
+// pass (n = R); the GPT's are positions, ln2's output rows (the unit around the layer, in
+// "a unit with a mixture of experts" below, says which positions). Nothing below depends
+// on what an expert computes (Expert: rows of K floats to rows of H floats).
 //
 // Choices:
 //  - Gates: with k = 1 the router's probability itself (Switch Transformer): renormalised
@@ -355,43 +378,73 @@ static void xent_backward(float* dlogits, const float* probs, const int* targets
 
 // An expert, as the layer sees it: a function from rows of K floats to rows of H floats,
 // with `params` parameters of its own in one block, that keeps `saved` floats a token for
-// its backward besides its input and output rows. The MLP's: Linear K -> H then ReLU (a
-// weight [K][H], then a bias [H]), keeping nothing more (ReLU's backward reads its output).
+// its backward besides its input and output rows, and works in `tmp` floats and `acc`
+// int64s a token of scratch. Two kinds:
+//  - the MLP's: Linear K -> H then ReLU (a weight [K][H], then a bias [H]), keeping nothing
+//    more (ReLU's backward reads its output), needing no scratch;
+//  - the GPT's: the block's MLP, K = H = C, F = 4C (transformer.h's mlp_layout), keeping
+//    fc's and GELU's outputs [2F]; scratch: fc2's input gradient [F], and the exact sums of
+//    fc2's output and of fc's input gradient [C]. As in the dense block, those two are the
+//    exact sums (a later axis may split an expert's F across tensor-parallel ranks).
+typedef enum { EXPERT_LINEAR_RELU, EXPERT_GELU_MLP } ExpertKind;
 typedef struct {
-    int K, H;
-    long params, saved;
+    ExpertKind kind;
+    int K, H, F; // F: the GELU MLP's width (0 for the MLP's expert)
+    long params, saved, tmp, acc;
 } Expert;
 static Expert moe_expert(const Config* c, int u) {
-    return (Expert){.K = linear_in(c, u), .H = c->hidden, .params = expert_params(c, u), .saved = 0};
+    if (is_gpt(c)) {
+        int C = c->emb, F = 4 * c->emb;
+        return (Expert){.kind = EXPERT_GELU_MLP, .K = C, .H = C, .F = F, .params = expert_params(c, u),
+                        .saved = 2L * F, .tmp = F, .acc = C};
+    }
+    return (Expert){.kind = EXPERT_LINEAR_RELU, .K = linear_in(c, u), .H = c->hidden, .params = expert_params(c, u)};
 }
 // out [n][H] = the expert with parameters w on in [n][K]; its own activations to saved [n][saved]
 static void expert_forward(const Expert* e, float* out, float* saved, const float* in, const float* w, int n,
-                           Workspace* ws) {
-    (void)saved; // the MLP's expert keeps none
+                           float* tmp, int64_t* acc, Workspace* ws) {
+    (void)tmp;
+    if (e->kind == EXPERT_GELU_MLP) {
+        MlpParams p = expert_mlp(w, e->K, e->F);
+        float *fc = saved, *gelu = saved + (long)n * e->F; // saved [n][2F]: fc's output rows, then GELU's
+        mlp_forward(out, fc, gelu, in, &p, n, e->K, e->F, acc, ws);
+        return;
+    }
+    (void)saved, (void)acc; // the MLP's expert keeps none, and sums in float
     linear_forward(out, in, w, w + (long)e->K * e->H, n, e->K, e->H, ws);
     relu_forward(out, (long)n * e->H);
 }
 // Backward, from dout [n][H] (overwritten): din [n][K], and the exact gradients of its
 // parameters added into g (laid out as w; `terms`: tokens in the whole batch)
 static void expert_backward(const Expert* e, float* din, int64_t* g, float* dout, const float* in, const float* out,
-                            const float* saved, const float* w, int n, long terms, Workspace* ws) {
-    (void)saved;
+                            const float* saved, const float* w, int n, long terms, float* tmp, int64_t* acc,
+                            Workspace* ws) {
+    if (e->kind == EXPERT_GELU_MLP) {
+        MlpParams p = expert_mlp(w, e->K, e->F);
+        MlpGrads gp = expert_mlp_grads(g, e->K, e->F);
+        const float *fc = saved, *gelu = saved + (long)n * e->F;
+        float* dfc = tmp; // fc2's input gradient, then in place fc's output gradient [n][F]
+        mlp_backward_input(din, dfc, dfc, dout, fc, &p, n, e->K, e->F, acc, ws);
+        mlp_backward_weight(&gp, in, gelu, dfc, dout, n, e->K, e->F, terms, ws);
+        return;
+    }
+    (void)saved, (void)tmp, (void)acc;
     relu_backward(dout, out, (long)n * e->H);
     linear_backward_weight(g, g + (long)e->K * e->H, in, dout, n, e->K, e->H, terms, ws);
     linear_backward_input(din, dout, w, n, e->K, e->H, ws);
 }
 
-// An MoE layer's parameters: the router's weight [K][X], then each expert's block, in
-// order. Where expert x starts in the parameters of a rank that holds experts x_lo, ...
-static long moe_expert_at(const Config* c, const Expert* e, int x, int x_lo) {
-    return (long)e->K * c->experts + (long)(x - x_lo) * e->params;
-}
+// The layer reads two pieces of its unit's parameters: the router's weight [K][X] (wr),
+// and the experts' blocks one after another (we, after every shared parameter of the unit:
+// moe_shared_params). Where expert x starts in we, on a rank whose first expert is x_lo:
+static long moe_expert_at(const Expert* e, int x, int x_lo) { return (long)(x - x_lo) * e->params; }
 
 // What one MoE layer keeps from its forward for its backward, and its load figures.
 typedef struct {
     int layer;         // the unit it is, for traces
     Expert e;          // what each of its experts computes
     int rows;          // capacity of the per-token arrays, in tokens
+    int n;             // tokens of the last pass (this rank's)
     float* probs;      // [rows][X] router probabilities
     float* dprobs;     // [rows][X] backward: their gradient, then the router's output gradient
     int* choice;       // [rows][k] chosen experts, most probable first
@@ -418,11 +471,18 @@ typedef struct {
     float* recv_saved; // [n_recv][saved] what the experts keep besides
     float* recv_d;     // [n_recv][H] backward: output gradients
     float* recv_din;   // [n_recv][K] backward: input gradients
+    float* tmp;        // [n_recv][tmp] the experts' scratch
+    int64_t* acc;      // [n_recv][acc]
+    // the GPT's unit around the layer (acts_init): which positions are its tokens, and their
+    // rows of ln2's output, kept for the router's backward; NULL in the MLP's
+    int* token;        // [rows] position r T + t of each token, ascending
+    float* in;         // [rows][K]
     // load, over the training steps: tokens that chose each expert, and tokens dropped
     double* load_sum;  // [X]
     double dropped_sum;
     long dropped_last, capacity_last, steps;
     double tokens_out, tokens_in; // tokens sent to other ranks' experts, and received from other ranks
+    double tokens_sum, mine_sum;  // tokens of the batches, and of this rank's share of them
 } MoeLayer;
 
 // A layer of experts `e` (unit `layer`), for passes of up to `rows` tokens
@@ -445,7 +505,7 @@ static void moe_layer_free(MoeLayer* m) {
     free(m->probs), free(m->dprobs), free(m->choice), free(m->gate), free(m->dgate), free(m->slot), free(m->mine);
     free(m->coef), free(m->kept), free(m->send_rows), free(m->recv_rows), free(m->next), free(m->start);
     free(m->sent_row), free(m->sent), free(m->back), free(m->recv_in), free(m->recv_h), free(m->recv_saved);
-    free(m->recv_d), free(m->recv_din), free(m->load_sum);
+    free(m->recv_d), free(m->recv_din), free(m->tmp), free(m->acc), free(m->load_sum), free(m->token), free(m->in);
 }
 // Buffers that depend on the layout and the routing: grown when a pass needs more (the
 // first passes only).
@@ -472,6 +532,8 @@ static void moe_reserve(MoeLayer* m, const Config* c, int ranks, long n_sent, lo
         m->recv_saved = reallocCheck(m->recv_saved, (size_t)n_recv * m->e.saved * sizeof(float));
         m->recv_d = reallocCheck(m->recv_d, (size_t)n_recv * W * sizeof(float));
         m->recv_din = reallocCheck(m->recv_din, (size_t)n_recv * W * sizeof(float));
+        m->tmp = reallocCheck(m->tmp, (size_t)n_recv * m->e.tmp * sizeof(float));
+        m->acc = reallocCheck(m->acc, (size_t)n_recv * m->e.acc * sizeof(int64_t));
     }
 }
 
@@ -481,6 +543,8 @@ static void moe_reserve(MoeLayer* m, const Config* c, int ranks, long n_sent, lo
 static void moe_route(const Config* c, MoeLayer* m, const float* in, const float* wr, int n, Workspace* ws) {
     int X = c->experts, k = c->top_k;
     double t = trace_clock();
+    if (n > m->rows) fatal("internal: %d tokens for an MoE layer of %d", n, m->rows);
+    m->n = n;
     matmul_float(m->probs, in, wr, n, m->e.K, X, ws);
     for (int r = 0; r < n; r++) {
         float *p = m->probs + (long)r * X, mx = p[0], sum = 0.0f;
@@ -507,6 +571,15 @@ static void moe_route(const Config* c, MoeLayer* m, const float* in, const float
     trace_event("compute", t, trace_clock(), 0, "router %d", m->layer);
 }
 
+// The tokens of the whole batch, from every rank's counts of choices (counts[ranks][k][X]):
+// each token makes one first choice. (The MLP's: its B rows; the GPT's: the positions its
+// units route, a number that changes from batch to batch.)
+static long moe_batch_tokens(const Config* c, const int* counts, int ranks) {
+    long n = 0;
+    for (int s = 0; s < ranks; s++)
+        for (int x = 0; x < c->experts; x++) n += counts[(long)s * c->top_k * c->experts + x];
+    return n;
+}
 // Each expert's capacity in a pass over a batch of n_total tokens: ceil(F k B / X) in
 // training, no limit otherwise.
 static long moe_capacity(const Config* c, long n_total, int training) {
@@ -586,6 +659,7 @@ static void moe_balance(const Config* c, MoeLayer* m, const int* counts, int ran
         dropped += chose > C ? chose - C : 0;
     }
     m->dropped_sum += (double)dropped, m->dropped_last = dropped, m->capacity_last = C, m->steps++;
+    m->tokens_sum += (double)n_total, m->mine_sum += (double)n;
     m->tokens_out += (double)(m->n_sent - m->send_rows[rank]), m->tokens_in += (double)(m->n_recv - m->recv_rows[rank]);
     for (int r = 0; r < n; r++) {
         double a = 0;
@@ -672,14 +746,15 @@ static void moe_permute_backward(const Config* c, const MoeLayer* m, float* din,
 }
 
 // The layer on one process (train.c), in [n][K] -> out [n][H]: every expert is here, so the
-// counts are all its own and dispatch and combine are copies (train_ep.c: all-to-alls). `w`
-// holds the router and every expert; the batch has n_total tokens; `training` applies the
-// capacity and adds the tokens' load-balancing terms to *aux (an exact sum).
-static void moe_forward(const Config* c, const float* w, MoeLayer* m, const float* in, float* out, int n, long n_total,
-                        int training, int64_t* aux, Workspace* ws) {
+// counts are all its own and dispatch and combine are copies (train_ep.c: all-to-alls). `wr`
+// is the router's weight, `we` the experts' blocks; these n tokens are the whole batch;
+// `training` applies the capacity and adds the tokens' load-balancing terms to *aux (an
+// exact sum).
+static void moe_forward(const Config* c, const float* wr, const float* we, MoeLayer* m, const float* in, float* out,
+                        int n, int training, int64_t* aux, Workspace* ws) {
     const Expert* e = &m->e;
-    moe_route(c, m, in, w, n, ws);
-    long C = moe_capacity(c, n_total, training);
+    moe_route(c, m, in, wr, n, ws);
+    long n_total = moe_batch_tokens(c, m->mine, 1), C = moe_capacity(c, n_total, training);
     moe_plan(c, m, m->mine, 1, 0, n, C);
     if (training) moe_balance(c, m, m->mine, 1, 0, n, n_total, C, aux);
     moe_permute(m, in);
@@ -688,30 +763,30 @@ static void moe_forward(const Config* c, const float* w, MoeLayer* m, const floa
     for (int x = 0, at = 0; x < c->experts; at += m->kept[x], x++)
         if (m->kept[x] > 0)
             expert_forward(e, m->recv_h + (long)at * e->H, m->recv_saved + (long)at * e->saved,
-                           m->recv_in + (long)at * e->K, w + moe_expert_at(c, e, x, 0), m->kept[x], ws);
+                           m->recv_in + (long)at * e->K, we + moe_expert_at(e, x, 0), m->kept[x], m->tmp, m->acc, ws);
     trace_event("compute", t, trace_clock(), 0, "experts %d", m->layer);
     memcpy(m->back, m->recv_h, (size_t)m->n_sent * e->H * sizeof(float)); // combine
     moe_unpermute(c, m, out, n);
 }
 // Its backward: from dout [n][H], the input gradient din [n][K], and the exact weight
-// gradients of the router and of every expert added into g (laid out as w); `terms`:
-// tokens in the whole batch.
-static void moe_backward(const Config* c, const float* w, int64_t* g, MoeLayer* m, const float* in, const float* dout,
-                         float* din, int n, long terms, Workspace* ws) {
+// gradients of the router and of every expert added into gr and ge (laid out as wr and we);
+// `terms`: tokens in the whole batch, or a bound on them alike in every layout.
+static void moe_backward(const Config* c, const float* wr, const float* we, int64_t* gr, int64_t* ge, MoeLayer* m,
+                         const float* in, const float* dout, float* din, int n, long terms, Workspace* ws) {
     const Expert* e = &m->e;
     moe_unpermute_backward(c, m, dout, n);
     memcpy(m->recv_d, m->sent, (size_t)m->n_sent * e->H * sizeof(float)); // dispatch (backward)
     double t = trace_clock();
     for (int x = 0, at = 0; x < c->experts; at += m->kept[x], x++)
         if (m->kept[x] > 0) {
-            long off = moe_expert_at(c, e, x, 0);
-            expert_backward(e, m->recv_din + (long)at * e->K, g + off, m->recv_d + (long)at * e->H,
+            long off = moe_expert_at(e, x, 0);
+            expert_backward(e, m->recv_din + (long)at * e->K, ge + off, m->recv_d + (long)at * e->H,
                             m->recv_in + (long)at * e->K, m->recv_h + (long)at * e->H,
-                            m->recv_saved + (long)at * e->saved, w + off, m->kept[x], terms, ws);
+                            m->recv_saved + (long)at * e->saved, we + off, m->kept[x], terms, m->tmp, m->acc, ws);
         }
     trace_event("compute", t, trace_clock(), 0, "experts backward %d", m->layer);
     memcpy(m->back, m->recv_din, (size_t)m->n_sent * e->K * sizeof(float)); // combine (backward)
-    moe_router_backward(c, m, w, g, in, din, n, terms, ws);
+    moe_router_backward(c, m, wr, gr, in, din, n, terms, ws);
     moe_permute_backward(c, m, din, n);
 }
 
@@ -767,15 +842,29 @@ static BlockDims gpt_dims(const Config* c, int R) {
     return (BlockDims){.R = R, .Tq = c->context, .T = c->context, .C = c->emb, .NH = c->heads,
                        .HD = c->emb / c->heads, .A = c->emb, .F = 4 * c->emb, .pos = NULL};
 }
+// Block u's: a block with experts has no MLP of its own (F = 0): its experts are the MLP
+static BlockDims gpt_block_dims(const Config* c, int u, int R) {
+    BlockDims d = gpt_dims(c, R);
+    if (is_moe(c, u)) d.F = 0;
+    return d;
+}
+// With --experts a block is transformer.h's moe_block_layout instead.
+static MoeBlockLayout gpt_moe_layout(const Config* c) {
+    return moe_block_layout(c->emb, c->emb, 4 * c->emb, c->experts);
+}
 static long gpt_unit_params(const Config* c, int u) {
     long C = c->emb;
     if (u == 0) return (c->vocab + (long)c->context) * C;
-    if (u <= c->layers) return block_layout(c->emb, c->emb, 4 * c->emb).n;
+    if (u <= c->layers) return is_moe(c, u) ? gpt_moe_layout(c).n : block_layout(c->emb, c->emb, 4 * c->emb).n;
     return C * c->vocab + 2 * C;
 }
 // Initial values, PyTorch's defaults as makemore uses them: both embeddings N(0, 1), every
 // linear weight and bias uniform in +-1/sqrt(fan in), LayerNorm gains 1 and biases 0.
-// Tensor k of unit u (in its layout's order) has tensor number 2^30 + 256 u + k.
+// Tensor k of unit u (in its layout's order) has tensor number 2^30 + 256 u + k. A block
+// with experts numbers its tensors as the dense block does (its attention and LayerNorms
+// start as the dense GPT's), its router k = 12, and expert x's fc_w, fc_b, fc2_w and fc2_b
+// the dense k of those, plus (x + 1) 2^16 (above 256 u + 12 for 32 blocks, and below 2^30
+// for 1024 experts: every number distinct).
 static float gpt_init_value(const Config* c, uint64_t seed, int u, long e) {
     long C = c->emb, F = 4 * C;
     int k = 0;          // which tensor of the unit
@@ -783,6 +872,23 @@ static float gpt_init_value(const Config* c, uint64_t seed, int u, long e) {
     if (u == 0) {
         k = e >= c->vocab * C;
         e -= k ? c->vocab * C : 0;
+    } else if (is_moe(c, u)) {
+        MoeBlockLayout l = gpt_moe_layout(c);
+        MlpLayout m = mlp_layout(c->emb, 4 * c->emb);
+        const long start[] = {l.qkv_w, l.qkv_b, l.proj_w, l.ln1_g, l.ln1_b, l.proj_b, l.ln2_g, l.ln2_b, l.router_w,
+                              l.shared}, expert[] = {m.fc_w, m.fc_b, m.fc2_w, m.fc2_b, m.n};
+        const int ks[] = {0, 1, 2, 6, 7, 8, 9, 10, 12}, expert_ks[] = {3, 4, 5, 11};
+        const long fans[] = {C, C, C, -1, -2, C, -1, -2, C}, expert_fans[] = {C, C, F, F};
+        int i = 0;
+        if (e < l.shared) {
+            while (e >= start[i + 1]) i++;
+            e -= start[i], k = ks[i], fan_in = fans[i];
+        } else {
+            long x = (e - l.shared) / l.expert;
+            e = (e - l.shared) % l.expert;
+            while (e >= expert[i + 1]) i++;
+            e -= expert[i], k = expert_ks[i] + (int)((x + 1) << 16), fan_in = expert_fans[i];
+        }
     } else if (u <= c->layers) {
         BlockLayout l = block_layout(c->emb, c->emb, 4 * c->emb);
         const long start[] = {l.qkv_w, l.qkv_b, l.proj_w, l.fc_w, l.fc_b, l.fc2_w, l.ln1_g, l.ln1_b, l.proj_b,
@@ -834,9 +940,10 @@ typedef struct {
 // this rank (a tensor-parallel slice is narrower), NULL for the whole unit_width.
 // What unit u of the GPT keeps per row besides its output: a block's BlockActs, the head's
 // LayerNorm output and statistics; the embedding nothing.
+// (A block with experts keeps its attention half's: its experts keep their own, in its MoeLayer.)
 static long gpt_saved_per_row(const Config* c, int u) {
     if (u == 0 || !is_gpt(c)) return 0;
-    BlockDims d = gpt_dims(c, 1);
+    BlockDims d = gpt_block_dims(c, u, 1);
     return u <= c->layers ? block_acts_per_row(&d) : (long)c->context * (c->emb + 2);
 }
 static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const int* width) {
@@ -855,7 +962,14 @@ static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, co
     if (c->experts > 0) {
         a->moe = callocCheck(MAX_LAYERS + 2, sizeof(MoeLayer));
         for (int u = u_lo; u < u_hi; u++)
-            if (is_moe(c, u)) moe_layer_init(&a->moe[u], c, u, moe_expert(c, u), rows);
+            if (is_moe(c, u)) {
+                MoeLayer* m = &a->moe[u];
+                moe_layer_init(m, c, u, moe_expert(c, u), rows * moe_tokens_per_row(c));
+                if (is_gpt(c)) { // the unit's gather of its tokens (gpt_moe_tokens)
+                    m->token = mallocCheck((size_t)m->rows * sizeof(int));
+                    m->in = mallocCheck((size_t)m->rows * c->emb * sizeof(float));
+                }
+            }
     }
 }
 static void acts_free(Acts* a) {
@@ -876,8 +990,10 @@ static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const int* w
     for (int u = u_lo; u < u_hi; u++) b += gpt_saved_per_row(c, u) * (long)sizeof(float);
     for (int u = u_lo; u < u_hi; u++) // an MoE unit's router state, and its k tokens' rows both
         if (is_moe(c, u)) {           // sent and (with an even load) received, with their gradients
-            long W = linear_in(c, u) > c->hidden ? linear_in(c, u) : c->hidden;
-            b += (2L * c->experts + 4L * c->top_k + 6L * c->top_k * W) * 4;
+            Expert e = moe_expert(c, u);   // and what the experts keep; the GPT's gather besides
+            long W = e.K > e.H ? e.K : e.H, k = c->top_k;
+            long token = 2L * c->experts + 4 * k + k * (6 * W + e.saved) + (is_gpt(c) ? 1 + e.K : 0);
+            b += moe_tokens_per_row(c) * token * 4;
         }
     return b;
 }
@@ -896,7 +1012,7 @@ typedef struct {
 // the head's gradients of its logits and of its LayerNorm's output.
 static long gpt_stash_per_row(const Config* c, int u) {
     if (u == 0 || !is_gpt(c)) return 0;
-    BlockDims d = gpt_dims(c, 1);
+    BlockDims d = gpt_block_dims(c, u, 1);
     return u <= c->layers ? block_stash_per_row(&d) : (long)c->context * (c->vocab + c->emb);
 }
 static void scratch_init(Scratch* s, const Config* c, int rows) {
@@ -1039,6 +1155,118 @@ static void gpt_unit_backward_weight(const Config* c, int u, int64_t* g, const A
 }
 
 // ----------------------------------------------------------------------------
+// a unit with a mixture of experts
+//
+// The layer ("mixture of experts" above: moe_forward on one process, train_ep.c's steps with
+// their all-to-alls) maps its tokens' rows of K floats to rows of H floats. The unit around
+// it says which tokens, and does the rest:
+//  - the MLP's hidden layer l: the tokens are the pass's rows, in = out[l-1], out = out[l];
+//    nothing before or after.
+//  - the GPT's block: before the layer, the attention half and ln2 (the dense block's ops:
+//    x1 = x + proj(attention(ln1(x))), ln2(x1)); the tokens are positions, their rows of
+//    ln2's output gathered; after it, out = the layer's output + x1 at each token, x1 alone
+//    at any other position. Backward the other way round.
+// The GPT's tokens (gpt_moe_tokens): in a training pass, the positions with a target only.
+// Padding (the positions after a name's stop token) changes no loss: attention looks back
+// only, and padding comes after a row's last target. Routed, it would take a share of each
+// expert's capacity from the names, and of the load-balancing loss; unrouted, the batch's
+// tokens are the n targets the loss is the mean over, so the load-balancing loss's P_x is
+// a mean over the same tokens and the training step divides both alike. Validation and
+// sampling have no capacity and no load-balancing loss, and route every position
+// (sampling's rows carry no targets): a token's output is its own row's (an expert's output
+// is one row of a matmul, the same bits whichever tokens share the call), so a position
+// with a target gets the same bits either way. Every layout decides from the targets
+// alone, and numbers the tokens alike (rows in order, then positions): the same tokens in
+// the same order, so the capacity keeps the same ones.
+
+// Where the router's weight starts among the unit's parameters, and the first expert's
+// (after every shared parameter: moe_shared_params)
+static long moe_router_at(const Config* c) { return is_gpt(c) ? gpt_moe_layout(c).router_w : 0; }
+
+// The GPT's tokens in a pass of R rows: positions r T + t, in order, into m->token; their count
+static int gpt_moe_tokens(const Config* c, MoeLayer* m, const Acts* a, int R) {
+    int n = 0;
+    for (long i = 0; i < (long)R * c->context; i++)
+        if (!a->training || a->targets[i] >= 0) m->token[n++] = (int)i;
+    return n;
+}
+
+// Forward, before the layer: the unit's own ops, then the layer's tokens: returns their
+// count, their input rows [n][K] in *in, and where the layer writes their outputs [n][H]
+// in *out (the GPT's: s->tmp, which the ops after attention leave free).
+static int moe_unit_before(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, const float** in,
+                           float** out, Workspace* ws) {
+    if (!is_gpt(c)) {
+        *in = a->out[u - 1], *out = a->out[u];
+        return R;
+    }
+    MoeLayer* m = &a->moe[u];
+    MoeBlockLayout l = gpt_moe_layout(c);
+    BlockDims d = gpt_block_dims(c, u, R);
+    BlockParams p = moe_block_params(w, &l);
+    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    block_forward_qkv(a->out[u - 1], &p, &ba, &d, ws);
+    attention_forward(ba.atty, ba.att, ba.qkv, &d, s->tmp, s->acc);                       // causal, exact over keys
+    block_forward_proj(a->out[u - 1], &p, &ba, &d, s->acc, ws);                           // x1, and ln2
+    int n = gpt_moe_tokens(c, m, a, R), C = c->emb;
+    for (int i = 0; i < n; i++) memcpy(m->in + (long)i * C, ba.ln2 + (long)m->token[i] * C, C * sizeof(float));
+    *in = m->in, *out = s->tmp;
+    return n;
+}
+// After the layer: the GPT's residual, the layer's output at each token added to x1
+static void moe_unit_after(const Config* c, int u, Acts* a, Scratch* s, int R) {
+    if (!is_gpt(c)) return;
+    const MoeLayer* m = &a->moe[u];
+    BlockDims d = gpt_block_dims(c, u, R);
+    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    int C = c->emb;
+    float* out = a->out[u];
+    memcpy(out, ba.x1, (size_t)R * c->context * C * sizeof(float));
+    for (int i = 0; i < m->n; i++) {
+        float *o = out + (long)m->token[i] * C, *h = s->tmp + (long)i * C;
+        for (int j = 0; j < C; j++) o[j] = h[j] + o[j];                                   // residual
+    }
+}
+// Backward, before the layer: its tokens' input rows [n][K] (*in), their output gradients
+// [n][H] (*dout: the GPT's gathered into s->tmp), and where the layer writes their input
+// gradients [n][K] (*din: s->din, which the unit's input gradient overwrites only at the end)
+static void moe_unit_backward_before(const Config* c, int u, Acts* a, Scratch* s, const float** in,
+                                     const float** dout, float** din) {
+    MoeLayer* m = &a->moe[u];
+    *din = s->din;
+    if (!is_gpt(c)) {
+        *in = a->out[u - 1], *dout = s->dout;
+        return;
+    }
+    int C = c->emb;
+    for (int i = 0; i < m->n; i++) memcpy(s->tmp + (long)i * C, s->dout + (long)m->token[i] * C, C * sizeof(float));
+    *in = m->in, *dout = s->tmp;
+}
+// After it: the GPT's ops before the layer, backward, from the tokens' input gradients in
+// s->din to the unit's input gradient in s->din, their parameters' gradients added into g
+// (the layer's own are added by its backward). `terms`: tokens in the whole batch.
+static void moe_unit_backward_after(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
+                                    long terms, Workspace* ws) {
+    if (!is_gpt(c)) return;
+    const MoeLayer* m = &a->moe[u];
+    MoeBlockLayout l = gpt_moe_layout(c);
+    BlockDims d = gpt_block_dims(c, u, R);
+    BlockParams p = moe_block_params(w, &l);
+    BlockGrads gg = moe_block_grads(g, &l);
+    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    BlockStash st = block_stash(s->stash, &d, R);
+    long N = (long)R * c->context;
+    int C = c->emb;
+    memset(st.dln2, 0, (size_t)N * C * sizeof(float)); // ln2's output gradient: the tokens' from the layer, 0 elsewhere
+    for (int i = 0; i < m->n; i++) memcpy(st.dln2 + (long)m->token[i] * C, s->din + (long)i * C, C * sizeof(float));
+    float *datty = s->tmp, *small = s->tmp + N * d.A;
+    block_backward_proj(datty, s->dout, &p, &ba, &st, &d, ws);                            // ln2 (+ the residual), proj
+    attention_backward(st.dqkv, datty, ba.qkv, ba.att, ba.atty, &d, small, s->acc);       // exact over keys, queries
+    block_backward_qkv(s->din, a->out[u - 1], &p, &ba, &st, &d, s->acc, ws);
+    block_backward_weight_attention(&gg, a->out[u - 1], &ba, &st, &d, terms, ws);
+}
+
+// ----------------------------------------------------------------------------
 // the model as a list of units
 
 // What the weight half of unit u's backward reads (see unit_backward_weight), and its width
@@ -1067,12 +1295,17 @@ static const char* unit_name(const Config* c, int u) {
 static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, long rows_total,
                          Workspace* ws) {
     double t = trace_clock();
-    if (is_gpt(c)) {
+    if (is_moe(c, u)) { // the unit's ops before its layer of experts, the layer, the ops after
+        const float* in;
+        float* out;
+        int n = moe_unit_before(c, u, w, a, s, R, &in, &out, ws);
+        moe_forward(c, w + moe_router_at(c), w + moe_shared_params(c, u), &a->moe[u], in, out, n, a->training, &a->aux,
+                    ws);
+        moe_unit_after(c, u, a, s, R);
+    } else if (is_gpt(c)) {
         gpt_unit_forward(c, u, w, a, s, R, rows_total, ws);
     } else if (u == 0) {
         embedding_forward(a->out[0], a->tokens, w, 0, c->vocab, R, c->context, c->emb);
-    } else if (is_moe(c, u)) {
-        moe_forward(c, w, &a->moe[u], a->out[u - 1], a->out[u], R, rows_total, a->training, &a->aux, ws);
     } else {
         int K = linear_in(c, u), J = linear_out(c, u);
         const float *in = a->out[u - 1], *bias = w + (long)K * J;
@@ -1124,8 +1357,14 @@ static void unit_backward_weight(const Config* c, int u, int64_t* g, const Acts*
 }
 static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R, long batch,
                           Workspace* ws) {
-    if (is_moe(c, u)) {
-        moe_backward(c, w, g, &a->moe[u], a->out[u - 1], s->dout, s->din, R, batch, ws);
+    if (is_moe(c, u)) { // not in halves: the layer's backward adds its weight gradients as it goes
+        const float *in, *dout;
+        float* din;
+        long router = moe_router_at(c), experts = moe_shared_params(c, u), terms = batch * moe_tokens_per_row(c);
+        moe_unit_backward_before(c, u, a, s, &in, &dout, &din);
+        moe_backward(c, w + router, w + experts, g + router, g + experts, &a->moe[u], in, dout, din, a->moe[u].n, terms,
+                     ws);
+        moe_unit_backward_after(c, u, w, g, a, s, R, terms, ws);
         return;
     }
     unit_backward_input(c, u, w, a, s, R, ws);

@@ -32,8 +32,8 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
         printf("  model      context %d, emb %d, hidden %d, layers %d: %ld parameters\n", c->context, c->emb, c->hidden,
                c->layers, n_params(c));
     if (c->experts > 0)
-        printf("  experts    every hidden layer a mixture of %d experts: top-%d, capacity factor %g, aux loss weight %g\n",
-               c->experts, c->top_k, c->capacity, c->aux_loss);
+        printf("  experts    every %s a mixture of %d experts: top-%d, capacity factor %g, aux loss weight %g\n",
+               is_gpt(c) ? "block's MLP" : "hidden layer", c->experts, c->top_k, c->capacity, c->aux_loss);
     printf("  optimizer  %s, lr %g, weight decay %g, clip %s", o->opt.adamw ? "adamw" : "sgd", o->opt.lr,
            o->opt.weight_decay, o->opt.clip > 0 ? "" : "off");
     if (o->opt.clip > 0) printf("%g", o->opt.clip);
@@ -282,28 +282,43 @@ static void report_print(const Options* o, const Report* rep, Progress* pr, doub
 
 // --experts: each MoE layer's load over the training steps (every rank counts the whole
 // batch's choices, so any rank can print it): tokens that chose each expert per step, as a
-// bar against the capacity C, tokens dropped, and the load-balancing loss.
+// bar against the capacity C, tokens dropped, and the load-balancing loss. The MLP's tokens
+// are the batch's B rows; the GPT's, its positions with a target (model.h's gpt_moe_tokens),
+// so their number, and with it the capacity, changes from step to step (the last step's is
+// drawn). A bar's character is one token, or more where a bar would pass 96.
 static void moe_print_load(const Config* c, const Acts* a, const Progress* pr) {
     if (c->experts == 0 || !a->moe || pr->steps == 0) return;
-    int B = pr->o->batch, k = c->top_k;
-    printf("experts: tokens per training step that chose each (mean over %ld steps; # = one token, x = one past the "
-           "capacity, dropped, | = the capacity); load-balancing loss %.4f (mean), %.4f (last step)\n", pr->steps,
-           pr->aux_sum / pr->steps, pr->aux_last);
+    int k = c->top_k, per = 1; // tokens per character
+    for (int u = 1; u <= c->layers; u++) {
+        const MoeLayer* m = &a->moe[u];
+        for (int x = 0; m->rows && m->steps && x < c->experts; x++)
+            while ((m->load_sum[x] / m->steps + 0.5) / per > 96 || (double)m->capacity_last / per > 96) per *= 2;
+    }
+    char one[32] = "one token", past[32] = "one";
+    if (per > 1) snprintf(one, sizeof one, "%d tokens", per), snprintf(past, sizeof past, "%d tokens", per);
+    printf("experts: tokens per training step that chose each (mean over %ld steps; # = %s, x = %s past the "
+           "capacity, dropped, | = the capacity); load-balancing loss %.4f (mean), %.4f (last step)\n", pr->steps, one,
+           past, pr->aux_sum / pr->steps, pr->aux_last);
     for (int u = 1; u <= c->layers; u++) {
         const MoeLayer* m = &a->moe[u];
         if (!m->rows || m->steps == 0) continue;
         long C = m->capacity_last;
-        printf("  layer %d: %d tokens x top-%d = %d choices for %d experts, capacity %ld each\n", u, B, k, B * k,
-               c->experts, C);
+        double tokens = m->tokens_sum / m->steps;
+        if (is_gpt(c))
+            printf("  block %d: %.1f tokens (positions with a target, mean) x top-%d = %.1f choices for %d experts, "
+                   "capacity %ld each (last step)\n", u, tokens, k, tokens * k, c->experts, C);
+        else
+            printf("  layer %d: %.0f tokens x top-%d = %.0f choices for %d experts, capacity %ld each\n", u, tokens, k,
+                   tokens * k, c->experts, C);
         for (int x = 0; x < c->experts; x++) {
             double mean = m->load_sum[x] / m->steps;
-            int bars = (int)(mean + 0.5), width = bars > C ? bars : (int)C;
+            int bars = (int)((mean + 0.5) / per), cap = (int)((C + per - 1) / per), width = bars > cap ? bars : cap;
             printf("    expert %-3d %6.1f |", x, mean);
-            for (int i = 0; i < width && i < 96; i++) putchar(i < bars ? (i < C ? '#' : 'x') : i == C - 1 ? '|' : ' ');
-            printf("%s\n", bars > 96 || C > 96 ? "..." : "");
+            for (int i = 0; i < width; i++) putchar(i < bars ? (i < cap ? '#' : 'x') : i == cap - 1 ? '|' : ' ');
+            printf("\n");
         }
         printf("    dropped %.2f tokens per step (%.1f%% of the choices); last step %ld\n", m->dropped_sum / m->steps,
-               100.0 * m->dropped_sum / m->steps / ((double)B * k), m->dropped_last);
+               100.0 * m->dropped_sum / (m->tokens_sum * k), m->dropped_last);
     }
     fflush(stdout);
 }

@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // the loss is the mean over n targets
         int64_t loss = forward(&run, &batch, 0, B, B, NULL);
-        progress.aux = fix_to(run.work.acts.aux) / B; // --experts: the load-balancing loss, reported apart
+        progress.aux = fix_to(run.work.acts.aux) / n; // --experts: the load-balancing loss, reported apart
         fix_zero(run.st.grads, np);
         model_backward(cfg, run.st.params, run.st.grads, &run.work, B, B);
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);

@@ -509,6 +509,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.cp = group_world("cp"), .ring = 1, .zigzag = 1};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, cp_flags, 4, cp_flag, &run);
+    dist_dense_only(&o, RUN_LINE);
     if (run.online && !run.ring)
         dist_exit(2, RUN_LINE, "--cp-softmax online is ring attention's one-pass softmax: it applies to --cp-comm ring");
     if (!is_gpt(&o.model))

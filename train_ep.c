@@ -1,39 +1,47 @@
 /*
  * train_ep.c: expert parallelism. The model is train.c's with --experts X: every hidden
- * layer a mixture of X experts with a router (its pieces, the router, the capacity plan
- * and an expert, are model.h's "mixture of experts"; how tokens move between them is here,
- * in ep_moe_forward and ep_moe_backward). The experts are spread over the N ranks, a
- * contiguous range each; everything else (the embedding, the routers, the output layer)
- * is replicated. Ranks split every batch's rows as data parallelism does. It prints
- * exactly what `./train --experts X` prints for the same flags: the same loss at every
- * step, the same final parameters bit for bit, the same names.
+ * layer of the MLP, or the MLP half of every block of the GPT (--model gpt), a mixture of X
+ * experts with a router (its pieces, the router, the capacity plan and an expert, are
+ * model.h's "mixture of experts"; how tokens move between them is here, in ep_moe_forward
+ * and ep_moe_backward). The experts are spread over the N ranks, a contiguous range each;
+ * everything else (the embedding, the routers, the output layer; the GPT's attention and
+ * LayerNorms) is replicated. Ranks split every batch's rows as data parallelism does. It
+ * prints exactly what `./train --experts X` prints for the same flags: the same loss at
+ * every step, the same final parameters bit for bit, the same names.
  *
  *              rank 0: rows 0-15, experts 0 1          rank 1: rows 16-31, experts 2 3
  *   forward    embedding, router (replicated)          embedding, router
- *              each row -> its top-k experts            each row -> its top-k experts
+ *              (the GPT: attention, ln2, then router)
+ *              each token -> its top-k experts          each token -> its top-k experts
  *              ---- dispatch: all-to-all, each token's input row to its expert's rank ---->
  *              <---------------------------------------------------------------------------
  *              experts 0 1 on the tokens that chose     experts 2 3 on theirs
  *              ---- combine: all-to-all, each output back to its token's rank ------------>
  *              <---------------------------------------------------------------------------
- *              out = sum of gate x output; output layer, loss (replicated)
+ *              out = sum of gate x output (the GPT: + the residual); output layer, loss
+ *              (replicated)
  *   backward   the same two all-to-alls, the other way: output gradients to the experts,
  *              input gradients back. An expert's weight gradient sums, exactly, its tokens
  *              from every rank on the rank that holds it: it needs no all-reduce. The
  *              replicated weights' gradients do: one all-reduce, as in data parallelism.
  *
- * Per rank q and step, with R_q rows, X_q of the X experts, L MoE layers of inputs K_l,
- * routing even and nothing dropped (each token sends its k choices; a share X_q / X of the
- * batch's choices come to rank q's experts), P_r replicated parameters:
- *   sent    all-to-all  sum over l of 4 B x (K_l + H) x [k R_q (1 - X_q/X) + k (B - R_q) X_q/X]
+ * A token is the MLP's row, or the GPT's position (in training, those with a target only:
+ * model.h's "a unit with a mixture of experts"). Per rank q and step, with n_q of the
+ * batch's n tokens (the MLP: R_q rows of B), X_q of the X experts, L MoE layers of inputs
+ * K_l and outputs H (the GPT: C and C), routing even and nothing dropped (each token sends
+ * its k choices; a share X_q / X of the batch's choices come to rank q's experts), P_r
+ * replicated parameters:
+ *   sent    all-to-all  sum over l of 4 B x (K_l + H) x [k n_q (1 - X_q/X) + k (n - n_q) X_q/X]
  *                       (forward dispatch K_l, combine H; backward dispatch H, combine K_l)
  *           all-reduce  2(N-1)/N x 8 B x P_r, and the loss; counts  (N-1) x 4 B x k X per layer
  *   memory  (4 + 8, + 8 with AdamW) B x (P_r + X_q experts) + activations of R_q rows
  *
  *   make train_ep && mpirun -n 2 ./train_ep --experts 4      # --oversubscribe for more ranks than cores
  *   mpirun -n 4 ./train_ep --experts 8 --top-k 2 --timeline  # the last step: dispatch, experts, combine
+ *   mpirun -n 2 ./train_ep --model gpt --experts 4           # the GPT: 4 experts in every block
  *
- * Compare with ./train --experts 4: the same losses, names and final checkpoint, whatever N.
+ * Compare with ./train --experts 4 (--model gpt): the same losses, names and final
+ * checkpoint, whatever N.
  *
  * Sections: the state of one run; the strategy (an MoE layer's all-to-alls, the replicated
  * gradients' all-reduce); the forward pass and the figures; options; main.
@@ -68,20 +76,22 @@ static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), free(r->packed), free(r->counts), free(r->ep_counts);
 }
 
-// Unit u as this rank holds it: an MoE unit's router, then its experts [x_lo, x_hi); any
-// other unit whole.
+// Unit u as this rank holds it: an MoE unit's shared parameters (the MLP's router; the
+// GPT's block's attention, LayerNorms and router), then its experts [x_lo, x_hi); any other
+// unit whole.
 static void ep_layout(Run* r) {
     const Config* c = &r->cfg;
     long at = 0;
     for (int u = 0; u < n_units(c); u++) {
-        r->n[u] = is_moe(c, u) ? router_params(c, u) + (long)(r->x_hi - r->x_lo) * expert_params(c, u) : unit_params(c, u);
+        long held = moe_shared_params(c, u) + (long)(r->x_hi - r->x_lo) * expert_params(c, u);
+        r->n[u] = is_moe(c, u) ? held : unit_params(c, u);
         r->off[u] = at, at += r->n[u];
     }
 }
 // Element e of what this rank holds of unit u, in train.c's layout (for checkpoints).
 static long ep_canonical(const void* ctx, int u, long e) {
     const Run* r = ctx;
-    if (!is_moe(&r->cfg, u) || e < router_params(&r->cfg, u)) return e;
+    if (!is_moe(&r->cfg, u) || e < moe_shared_params(&r->cfg, u)) return e;
     return e + (long)r->x_lo * expert_params(&r->cfg, u);
 }
 static Holding ep_holding(Run* r) {
@@ -129,22 +139,25 @@ static void ep_all_to_all(Run* r, const float* send, const int* send_rows, float
     trace_event("comm", t0, now_seconds(), r->ep.sent - sent, "%s", what);
 }
 
-// Forward of MoE unit u on this rank's n tokens, a->out[u-1] [n][K] -> a->out[u] [n][H];
-// `w` holds the router and this rank's experts [x_lo, x_hi); the batch has n_total tokens.
-static void ep_moe_forward(Run* r, int u, const float* w, Acts* a, int n, long n_total) {
+// The layer of experts of MoE unit u on this rank's n tokens, in [n][K] -> out [n][H] (the
+// unit around it gives them: model.h's moe_unit_before); `w` holds the unit's shared
+// parameters, the router's weight among them, and this rank's experts [x_lo, x_hi).
+static void ep_moe_forward(Run* r, int u, const float* w, Acts* a, const float* in, float* out, int n) {
     const Config* c = &r->cfg;
     MoeLayer* m = &a->moe[u];
     const Expert* e = &m->e;
+    const float* we = w + moe_shared_params(c, u);
     Workspace* ws = &r->work.ws;
     int N = r->ep.size, X = c->experts;
     // the router on this rank's tokens, then every rank's counts of choices, so that every
-    // rank knows which tokens the capacity keeps and how many rows each rank sends each other
-    moe_route(c, m, a->out[u - 1], w, n, ws);
+    // rank knows the batch's tokens, which of them the capacity keeps, and how many rows each
+    // rank sends each other
+    moe_route(c, m, in, w + moe_router_at(c), n, ws);
     group_allgather(&r->dp, m->mine, r->counts, (long)c->top_k * X, MPI_INT); // counted with the all-reduce
-    long C = moe_capacity(c, n_total, a->training);
+    long n_total = moe_batch_tokens(c, r->counts, N), C = moe_capacity(c, n_total, a->training);
     moe_plan(c, m, r->counts, N, r->ep.rank, n, C);
     if (a->training) moe_balance(c, m, r->counts, N, r->ep.rank, n, n_total, C, &a->aux);
-    moe_permute(m, a->out[u - 1]);
+    moe_permute(m, in);
     // dispatch: each kept token's input row to the rank holding its expert
     ep_all_to_all(r, m->sent, m->send_rows, m->recv_in, m->recv_rows, e->K, "dispatch");
     // this rank's experts on the tokens they received: from rank 0 a block for each of its
@@ -155,26 +168,30 @@ static void ep_moe_forward(Run* r, int u, const float* w, Acts* a, int n, long n
             int rows = m->kept[(long)q * X + x];
             if (rows == 0) continue;
             expert_forward(e, m->recv_h + (long)at * e->H, m->recv_saved + (long)at * e->saved,
-                           m->recv_in + (long)at * e->K, w + moe_expert_at(c, e, x, r->x_lo), rows, ws);
+                           m->recv_in + (long)at * e->K, we + moe_expert_at(e, x, r->x_lo), rows, m->tmp, m->acc, ws);
             at += rows;
         }
     trace_event("compute", t, trace_clock(), 0, "experts %d", u);
     // combine: each expert's output row back to its token's rank, then each token's gated sum
     ep_all_to_all(r, m->recv_h, m->recv_rows, m->back, m->send_rows, e->H, "combine");
-    moe_unpermute(c, m, a->out[u], n);
+    moe_unpermute(c, m, out, n);
 }
 
-// Backward of MoE unit u: from s->dout [n][H], the input gradient s->din [n][K], and the
-// exact gradients of the router and of this rank's experts added into g (`terms`: tokens in
-// the batch). An expert's weight gradient sums, exactly, its tokens from every rank on the
-// rank that holds it: it needs no all-reduce. The router's, replicated, does (below).
-static void ep_moe_backward(Run* r, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int n, long terms) {
+// Its backward: from its tokens' output gradients dout [n][H], their input gradients din
+// [n][K] (in: their input rows), and the exact gradients of the router and of this rank's
+// experts added into g (`terms`: tokens in the batch, or a bound alike in every layout). An
+// expert's weight gradient sums, exactly, its tokens from every rank on the rank that holds
+// it: it needs no all-reduce. The router's, replicated, does (below).
+static void ep_moe_backward(Run* r, int u, const float* w, int64_t* g, Acts* a, const float* in, const float* dout,
+                            float* din, long terms) {
     const Config* c = &r->cfg;
     MoeLayer* m = &a->moe[u];
     const Expert* e = &m->e;
+    const float* we = w + moe_shared_params(c, u);
+    int64_t* ge = g + moe_shared_params(c, u);
     Workspace* ws = &r->work.ws;
-    int N = r->ep.size, X = c->experts;
-    moe_unpermute_backward(c, m, s->dout, n); // the gates' gradients; each kept token's output gradient
+    int N = r->ep.size, X = c->experts, n = m->n;
+    moe_unpermute_backward(c, m, dout, n); // the gates' gradients; each kept token's output gradient
     // the output gradients to the experts' ranks (the backward of combine, the way dispatch goes)
     ep_all_to_all(r, m->sent, m->send_rows, m->recv_d, m->recv_rows, e->H, "dispatch (backward)");
     double t = trace_clock();
@@ -182,23 +199,23 @@ static void ep_moe_backward(Run* r, int u, const float* w, int64_t* g, Acts* a, 
         for (int x = r->x_lo; x < r->x_hi; x++) {
             int rows = m->kept[(long)q * X + x];
             if (rows == 0) continue;
-            long off = moe_expert_at(c, e, x, r->x_lo);
-            expert_backward(e, m->recv_din + (long)at * e->K, g + off, m->recv_d + (long)at * e->H,
+            long off = moe_expert_at(e, x, r->x_lo);
+            expert_backward(e, m->recv_din + (long)at * e->K, ge + off, m->recv_d + (long)at * e->H,
                             m->recv_in + (long)at * e->K, m->recv_h + (long)at * e->H,
-                            m->recv_saved + (long)at * e->saved, w + off, rows, terms, ws);
+                            m->recv_saved + (long)at * e->saved, we + off, rows, terms, m->tmp, m->acc, ws);
             at += rows;
         }
     trace_event("compute", t, trace_clock(), 0, "experts backward %d", u);
     // the input gradients back to the tokens' ranks (the backward of dispatch, the way combine goes)
     ep_all_to_all(r, m->recv_din, m->recv_rows, m->back, m->send_rows, e->K, "combine (backward)");
-    moe_router_backward(c, m, w, g, a->out[u - 1], s->din, n, terms, ws);
-    moe_permute_backward(c, m, s->din, n); // plus each kept token's input gradient from its experts
+    moe_router_backward(c, m, w + moe_router_at(c), g + moe_router_at(c), in, din, n, terms, ws);
+    moe_permute_backward(c, m, din, n); // plus each kept token's input gradient from its experts
 }
 
 // After backward: the replicated weights' gradients (the embedding, every router, the output
-// layer) summed over the ranks, packed into one all-reduce. The experts' are complete where
-// they are held.
-static long ep_replicated(const Run* r, int u) { return is_moe(&r->cfg, u) ? router_params(&r->cfg, u) : r->n[u]; }
+// layer; the GPT's attention and LayerNorms too) summed over the ranks, packed into one
+// all-reduce. The experts' are complete where they are held.
+static long ep_replicated(const Run* r, int u) { return is_moe(&r->cfg, u) ? moe_shared_params(&r->cfg, u) : r->n[u]; }
 static void ep_allreduce_replicated(Run* r) {
     long n = 0;
     for (int u = 0; u < n_units(&r->cfg); u++)
@@ -236,8 +253,18 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     a->training = rows->kind == ROWS_TRAIN, a->aux = 0;
     for (int u = 0; u < n_units(c); u++) {
         const float* w = r->st.params + r->off[u];
-        if (is_moe(c, u)) ep_moe_forward(r, u, w, a, (int)(hi - lo), rows_total);
-        else unit_forward(c, u, w, a, &r->work.scratch, (int)(hi - lo), rows_total, &r->work.ws);
+        Scratch* s = &r->work.scratch;
+        if (is_moe(c, u)) { // the unit's ops around its layer of experts (the GPT's attention half) are model.h's
+            const float* in;
+            float* out;
+            double t = trace_clock();
+            int n = moe_unit_before(c, u, w, a, s, (int)(hi - lo), &in, &out, &r->work.ws);
+            trace_event("compute", t, trace_clock(), 0, "forward %s", unit_name(c, u));
+            ep_moe_forward(r, u, w, a, in, out, n);
+            moe_unit_after(c, u, a, s, (int)(hi - lo));
+        } else {
+            unit_forward(c, u, w, a, s, (int)(hi - lo), rows_total, &r->work.ws);
+        }
     }
     int64_t sums[2] = {a->loss, a->aux};
     group_allreduce(&r->dp, sums, 2, MPI_INT64_T, MPI_SUM);
@@ -249,18 +276,33 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
             split_range(R, N, q, &qlo, &qhi);
             counts[q] = (int)((qhi - qlo) * V), displs[q] = (int)(qlo * V);
         }
-        MPI_Allgatherv(a->out[c->layers + 1], counts[r->ep.rank], MPI_FLOAT, probs, counts, displs, MPI_FLOAT, r->ep.comm);
+        // this rank's rows' probabilities (the GPT's at the position sampled), in scratch free between passes
+        float* mine = r->work.scratch.dout;
+        model_probs(c, rows, a->out[c->layers + 1], (int)(hi - lo), mine);
+        MPI_Allgatherv(mine, counts[r->ep.rank], MPI_FLOAT, probs, counts, displs, MPI_FLOAT, r->ep.comm);
     }
     return sums[0];
 }
 static void backward(Run* r, int R, long B) {
     const Config* c = &r->cfg;
+    Acts* a = &r->work.acts;
+    Scratch* s = &r->work.scratch;
     for (int u = n_units(c) - 1; u >= 0; u--) {
         const float* w = r->st.params + r->off[u];
         int64_t* g = r->st.grads + r->off[u];
-        if (is_moe(c, u)) ep_moe_backward(r, u, w, g, &r->work.acts, &r->work.scratch, R, B);
-        else unit_backward(c, u, w, g, &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
-        scratch_step_down(&r->work.scratch);
+        if (is_moe(c, u)) {
+            const float *in, *dout;
+            float* din;
+            long terms = B * moe_tokens_per_row(c);
+            moe_unit_backward_before(c, u, a, s, &in, &dout, &din);
+            ep_moe_backward(r, u, w, g, a, in, dout, din, terms);
+            double t = trace_clock();
+            moe_unit_backward_after(c, u, w, g, a, s, R, terms, &r->work.ws);
+            trace_event("compute", t, trace_clock(), 0, "input gradient %s", unit_name(c, u));
+        } else {
+            unit_backward(c, u, w, g, a, s, R, B, &r->work.ws);
+        }
+        scratch_step_down(s);
     }
 }
 
@@ -281,16 +323,24 @@ static const char mem_words[] = "(4 + 8 + 8 with AdamW) B x (replicated P + this
 static double ep_a2a_bytes(const Run* r) {
     const Config* c = &r->cfg;
     double bytes = 0;
-    for (int u = 1; u <= c->layers; u++)
-        bytes += 4.0 * (linear_in(c, u) + c->hidden) * (r->work.acts.moe[u].tokens_out + r->work.acts.moe[u].tokens_in);
+    for (int u = 1; u <= c->layers; u++) {
+        const MoeLayer* m = &r->work.acts.moe[u];
+        bytes += 4.0 * (m->e.K + m->e.H) * (m->tokens_out + m->tokens_in);
+    }
     return bytes;
 }
-// and with even routing and no drops: k R_q (1 - X_q/X) tokens out, k (B - R_q) X_q/X in
-static double ep_a2a_formula(const Run* r, int R, int B) {
+// and with even routing and no drops, per step: k n_q (1 - X_q/X) tokens out, k (n - n_q)
+// X_q/X in, with n_q this rank's tokens of the batch's n (the MLP's: R_q rows of B; the
+// GPT's: positions with a target, their means over the steps)
+static double ep_a2a_formula(const Run* r) {
     const Config* c = &r->cfg;
-    double k = c->top_k, share = (double)(r->x_hi - r->x_lo) / c->experts, tokens = k * R * (1 - share) + k * (B - R) * share;
-    double bytes = 0;
-    for (int u = 1; u <= c->layers; u++) bytes += 4.0 * (linear_in(c, u) + c->hidden) * tokens;
+    double k = c->top_k, share = (double)(r->x_hi - r->x_lo) / c->experts, bytes = 0;
+    for (int u = 1; u <= c->layers; u++) {
+        const MoeLayer* m = &r->work.acts.moe[u];
+        if (m->steps == 0) continue;
+        double mine = m->mine_sum / m->steps, n = m->tokens_sum / m->steps;
+        bytes += 4.0 * (m->e.K + m->e.H) * (k * mine * (1 - share) + k * (n - mine) * share);
+    }
     return bytes;
 }
 static Figures figures(const Run* r, const Progress* pr, int R) {
@@ -309,8 +359,8 @@ static Figures figures(const Run* r, const Progress* pr, int R) {
 
 // The all-to-all apart, per rank: measured, beside the formula on the tokens routed and
 // the formula with even routing and no drops (real routing sends fewer or more).
-static void ep_print_exchange(const Run* r, const Progress* pr, int R, int B) {
-    double mine[3] = {per_step(pr, r->ep.sent), per_step(pr, ep_a2a_bytes(r)), ep_a2a_formula(r, R, B)}, *all = NULL;
+static void ep_print_exchange(const Run* r, const Progress* pr, int B) {
+    double mine[3] = {per_step(pr, r->ep.sent), per_step(pr, ep_a2a_bytes(r)), ep_a2a_formula(r)}, *all = NULL;
     if (r->ep.rank == 0) all = mallocCheck(sizeof(double) * 3 * r->ep.size);
     MPI_Gather(mine, 3, MPI_DOUBLE, all, 3, MPI_DOUBLE, 0, r->ep.comm);
     if (r->ep.rank == 0) {
@@ -413,8 +463,8 @@ int main(int argc, char** argv) {
     char layout[192], per_rank[64];
     snprintf(per_rank, sizeof per_rank, X % N ? "%d or %d a rank (uneven: the first ranks take one more)" : "%d a rank",
              X / N, X / N + 1);
-    snprintf(layout, sizeof layout, "expert parallel over %d ranks: %d experts a layer (top-%d), %s; %ld rows a rank at most",
-             N, X, cfg->top_k, per_rank, hi - lo);
+    snprintf(layout, sizeof layout, "expert parallel over %d ranks: %d experts a %s (top-%d), %s; %ld rows a rank at most",
+             N, X, is_gpt(cfg) ? "block" : "layer", cfg->top_k, per_rank, hi - lo);
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
@@ -427,14 +477,15 @@ int main(int argc, char** argv) {
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
+        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
         int64_t loss = forward(&run, &batch, 0, B, B, NULL); // this rank's rows of the B; the sum of all B losses
-        progress.aux = fix_to(run.work.acts.aux) / B;
+        progress.aux = fix_to(run.work.acts.aux) / n;
         fix_zero(run.st.grads, np);
         backward(&run, R, B);
         ep_allreduce_replicated(&run);
-        float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.dp);
-        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
+        float scale = clip_factor(&o.opt, spans, n_spans, n, group_norm, &run.dp);
+        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
+        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 
@@ -444,7 +495,7 @@ int main(int argc, char** argv) {
     Report rep = {"train_ep.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
     if (!o.quiet) {
-        ep_print_exchange(&run, &progress, R, B);
+        ep_print_exchange(&run, &progress, B);
         if (world_rank == 0) moe_print_load(cfg, &run.work.acts, &progress);
     }
     if (run.timeline && progress.steps > 0) ep_timeline(&run, progress.t0); // t0: when the last step began

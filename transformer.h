@@ -5,6 +5,8 @@
  *   tokens [R][T] -> wte[token] + wpe[position] -> x [R][T][C]
  *   block (x L):  x = x + proj(attention(qkv(ln1(x))))   NH causal heads of HD = C / NH
  *                 x = x + fc2(gelu(fc(ln2(x))))           fc: C -> F = 4C, fc2: F -> C
+ *                 (--experts X: x = x + the gated sum of the MLPs of the top k of X experts,
+ *                 each with its own fc and fc2, a router on ln2(x) choosing; model.h)
  *   head:         logits = ln_f(x) lm_head                (C -> V, no bias, not tied to wte)
  *   loss:         cross-entropy, the mean over the batch's valid targets (padding has none)
  *
@@ -51,7 +53,8 @@ typedef struct {
     int NH; // heads held here
     int HD; // a head's size
     int A;  // NH x HD: the attention width held here
-    int F;  // MLP width held here
+    int F;  // MLP width held here (0 in a block whose MLP is a mixture of experts: each expert
+            // keeps its own activations, model.h)
     const int* pos; // [Tq] the position of each one held, ascending; NULL: 0 .. T-1 (Tq = T)
 } BlockDims;
 
@@ -104,6 +107,80 @@ static BlockParams block_params(const float* w, const BlockDims* d) {
 static BlockGrads block_grads(int64_t* g, const BlockDims* d) {
     BlockLayout l = block_layout(d->C, d->A, d->F);
     return (BlockGrads)BLOCK_POINTERS(g, l);
+}
+
+// The MLP half's four tensors on their own: the dense block's (above), or one expert's.
+typedef struct { const float *fc_w, *fc_b, *fc2_w, *fc2_b; } MlpParams;
+typedef struct { int64_t *fc_w, *fc_b, *fc2_w, *fc2_b; } MlpGrads;
+static MlpParams block_mlp(const BlockParams* p) { return (MlpParams){p->fc_w, p->fc_b, p->fc2_w, p->fc2_b}; }
+static MlpGrads block_mlp_grads(const BlockGrads* g) { return (MlpGrads){g->fc_w, g->fc_b, g->fc2_w, g->fc2_b}; }
+
+// A block whose MLP is a mixture of X experts (--experts; the layer itself is model.h's
+// "mixture of experts"): the dense block's attention and LayerNorms, in the dense order
+// (split by heads, then replicated), the router's weight [C][X] (replicated: every rank
+// routes its own tokens), then the X experts, each the dense block's MLP with weights of its
+// own, in the dense order too (fc_w [C][F], fc_b [F], fc2_w [F][C] split by slices of F, then
+// fc2_b [C]):
+//   qkv_w, qkv_b, proj_w, | ln1_g, ln1_b, proj_b, ln2_g, ln2_b, router_w, | expert 0, ..., expert X-1
+// so that what every rank of expert parallelism holds is one range (`shared`), and a rank
+// holding experts [x_lo, x_hi) holds another.
+typedef struct {
+    long qkv_w, qkv_b, proj_w;                          // split by heads
+    long ln1_g, ln1_b, proj_b, ln2_g, ln2_b, router_w;  // replicated
+    long split, shared; // elements of the split tensors, and of everything before the experts
+    long expert, n;     // elements of one expert, and of the whole block
+} MoeBlockLayout;
+typedef struct {
+    long fc_w, fc_b, fc2_w, fc2_b;
+    long split, n; // elements of the split tensors (all but fc2_b), and of all
+} MlpLayout;
+static MlpLayout mlp_layout(int C, int F) {
+    MlpLayout l;
+    long at = 0;
+    l.fc_w = at, at += (long)C * F;
+    l.fc_b = at, at += F;
+    l.fc2_w = at, at += (long)F * C;
+    l.split = at;
+    l.fc2_b = at, at += C;
+    l.n = at;
+    return l;
+}
+static MoeBlockLayout moe_block_layout(int C, int A, int F, int X) {
+    MoeBlockLayout l;
+    long at = 0;
+    l.qkv_w = at, at += (long)C * 3 * A;
+    l.qkv_b = at, at += 3L * A;
+    l.proj_w = at, at += (long)A * C;
+    l.split = at;
+    l.ln1_g = at, at += C;
+    l.ln1_b = at, at += C;
+    l.proj_b = at, at += C;
+    l.ln2_g = at, at += C;
+    l.ln2_b = at, at += C;
+    l.router_w = at, at += (long)C * X;
+    l.shared = at;
+    l.expert = mlp_layout(C, F).n;
+    l.n = l.shared + X * l.expert;
+    return l;
+}
+// An MoE block's attention and LayerNorms as a BlockParams (the MLP's tensors NULL: the
+// experts have their own), and an expert's MLP from the start of its parameters.
+#define MOE_BLOCK_POINTERS(base, l)                                                                           \
+    {(base) + (l).qkv_w, (base) + (l).qkv_b, (base) + (l).proj_w, NULL, NULL, NULL, (base) + (l).ln1_g,      \
+     (base) + (l).ln1_b, (base) + (l).proj_b, (base) + (l).ln2_g, (base) + (l).ln2_b, NULL}
+static BlockParams moe_block_params(const float* w, const MoeBlockLayout* l) {
+    return (BlockParams)MOE_BLOCK_POINTERS(w, *l);
+}
+static BlockGrads moe_block_grads(int64_t* g, const MoeBlockLayout* l) {
+    return (BlockGrads)MOE_BLOCK_POINTERS(g, *l);
+}
+static MlpParams expert_mlp(const float* w, int C, int F) {
+    MlpLayout l = mlp_layout(C, F);
+    return (MlpParams){w + l.fc_w, w + l.fc_b, w + l.fc2_w, w + l.fc2_b};
+}
+static MlpGrads expert_mlp_grads(int64_t* g, int C, int F) {
+    MlpLayout l = mlp_layout(C, F);
+    return (MlpGrads){g + l.fc_w, g + l.fc_b, g + l.fc2_w, g + l.fc2_b};
 }
 
 // What a block's forward keeps for its backward, in `rows` rows (each tensor [rows][...]):
@@ -448,17 +525,32 @@ static void block_forward_qkv(const float* x, const BlockParams* p, const BlockA
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1_g, p->ln1_b, N, d->C);
     linear_forward(a->qkv, a->ln1, p->qkv_w, p->qkv_b, (int)N, d->C, 3 * d->A, ws);          // column-parallel
 }
-static void block_forward_out(float* out, const float* x, const BlockParams* p, const BlockActs* a,
-                              const BlockDims* d, int64_t* acc, Workspace* ws) {
+// After attention, in two parts, so that a block whose MLP is a mixture of experts puts its
+// experts between them (model.h): proj and the residual, ln2 (a->atty -> a->x1, a->ln2);
+// then the MLP and its residual (-> out).
+static void block_forward_proj(const float* x, const BlockParams* p, const BlockActs* a, const BlockDims* d,
+                               int64_t* acc, Workspace* ws) {
     long N = (long)d->R * d->Tq;
-    int C = d->C, A = d->A, F = d->F;
+    int C = d->C, A = d->A;
     linear_forward_exact(a->x1, acc, a->atty, p->proj_w, p->proj_b, (int)N, A, C, ws);     // row-parallel: exact
     for (long i = 0; i < N * C; i++) a->x1[i] += x[i];                                     // residual
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, p->ln2_g, p->ln2_b, N, C);
-    linear_forward(a->fc, a->ln2, p->fc_w, p->fc_b, (int)N, C, F, ws);                     // column-parallel
-    gelu_forward(a->gelu, a->fc, N * F);
-    linear_forward_exact(out, acc, a->gelu, p->fc2_w, p->fc2_b, (int)N, F, C, ws);         // row-parallel: exact
-    for (long i = 0; i < N * C; i++) out[i] += a->x1[i];                                   // residual
+}
+// The MLP on N tokens (the block's, or an expert's on the tokens routed to it): in [N][C] ->
+// out [N][C], keeping fc's output and GELU's [N][F]. acc: [N][C] int64s.
+static void mlp_forward(float* out, float* fc, float* gelu, const float* in, const MlpParams* p, long N, int C, int F,
+                        int64_t* acc, Workspace* ws) {
+    linear_forward(fc, in, p->fc_w, p->fc_b, (int)N, C, F, ws);                            // column-parallel
+    gelu_forward(gelu, fc, N * F);
+    linear_forward_exact(out, acc, gelu, p->fc2_w, p->fc2_b, (int)N, F, C, ws);            // row-parallel: exact
+}
+static void block_forward_out(float* out, const float* x, const BlockParams* p, const BlockActs* a,
+                              const BlockDims* d, int64_t* acc, Workspace* ws) {
+    long N = (long)d->R * d->Tq;
+    MlpParams mlp = block_mlp(p);
+    block_forward_proj(x, p, a, d, acc, ws);
+    mlp_forward(out, a->fc, a->gelu, a->ln2, &mlp, N, d->C, d->F, acc, ws);
+    for (long i = 0; i < N * d->C; i++) out[i] += a->x1[i];                                // residual
 }
 // x [N][C] -> out [N][C], keeping `a`. tmp and acc: block_scratch_floats / _int64s.
 static void block_forward(float* out, const float* x, const BlockParams* p, const BlockActs* a, const BlockDims* d,
@@ -471,17 +563,31 @@ static void block_forward(float* out, const float* x, const BlockParams* p, cons
 // Backward, the input half, in three parts as the forward: from dout (the gradient of the
 // block's output) back through fc2, GELU, fc, ln2 and proj to datty (the gradient of
 // attention's output); attention; from st->dqkv back through qkv and ln1 to dx (of the
-// block's input). Each leaves in `st` what the weight half needs.
+// block's input). Each leaves in `st` what the weight half needs. The first part is itself
+// two, as the forward's: the MLP's (from dout to st->dln2), then ln2's and proj's.
+// The MLP's: dout [N][C] -> din [N][C] through fc2 (dh [N][F]), GELU (dfc [N][F], kept for
+// fc's weight gradient; dh and dfc may be one buffer) and fc. acc: [C][N] int64s.
+static void mlp_backward_input(float* din, float* dfc, float* dh, const float* dout, const float* fc,
+                               const MlpParams* p, long N, int C, int F, int64_t* acc, Workspace* ws) {
+    linear_backward_input(dh, dout, p->fc2_w, (int)N, F, C, ws);                            // row-parallel: float
+    gelu_backward(dfc, fc, dh, N * F);
+    linear_backward_input_exact(din, acc, dfc, p->fc_w, (int)N, C, F, ws);                 // column-parallel: exact
+}
+// ln2's and proj's: from dout (the residual's share) and st->dln2 (the MLP's) to datty
+static void block_backward_proj(float* datty, const float* dout, const BlockParams* p, const BlockActs* a,
+                                const BlockStash* st, const BlockDims* d, Workspace* ws) {
+    long N = (long)d->R * d->Tq;
+    int C = d->C, A = d->A;
+    layernorm_backward_input(st->dx1, dout, st->dln2, a->x1, a->ln2_mean, a->ln2_rstd, p->ln2_g, N, C);
+    linear_backward_input(datty, st->dx1, p->proj_w, (int)N, A, C, ws);                    // row-parallel: float
+}
 static void block_backward_out(float* datty, const float* dout, const BlockParams* p, const BlockActs* a,
                                const BlockStash* st, const BlockDims* d, float* dh, int64_t* acc, Workspace* ws) {
     long N = (long)d->R * d->Tq;
-    int C = d->C, A = d->A, F = d->F;
-    memcpy(st->dx2, dout, (size_t)N * C * sizeof(float));
-    linear_backward_input(dh, dout, p->fc2_w, (int)N, F, C, ws);                            // row-parallel: float
-    gelu_backward(st->dfc, a->fc, dh, N * F);
-    linear_backward_input_exact(st->dln2, acc, st->dfc, p->fc_w, (int)N, C, F, ws);        // column-parallel: exact
-    layernorm_backward_input(st->dx1, dout, st->dln2, a->x1, a->ln2_mean, a->ln2_rstd, p->ln2_g, N, C);
-    linear_backward_input(datty, st->dx1, p->proj_w, (int)N, A, C, ws);                    // row-parallel: float
+    MlpParams mlp = block_mlp(p);
+    memcpy(st->dx2, dout, (size_t)N * d->C * sizeof(float));
+    mlp_backward_input(st->dln2, st->dfc, dh, dout, a->fc, &mlp, N, d->C, d->F, acc, ws);
+    block_backward_proj(datty, dout, p, a, st, d, ws);
 }
 static void block_backward_qkv(float* dx, const float* x, const BlockParams* p, const BlockActs* a,
                                const BlockStash* st, const BlockDims* d, int64_t* acc, Workspace* ws) {
@@ -499,17 +605,28 @@ static void block_backward_input(float* dx, const float* dout, const float* x, c
     block_backward_qkv(dx, x, p, a, st, d, acc, ws);
 }
 // The weight half: every parameter gradient, exact sums over the tokens (`terms`: tokens in
-// the whole batch), from the kept activations and the stash.
-static void block_backward_weight(const BlockGrads* g, const float* x, const BlockActs* a, const BlockStash* st,
-                                  const BlockDims* d, long terms, Workspace* ws) {
+// the whole batch), from the kept activations and the stash. In two parts too: the MLP's
+// (on its input, GELU's output, and the gradients of fc's and fc2's outputs), then the
+// LayerNorms' and attention's.
+static void mlp_backward_weight(const MlpGrads* g, const float* in, const float* gelu, const float* dfc,
+                                const float* dout, long N, int C, int F, long terms, Workspace* ws) {
+    linear_backward_weight(g->fc2_w, g->fc2_b, gelu, dout, (int)N, F, C, terms, ws);
+    linear_backward_weight(g->fc_w, g->fc_b, in, dfc, (int)N, C, F, terms, ws);
+}
+static void block_backward_weight_attention(const BlockGrads* g, const float* x, const BlockActs* a,
+                                            const BlockStash* st, const BlockDims* d, long terms, Workspace* ws) {
     long N = (long)d->R * d->Tq;
-    int C = d->C, A = d->A, F = d->F;
-    linear_backward_weight(g->fc2_w, g->fc2_b, a->gelu, st->dx2, (int)N, F, C, terms, ws);
-    linear_backward_weight(g->fc_w, g->fc_b, a->ln2, st->dfc, (int)N, C, F, terms, ws);
+    int C = d->C, A = d->A;
     layernorm_backward_params(g->ln2_g, g->ln2_b, st->dln2, a->x1, a->ln2_mean, a->ln2_rstd, N, C, terms);
     linear_backward_weight(g->proj_w, g->proj_b, a->atty, st->dx1, (int)N, A, C, terms, ws);
     linear_backward_weight(g->qkv_w, g->qkv_b, a->ln1, st->dqkv, (int)N, C, 3 * A, terms, ws);
     layernorm_backward_params(g->ln1_g, g->ln1_b, st->dln1, x, a->ln1_mean, a->ln1_rstd, N, C, terms);
+}
+static void block_backward_weight(const BlockGrads* g, const float* x, const BlockActs* a, const BlockStash* st,
+                                  const BlockDims* d, long terms, Workspace* ws) {
+    MlpGrads mlp = block_mlp_grads(g);
+    mlp_backward_weight(&mlp, a->ln2, a->gelu, st->dfc, st->dx2, (long)d->R * d->Tq, d->C, d->F, terms, ws);
+    block_backward_weight_attention(g, x, a, st, d, terms, ws);
 }
 
 // ----------------------------------------------------------------------------

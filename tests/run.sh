@@ -791,6 +791,67 @@ section_ep() {
     expect_error 1 "is of a mixture of 4 experts and this run's model has 8" "ep: a checkpoint of another expert count is refused" -- $MPIRUN -n 2 ./train_ep --experts 8 --load "$TMP/ep_r20.ckpt" --steps 30
     expect_error 1 "other settings: --top-k 1 \(now 2\)" "ep: resuming with another --top-k is refused, naming it" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 2 --load "$TMP/ep_r20.ckpt" --steps 30
     expect_error 1 "cannot open data file" "ep: a missing data file ends every rank" -- $MPIRUN -n 3 ./train_ep --experts 4 --data /nonexistent
+    section_ep_gpt
+}
+
+# The GPT with experts (every block's MLP; model.h's "a unit with a mixture of experts"):
+# train_ep.c against train.c, bit for bit, on a small GPT
+section_ep_gpt() {
+    local g="--model gpt --emb 16 --heads 4 --layers 2 --samples 3" flags x n p
+    flags="$g --steps 30 --eval-every 0"
+    for x in 2 4 8; do
+        reference gep_${x}_1 $flags --experts $x --optimizer sgd --lr 0.05
+        reference gep_${x}_2 $flags --experts $x --top-k 2 --clip 0.5
+        for n in 1 2 3 4; do
+            [ $n -gt $x ] && continue
+            same_as gep_${x}_1 "ep: gpt, $x experts a block on $n ranks, top-1, sgd, same as train.c" \
+                $MPIRUN -n $n ./train_ep $flags --experts $x --optimizer sgd --lr 0.05
+            same_as gep_${x}_2 "ep: gpt, $x experts a block on $n ranks, top-2, adamw, clipping, same as train.c" \
+                $MPIRUN -n $n ./train_ep $flags --experts $x --top-k 2 --clip 0.5
+        done
+    done
+    # 27 rows on 4 ranks (7, 7, 7, 6), 5 experts (2, 1, 1, 1), validation every 10 steps; a
+    # capacity that drops many tokens in both blocks, and one that drops none
+    flags="$g --steps 20 --eval-every 10 --batch 27 --experts 5 --top-k 2"
+    reference gep_drop $flags --capacity 0.5
+    same_as gep_drop "ep: gpt, 5 experts over 4 ranks, 27 rows, capacity 0.5, validation on the way, same as train.c" \
+        $MPIRUN -n 4 ./train_ep $flags --capacity 0.5
+    reference gep_nodrop $flags --capacity 5
+    same_as gep_nodrop "ep: gpt, the same with capacity 5, same as train.c" $MPIRUN -n 4 ./train_ep $flags --capacity 5
+    run "$TMP/gdrop.out" $MPIRUN -n 4 ./train_ep $flags --capacity 0.5
+    check "ep: gpt, capacity 0.5 drops tokens in both blocks ($(grep -m1 'dropped [0-9]' "$TMP/gdrop.out"))" \
+        bash -c "[ \$(grep -cE 'dropped [1-9][0-9.]* tokens per step' '$TMP/gdrop.out') = 2 ]"
+    run "$TMP/gnodrop.out" $MPIRUN -n 4 ./train_ep $flags --capacity 5
+    check "ep: gpt, capacity 5 (no expert can overflow) drops none ($(grep -m1 'dropped [0-9]' "$TMP/gnodrop.out"))" \
+        bash -c "[ \$(grep -cE 'dropped 0.00 tokens per step .*last step 0' '$TMP/gnodrop.out') = 2 ]"
+    # the tokens are the positions with a target: the table counts them, not the 27 x 16 positions
+    check "ep: gpt, the load table counts the positions with a target ($(grep -m1 'block 1:' "$TMP/gdrop.out" | cut -c1-60))" \
+        grep -Eq "^  block 1: 1[0-9][0-9]\.[0-9] tokens \(positions with a target" "$TMP/gdrop.out"
+    # resuming across programs
+    flags="$g --steps 30 --eval-every 0 --experts 4"
+    run "$TMP/gep_half" ./train $flags --top-k 2 --clip 0.5 --steps 15 --save "$TMP/gep_half.ckpt" --quiet
+    same_as gep_4_2 "ep: gpt, 3 ranks resume train.c's checkpoint of step 15, same as train.c's 30 steps" \
+        $MPIRUN -n 3 ./train_ep $flags --top-k 2 --clip 0.5 --load "$TMP/gep_half.ckpt"
+    run "$TMP/gep_half2" $MPIRUN -n 2 ./train_ep $flags --optimizer sgd --lr 0.05 --steps 15 --save "$TMP/gep_half2.ckpt" --quiet
+    same_as gep_4_1 "ep: gpt, train.c resumes train_ep's checkpoint of step 15 (2 ranks), same as its own 30 steps" \
+        ./train $flags --optimizer sgd --lr 0.05 --load "$TMP/gep_half2.ckpt"
+    # bytes and memory against the formulas
+    accounting "ep: gpt, 3 ranks, 8 experts, top-2" 128 $MPIRUN -n 3 ./train_ep $g --experts 8 --top-k 2
+    accounting "ep: gpt, 2 ranks, 4 experts, sgd" 128 $MPIRUN -n 2 ./train_ep $g --experts 4 --optimizer sgd
+    # bad input: the programs that do not split experts refuse the GPT's, once, naming train_ep
+    for p in "2 ./train_dp" "2 ./train_fsdp" "2 ./train_tp" "2 ./train_pp" "2 ./train_cp" "2 ./train_3d --tp 2 --dp 1"; do
+        run "$TMP/gep_bad" $MPIRUN -n ${p%% *} ${p#* } --model gpt --experts 4 --steps 2
+        local status=$?
+        check "ep: ${p#* } refuses --model gpt --experts with one message naming train_ep (exit $status)" \
+            bash -c "[ $status = 2 ] && [ \$(grep -c '^error:' '$TMP/gep_bad') = 1 ] && grep -q 'train_ep.c (experts spread over ranks)' '$TMP/gep_bad'"
+    done
+    run "$TMP/gep_dense" ./train $g --steps 5 --eval-every 0 --save "$TMP/gep_dense.ckpt" --quiet
+    expect_error 1 "is of a dense model and this run has --experts 4" "ep: gpt, a dense GPT's checkpoint with --experts is refused" \
+        -- $MPIRUN -n 2 ./train_ep $g --experts 4 --steps 10 --load "$TMP/gep_dense.ckpt"
+    expect_error 1 "is of a mixture of 4 experts and this run's model has 0" "ep: gpt, an MoE GPT's checkpoint without --experts is refused" \
+        -- ./train $g --steps 30 --load "$TMP/gep_half.ckpt"
+    expect_error 2 "--experts 4 on 5 ranks: every rank needs at least one expert" "ep: gpt, fewer experts than ranks is refused" \
+        -- $MPIRUN -n 5 ./train_ep $g --experts 4
 }
 
 accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, memory within 5%, sent = received
@@ -902,7 +963,6 @@ section_gpt() {
     expect_error 2 "so 2N must divide T" "gpt: cp on 3 ranks (2N = 6 does not divide T = 16) is refused" -- $MPIRUN -n 3 ./train_cp --model gpt
     expect_error 2 "which only the GPT has" "gpt: cp with the MLP is refused, saying why" -- $MPIRUN -n 2 ./train_cp
     expect_error 2 "--cp-comm must be ring or allgather" "gpt: a bad --cp-comm is refused" -- $MPIRUN -n 2 ./train_cp --model gpt --cp-comm tree
-    expect_error 2 "--experts applies to --model mlp" "gpt: --experts with the GPT is refused" -- ./train --model gpt --experts 4
     expect_error 1 "cannot open data file" "gpt: a missing data file ends every rank of train_cp" -- $MPIRUN -n 2 ./train_cp --model gpt --data /nonexistent
 }
 

@@ -999,6 +999,164 @@ static void test_grad_moe(int layers, int experts, int top_k, float capacity, in
     work_free(&w);
 }
 
+// The GPT with experts (model.h's "a unit with a mixture of experts") in double precision,
+// written out from its definition: each block's attention half as the dense GPT's; then its
+// tokens, over the whole batch, the positions with a target only (padding is not routed in
+// training), routed as moe_model_objective routes rows: the router on ln2's output, top k,
+// capacity C = ceil(F k n / X) by slot then token, each expert the GELU MLP fc, GELU, fc2
+// with biases of its own, the gated sum added to the residual; f = the losses over the
+// targets + the load-balancing terms.
+static double gpt_moe_objective(const double* theta, void* vctx) {
+    GptCtx* x = vctx;
+    const Config* c = x->c;
+    int R = x->R, T = c->context, C = c->emb, V = c->vocab, F = 4 * C, L = c->layers, X = c->experts, k = c->top_k;
+    MoeBlockLayout bl = moe_block_layout(C, C, F, X);
+    MlpLayout el = mlp_layout(C, F);
+    double *h = mallocCheck(sizeof(double) * R * T * C), *y = mallocCheck(sizeof(double) * T * C);
+    double *qkv = mallocCheck(sizeof(double) * T * 3 * C), *a = mallocCheck(sizeof(double) * T * C);
+    double *z = mallocCheck(sizeof(double) * R * T * C), *m = mallocCheck(sizeof(double) * F);
+    double *p = mallocCheck(sizeof(double) * R * T * X), f = 0;
+    int *tok = mallocCheck(sizeof(int) * R * T), *ch = mallocCheck(sizeof(int) * R * T * k);
+    for (int i = 0; i < R * T; i++)
+        for (int q = 0; q < C; q++) h[i * C + q] = theta[x->tokens[i] * C + q] + theta[(long)V * C + (i % T) * C + q];
+    moe_dropped = 0;
+    for (int l = 1; l <= L; l++) {
+        const double* w = theta + unit_offset(c, l);
+        for (int r = 0; r < R; r++) { // attention, each row alone
+            double* hr = h + (long)r * T * C;
+            for (int t = 0; t < T; t++) {
+                ln_ref(y + t * C, hr + t * C, w + bl.ln1_g, w + bl.ln1_b, C);
+                for (int j = 0; j < 3 * C; j++) {
+                    double o = w[bl.qkv_b + j];
+                    for (int q = 0; q < C; q++) o += y[t * C + q] * w[bl.qkv_w + (long)q * 3 * C + j];
+                    qkv[t * 3 * C + j] = o;
+                }
+            }
+            attention_ref(a, qkv, T, C, c->heads, 0);
+            for (int t = 0; t < T; t++) {
+                for (int j = 0; j < C; j++) {
+                    double o = w[bl.proj_b + j];
+                    for (int q = 0; q < C; q++) o += a[t * C + q] * w[bl.proj_w + (long)q * C + j];
+                    hr[t * C + j] += o;
+                }
+                ln_ref(z + ((long)r * T + t) * C, hr + t * C, w + bl.ln2_g, w + bl.ln2_b, C);
+            }
+        }
+        int n = 0, total[2][64] = {{0}}, seen[2][64] = {{0}};
+        for (int i = 0; i < R * T; i++)
+            if (x->targets[i] >= 0) tok[n++] = i;
+        for (int i = 0; i < n; i++) { // the router
+            double mx = -INFINITY, s = 0, *pi = p + (long)i * X;
+            for (int e = 0; e < X; e++) {
+                double o = 0;
+                for (int q = 0; q < C; q++) o += z[(long)tok[i] * C + q] * w[bl.router_w + (long)q * X + e];
+                pi[e] = o, mx = o > mx ? o : mx;
+            }
+            for (int e = 0; e < X; e++) pi[e] = exp(pi[e] - mx), s += pi[e];
+            for (int e = 0; e < X; e++) pi[e] /= s;
+            for (int j = 0; j < k; j++) {
+                int best = -1;
+                for (int e = 0; e < X; e++)
+                    if ((j == 0 || e != ch[i * k]) && (best < 0 || pi[e] > pi[best])) best = e;
+                ch[i * k + j] = best, total[j][best]++;
+            }
+        }
+        long cap = (long)ceil((double)c->capacity * k * n / X);
+        for (int e = 0; e < X; e++) { // the load-balancing terms
+            double psum = 0;
+            for (int i = 0; i < n; i++) psum += p[(long)i * X + e];
+            f += (double)c->aux_loss * X * (double)(total[0][e] + (k > 1 ? total[1][e] : 0)) / (k * n) * psum;
+        }
+        for (int j = 0; j < k; j++)
+            for (int i = 0; i < n; i++) {
+                int e = ch[i * k + j];
+                long place = (j == 1 ? total[0][e] : 0) + seen[j][e]++;
+                if (place >= cap) {
+                    moe_dropped++;
+                    continue;
+                }
+                const double *pi = p + (long)i * X, *we = w + bl.shared + e * bl.expert, *zi = z + (long)tok[i] * C;
+                double g = k == 1 ? pi[e] : pi[e] / (pi[ch[i * k]] + pi[ch[i * k + 1]]);
+                for (int q = 0; q < F; q++) {
+                    double o = we[el.fc_b + q];
+                    for (int v = 0; v < C; v++) o += zi[v] * we[el.fc_w + (long)v * F + q];
+                    m[q] = gelu_ref(o);
+                }
+                for (int q = 0; q < C; q++) {
+                    double o = we[el.fc2_b + q];
+                    for (int v = 0; v < F; v++) o += m[v] * we[el.fc2_w + (long)v * C + q];
+                    h[(long)tok[i] * C + q] += g * o;
+                }
+            }
+    }
+    const double* w = theta + unit_offset(c, L + 1); // lm_head [C][V], ln_f gain, bias
+    for (int i = 0; i < R * T; i++) {
+        if (x->targets[i] < 0) continue;
+        ln_ref(y, h + (long)i * C, w + (long)C * V, w + (long)C * V + C, C);
+        double logit[V], mx = -INFINITY, s = 0;
+        for (int v = 0; v < V; v++) {
+            logit[v] = 0;
+            for (int q = 0; q < C; q++) logit[v] += y[q] * w[(long)q * V + v];
+            mx = fmax(mx, logit[v]);
+        }
+        for (int v = 0; v < V; v++) s += exp(logit[v] - mx);
+        f += log(s) + mx - logit[x->targets[i]];
+    }
+    free(h), free(y), free(qkv), free(a), free(z), free(m), free(p), free(tok), free(ch);
+    return f;
+}
+// train.c's GPT with experts against the reference above, rows with padding: the loss plus
+// the aux loss, and every gradient (attention, LayerNorms, routers, experts, embeddings, head).
+static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity, int want_drops) {
+    Config c = {.model = MODEL_GPT, .heads = 2, .vocab = 7, .context = 5, .emb = 4, .layers = layers,
+                .experts = experts, .top_k = top_k, .capacity = capacity, .aux_loss = 0.05f};
+    int R = 3, T = c.context;
+    long np = n_params(&c);
+    MoeBlockLayout bl = gpt_moe_layout(&c);
+    float* params = mallocCheck(sizeof(float) * np);
+    for (int u = 0; u < n_units(&c); u++)
+        for (long e = 0; e < unit_params(&c, u); e++) // a sure router: uneven loads
+            params[unit_offset(&c, u) + e] = unit_init_value(&c, 81 + layers + experts, u, e) *
+                                             (is_moe(&c, u) && e >= bl.router_w && e < bl.shared ? 3.0f : 1.0f);
+    int tokens[3 * 5], targets[3 * 5];
+    for (int r = 0; r < R; r++) { // names of 1, 3 and T-1 characters: padding, and a full row
+        int n = r == 0 ? 1 : r == 1 ? 3 : T - 1;
+        for (int t = 0; t < T; t++) {
+            int ch = 1 + (int)(rng_u64(64, r, t) % (c.vocab - 1));
+            tokens[r * T + t] = t == 0 || t > n ? 0 : targets[r * T + t - 1];
+            targets[r * T + t] = t < n ? ch : t == n ? 0 : -1;
+        }
+    }
+    Work w;
+    work_init(&w, &c, R, NULL);
+    memcpy(w.acts.tokens, tokens, sizeof(int) * R * T);
+    memcpy(w.acts.targets, targets, sizeof(int) * R * T);
+    w.acts.training = 1;
+    int64_t loss = model_forward(&c, params, &w, R, R);
+    long dropped = 0;
+    for (int u = 1; u <= layers; u++) dropped += w.acts.moe[u].dropped_last;
+    int64_t* grads = callocCheck(np, sizeof(int64_t));
+    model_backward(&c, params, grads, &w, R, R);
+    double *theta = mallocCheck(sizeof(double) * np), *an = mallocCheck(sizeof(double) * np),
+           *num = mallocCheck(sizeof(double) * np);
+    for (long i = 0; i < np; i++) theta[i] = params[i], an[i] = fix_to(grads[i]);
+    GptCtx ctx = {&c, tokens, targets, R, 0};
+    double ref = gpt_moe_objective(theta, &ctx), got = fix_to(loss) + fix_to(w.acts.aux);
+    long ref_dropped = moe_dropped;
+    numeric_grad(num, theta, np, gpt_moe_objective, &ctx);
+    double err = grad_error(an, num, np);
+    int with_target = 0;
+    for (int i = 0; i < R * T; i++) with_target += targets[i] >= 0;
+    check(fabs(got - ref) < 1e-5 * ref && err < GRAD_TOL && dropped == ref_dropped && (dropped > 0) == want_drops &&
+              w.acts.moe[1].n == with_target,
+          "gradient check: GPT with %d experts a block, top-%d, %d blocks, capacity %g, %d of %d positions routed "
+          "(those with a target: %d), %ld tokens dropped (reference %ld), %ld parameters (loss + aux %.6f, reference "
+          "%.6f): max rel error %.1e", experts, top_k, layers, capacity, w.acts.moe[1].n, R * T, with_target, dropped,
+          ref_dropped, np, got, ref, err);
+    free(params), free(grads), free(theta), free(an), free(num);
+    work_free(&w);
+}
+
 // The MoE layer's steps as a layout runs them (train_ep.c), on N ranks simulated in one
 // process: each rank routes its own tokens and holds a range of the experts, the counts
 // are concatenated, and the all-to-alls are copies between the ranks' buffers. The output,
@@ -1019,15 +1177,17 @@ static int sim_all_to_all(int N, float* const* send, int* const* send_rows, floa
         }
     return ok;
 }
-static void test_moe_split(int experts, int top_k, float capacity, int n_total, int N, int want_drops) {
-    Config c = {.vocab = 7, .context = 3, .emb = 4, .hidden = 10, .layers = 1, .experts = experts, .top_k = top_k,
-                .capacity = capacity, .aux_loss = 0.05f};
+static void test_moe_split(int model, int experts, int top_k, float capacity, int n_total, int N, int want_drops) {
+    Config c = {.model = model, .heads = 2, .vocab = 7, .context = 3, .emb = 4, .hidden = 10, .layers = 1,
+                .experts = experts, .top_k = top_k, .capacity = capacity, .aux_loss = 0.05f};
     Expert e = moe_expert(&c, 1);
     int K = e.K, H = e.H, X = experts, k = top_k;
-    long np = unit_params(&c, 1), nr = (long)K * X;
+    long nr = router_params(&c, 1), np = nr + X * e.params; // the layer's: the router, then the experts
     float *w = mallocCheck(sizeof(float) * np), *in = mallocCheck(sizeof(float) * n_total * K);
     float *dout = mallocCheck(sizeof(float) * n_total * H);
-    for (long i = 0; i < np; i++) w[i] = unit_init_value(&c, 5, 1, i) * (i < nr ? 4.0f : 1.0f); // a sure router: uneven loads
+    for (long i = 0; i < np; i++) // from the unit's initial values; a sure router: uneven loads
+        w[i] = i < nr ? 4.0f * unit_init_value(&c, 5, 1, moe_router_at(&c) + i)
+                      : unit_init_value(&c, 5, 1, moe_shared_params(&c, 1) + i - nr);
     fill(in, (long)n_total * K, 11, 1.0f);
     fill(dout, (long)n_total * H, 12, 1.0f);
     Workspace ws;
@@ -1037,8 +1197,8 @@ static void test_moe_split(int experts, int top_k, float capacity, int n_total, 
     moe_layer_init(&one, &c, 1, e, n_total);
     float *out1 = mallocCheck(sizeof(float) * n_total * H), *din1 = mallocCheck(sizeof(float) * n_total * K);
     int64_t aux1 = 0, *g1 = callocCheck(np, sizeof(int64_t));
-    moe_forward(&c, w, &one, in, out1, n_total, n_total, 1, &aux1, &ws);
-    moe_backward(&c, w, g1, &one, in, dout, din1, n_total, n_total, &ws);
+    moe_forward(&c, w, w + nr, &one, in, out1, n_total, 1, &aux1, &ws);
+    moe_backward(&c, w, w + nr, g1, g1 + nr, &one, in, dout, din1, n_total, n_total, &ws);
     // N ranks
     MoeLayer m[4];
     long lo[4], hi[4], x_lo[4], x_hi[4];
@@ -1053,14 +1213,14 @@ static void test_moe_split(int experts, int top_k, float capacity, int n_total, 
         long n = nr + (x_hi[q] - x_lo[q]) * e.params;
         wq[q] = mallocCheck(sizeof(float) * n), gq[q] = callocCheck(n, sizeof(int64_t));
         memcpy(wq[q], w, sizeof(float) * nr); // the router, replicated
-        memcpy(wq[q] + nr, w + moe_expert_at(&c, &e, (int)x_lo[q], 0), sizeof(float) * (n - nr)); // its experts
+        memcpy(wq[q] + nr, w + nr + moe_expert_at(&e, (int)x_lo[q], 0), sizeof(float) * (n - nr)); // its experts
         moe_layer_init(&m[q], &c, 1, e, n_total);
     }
     for (int q = 0; q < N; q++) {
         moe_route(&c, &m[q], in + lo[q] * K, wq[q], (int)(hi[q] - lo[q]), &ws);
         memcpy(counts + (long)q * k * X, m[q].mine, sizeof(int) * k * X); // the all-gather
     }
-    long C = moe_capacity(&c, n_total, 1);
+    long C = moe_capacity(&c, moe_batch_tokens(&c, counts, N), 1);
     for (int q = 0; q < N; q++) {
         moe_plan(&c, &m[q], counts, N, q, (int)(hi[q] - lo[q]), C);
         moe_balance(&c, &m[q], counts, N, q, (int)(hi[q] - lo[q]), n_total, C, &aux);
@@ -1075,8 +1235,8 @@ static void test_moe_split(int experts, int top_k, float capacity, int n_total, 
             for (int x = (int)x_lo[q]; x < x_hi[q]; at += p->kept[s * X + x], x++)
                 if (p->kept[s * X + x] > 0)
                     expert_forward(&e, p->recv_h + (long)at * H, p->recv_saved + (long)at * e.saved,
-                                   p->recv_in + (long)at * K, wq[q] + moe_expert_at(&c, &e, x, (int)x_lo[q]),
-                                   p->kept[s * X + x], &ws);
+                                   p->recv_in + (long)at * K, wq[q] + nr + moe_expert_at(&e, x, (int)x_lo[q]),
+                                   p->kept[s * X + x], p->tmp, p->acc, &ws);
     }
     for (int q = 0; q < N; q++) send[q] = m[q].recv_h, recv[q] = m[q].back;
     ok &= sim_all_to_all(N, send, recv_rows, recv, send_rows, H); // combine
@@ -1090,10 +1250,11 @@ static void test_moe_split(int experts, int top_k, float capacity, int n_total, 
         for (int s = 0, at = 0; s < N; s++)
             for (int x = (int)x_lo[q]; x < x_hi[q]; at += p->kept[s * X + x], x++)
                 if (p->kept[s * X + x] > 0) {
-                    long off = moe_expert_at(&c, &e, x, (int)x_lo[q]);
+                    long off = nr + moe_expert_at(&e, x, (int)x_lo[q]);
                     expert_backward(&e, p->recv_din + (long)at * K, gq[q] + off, p->recv_d + (long)at * H,
                                     p->recv_in + (long)at * K, p->recv_h + (long)at * H,
-                                    p->recv_saved + (long)at * e.saved, wq[q] + off, p->kept[s * X + x], n_total, &ws);
+                                    p->recv_saved + (long)at * e.saved, wq[q] + off, p->kept[s * X + x], n_total,
+                                    p->tmp, p->acc, &ws);
                 }
     }
     for (int q = 0; q < N; q++) send[q] = m[q].recv_din, recv[q] = m[q].back;
@@ -1111,13 +1272,14 @@ static void test_moe_split(int experts, int top_k, float capacity, int n_total, 
         same_grads &= sum == g1[i];
     }
     for (int q = 0; q < N; q++)
-        same_grads &= !memcmp(gq[q] + nr, g1 + moe_expert_at(&c, &e, (int)x_lo[q], 0),
+        same_grads &= !memcmp(gq[q] + nr, g1 + nr + moe_expert_at(&e, (int)x_lo[q], 0),
                               sizeof(int64_t) * (x_hi[q] - x_lo[q]) * e.params);
     int same = ok && !memcmp(out, out1, sizeof(float) * n_total * H) && aux == aux1 &&
                !memcmp(din, din1, sizeof(float) * n_total * K) && same_grads;
     check(same && (one.dropped_last > 0) == want_drops && m[0].dropped_last == one.dropped_last,
-          "mixture of %d experts, top-%d, capacity %g, %d tokens over %d simulated ranks (%ld dropped): the output, "
-          "aux loss, input and weight gradients have one process's bits", X, k, capacity, n_total, N, one.dropped_last);
+          "mixture of %d %s experts, top-%d, capacity %g, %d tokens over %d simulated ranks (%ld dropped): the output, "
+          "aux loss, input and weight gradients have one process's bits", X, model == MODEL_GPT ? "GELU MLP" : "ReLU",
+          k, capacity, n_total, N, one.dropped_last);
     for (int q = 0; q < N; q++) free(wq[q]), free(gq[q]), moe_layer_free(&m[q]);
     moe_layer_free(&one);
     free(w), free(in), free(dout), free(out1), free(din1), free(g1), free(counts), free(out), free(din);
@@ -1263,10 +1425,17 @@ int main(void) {
     test_grad_moe(2, 4, 2, 1.25f, 12, 1);
     test_grad_moe(1, 3, 2, 2.0f, 10, 0);
     test_grad_moe(2, 8, 2, 0.5f, 16, 1);
-    test_moe_split(4, 1, 0.75f, 30, 2, 1);
-    test_moe_split(5, 2, 0.5f, 31, 3, 1);
-    test_moe_split(8, 2, 4.0f, 30, 4, 0);
-    test_moe_split(3, 2, 1.0f, 29, 3, 1);
+    test_grad_gpt_moe(1, 4, 1, 4.0f, 0);
+    test_grad_gpt_moe(1, 4, 1, 1.0f, 1);
+    test_grad_gpt_moe(2, 4, 2, 1.0f, 1);
+    test_grad_gpt_moe(1, 3, 2, 2.0f, 0);
+    test_moe_split(MODEL_MLP, 4, 1, 0.75f, 30, 2, 1);
+    test_moe_split(MODEL_MLP, 5, 2, 0.5f, 31, 3, 1);
+    test_moe_split(MODEL_MLP, 8, 2, 4.0f, 30, 4, 0);
+    test_moe_split(MODEL_MLP, 3, 2, 1.0f, 29, 3, 1);
+    test_moe_split(MODEL_GPT, 4, 1, 0.75f, 30, 2, 1);
+    test_moe_split(MODEL_GPT, 5, 2, 0.5f, 31, 3, 1);
+    test_moe_split(MODEL_GPT, 8, 2, 4.0f, 30, 4, 0);
     test_data();
     test_rng();
     printf("%d passed, %d failed\n", n_pass, n_fail);
