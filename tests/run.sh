@@ -589,6 +589,35 @@ section_schedules() {
         same_as sch_3d "schedules: train_3d 2 x 2 x 2, $sched, same as train.c" \
             $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --microbatches 2 --schedule $sched $flags
     done
+    # the activations every rank held at its peak (the executor's own count, over all its
+    # chunks at once) are what the schedule's formula says, for every schedule and layout
+    local runs=0 bad="" S M sched v
+    for S in 2 3 4; do
+        for M in 1 $((2 * S + 1)) $((3 * S)); do
+            for sched in naive gpipe 1f1b interleaved:2 interleaved:3 zb1 zbv; do
+                v=""
+                [ "${sched%:*}" != "$sched" ] && v="--virtual ${sched#*:}"
+                [ "${sched%:*}" = interleaved ] && [ $((M % S)) != 0 ] && continue
+                run "$TMP/peak" $MPIRUN -n $S ./train_pp --layers 10 --hidden 16 --microbatches $M --schedule "${sched%:*}" $v \
+                    --steps 2 --eval-every 0 --samples 0
+                runs=$((runs + 1))
+                sed -n 's/^  rank [0-9]*: bubble .* peak \([0-9.]*\) (\([0-9.]*\))$/\1 \2/p' "$TMP/peak" >"$TMP/peaks"
+                [ "$(wc -l <"$TMP/peaks")" = $S ] && awk '$1 != $2 { exit 1 }' "$TMP/peaks" ||
+                    bad="$bad $sched S=$S M=$M: $(tr '\n' ',' <"$TMP/peaks");"
+            done
+        done
+    done
+    check "schedules: every rank's peak activations equal the formula, every schedule, S = 2..4, 3 M each, V = 2, 3 ($runs runs)${bad:+; differ:$bad}" \
+        test -z "$bad"
+    # schedules built in time linear in their actions, once per run: 16,384 microbatches
+    # under a 5 s watchdog (the report used to build the schedule again, quadratic in M)
+    check "schedules: tools/schedules builds and checks zbv for 2 ranks and 65,536 microbatches in under 10 s" \
+        timeout 10 tools/schedules zbv 2 2 65536
+    run "$TMP/big" $MPIRUN -n 2 ./train_pp --layers 2 --hidden 16 --schedule zbv --microbatches 16384 --batch 16384 \
+        --steps 2 --eval-every 0 --samples 2 --timeout 5 --save "$TMP/big.ckpt"
+    local status=$?
+    check "schedules: zbv with 16,384 microbatches under --timeout 5 finishes, saved, with its report (exit $status)" \
+        bash -c "test $status = 0 && grep -q '^  all ranks: bubble' '$TMP/big' && test -s '$TMP/big.ckpt'"
     run "$TMP/tl" $MPIRUN -n 2 ./train_pp --layers 2 --microbatches 4 --schedule zb1 --steps 5 --samples 0 --timeline
     check "schedules: --timeline draws F, I and W apart (digits, letters, capitals) for zb1" \
         awk '/^  stage [0-9] \|/ { n++; if ($0 !~ /[0-9]/ || $0 !~ /[a-d]/ || $0 !~ /[A-D]/) bad = 1 } END { exit !(n == 2 && !bad) }' "$TMP/tl"
