@@ -126,7 +126,7 @@ section_units() {
     relay "costmodel selftest" "costmodel: " tools/costmodel selftest
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
-    for t in data ckpt cli; do
+    for t in data ckpt cli schedules; do
         ls tests/fuzz/$t/* >/dev/null 2>&1 || continue
         if ! cc -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -DREPLAY -DTARGET_$t \
             tests/fuzz.c -o "$TMP/replay_$t" -lm 2>"$TMP/replay.err"; then
@@ -618,6 +618,24 @@ section_schedules() {
     local status=$?
     check "schedules: zbv with 16,384 microbatches under --timeout 5 finishes, saved, with its report (exit $status)" \
         bash -c "test $status = 0 && grep -q '^  all ranks: bubble' '$TMP/big' && test -s '$TMP/big.ckpt'"
+    # tools/schedules refuses nonsense, naming it
+    expect_error 2 "--f must be a decimal number above 0 .* got 'nan'" "schedules: tools/schedules --f nan is refused, naming the flag" \
+        -- tools/schedules zbv 4 2 8 --f nan
+    expect_error 2 "--latency must be a decimal number from 0 .* got 'inf'" "schedules: tools/schedules --latency inf is refused, naming the flag" \
+        -- tools/schedules zbv 4 2 8 --latency inf
+    expect_error 2 "--f must be a decimal number above 0 .* got '-1'" "schedules: tools/schedules --f -1 is refused as a duration, not blamed on the schedule" \
+        -- tools/schedules zbv 4 2 8 --f -1
+    expect_error 2 "--w needs a value" "schedules: tools/schedules --w without a value is refused" -- tools/schedules zb1 4 1 8 --w
+    expect_error 2 "M must be an integer from 1 to 65536, got '99999999'" "schedules: tools/schedules with M out of range is refused" \
+        -- tools/schedules zbv 4 2 99999999
+    echo "my picture" >"$TMP/mine.svg"
+    echo '{"traceEvents": [' >"$TMP/garbage.json"
+    expect_error 2 "trace '.*garbage.json' has no pipeline actions" "schedules: a garbage trace given to --svg is refused with a message" \
+        -- tools/schedules --svg "$TMP/mine.svg" 4 8 "$TMP/garbage.json"
+    check "schedules: ... and the picture's path keeps what it had" grep -qx "my picture" "$TMP/mine.svg"
+    printf '{"name": "F3 chunk 1", "cat": "pipeline", "ph": "X", "pid": 7, "tid": 0, "ts": 1.0, "dur": 2.0}\n' >"$TMP/rank7.json"
+    expect_error 2 "is not one of a pipeline of 4 ranks and 8 microbatches" "schedules: a trace of another pipeline (rank 7 of 4) is refused" \
+        -- tools/schedules --svg "$TMP/mine.svg" 4 8 "$TMP/rank7.json"
     run "$TMP/tl" $MPIRUN -n 2 ./train_pp --layers 2 --microbatches 4 --schedule zb1 --steps 5 --samples 0 --timeline
     check "schedules: --timeline draws F, I and W apart (digits, letters, capitals) for zb1" \
         awk '/^  stage [0-9] \|/ { n++; if ($0 !~ /[0-9]/ || $0 !~ /[a-d]/ || $0 !~ /[A-D]/) bad = 1 } END { exit !(n == 2 && !bad) }' "$TMP/tl"
