@@ -25,8 +25,9 @@
  *
  * Compare with ./train: the same losses, names and final checkpoint, for every S, M and schedule.
  *
- * Sections: the strategy (stages and chunks; the executor that runs any schedule's list);
- * the state of one run; the forward pass and the figures; options; main.
+ * Sections: the strategy (chunks of units; the executor's plumbing, skippable; the executor
+ * that runs any schedule's list: receive, compute, send); the state of one run; the
+ * forward pass and the figures; options; main.
  */
 #include "model.h"
 #include "ckpt.h"
