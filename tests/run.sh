@@ -879,6 +879,20 @@ section_builds() {
         check "builds: MPICH's mpicc -Wall -Wextra builds every program without a warning" \
             bash -c "for p in train_dp train_fsdp train_tp train_pp train_3d train_ep; do mpicc.mpich -O2 -Wall -Wextra \$p.c -o $TMP/w -lm 2>&1; done | grep -q . && exit 1 || exit 0"
         same_builds "$TMP/mpich" "MPICH, mpicc.mpich -O2" "env MPIEXEC=mpirun.mpich tools/mpirun"
+        # MPICH's waiting ranks spin, so make run sizes its 3D row and schedules table with
+        # tools/mpirun --ranks (no more ranks than cores under MPICH): such a job must run at
+        # least half as fast as OpenMPI's 8 ranks, which yield (1.5 more for a noisy machine)
+        local n ms_mpich ms_ompi
+        n=$(MPIEXEC=mpirun.mpich tools/mpirun --ranks 8)
+        check "builds: MPICH jobs start no more ranks than the $(nproc) cores (tools/mpirun --ranks 8: '$n')" \
+            test "$n" -ge 1 -a "$n" -le "$(nproc)"
+        local fast="--steps 300 --eval-every 0 --samples 0 --quiet"
+        run "$TMP/x.out" env MPIEXEC=mpirun.mpich tools/mpirun -n "$n" "$TMP/mpich/train_3d" --tp "$n" --dp 1 --pp 1 $fast --summary "$TMP/mpich.sum"
+        run "$TMP/x.out" tools/mpirun -n 8 "$o2/train_3d" --tp 2 --dp 2 --pp 2 $fast --summary "$TMP/ompi.sum"
+        ms_mpich=$(awk -F= '/^seconds=/ { s = $2 } /^steps=/ { n = $2 } END { printf "%.3f", n ? 1e3 * s / n : 1e9 }' "$TMP/mpich.sum" 2>/dev/null)
+        ms_ompi=$(awk -F= '/^seconds=/ { s = $2 } /^steps=/ { n = $2 } END { printf "%.3f", n ? 1e3 * s / n : 0 }' "$TMP/ompi.sum" 2>/dev/null)
+        check "builds: train_3d under MPICH on those $n ranks takes at most twice OpenMPI's 8 ranks' time a step, x 1.5 ($ms_mpich ms, $ms_ompi ms)" \
+            awk -v a="${ms_mpich:-1e9}" -v b="${ms_ompi:-0}" 'BEGIN { exit !(a <= 3 * b) }'
     else
         skip "builds: MPICH is not installed (apt-get install mpich libmpich-dev), only $(mpirun --version 2>&1 | head -1) ran"
     fi
