@@ -121,8 +121,8 @@ typedef struct {
     int mb_rows;       // the largest microbatch
     Held* held;        // [room] the activations in flight
     int room, n_held, most_held, held_at_most[4]; // the list's peak; held now, at most, and of each chunk then
-    Message* outbox;   // [n_outbox] messages sent, each with its buffer of msg_floats
-    int n_outbox;
+    Message* outbox;   // [n_outbox] messages sent, a ring from the oldest at next_out; msg_floats each
+    int n_outbox, next_out;
     long msg_floats;
     Acts pass[4];      // forward-only passes (validation, sampling), one per chunk
     Scratch scratch;
@@ -179,6 +179,9 @@ static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int V, 
     p->held = callocCheck(p->room > 0 ? p->room : 1, sizeof(Held));
     for (int j = 0; j < p->room; j++) p->held[j].mb = -1;
     p->msg_floats = (long)p->mb_rows * (most > 0 ? most : 1);
+    p->n_outbox = 2 * (p->room + 1);
+    p->outbox = mallocCheck(sizeof(Message) * p->n_outbox);
+    for (int j = 0; j < p->n_outbox; j++) p->outbox[j] = (Message){mallocCheck(sizeof(float) * p->msg_floats), MPI_REQUEST_NULL, -1};
     scratch_init(&p->scratch, c, pass_rows);
     p->t0 = callocCheck(p->n_actions, sizeof(double));
     p->t1 = callocCheck(p->n_actions, sizeof(double));
@@ -232,20 +235,27 @@ static int pp_receiver(const Pp* p, int k) {
     return chunk_owner(p->sched, p->S, p->V, k, &v);
 }
 
-// Room in the outbox: a message whose buffer no send uses any more, or a new one.
+// Room in the outbox for a message: the buffer of the oldest message in the ring, once MPI
+// says that message has left, or else a new buffer, placed before it. No send waits. The
+// ring starts with 2 (room + 1) buffers, twice the activations the rank holds at most, so
+// the oldest message has almost always arrived: asking MPI about one still on its way
+// (MPI_Test) is rare, as it should be, since OpenMPI then yields the core when ranks
+// outnumber cores.
 static Message* pp_outbox_slot(Pp* p) {
-    for (int j = 0; j < p->n_outbox; j++) {
-        Message* msg = &p->outbox[j];
-        int done;
-        if (msg->key >= 0) continue; // waits for a chunk of this rank
-        MPI_Test(&msg->req, &done, MPI_STATUS_IGNORE);
-        if (done) return msg;
+    Message* msg = &p->outbox[p->next_out];
+    int done = msg->key < 0; // a message to a chunk of this rank has left once that chunk takes it
+    if (done) MPI_Test(&msg->req, &done, MPI_STATUS_IGNORE);
+    if (!done) {
+        p->outbox = reallocCheck(p->outbox, sizeof(Message) * (p->n_outbox + 1));
+        msg = &p->outbox[p->next_out];
+        memmove(msg + 1, msg, sizeof(Message) * (p->n_outbox - p->next_out));
+        p->n_outbox++;
+        *msg = (Message){mallocCheck(sizeof(float) * p->msg_floats), MPI_REQUEST_NULL, -1};
     }
-    p->outbox = reallocCheck(p->outbox, sizeof(Message) * (p->n_outbox + 1));
-    Message* msg = &p->outbox[p->n_outbox++];
-    *msg = (Message){mallocCheck(sizeof(float) * p->msg_floats), MPI_REQUEST_NULL, -1};
+    p->next_out = (p->next_out + 1) % p->n_outbox; // the oldest again
     return msg;
 }
+
 // Sends n floats to model chunk k for microbatch m: a copy, to its rank, or kept for it.
 static void pp_send(Pp* p, int k, int m, int what, const float* data, long n) {
     Message* msg = pp_outbox_slot(p);
