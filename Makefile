@@ -56,7 +56,7 @@ tools/compare: tools/compare.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tools/compare.c $(LDLIBS)
 tools/report: tools/report.c tools/summary.h util.h
 	$(CC) $(CFLAGS) -o $@ tools/report.c $(LDLIBS)
-tools/schedules: tools/schedules.c schedules.h util.h
+tools/schedules: tools/schedules.c schedules.h $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ tools/schedules.c $(LDLIBS)
 tools/costmodel: tools/costmodel.c tools/costmodel_cluster.h tools/costmodel_llm.h tools/summary.h $(HEADERS) schedules.h
 	$(CC) $(CFLAGS) -o $@ tools/costmodel.c $(LDLIBS)

@@ -101,6 +101,12 @@ static void on_watchdog(int sig) {
           watchdog_seconds, current_step, w ? "waiting for " : "computing", w ? w : "", w ? " (another process is stuck or stopped)" : "");
 }
 
+// Winds the watchdog up again for work after training that is progress too: a checkpoint
+// written, a program's own report (train_pp.c's checker).
+static void watchdog_wind(const Options* o) {
+    if (o->timeout > 0) alarm((unsigned)o->timeout);
+}
+
 static Progress progress_start(const Options* o, int printing, SaveFn save, void* save_ctx, AgreeFn agree) {
     Progress p = {.o = o, .printing = printing, .save = save, .save_ctx = save_ctx, .agree = agree, .saved = -1};
     if (o->timeout > 0) {
@@ -168,6 +174,7 @@ static void step_begin(Progress* p, long step) {
 // The checkpoint of --save at `step`, unless it is written already.
 static void save_at(Progress* p, long step) {
     if (!p->o->save || p->saved == step) return;
+    watchdog_wind(p->o); // a finished run is not stopped before its checkpoint is written
     p->save(p->save_ctx, p->o, step);
     p->saved = step;
 }

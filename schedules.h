@@ -27,8 +27,10 @@
  *   zb1 (S-1)(f+i-w) / (M(f+i+w) + (S-1)(f+i-w)), a third of 1f1b's when f = i = w;
  *   zb1's holds when M >= S; zbv has none: the checker measures it.
  * Peak activations held by rank r, in microbatches through a whole stage (a chunk holds
- * 1/V of one): naive 1; gpipe M; 1f1b min(S-r, M); zb1 min(S, M) on every rank (1F1B's
- * largest, rank 0's); interleaved min(V M, 2(S-1-r) + (V-1) S + 1) / V; zbv at most S.
+ * 1/V of one), counted at once over all its chunks: naive 1; gpipe M; 1f1b min(S-r, M);
+ * zb1 min(S, M) on every rank (1F1B's largest, rank 0's); interleaved
+ * min(V M, 2(S-1-r) + (V-1) S + 1) / V (Megatron's warm-up, and one more F); zbv min(S, M)
+ * on every rank (its play's cap of 2S chunks, reached once M >= S).
  */
 #ifndef SCHEDULES_H
 #define SCHEDULES_H
@@ -68,12 +70,11 @@ static int chunk_global(int sched, int S, int r, int v) {
     if (sched == SCHEDULE_ZBV) return v == 0 ? r : 2 * S - 1 - r; // down the ranks, then back up: a V
     return v * S + r;                                                // interleaved: round-robin
 }
-// Which rank holds model chunk k, and as which of its chunks.
+// Which rank holds model chunk k (of S V), and as which of its chunks; -1 for no chunk.
 static int chunk_owner(int sched, int S, int V, int k, int* v) {
-    for (int r = 0; r < S; r++)
-        for (int c = 0; c < V; c++)
-            if (chunk_global(sched, S, r, c) == k) return *v = c, r;
-    return *v = -1, -1;
+    if (k < 0 || k >= S * V) return *v = -1, -1;
+    if (sched == SCHEDULE_ZBV) return k < S ? (*v = 0, k) : (*v = 1, 2 * S - 1 - k);
+    return *v = k / S, k % S;
 }
 
 // Whether S ranks, V chunks each and M microbatches fit the schedule; NULL, or why not.
@@ -162,45 +163,49 @@ static int schedule_zb1(int S, int V, int M, int r, Action* a) {
 // which fills what would be a bubble; within a kind, the oldest microbatch first, then the
 // later chunk. Each rank's list is the order it took them in: a play that completes has
 // no cycle of waits, so neither has any run of it.
-static int play_ready(const int* end, int k, int M, int m, int t) {
-    return end[k * M + m] >= 0 && end[k * M + m] <= t;
-}
+//
+// Each chunk runs each kind in microbatch order (the chunk before runs its F in that
+// order, the chunk after its I), so the only candidate of a kind on a chunk is its oldest
+// microbatch not yet run: a time step looks at V of them per kind and rank, and the whole
+// play takes time linear in the actions.
+static int play_done(const int* end, long x, int t) { return end[x] >= 0 && end[x] <= t; } // by time step t
 static void schedule_play(int sched, int S, int V, int M, Action** lists, int* counts) {
-    int K = S * V, total = K * M, done = 0;
-    int *f_end = mallocCheck(sizeof(int) * total), *i_end = mallocCheck(sizeof(int) * total),
-        *w_end = mallocCheck(sizeof(int) * total), *live = callocCheck(S, sizeof(int));
-    for (int x = 0; x < total; x++) f_end[x] = i_end[x] = w_end[x] = -1;
+    enum { I, F, W }; // the kinds, in the order a free rank prefers them
+    int K = S * V;
+    long total = (long)K * M, done = 0;
+    // end[kind][k M + m]: when that action of chunk k on microbatch m ends (-1: not taken);
+    // next[kind][k]: the oldest microbatch chunk k has not taken that kind for
+    int *end[3], *next[3], *live = callocCheck(S, sizeof(int)), (*taken)[3] = mallocCheck(sizeof(int[3]) * S);
+    for (int kind = I; kind <= W; kind++) {
+        end[kind] = mallocCheck(sizeof(int) * total), next[kind] = callocCheck(K, sizeof(int));
+        for (long x = 0; x < total; x++) end[kind][x] = -1;
+    }
     for (int r = 0; r < S; r++) counts[r] = 0;
     for (int t = 0; done < 3 * total; t++) {
-        if (t > 100 * (3 * total + S)) fatal("internal: the %s schedule cannot be played for S=%d M=%d", schedule_names[sched], S, M);
-        int changes[64][3], n_changes = 0; // what finishes at t + 1: (kind, k, m)
+        if (t > 3 * total) fatal("internal: the %s schedule cannot be played for S=%d M=%d", schedule_names[sched], S, M);
+        int n_taken = 0; // what ranks take at t ends at t + 1
         for (int r = 0; r < S; r++) {
-            int limit = 2 * S, best = -1, bk = 0, bm = 0, bv = 0;
-            for (int kind = 0; kind < 3 && best < 0; kind++) // 0: I, 1: F, 2: W
-                for (int m = 0; m < M && best < 0; m++)
-                    for (int v = V - 1; v >= 0; v--) {
-                        int k = chunk_global(sched, S, r, v), x = k * M + m, ok;
-                        if (kind == 0) ok = i_end[x] < 0 && play_ready(f_end, k, M, m, t) && (k == K - 1 || play_ready(i_end, k + 1, M, m, t));
-                        else if (kind == 1) ok = f_end[x] < 0 && live[r] < limit && (k == 0 || play_ready(f_end, k - 1, M, m, t));
-                        else ok = w_end[x] < 0 && play_ready(i_end, k, M, m, t);
-                        if (ok) {
-                            best = kind, bk = k, bm = m, bv = v;
-                            break;
-                        }
-                    }
+            int best = -1, bk = 0, bm = 0, bv = 0;
+            for (int kind = I; kind <= W && best < 0; kind++)
+                for (int v = V - 1; v >= 0; v--) { // the oldest microbatch, then the later chunk
+                    int k = chunk_global(sched, S, r, v), m = next[kind][k];
+                    if (m >= M || (best >= 0 && m >= bm)) continue;
+                    long x = (long)k * M + m;
+                    int ready = kind == I ? play_done(end[F], x, t) && (k == K - 1 || play_done(end[I], x + M, t))
+                              : kind == F ? live[r] < 2 * S && (k == 0 || play_done(end[F], x - M, t))
+                              : play_done(end[I], x, t);
+                    if (ready) best = kind, bk = k, bm = m, bv = v;
+                }
             if (best < 0) continue;
             lists[r][counts[r]++] = (Action){"IFW"[best], bv, bm};
-            if (best == 1) live[r]++;
-            if (best == 2) live[r]--;
-            changes[n_changes][0] = best, changes[n_changes][1] = bk, changes[n_changes][2] = bm, n_changes++;
+            live[r] += best == F ? 1 : best == W ? -1 : 0;
+            next[best][bk]++;
+            taken[n_taken][0] = best, taken[n_taken][1] = bk, taken[n_taken][2] = bm, n_taken++;
         }
-        for (int i = 0; i < n_changes; i++) { // everything taken at t finishes at t + 1
-            int* end = changes[i][0] == 0 ? i_end : changes[i][0] == 1 ? f_end : w_end;
-            end[changes[i][1] * M + changes[i][2]] = t + 1;
-            done++;
-        }
+        for (int j = 0; j < n_taken; j++, done++) end[taken[j][0]][(long)taken[j][1] * M + taken[j][2]] = t + 1;
     }
-    free(f_end), free(i_end), free(w_end), free(live);
+    for (int kind = I; kind <= W; kind++) free(end[kind]), free(next[kind]);
+    free(live), free(taken);
 }
 
 // Every rank's list of a schedule: lists[r] needs room for 3 V M actions.
@@ -252,7 +257,10 @@ static Check schedule_check(int sched, int S, int V, int M, Action* const* lists
     int *f_rank = mallocCheck(sizeof(int) * total), *i_rank = mallocCheck(sizeof(int) * total),
         *next = callocCheck(S, sizeof(int));
     for (int x = 0; x < total; x++) f_end[x] = i_end[x] = w_end[x] = -1, f_rank[x] = i_rank[x] = -1;
-    if (S > 64) snprintf(c.why, sizeof c.why, "more than 64 ranks"), c.ok = 0;
+    if (S > 64) {
+        snprintf(c.why, sizeof c.why, "more than 64 ranks");
+        c.ok = 0, S = 0; // nothing more to run or count
+    }
     for (int r = 0; r < S && c.ok; r++) // each action once, on the chunk's rank
         for (int j = 0; j < counts[r]; j++) {
             const Action* a = &lists[r][j];
@@ -330,8 +338,9 @@ static Check schedule_check(int sched, int S, int V, int M, Action* const* lists
     return c;
 }
 
-// The papers' closed forms, where they give one (-1 where they do not): the bubble as a
-// fraction of S x makespan, and rank r's peak activations in microbatches through a stage.
+// The closed forms (-1 where there is none): the bubble as a fraction of S x makespan, by
+// the papers (none for zbv), and rank r's peak activations in microbatches through a stage
+// (every schedule; tools/schedules --grid checks each against the lists).
 static double schedule_bubble_formula(int sched, int S, int V, int M, Durations d) {
     double b = d.i + d.w;
     if (sched == SCHEDULE_NAIVE) return (S - 1.0) / S;
@@ -347,7 +356,7 @@ static double schedule_peak_formula(int sched, int S, int V, int M, int r) {
     if (sched == SCHEDULE_NAIVE) return 1;
     if (sched == SCHEDULE_GPIPE) return M;
     if (sched == SCHEDULE_1F1B || (sched == SCHEDULE_INTERLEAVED && V == 1)) return S - r < M ? S - r : M;
-    if (sched == SCHEDULE_ZB1) return S < M ? S : M;
+    if (sched == SCHEDULE_ZB1 || sched == SCHEDULE_ZBV) return S < M ? S : M;
     if (sched == SCHEDULE_INTERLEAVED) { // Megatron's warm-up, and one more: in chunk activations
         int chunks = 2 * (S - 1 - r) + (V - 1) * S + 1;
         return (chunks < V * M ? chunks : V * M) / (double)V;

@@ -25,8 +25,9 @@
  *
  * Compare with ./train: the same losses, names and final checkpoint, for every S, M and schedule.
  *
- * Sections: the strategy (stages and chunks; the executor that runs any schedule's list);
- * the state of one run; the forward pass and the figures; options; main.
+ * Sections: the strategy (chunks of units; the executor's plumbing, skippable; the executor
+ * that runs any schedule's list: receive, compute, send); the state of one run; the
+ * forward pass and the figures; options; main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -74,7 +75,7 @@ static void pp_print_units(const Config* c, const int* first, int k) {
 // units; train_3d.c: their tensor-parallel slices, FSDP-sharded). Backward reads the
 // gradient of the chunk's output from s->dout and leaves the gradient of its input in
 // s->dout; with stash NULL it adds the weight gradients at once (B), otherwise it keeps
-// each unit's gradient in stash[u] for backward_weight to use later (I, then W).
+// what each unit's weight half needs in stash[u] for backward_weight to use later (I, then W).
 typedef struct {
     void (*forward)(void* ctx, int chunk, Acts* a, Scratch* s, int R, long rows_total);
     void (*backward)(void* ctx, int chunk, Acts* a, Scratch* s, float* const* stash, int R, long batch);
@@ -82,14 +83,22 @@ typedef struct {
     void* ctx;
 } StageWork;
 
-// The activations of one microbatch through one chunk, kept from its F to its B (or W).
+// The activations of one microbatch through one of this rank's chunks, held from its F to
+// its B or W; with an I/W schedule, also what its I leaves for its W.
 typedef struct {
     Acts acts;
-    float* stash[MAX_LAYERS + 2]; // I/W schedules: each unit's output gradient, for W
-    float* grad;                  // the chunk's input gradient, while it is sent
-    MPI_Request act_req, grad_req; // the sends of its activations and of that gradient
-    int mb;                       // the microbatch it holds, or -1
-} Slot;
+    float* stash[MAX_LAYERS + 2];
+    int chunk, mb; // mb -1: this place holds nothing
+} Held;
+
+// A message this rank sent: its own copy of the data, so that the sender moves on at once;
+// MPI's request while it travels to another rank, or, for a chunk of this same rank (ZB-V's
+// turn), its key until that chunk takes it.
+typedef struct {
+    float* data;
+    MPI_Request req;
+    long key; // -1: not for this rank, or taken
+} Message;
 
 typedef struct {
     Group* pp;
@@ -103,11 +112,19 @@ typedef struct {
     StageWork work;
     Action* actions;   // this rank's list, from its schedule
     int n_actions;
-    int split;         // whether the list runs I and W apart (then slots keep what W needs)
-    Slot* slot[4];     // [V][peak[v]] the microbatches in flight through each chunk
-    int peak[4];
-    float* mailbox[2][4]; // the activations (0) or gradient (1) a chunk passes to a chunk of this same rank
-    int mailbox_mb[2][4]; // the microbatch they belong to
+    Action** lists;    // rank 0 of the pipeline: every rank's list (counts[r] actions), for the report
+    int* counts;
+    int split;         // whether the list runs I and W apart (then W needs what I stashed)
+    // the executor's buffers (the plumbing section below)
+    const Config* c;
+    const int* width;  // each unit's width on this rank (train_3d.c's tensor-parallel slices), or NULL
+    int mb_rows;       // the largest microbatch
+    Held* held;        // [room] the activations in flight
+    int room, n_held, most_held, held_at_most[4]; // the list's peak; held now, at most, and of each chunk then
+    Message* outbox;   // [n_outbox] messages sent, a ring from the oldest at next_out; msg_floats each
+    int n_outbox, next_out;
+    long msg_floats;
+    Acts pass[4];      // forward-only passes (validation, sampling), one per chunk
     Scratch scratch;
     int64_t loss;      // the rank with the last chunk: the exact loss sum of the step's microbatches
     double idle, busy; // seconds waiting for messages, and computing, over the whole run
@@ -116,11 +133,10 @@ typedef struct {
     double step_start;
 } Pp;
 
-// The most microbatches whose activations chunk v holds at once under this rank's list.
-static int pp_chunk_peak(const Action* a, int n, int v) {
+// The most chunk activations a list holds at once: one from each F to its B or W.
+static int pp_list_peak(const Action* a, int n) {
     int live = 0, peak = 0;
     for (int i = 0; i < n; i++) {
-        if (a[i].chunk != v) continue;
         live += a[i].op == 'F' ? 1 : a[i].op == 'I' ? 0 : -1;
         peak = live > peak ? live : peak;
     }
@@ -128,14 +144,15 @@ static int pp_chunk_peak(const Action* a, int n, int v) {
 }
 
 // This rank's part of a pipeline of S V chunks cut at `first`, streaming `rows` rows per
-// step (of a global batch of B). `extra_rows`: each chunk's first slot and the scratch also
-// carry forward-only passes of that many rows (validation, sampling). `width`: the
-// width of each unit's activations on this rank (acts_init), or NULL.
+// step (of a global batch of B). `extra_rows`: forward-only passes (validation, sampling)
+// of up to that many rows. `width`: the width of each unit's activations on this rank
+// (acts_init), or NULL.
 static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int V, const int* first, int rows, int B,
                     int extra_rows, const int* width, StageWork work) {
     *p = (Pp){.pp = pp, .S = pp->size, .s = pp->rank, .V = V, .K = pp->size * V, .M = M, .sched = sched,
-              .rows = rows, .B = B, .context = c->context, .work = work};
-    int mb_rows = (rows + M - 1) / M, most = 0; // the largest microbatch
+              .rows = rows, .B = B, .context = c->context, .work = work, .c = c, .width = width,
+              .mb_rows = (rows + M - 1) / M};
+    int most = 0, pass_rows = extra_rows > p->mb_rows ? extra_rows : p->mb_rows;
     for (int v = 0; v < V; v++) {
         int k = p->k[v] = chunk_global(sched, p->S, p->s, v);
         p->u_lo[v] = first[k], p->u_hi[v] = first[k + 1];
@@ -144,62 +161,55 @@ static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int V, 
         p->out_width[v] = width ? width[hi - 1] : unit_width(c, hi - 1);
         most = p->in_width[v] > most ? p->in_width[v] : most;
         most = p->out_width[v] > most ? p->out_width[v] : most;
+        acts_init(&p->pass[v], c, pass_rows, lo, hi, width);
     }
-    Action** lists = mallocCheck(sizeof(Action*) * p->S);
-    int* counts = mallocCheck(sizeof(int) * p->S);
-    for (int r = 0; r < p->S; r++) lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
-    schedule_build(sched, p->S, V, M, lists, counts);
-    p->actions = lists[p->s], p->n_actions = counts[p->s];
-    for (int r = 0; r < p->S; r++)
-        if (r != p->s) free(lists[r]);
-    free(lists), free(counts);
+    // the schedule, built once: this rank's list, and on rank 0 every rank's, for the report
+    p->lists = mallocCheck(sizeof(Action*) * p->S);
+    p->counts = mallocCheck(sizeof(int) * p->S);
+    for (int r = 0; r < p->S; r++) p->lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
+    schedule_build(sched, p->S, V, M, p->lists, p->counts);
+    p->actions = p->lists[p->s], p->n_actions = p->counts[p->s];
+    if (p->s != 0) {
+        for (int r = 0; r < p->S; r++)
+            if (r != p->s) free(p->lists[r]);
+        free(p->lists), free(p->counts), p->lists = NULL, p->counts = NULL;
+    }
     for (int i = 0; i < p->n_actions; i++) p->split |= p->actions[i].op == 'W';
-    for (int v = 0; v < V; v++) {
-        p->peak[v] = pp_chunk_peak(p->actions, p->n_actions, v);
-        p->slot[v] = callocCheck(p->peak[v] > 0 ? p->peak[v] : 1, sizeof(Slot));
-        for (int j = 0; j < p->peak[v]; j++) {
-            Slot* sl = &p->slot[v][j];
-            int r = j == 0 && extra_rows > mb_rows ? extra_rows : mb_rows;
-            acts_init(&sl->acts, c, r, p->u_lo[v], p->u_hi[v], width);
-            for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++)
-                sl->stash[u] = mallocCheck((size_t)mb_rows * (width ? width[u] : unit_width(c, u)) * sizeof(float));
-            sl->grad = mallocCheck((size_t)mb_rows * (p->in_width[v] > 0 ? p->in_width[v] : 1) * sizeof(float));
-            sl->act_req = sl->grad_req = MPI_REQUEST_NULL;
-            sl->mb = -1;
-        }
-        for (int d = 0; d < 2; d++) p->mailbox[d][v] = mallocCheck((size_t)mb_rows * (most > 0 ? most : 1) * sizeof(float));
-    }
-    scratch_init(&p->scratch, c, extra_rows > mb_rows ? extra_rows : mb_rows);
+    p->room = pp_list_peak(p->actions, p->n_actions);
+    p->held = callocCheck(p->room > 0 ? p->room : 1, sizeof(Held));
+    for (int j = 0; j < p->room; j++) p->held[j].mb = -1;
+    p->msg_floats = (long)p->mb_rows * (most > 0 ? most : 1);
+    p->n_outbox = 2 * (p->room + 1);
+    p->outbox = mallocCheck(sizeof(Message) * p->n_outbox);
+    for (int j = 0; j < p->n_outbox; j++) p->outbox[j] = (Message){mallocCheck(sizeof(float) * p->msg_floats), MPI_REQUEST_NULL, -1};
+    scratch_init(&p->scratch, c, pass_rows);
     p->t0 = callocCheck(p->n_actions, sizeof(double));
     p->t1 = callocCheck(p->n_actions, sizeof(double));
 }
 
 static void pp_free(Pp* p) {
-    for (int v = 0; v < p->V; v++) {
-        for (int j = 0; j < p->peak[v]; j++) {
-            acts_free(&p->slot[v][j].acts);
-            for (int u = 0; u < MAX_LAYERS + 2; u++) free(p->slot[v][j].stash[u]);
-            free(p->slot[v][j].grad);
-        }
-        free(p->slot[v]), free(p->mailbox[0][v]), free(p->mailbox[1][v]);
-    }
-    free(p->actions), free(p->t0), free(p->t1);
+    for (int v = 0; v < p->V; v++) acts_free(&p->pass[v]);
+    for (int j = 0; j < p->n_outbox; j++) free(p->outbox[j].data);
+    if (p->lists)
+        for (int r = 0; r < p->S; r++) free(p->lists[r]);
+    else
+        free(p->actions);
+    free(p->lists), free(p->counts), free(p->held), free(p->outbox), free(p->t0), free(p->t1);
     scratch_free(&p->scratch);
 }
 
 // ----------------------------------------------------------------------------
-// the strategy: the executor, which runs any schedule's list of actions
+// the executor's plumbing: activations held, and messages
 //
-// Deadlock: every send is non-blocking (MPI_Isend) and completes later, so a rank never
-// waits on a send while its neighbour waits on it; receives block, in list order; each
-// message is tagged with its chunk, microbatch and direction, so a receive can only match
-// its own message. The checker (schedules.h) proves every list free of cycles of waits.
-// A chunk whose neighbour chunk is on the same rank (ZB-V's turn) hands its activations or
-// gradient over through a mailbox instead: the list runs the receiver after the sender.
+// Deadlock: every send is non-blocking (the data is copied into the outbox, and MPI_Isend
+// completes later), so a rank never waits on a send while its neighbour waits on it;
+// receives block, in list order; each message is tagged with the chunk it is for, its
+// microbatch and its direction, so a receive can only match its own message. The checker
+// (schedules.h) proves every list free of cycles of waits. A message to a chunk of this
+// same rank (ZB-V's turn) stays in the outbox until that chunk takes it.
 
-static int pp_tag(const Pp* p, int k, int mb, int gradient) {
-    return TAG_MICROBATCH + ((k + p->K * mb) * 2 + gradient) % (32768 - TAG_MICROBATCH);
-}
+enum { ACTIVATIONS, GRADIENT };
+
 // Waits for a message, counting the wait as idle time.
 static void pp_wait(Pp* p, MPI_Request* req) {
     double t = now_seconds();
@@ -208,10 +218,112 @@ static void pp_wait(Pp* p, MPI_Request* req) {
     waiting_for = NULL;
     p->idle += now_seconds() - t;
 }
-static void pp_recv(Pp* p, float* buf, long count, int from, int tag) {
-    MPI_Request req;
-    group_irecv(p->pp, buf, count, MPI_FLOAT, from, tag, &req);
-    pp_wait(p, &req);
+// The message into model chunk k for microbatch m: its key, and its MPI tag (MPI promises
+// tags up to 32767; messages between two ranks keep their order, so tags may repeat).
+static long pp_key(const Pp* p, int k, int m, int what) { return ((long)m * p->K + k) * 2 + what; }
+static int pp_tag(const Pp* p, int k, int m, int what) {
+    return TAG_MICROBATCH + (int)(pp_key(p, k, m, what) % (32768 - TAG_MICROBATCH));
+}
+// The rank that sends chunk k its input (the activations of chunk k-1) or its output's
+// gradient (from chunk k+1); -1 past either end of the model.
+static int pp_sender(const Pp* p, int k, int what) {
+    int v;
+    return chunk_owner(p->sched, p->S, p->V, what == ACTIVATIONS ? k - 1 : k + 1, &v);
+}
+static int pp_receiver(const Pp* p, int k) {
+    int v;
+    return chunk_owner(p->sched, p->S, p->V, k, &v);
+}
+
+// Room in the outbox for a message: the buffer of the oldest message in the ring, once MPI
+// says that message has left, or else a new buffer, placed before it. No send waits. The
+// ring starts with 2 (room + 1) buffers, twice the activations the rank holds at most, so
+// the oldest message has almost always arrived: asking MPI about one still on its way
+// (MPI_Test) is rare, as it should be, since OpenMPI then yields the core when ranks
+// outnumber cores.
+static Message* pp_outbox_slot(Pp* p) {
+    Message* msg = &p->outbox[p->next_out];
+    int done = msg->key < 0; // a message to a chunk of this rank has left once that chunk takes it
+    if (done) MPI_Test(&msg->req, &done, MPI_STATUS_IGNORE);
+    if (!done) {
+        p->outbox = reallocCheck(p->outbox, sizeof(Message) * (p->n_outbox + 1));
+        msg = &p->outbox[p->next_out];
+        memmove(msg + 1, msg, sizeof(Message) * (p->n_outbox - p->next_out));
+        p->n_outbox++;
+        *msg = (Message){mallocCheck(sizeof(float) * p->msg_floats), MPI_REQUEST_NULL, -1};
+    }
+    p->next_out = (p->next_out + 1) % p->n_outbox; // the oldest again
+    return msg;
+}
+
+// Sends n floats to model chunk k for microbatch m: a copy, to its rank, or kept for it.
+static void pp_send(Pp* p, int k, int m, int what, const float* data, long n) {
+    Message* msg = pp_outbox_slot(p);
+    memcpy(msg->data, data, n * sizeof(float));
+    int to = pp_receiver(p, k);
+    if (to == p->s) msg->key = pp_key(p, k, m, what);
+    else group_isend(p->pp, msg->data, n, MPI_FLOAT, to, pp_tag(p, k, m, what), &msg->req);
+}
+// Receives into buf the n floats model chunk k gets for microbatch m, waiting for them.
+static void pp_receive(Pp* p, int k, int m, int what, float* buf, long n) {
+    int from = pp_sender(p, k, what);
+    if (from != p->s) {
+        MPI_Request req;
+        group_irecv(p->pp, buf, n, MPI_FLOAT, from, pp_tag(p, k, m, what), &req);
+        pp_wait(p, &req);
+        return;
+    }
+    long key = pp_key(p, k, m, what);
+    for (int j = 0; j < p->n_outbox; j++)
+        if (p->outbox[j].key == key) {
+            memcpy(buf, p->outbox[j].data, n * sizeof(float));
+            p->outbox[j].key = -1;
+            return;
+        }
+    fatal("internal: chunk %d runs before its message for microbatch %d from a chunk of its rank", k, m);
+}
+// The end of a step: every message has left, so that the next step may reuse their tags.
+static void pp_outbox_empty(Pp* p) {
+    for (int j = 0; j < p->n_outbox; j++) {
+        if (p->outbox[j].key >= 0) fatal("internal: a message to a chunk of this rank was never taken");
+        pp_wait(p, &p->outbox[j].req);
+    }
+}
+
+// Room for the activations of microbatch m through chunk v, from its F to its B or W
+// (pp_drop): allocated then, freed then, so that a rank holds what its list has in
+// flight and no more, whichever chunk it is for.
+static Held* pp_hold(Pp* p, int v, int m) {
+    Held* h = p->held;
+    while (h->mb >= 0) h++; // there is room: room is the list's peak
+    acts_init(&h->acts, p->c, p->mb_rows, p->u_lo[v], p->u_hi[v], p->width);
+    for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++)
+        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * (p->width ? p->width[u] : unit_stash_width(p->c, u)));
+    h->chunk = v, h->mb = m;
+    if (++p->n_held > p->most_held) {
+        p->most_held = p->n_held;
+        for (int w = 0; w < p->V; w++) p->held_at_most[w] = 0;
+        for (int j = 0; j < p->room; j++) p->held_at_most[p->held[j].chunk] += p->held[j].mb >= 0;
+    }
+    return h;
+}
+static Held* pp_held(Pp* p, int v, int m) {
+    for (int j = 0; j < p->room; j++)
+        if (p->held[j].mb == m && p->held[j].chunk == v) return &p->held[j];
+    fatal("internal: no activations of microbatch %d in chunk %d", m, p->k[v]);
+}
+static void pp_drop(Pp* p, Held* h) {
+    acts_free(&h->acts);
+    for (int u = 0; u < MAX_LAYERS + 2; u++) free(h->stash[u]), h->stash[u] = NULL;
+    h->mb = -1;
+    p->n_held--;
+}
+
+// Microbatch m: its first row, and (returned) how many.
+static int pp_mb_rows(const Pp* p, int m, long* first) {
+    long end;
+    split_range(p->rows, p->M, m, first, &end);
+    return (int)(end - *first);
 }
 // Action i computed from t to now: busy time, the timeline, the trace.
 static void pp_computed(Pp* p, int i, double t) {
@@ -221,125 +333,76 @@ static void pp_computed(Pp* p, int i, double t) {
     const Action* a = &p->actions[i];
     trace_event("pipeline", t, now, 0, "%c%d chunk %d", a->op, a->mb, p->k[a->chunk]);
 }
-static int pp_mb_rows(const Pp* p, int m, long* lo) {
-    long hi;
-    split_range(p->rows, p->M, m, lo, &hi);
-    return (int)(hi - *lo);
-}
-static Slot* pp_slot_of(Pp* p, int v, int m) {
-    for (int j = 0; j < p->peak[v]; j++)
-        if (p->slot[v][j].mb == m) return &p->slot[v][j];
-    fatal("internal: no activations of microbatch %d in chunk %d", m, p->k[v]);
-}
 
-// The rank holding the chunk before (step -1) or after (+1) chunk v, and as which of its
-// chunks; -1 past either end of the model.
-static int pp_neighbour(const Pp* p, int v, int step, int* w) {
-    int k = p->k[v] + step;
-    return k >= 0 && k < p->K ? chunk_owner(p->sched, p->S, p->V, k, w) : (*w = -1, -1);
-}
-// The mailbox of chunk v of this rank (activations in, or gradient in), as filled by a
-// neighbour chunk of this same rank for microbatch m.
-static float* pp_mailbox(Pp* p, int gradient, int v, int m, int filling) {
-    if (filling) p->mailbox_mb[gradient][v] = m;
-    else if (p->mailbox_mb[gradient][v] != m) fatal("internal: chunk %d expected microbatch %d in its mailbox", p->k[v], m);
-    return p->mailbox[gradient][v];
-}
-
-// F of microbatch m through chunk v: a free slot for its activations; its rows, or the
-// activations of the chunk before; the chunk's units; the activations to the next chunk.
-static void pp_forward(Pp* p, int i, int v, int m, const Rows* rows) {
-    int k = p->k[v], wp, wn, prev = pp_neighbour(p, v, -1, &wp), next = pp_neighbour(p, v, +1, &wn);
-    Slot* sl = p->slot[v];
-    while (sl->mb >= 0) sl++;  // a free slot exists: the list holds at most peak[v]
-    pp_wait(p, &sl->act_req);  // its last activations have left
-    sl->mb = m;
-    Acts* a = &sl->acts;
-    long lo;
-    int R = pp_mb_rows(p, m, &lo);
-    rows_load(rows, lo, R, p->context, a->tokens, a->targets);
-    long n_in = (long)R * p->in_width[v], n_out = (long)R * p->out_width[v];
-    if (prev == p->s) memcpy(a->out[p->u_lo[v] - 1], pp_mailbox(p, 0, v, m, 0), n_in * sizeof(float));
-    else if (prev >= 0) pp_recv(p, a->out[p->u_lo[v] - 1], n_in, prev, pp_tag(p, k - 1, m, 0));
-    double t = now_seconds();
-    p->work.forward(p->work.ctx, v, a, &p->scratch, R, p->B);
-    pp_computed(p, i, t);
-    const float* out = a->out[p->u_hi[v] - 1];
-    if (next < 0) p->loss += a->loss;
-    else if (next == p->s) memcpy(pp_mailbox(p, 0, wn, m, 1), out, n_out * sizeof(float));
-    else group_isend(p->pp, out, n_out, MPI_FLOAT, next, pp_tag(p, k, m, 0), &sl->act_req);
-}
-
-// B (or its input half I) of microbatch m through chunk v: the gradient from the chunk after
-// (the last chunk starts from the loss); the chunk's units, backward; the gradient to the
-// chunk before. B then drops the activations; I keeps them for W.
-static void pp_backward(Pp* p, int i, int v, int m, int split) {
-    int k = p->k[v], wp, wn, prev = pp_neighbour(p, v, -1, &wp), next = pp_neighbour(p, v, +1, &wn);
-    Slot* sl = pp_slot_of(p, v, m);
-    long lo;
-    int R = pp_mb_rows(p, m, &lo);
-    long n_out = (long)R * p->out_width[v], n_in = (long)R * p->in_width[v];
-    if (next == p->s) memcpy(p->scratch.dout, pp_mailbox(p, 1, v, m, 0), n_out * sizeof(float));
-    else if (next >= 0) pp_recv(p, p->scratch.dout, n_out, next, pp_tag(p, k + 1, m, 1));
-    double t = now_seconds();
-    p->work.backward(p->work.ctx, v, &sl->acts, &p->scratch, split ? sl->stash : NULL, R, p->B);
-    pp_computed(p, i, t);
-    if (prev == p->s) {
-        memcpy(pp_mailbox(p, 1, wp, m, 1), p->scratch.dout, n_in * sizeof(float));
-    } else if (prev >= 0) {
-        pp_wait(p, &sl->grad_req); // the buffer's previous gradient has left
-        memcpy(sl->grad, p->scratch.dout, n_in * sizeof(float));
-        group_isend(p->pp, sl->grad, n_in, MPI_FLOAT, prev, pp_tag(p, k, m, 1), &sl->grad_req);
-    }
-    if (!split) sl->mb = -1;
-}
-// W of microbatch m through chunk v: the weight gradients, from what its I kept; then the
-// activations are dropped.
-static void pp_weight(Pp* p, int i, int v, int m) {
-    Slot* sl = pp_slot_of(p, v, m);
-    long lo;
-    int R = pp_mb_rows(p, m, &lo);
-    double t = now_seconds();
-    p->work.backward_weight(p->work.ctx, v, &sl->acts, sl->stash, R, p->B);
-    pp_computed(p, i, t);
-    sl->mb = -1;
-}
-
-// One training step: this rank's actions in order, on the step's `rows`; returns (on the
-// rank of the last chunk) the exact loss sum over the pipeline's rows.
+// ----------------------------------------------------------------------------
+// the strategy: the executor, which runs any schedule's list of actions
+//
+// For each action of this rank's list, in order: receive what it needs, compute, send what
+// it made. F of microbatch m through chunk k: the activations of chunk k-1 in (the first
+// chunk draws the rows itself), forward, the activations out to chunk k+1 (the last chunk
+// adds the loss instead). B, or its input half I: the gradient of chunk k's output in from
+// chunk k+1 (the last chunk starts from the loss), backward, the gradient of its input out
+// to chunk k-1. W: the weight gradients from what I stashed. The activations of m through
+// k are held from its F to its B or W. Returns, on the rank of the last chunk, the exact
+// loss sum over the pipeline's rows.
 static int64_t pp_step(Pp* p, const Rows* rows) {
     p->loss = 0;
     p->step_start = now_seconds();
     for (int i = 0; i < p->n_actions; i++) {
-        const Action* a = &p->actions[i];
-        if (a->op == 'F') pp_forward(p, i, a->chunk, a->mb, rows);
-        else if (a->op == 'W') pp_weight(p, i, a->chunk, a->mb);
-        else pp_backward(p, i, a->chunk, a->mb, a->op == 'I');
+        int v = p->actions[i].chunk, m = p->actions[i].mb, k = p->k[v], lo = p->u_lo[v], hi = p->u_hi[v];
+        char op = p->actions[i].op;
+        long first;
+        int R = pp_mb_rows(p, m, &first);
+        long n_in = (long)R * p->in_width[v], n_out = (long)R * p->out_width[v];
+        Held* h = op == 'F' ? pp_hold(p, v, m) : pp_held(p, v, m);
+        double t;
+        if (op == 'F') {
+            rows_load(rows, first, R, p->context, h->acts.tokens, h->acts.targets);
+            if (k > 0) pp_receive(p, k, m, ACTIVATIONS, h->acts.out[lo - 1], n_in);
+            t = now_seconds();
+            p->work.forward(p->work.ctx, v, &h->acts, &p->scratch, R, p->B);
+            pp_computed(p, i, t);
+            if (k < p->K - 1) pp_send(p, k + 1, m, ACTIVATIONS, h->acts.out[hi - 1], n_out);
+            else p->loss += h->acts.loss;
+        } else if (op == 'B' || op == 'I') {
+            if (k < p->K - 1) pp_receive(p, k, m, GRADIENT, p->scratch.dout, n_out);
+            t = now_seconds();
+            p->work.backward(p->work.ctx, v, &h->acts, &p->scratch, op == 'I' ? h->stash : NULL, R, p->B);
+            pp_computed(p, i, t);
+            if (k > 0) pp_send(p, k - 1, m, GRADIENT, p->scratch.dout, n_in);
+            if (op == 'B') pp_drop(p, h);
+        } else { // W
+            t = now_seconds();
+            p->work.backward_weight(p->work.ctx, v, &h->acts, h->stash, R, p->B);
+            pp_computed(p, i, t);
+            pp_drop(p, h);
+        }
     }
-    for (int v = 0; v < p->V; v++) // every message has left before the optimizer changes anything
-        for (int j = 0; j < p->peak[v]; j++) pp_wait(p, &p->slot[v][j].act_req), pp_wait(p, &p->slot[v][j].grad_req);
+    pp_outbox_empty(p);
     return p->loss;
 }
 
 // A forward-only pass of R rows through the whole pipeline (validation, sampling), chunk by
-// chunk in model order: blocking messages suffice, they all flow one way. Uses the first
-// slot of each chunk. Returns the loss sum on the rank of the last chunk (whose last
-// slot's activations hold the probabilities).
-static Acts* pp_last_acts(Pp* p) { return &p->slot[p->V - 1][0].acts; }
+// chunk in model order: blocking messages suffice, they all flow one way. Each chunk has
+// its own activations for these passes. Returns the loss sum on the rank of the last
+// chunk (whose pass activations hold the probabilities).
+static Acts* pp_last_acts(Pp* p) { return &p->pass[p->V - 1]; }
 static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first, int R, long rows_total, int tag) {
     int64_t loss = 0;
     for (int k = 0; k < p->K; k++) {
         int v, w;
         if (chunk_owner(p->sched, p->S, p->V, k, &v) != p->s) continue;
-        int prev = pp_neighbour(p, v, -1, &w);
-        Acts* a = &p->slot[v][0].acts;
-        pp_wait(p, &p->slot[v][0].act_req);
+        Acts* a = &p->pass[v];
         rows_load(rows, first, R, p->context, a->tokens, a->targets);
         float* in = k > 0 ? a->out[p->u_lo[v] - 1] : NULL;
-        if (prev == p->s) memcpy(in, p->slot[w][0].acts.out[p->u_hi[w] - 1], (size_t)R * p->in_width[v] * sizeof(float));
-        else if (k > 0) MPI_Recv(in, R * p->in_width[v], MPI_FLOAT, prev, tag, p->pp->comm, MPI_STATUS_IGNORE);
+        int prev = pp_sender(p, k, ACTIVATIONS), next = pp_receiver(p, k + 1);
+        if (k > 0 && prev == p->s) { // the chunk before is this rank's chunk w (ZB-V's turn)
+            chunk_owner(p->sched, p->S, p->V, k - 1, &w);
+            memcpy(in, p->pass[w].out[p->u_hi[w] - 1], (size_t)R * p->in_width[v] * sizeof(float));
+        } else if (k > 0) {
+            MPI_Recv(in, R * p->in_width[v], MPI_FLOAT, prev, tag, p->pp->comm, MPI_STATUS_IGNORE);
+        }
         p->work.forward(p->work.ctx, v, a, &p->scratch, R, rows_total);
-        int next = pp_neighbour(p, v, +1, &w);
         if (next >= 0 && next != p->s) MPI_Send(a->out[p->u_hi[v] - 1], R * p->out_width[v], MPI_FLOAT, next, tag, p->pp->comm);
         if (k == p->K - 1) loss = a->loss;
     }
@@ -392,31 +455,30 @@ static double pp_bubble(const Pp* p) { return p->idle / (p->idle + p->busy > 0 ?
 static double pp_sent_formula(const Pp* p) {
     double sent = 0;
     for (int v = 0; v < p->V; v++) {
-        int w, next = pp_neighbour(p, v, +1, &w), prev = pp_neighbour(p, v, -1, &w);
+        int next = pp_receiver(p, p->k[v] + 1), prev = pp_sender(p, p->k[v], ACTIVATIONS);
         if (next >= 0 && next != p->s) sent += 4.0 * p->rows * p->out_width[v];
         if (prev >= 0 && prev != p->s) sent += 4.0 * p->rows * p->in_width[v];
     }
     if (p->s == pp_last_rank(p) && p->s != 0) sent += 8;
     return sent;
 }
-// The activations a rank holds at its peak, in bytes: each chunk's peak microbatches (with
-// what W needs kept, for I/W schedules), rows of `mb_rows`.
+// The activations a rank held at its peak, in bytes: what the executor held of each chunk
+// when it held the most (with what W needs, for I/W schedules), rows of `mb_rows`.
+static double pp_chunk_bytes(const Pp* p, const Config* c, const int* width, int mb_rows, int v) {
+    double row = acts_bytes_per_row(c, p->u_lo[v], p->u_hi[v], width);
+    for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++) row += 4.0 * (width ? width[u] : unit_stash_width(c, u));
+    return (double)mb_rows * row;
+}
 static double pp_acts_bytes(const Pp* p, const Config* c, const int* width, int mb_rows) {
     double bytes = 0;
-    for (int v = 0; v < p->V; v++) {
-        double row = acts_bytes_per_row(c, p->u_lo[v], p->u_hi[v], width);
-        for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++) row += 4.0 * (width ? width[u] : unit_width(c, u));
-        bytes += p->peak[v] * (double)mb_rows * row;
-    }
+    for (int v = 0; v < p->V; v++) bytes += p->held_at_most[v] * pp_chunk_bytes(p, c, width, mb_rows, v);
     return bytes;
 }
-
-// The same by the schedule's formula (schedules.h) where it gives one for this rank, else
-// by the list's own count.
+// The same by the schedule's formula (schedules.h) with one chunk per rank; with more, whose
+// sizes differ, as the executor held them.
 static double pp_acts_formula(const Pp* p, const Config* c, const int* width, int mb_rows) {
-    double peak = schedule_peak_formula(p->sched, p->S, p->V, p->M, p->s);
-    if (peak < 0 || p->V > 1) return pp_acts_bytes(p, c, width, mb_rows);
-    return pp_acts_bytes(p, c, width, mb_rows) / (p->peak[0] > 0 ? p->peak[0] : 1) * peak;
+    if (p->V > 1) return pp_acts_bytes(p, c, width, mb_rows);
+    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->s) * pp_chunk_bytes(p, c, width, mb_rows, 0);
 }
 
 // The end of the report (rank 0 of the pipeline): the bubble every rank measured beside
@@ -433,9 +495,7 @@ static void pp_print_theory(const Pp* p) {
         else b += d, nb++;
     }
     double mine[4] = {pp_bubble(p), 0, 0, 0}, *all = p->pp->rank == 0 ? mallocCheck(sizeof mine * p->S) : NULL;
-    double peak = 0;
-    for (int v = 0; v < p->V; v++) peak += (double)p->peak[v] / p->V;
-    mine[1] = peak;
+    mine[1] = (double)p->most_held / p->V; // in microbatches through a whole stage
     MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, p->pp->comm);
     double sums[6] = {f, nf, b, nb, w, nw}, tot[6];
     MPI_Reduce(sums, tot, 6, MPI_DOUBLE, MPI_SUM, 0, p->pp->comm);
@@ -444,11 +504,7 @@ static void pp_print_theory(const Pp* p) {
         Durations d = {tot[0] / (tot[1] > 0 ? tot[1] : 1), 0, 0, 0};
         double back = tot[2] / (tot[3] > 0 ? tot[3] : 1), wt = tot[4] / (tot[5] > 0 ? tot[5] : 1);
         d.i = split ? back : back / 2, d.w = split ? wt : back / 2; // B taken as half I, half W
-        Action** lists = mallocCheck(sizeof(Action*) * p->S);
-        int counts[64];
-        for (int r = 0; r < p->S; r++) lists[r] = mallocCheck(sizeof(Action) * 3 * p->V * p->M);
-        schedule_build(p->sched, p->S, p->V, p->M, lists, counts);
-        Check c = schedule_check(p->sched, p->S, p->V, p->M, lists, counts, d, NULL, NULL, 0);
+        Check c = schedule_check(p->sched, p->S, p->V, p->M, p->lists, p->counts, d, NULL, NULL, 0);
         double closed = schedule_bubble_formula(p->sched, p->S, p->V, p->M, d);
         printf("pipeline, %s: F %.3f ms, %s %.3f ms, W %.3f ms on average; per rank: bubble measured (checker's, same "
                "durations), peak activations in microbatches (formula)\n", schedule_names[p->sched], d.f * 1e3,
@@ -462,8 +518,6 @@ static void pp_print_theory(const Pp* p) {
         printf("  all ranks: bubble %.3f of S x the step by the checker", c.bubble_total);
         if (closed >= 0) printf(", %.3f by the closed form", closed);
         printf("\n");
-        for (int r = 0; r < p->S; r++) free(lists[r]);
-        free(lists);
     }
     free(all);
 }
@@ -505,8 +559,8 @@ static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const*
     Run* r = ctx;
     for (int u = r->p.u_hi[v] - 1; u >= r->p.u_lo[v]; u--) {
         unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
-        if (stash) memcpy(stash[u], sc->dout, (size_t)R * unit_width(&r->cfg, u) * sizeof(float)); // for W
-        else unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, sc->dout, R, batch, &r->ws);
+        if (stash) memcpy(stash[u], unit_stash(&r->cfg, u, sc), (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float)); // for W
+        else unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, unit_stash(&r->cfg, u, sc), R, batch, &r->ws);
         scratch_step_down(sc);
     }
 }
@@ -657,7 +711,10 @@ int main(int argc, char** argv) {
     Figures fig = figures(&run, &progress, &o.opt, B);
     Report rep = {"train_pp.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
-    if (!o.quiet) pp_print_theory(&run.p);
+    if (!o.quiet) {
+        watchdog_wind(&o); // the report's checker is progress too
+        pp_print_theory(&run.p);
+    }
     if (run.timeline) pp_timeline(&run.p);
 
     run_free(&run);

@@ -1,11 +1,11 @@
 /*
  * tests/fuzz.c: the readers of outside input, driven by libFuzzer: the data loader
- * (data.h), the checkpoint reader (ckpt.h), the flag parser (cli.h) and tools/costmodel's
- * cluster files (tools/costmodel_cluster.h). One file, one target per build, chosen with
- * -DTARGET_data, TARGET_ckpt, TARGET_cli or TARGET_cluster.
+ * (data.h), the checkpoint reader (ckpt.h) and the flag parser (cli.h); and the tools'
+ * parsers (tools/costmodel's cluster files, tools/schedules' command line and traces). One
+ * file, one target per build, chosen with -DTARGET_data, _ckpt, _cli, _cluster or _schedules.
  *
  *   make fuzz                                     # each target, 1 million inputs or more
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DTARGET=ckpt tests/fuzz.c -o fuzz_ckpt -lm
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DTARGET_ckpt tests/fuzz.c -o fuzz_ckpt -lm
  *   ./fuzz_ckpt corpus/                           # libFuzzer's own flags apply
  *
  * Built without -fsanitize=fuzzer and with -DREPLAY, the same file is a program that runs
@@ -124,7 +124,7 @@ static void input_set(const uint8_t* data, size_t size) {
     if (ftruncate(input_fd, 0) != 0 || pwrite(input_fd, data, size, 0) != (ssize_t)size) abort();
 }
 
-#if defined(TARGET_data) || !defined(TARGET_ckpt) && !defined(TARGET_cli) && !defined(TARGET_cluster)
+#if defined(TARGET_data) || !defined(TARGET_ckpt) && !defined(TARGET_cli) && !defined(TARGET_cluster) && !defined(TARGET_schedules)
 // ----------------------------------------------------------------------------
 // data: any bytes as --data. A file that loads must give batches inside its examples.
 static int run_one(const uint8_t* data, size_t size) {
@@ -207,6 +207,61 @@ static int run_one(const uint8_t* data, size_t size) {
         abort();
     return 0;
 }
+#elif defined(TARGET_schedules)
+// ----------------------------------------------------------------------------
+// schedules: tools/schedules' parsers. The first byte chooses what the rest is: even, its
+// command line (split at NUL bytes, as for cli); odd, a trace given to --svg. A command
+// line that parses names a pipeline whose lists (built and checked when small) must be
+// valid and hold what the formula says; a trace that is accepted has only actions of the
+// pipeline it was read for.
+#define malloc fuzz_malloc // what the tool allocates and frees goes through the harness too
+#define calloc fuzz_calloc
+#define realloc fuzz_realloc
+#define free fuzz_free
+#define SCHEDULES_NO_MAIN
+#include "../tools/schedules.c"
+#undef malloc
+#undef calloc
+#undef realloc
+#undef free
+static int run_one(const uint8_t* data, size_t size) {
+    if (size < 1 || size > 4096) return 0;
+    if (setjmp(back) != 0) abort(); // these parsers say what is wrong: they never end the program
+    if (data[0] & 1) { // a trace, for 4 ranks and 8 microbatches
+        static PipeEvent ev[64];
+        int n;
+        input_set(data + 1, size - 1);
+        if (!read_trace(input_path, 4, 8, ev, 64, &n))
+            for (int i = 0; i < n; i++)
+                if (ev[i].rank < 0 || ev[i].rank >= 4 || ev[i].mb < 0 || ev[i].mb >= 8 || !(ev[i].dur >= 0)) abort();
+        release_all();
+        return 0;
+    }
+    char* copy = (char*)malloc(size);
+    memcpy(copy, data + 1, size - 1);
+    copy[size - 1] = 0;
+    char* argv[34] = {"schedules"};
+    int argc = 1;
+    for (size_t i = 0; i < size - 1 && argc < 33; i += strlen(copy + i) + 1) argv[argc++] = copy + i;
+    argv[argc] = NULL;
+    Run run;
+    if (argc >= 5 && !parse_run(argc, argv, &run)) {
+        if (!(run.d.f > 0 && run.d.i > 0 && run.d.w > 0 && run.d.latency >= 0) || !isfinite(run.d.f + run.d.i + run.d.w + run.d.latency))
+            abort();
+        if ((long)run.S * run.V * run.M <= 2048) { // the lists of a small pipeline, checked
+            int counts[64];
+            Action** lists = build(run.sched, run.S, run.V, run.M, counts);
+            Check c = schedule_check(run.sched, run.S, run.V, run.M, lists, counts, run.d, NULL, NULL, 0);
+            if (!c.ok) abort();
+            for (int r = 0; r < run.S; r++)
+                if (fabs(c.peak[r] - schedule_peak_formula(run.sched, run.S, run.V, run.M, r)) > 1e-9) abort();
+            drop(lists, run.S);
+        }
+    }
+    release_all();
+    free(copy);
+    return 0;
+}
 #else
 // ----------------------------------------------------------------------------
 // cli: the bytes, split at NUL bytes, as the arguments after the program's name. A parse
@@ -227,7 +282,10 @@ static int run_one(const uint8_t* data, size_t size) {
         if (rc == 2 && (!err || !*err)) abort(); // a refusal always says why
         if (rc == 0) {
             Config* c = &o.model;
-            if (o.steps < 0 || o.batch < 1 || c->context < 1 || c->emb < 1 || c->hidden < 1 || c->layers < 1 ||
+            int gpt = c->model == MODEL_GPT; // the GPT's context may be 0 (the data's), it has no hidden size
+            if (gpt ? c->context < 0 || c->hidden != 0 || c->heads < 1 || c->emb % c->heads != 0 : c->context < 1 || c->hidden < 1)
+                abort();
+            if (o.steps < 0 || o.batch < 1 || c->emb < 1 || c->layers < 1 ||
                 c->layers > MAX_LAYERS || !(o.opt.lr > 0) || !isfinite(o.opt.lr) || o.opt.clip < 0 ||
                 o.keep < 1 || o.timeout < 0 || o.samples < 0 || o.max_line < 1)
                 abort();

@@ -204,7 +204,7 @@ section_units() {
     costmodel_inputs
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
-    for t in data ckpt cli cluster; do
+    for t in data ckpt cli cluster schedules; do
         ls tests/fuzz/$t/* >/dev/null 2>&1 || continue
         if ! cc -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -DREPLAY -DTARGET_$t \
             tests/fuzz.c -o "$TMP/replay_$t" -lm 2>"$TMP/replay.err"; then
@@ -667,6 +667,53 @@ section_schedules() {
         same_as sch_3d "schedules: train_3d 2 x 2 x 2, $sched, same as train.c" \
             $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --microbatches 2 --schedule $sched $flags
     done
+    # the activations every rank held at its peak (the executor's own count, over all its
+    # chunks at once) are what the schedule's formula says, for every schedule and layout
+    local runs=0 bad="" S M sched v
+    for S in 2 3 4; do
+        for M in 1 $((2 * S + 1)) $((3 * S)); do
+            for sched in naive gpipe 1f1b interleaved:2 interleaved:3 zb1 zbv; do
+                v=""
+                [ "${sched%:*}" != "$sched" ] && v="--virtual ${sched#*:}"
+                [ "${sched%:*}" = interleaved ] && [ $((M % S)) != 0 ] && continue
+                run "$TMP/peak" $MPIRUN -n $S ./train_pp --layers 10 --hidden 16 --microbatches $M --schedule "${sched%:*}" $v \
+                    --steps 2 --eval-every 0 --samples 0
+                runs=$((runs + 1))
+                sed -n 's/^  rank [0-9]*: bubble .* peak \([0-9.]*\) (\([0-9.]*\))$/\1 \2/p' "$TMP/peak" >"$TMP/peaks"
+                [ "$(wc -l <"$TMP/peaks")" = $S ] && awk '$1 != $2 { exit 1 }' "$TMP/peaks" ||
+                    bad="$bad $sched S=$S M=$M: $(tr '\n' ',' <"$TMP/peaks");"
+            done
+        done
+    done
+    check "schedules: every rank's peak activations equal the formula, every schedule, S = 2..4, 3 M each, V = 2, 3 ($runs runs)${bad:+; differ:$bad}" \
+        test -z "$bad"
+    # schedules built in time linear in their actions, once per run: 16,384 microbatches
+    # under a 5 s watchdog (the report used to build the schedule again, quadratic in M)
+    check "schedules: tools/schedules builds and checks zbv for 2 ranks and 65,536 microbatches in under 10 s" \
+        timeout 10 tools/schedules zbv 2 2 65536
+    run "$TMP/big" $MPIRUN -n 2 ./train_pp --layers 2 --hidden 16 --schedule zbv --microbatches 16384 --batch 16384 \
+        --steps 2 --eval-every 0 --samples 2 --timeout 5 --save "$TMP/big.ckpt"
+    local status=$?
+    check "schedules: zbv with 16,384 microbatches under --timeout 5 finishes, saved, with its report (exit $status)" \
+        bash -c "test $status = 0 && grep -q '^  all ranks: bubble' '$TMP/big' && test -s '$TMP/big.ckpt'"
+    # tools/schedules refuses nonsense, naming it
+    expect_error 2 "--f must be a decimal number above 0 .* got 'nan'" "schedules: tools/schedules --f nan is refused, naming the flag" \
+        -- tools/schedules zbv 4 2 8 --f nan
+    expect_error 2 "--latency must be a decimal number from 0 .* got 'inf'" "schedules: tools/schedules --latency inf is refused, naming the flag" \
+        -- tools/schedules zbv 4 2 8 --latency inf
+    expect_error 2 "--f must be a decimal number above 0 .* got '-1'" "schedules: tools/schedules --f -1 is refused as a duration, not blamed on the schedule" \
+        -- tools/schedules zbv 4 2 8 --f -1
+    expect_error 2 "--w needs a value" "schedules: tools/schedules --w without a value is refused" -- tools/schedules zb1 4 1 8 --w
+    expect_error 2 "M must be an integer from 1 to 65536, got '99999999'" "schedules: tools/schedules with M out of range is refused" \
+        -- tools/schedules zbv 4 2 99999999
+    echo "my picture" >"$TMP/mine.svg"
+    echo '{"traceEvents": [' >"$TMP/garbage.json"
+    expect_error 2 "trace '.*garbage.json' has no pipeline actions" "schedules: a garbage trace given to --svg is refused with a message" \
+        -- tools/schedules --svg "$TMP/mine.svg" 4 8 "$TMP/garbage.json"
+    check "schedules: ... and the picture's path keeps what it had" grep -qx "my picture" "$TMP/mine.svg"
+    printf '{"name": "F3 chunk 1", "cat": "pipeline", "ph": "X", "pid": 7, "tid": 0, "ts": 1.0, "dur": 2.0}\n' >"$TMP/rank7.json"
+    expect_error 2 "is not one of a pipeline of 4 ranks and 8 microbatches" "schedules: a trace of another pipeline (rank 7 of 4) is refused" \
+        -- tools/schedules --svg "$TMP/mine.svg" 4 8 "$TMP/rank7.json"
     run "$TMP/tl" $MPIRUN -n 2 ./train_pp --layers 2 --microbatches 4 --schedule zb1 --steps 5 --samples 0 --timeline
     check "schedules: --timeline draws F, I and W apart (digits, letters, capitals) for zb1" \
         awk '/^  stage [0-9] \|/ { n++; if ($0 !~ /[0-9]/ || $0 !~ /[a-d]/ || $0 !~ /[A-D]/) bad = 1 } END { exit !(n == 2 && !bad) }' "$TMP/tl"
@@ -1054,6 +1101,20 @@ section_builds() {
         check "builds: MPICH's mpicc -Wall -Wextra builds every program without a warning" \
             bash -c "for p in train_dp train_fsdp train_tp train_pp train_3d train_ep; do mpicc.mpich -O2 -Wall -Wextra \$p.c -o $TMP/w -lm 2>&1; done | grep -q . && exit 1 || exit 0"
         same_builds "$TMP/mpich" "MPICH, mpicc.mpich -O2" "env MPIEXEC=mpirun.mpich tools/mpirun"
+        # MPICH's waiting ranks spin, so make run sizes its 3D row and schedules table with
+        # tools/mpirun --ranks (no more ranks than cores under MPICH): such a job must run at
+        # least half as fast as OpenMPI's 8 ranks, which yield (1.5 more for a noisy machine)
+        local n ms_mpich ms_ompi
+        n=$(MPIEXEC=mpirun.mpich tools/mpirun --ranks 8)
+        check "builds: MPICH jobs start no more ranks than the $(nproc) cores (tools/mpirun --ranks 8: '$n')" \
+            test "$n" -ge 1 -a "$n" -le "$(nproc)"
+        local fast="--steps 300 --eval-every 0 --samples 0 --quiet"
+        run "$TMP/x.out" env MPIEXEC=mpirun.mpich tools/mpirun -n "$n" "$TMP/mpich/train_3d" --tp "$n" --dp 1 --pp 1 $fast --summary "$TMP/mpich.sum"
+        run "$TMP/x.out" tools/mpirun -n 8 "$o2/train_3d" --tp 2 --dp 2 --pp 2 $fast --summary "$TMP/ompi.sum"
+        ms_mpich=$(awk -F= '/^seconds=/ { s = $2 } /^steps=/ { n = $2 } END { printf "%.3f", n ? 1e3 * s / n : 1e9 }' "$TMP/mpich.sum" 2>/dev/null)
+        ms_ompi=$(awk -F= '/^seconds=/ { s = $2 } /^steps=/ { n = $2 } END { printf "%.3f", n ? 1e3 * s / n : 0 }' "$TMP/ompi.sum" 2>/dev/null)
+        check "builds: train_3d under MPICH on those $n ranks takes at most twice OpenMPI's 8 ranks' time a step, x 1.5 ($ms_mpich ms, $ms_ompi ms)" \
+            awk -v a="${ms_mpich:-1e9}" -v b="${ms_ompi:-0}" 'BEGIN { exit !(a <= 3 * b) }'
     else
         skip "builds: MPICH is not installed (apt-get install mpich libmpich-dev), only $(mpirun --version 2>&1 | head -1) ran"
     fi

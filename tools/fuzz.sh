@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/fuzz.sh: `make fuzz`. The readers of outside input (tests/fuzz.c: the data loader,
-# the checkpoint reader, the flag parser, tools/costmodel's cluster files) under libFuzzer with AddressSanitizer and
+# the checkpoint reader, the flag parser) and the tools' parsers (tools/costmodel's cluster
+# files, tools/schedules' command line and traces) under libFuzzer with AddressSanitizer and
 # UBSan, each for RUNS inputs (default 1 million) or at most SECONDS seconds (default 900).
 # Prints executions, time and findings per target; an input that crashes is copied to
 # tests/fuzz/<target>/, where make test replays it from then on, and the run fails.
@@ -36,10 +37,19 @@ printf -- '--seed\018446744073709551615\0--timeout\00\0--quiet\0--allow-changes'
 cp tests/fuzz/cli/* "$dir/cli/" 2>/dev/null
 cp cluster/*.txt "$dir/cluster/" # tools/costmodel's cluster files
 cp tests/fuzz/cluster/* "$dir/cluster/" 2>/dev/null
+# tools/schedules: a command line (first byte even) or a trace for --svg (first byte odd)
+mkdir -p "$dir/schedules"
+printf '\0zbv\0%s\0%s\0%s\0--f\0%s\0--latency\0%s' 4 2 8 1.5 0.1 >"$dir/schedules/a"
+printf '\0interleaved\0%s\0%s\0%s\0--i\0%s\0--w\0%s' 2 3 6 2 0.5 >"$dir/schedules/b"
+{ printf '\1'; for i in 0 1 2 3; do
+    printf '{"name": "F%d chunk %d", "cat": "pipeline", "ph": "X", "pid": %d, "tid": 0, "ts": %d.5, "dur": 2.25}\n' $i $i $i $((10 * i))
+done; } >"$dir/schedules/trace"
+cp tests/fuzz/schedules/* "$dir/schedules/" 2>/dev/null
+
 
 failed=0
-printf '%-6s %12s %8s %10s  %s\n' target executions seconds per-second findings
-for t in ${TARGETS:-data ckpt cli cluster}; do
+printf '%-9s %12s %8s %10s  %s\n' target executions seconds per-second findings
+for t in ${TARGETS:-data ckpt cli cluster schedules}; do
     clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTARGET_$t \
         tests/fuzz.c -o "$dir/fuzz_$t" -lm || exit 1
     mkdir -p "$dir/found_$t"
@@ -54,10 +64,10 @@ for t in ${TARGETS:-data ckpt cli cluster}; do
         failed=1
         mkdir -p tests/fuzz/$t
         for f in $found; do cp "$dir/found_$t/$f" tests/fuzz/$t/; done
-        printf '%-6s %12s %8s %10s  %s\n' $t "${runs:-?}" "${secs:-?}" - "FOUND (exit $status): ${found:-see log}"
+        printf '%-9s %12s %8s %10s  %s\n' $t "${runs:-?}" "${secs:-?}" - "FOUND (exit $status): ${found:-see log}"
         grep -m3 -E 'ERROR|runtime error|SUMMARY' "$dir/$t.log"
     else
-        printf '%-6s %12s %8s %10s  none\n' $t "$runs" "$secs" $((runs / (secs > 0 ? secs : 1)))
+        printf '%-9s %12s %8s %10s  none\n' $t "$runs" "$secs" $((runs / (secs > 0 ? secs : 1)))
     fi
 done
 if [ $failed = 1 ]; then

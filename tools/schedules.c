@@ -2,7 +2,7 @@
  * tools/schedules.c: the pipeline schedules of schedules.h, checked and measured without
  * MPI. For one schedule it prints every rank's list of actions, then runs them with the
  * given durations and latency and prints the bubble and the peak activations per rank,
- * beside the papers' closed forms; --grid checks every schedule over S = 1..8, V = 1..4,
+ * beside the closed forms; --grid checks every schedule over S = 1..8, V = 1..4,
  * M = 1..32 and fails (exit 1) on any list that is invalid or disagrees with its formula.
  *
  *   tools/schedules zb1 4 1 8                    # schedule, S, V, M
@@ -14,8 +14,13 @@
  * interleaved and zbv), one lane group each, on one time axis: the steps measured by
  * train_pp.c --trace, one trace file per schedule in the order of schedules.h, beside the
  * checker's run of the same lists with F, I and W taking one unit each and no latency.
+ *
+ * Bad input exits 2 with a message naming what is wrong: a number out of its range (cli.h's
+ * checked parsing: nan, inf and negative durations are refused), a flag without its value,
+ * a trace that is not one of train_pp.c's. tests/fuzz.c drives the parsers (make fuzz).
  */
 #include "../schedules.h"
+#include "../cli.h"
 
 #include <stdlib.h>
 
@@ -25,7 +30,70 @@ static int usage(void) {
     return 2;
 }
 
-// Every rank's list, built; NULL after an error message.
+// ----------------------------------------------------------------------------
+// the parsers: each returns NULL, or what is wrong (in cli_error)
+
+// S, V or M: an integer from lo to hi.
+static const char* parse_count(const char* name, const char* s, int lo, int hi, int* out) {
+    long v;
+    if (cli_long(name, s, lo, hi, &v) == NULL) return *out = (int)v, NULL;
+    snprintf(cli_error, sizeof cli_error, "%s must be an integer from %d to %d, got '%s'", name, lo, hi, s);
+    return cli_error;
+}
+
+// tools/schedules SCHEDULE S V M [--f X] [--i X] [--w X] [--latency X] (argv[1] on)
+typedef struct {
+    int sched, S, V, M;
+    Durations d;
+} Run;
+static const char* parse_run(int argc, char** argv, Run* run) {
+    *run = (Run){.d = {1, 1, 1, 0}};
+    if (argc < 5) return snprintf(cli_error, sizeof cli_error, "a schedule, S, V and M are needed"), cli_error;
+    const char* err;
+    if ((err = schedule_parse(argv[1], &run->sched, cli_error, sizeof cli_error))) return err;
+    if ((err = parse_count("S", argv[2], 1, 64, &run->S)) || (err = parse_count("V", argv[3], 1, 4, &run->V)) ||
+        (err = parse_count("M", argv[4], 1, 65536, &run->M)))
+        return err;
+    for (int i = 5; i < argc; i += 2) {
+        const char* flag = argv[i];
+        float x;
+        int latency = !strcmp(flag, "--latency");
+        if (strcmp(flag, "--f") && strcmp(flag, "--i") && strcmp(flag, "--w") && !latency)
+            return snprintf(cli_error, sizeof cli_error, "unknown flag '%s'", flag), cli_error;
+        if (i + 1 == argc) return snprintf(cli_error, sizeof cli_error, "%s needs a value", flag), cli_error;
+        if ((err = cli_float(flag + 2, argv[i + 1], 0, 1e6, !latency, &x))) return err; // durations above 0
+        double* to = latency ? &run->d.latency : flag[2] == 'f' ? &run->d.f : flag[2] == 'i' ? &run->d.i : &run->d.w;
+        *to = x;
+    }
+    run->V = schedule_chunks(run->sched, run->V);
+    return schedule_rule(run->sched, run->S, run->V, run->M, cli_error, sizeof cli_error);
+}
+
+// The actions of a train_pp.c --trace of S ranks and M microbatches, at most max of them;
+// NULL, or why the file is not such a trace.
+static const char* read_trace(const char* path, int S, int M, PipeEvent* ev, int max, int* n) {
+    *n = trace_read_pipeline(path, ev, max);
+    if (*n == 0)
+        return snprintf(cli_error, sizeof cli_error, "trace '%s' has no pipeline actions: write it with train_pp "
+                        "--trace", path), cli_error;
+    if (*n == max)
+        return snprintf(cli_error, sizeof cli_error, "trace '%s' has %d pipeline actions or more, more than a picture "
+                        "takes", path, max), cli_error;
+    for (int i = 0; i < *n; i++) {
+        const PipeEvent* e = &ev[i];
+        if (e->rank < 0 || e->rank >= S || e->mb < 0 || e->mb >= M || !strchr("FBIW", e->op) || e->op == 0 ||
+            !isfinite(e->t0) || !isfinite(e->dur) || e->t0 < 0 || e->dur < 0)
+            return snprintf(cli_error, sizeof cli_error, "trace '%s': its action %d (%c%d of rank %d) is not one of a "
+                            "pipeline of %d ranks and %d microbatches", path, i + 1, e->op ? e->op : '?', e->mb,
+                            e->rank, S, M), cli_error;
+    }
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// the three uses
+
+// Every rank's list, built.
 static Action** build(int sched, int S, int V, int M, int* counts) {
     Action** lists = mallocCheck(sizeof(Action*) * S);
     for (int r = 0; r < S; r++) lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
@@ -39,8 +107,8 @@ static void drop(Action** lists, int S) {
 
 // The grid: every valid (schedule, S, V, M), with f = i = w = 1 and no latency. The bubble
 // must equal its closed form where the papers give one (zb1's when M >= S; below that, at
-// most 1f1b's), the peak too; zbv must hold at most S microbatches, idle no more than
-// 1f1b, and less than 5% of the time once M >= 4S.
+// most 1f1b's), the peak its formula; zbv must idle no more than 1f1b, and less than 5% of
+// the time once M >= 4S.
 static int grid(void) {
     long lists_checked = 0, failures = 0;
     Durations d = {1, 1, 1, 0};
@@ -117,8 +185,19 @@ static double svg_lanes(FILE* f, double y, int S, int n, const int* rank, const 
 static int svg(int argc, char** argv) {
     if (argc < 5) return usage();
     const char* path = argv[2];
-    int S = atoi(argv[3]), M = atoi(argv[4]), n_traces = argc - 5;
-    if (S < 1 || S > 64 || M < 1) return usage();
+    int S, M, n_traces = argc - 5;
+    const char* err;
+    if ((err = parse_count("S", argv[3], 1, 64, &S)) || (err = parse_count("M", argv[4], 1, 65536, &M)))
+        return fprintf(stderr, "tools/schedules --svg: %s\n", err), 2;
+    if (n_traces > N_SCHEDULES)
+        return fprintf(stderr, "tools/schedules --svg: %d traces, but one per schedule at most (%d)\n", n_traces,
+                       N_SCHEDULES), 2;
+    enum { MAX_EV = 8192 };
+    static PipeEvent ev[N_SCHEDULES][MAX_EV];
+    int got[N_SCHEDULES] = {0};
+    for (int k = 0; k < n_traces; k++) // every trace read before the picture replaces anything
+        if ((err = read_trace(argv[5 + k], S, M, ev[k], MAX_EV, &got[k])))
+            return fprintf(stderr, "tools/schedules --svg: %s\n", err), 2;
     FILE* f = fopen(path, "w");
     if (!f) fatal("cannot create '%s': %s", path, strerror(errno));
     double H = 80 + N_SCHEDULES * ((n_traces ? 2 : 1) * S * 11 + 46), W = 1000;
@@ -130,27 +209,25 @@ static int svg(int argc, char** argv) {
                "than cores, waits include</text>\n<text x=\"20\" y=\"55\">other ranks' turns on a core; the simulation "
                "shows the schedule itself. Each row group: rank 0 at the top.</text>\n");
     double y = 70;
-    enum { MAX_EV = 8192 };
-    static PipeEvent ev[MAX_EV];
     static int rank[MAX_EV], mb[MAX_EV];
     static char op[MAX_EV];
     static double t0[MAX_EV], t1[MAX_EV];
     for (int sched = 0; sched < N_SCHEDULES; sched++) {
         int V = schedule_chunks(sched, 2), counts[64], n = 0;
-        char err[256], title[96];
-        if (schedule_rule(sched, S, V, M, err, sizeof err)) continue;
+        char rule[256], title[96];
+        if (schedule_rule(sched, S, V, M, rule, sizeof rule)) continue;
         fprintf(f, "<text x=\"20\" y=\"%.0f\" font-weight=\"bold\">%s</text>\n", y + 10, schedule_names[sched]);
         if (sched < n_traces) { // measured: the trace's actions, each rank from its first
-            int got = trace_read_pipeline(argv[5 + sched], ev, MAX_EV);
-            double start = got ? ev[0].t0 : 0, end = 0, busy = 0;
-            for (int i = 0; i < got; i++) start = ev[i].t0 < start ? ev[i].t0 : start;
-            for (int i = 0; i < got; i++) {
-                rank[i] = ev[i].rank, op[i] = ev[i].op, mb[i] = ev[i].mb;
-                t0[i] = ev[i].t0 - start, t1[i] = t0[i] + ev[i].dur, busy += ev[i].dur;
+            const PipeEvent* e = ev[sched];
+            double start = e[0].t0, end = 0, busy = 0;
+            for (int i = 0; i < got[sched]; i++) start = e[i].t0 < start ? e[i].t0 : start;
+            for (int i = 0; i < got[sched]; i++) {
+                rank[i] = e[i].rank, op[i] = e[i].op, mb[i] = e[i].mb;
+                t0[i] = e[i].t0 - start, t1[i] = t0[i] + e[i].dur, busy += e[i].dur;
                 end = t1[i] > end ? t1[i] : end;
             }
             snprintf(title, sizeof title, "measured, bubble %.2f", end > 0 ? 1 - busy / (S * end) : 0);
-            y += svg_lanes(f, y + 14, S, got, rank, op, mb, t0, t1, end, title) + 4;
+            y += svg_lanes(f, y + 14, S, got[sched], rank, op, mb, t0, t1, end > 0 ? end : 1, title) + 4;
         }
         Action** lists = build(sched, S, V, M, counts);
         int stride = 3 * V * M;
@@ -169,26 +246,10 @@ static int svg(int argc, char** argv) {
     return 0;
 }
 
-int main(int argc, char** argv) {
-    if (argc == 2 && !strcmp(argv[1], "--grid")) return grid();
-    if (argc >= 2 && !strcmp(argv[1], "--svg")) return svg(argc, argv);
-    if (argc < 5) return usage();
-    int sched, S = atoi(argv[2]), V = atoi(argv[3]), M = atoi(argv[4]);
-    char err[256];
-    if (schedule_parse(argv[1], &sched, err, sizeof err)) return fprintf(stderr, "%s\n", err), 2;
-    if (S < 1 || S > 64 || V < 1 || M < 1) return usage();
-    Durations d = {1, 1, 1, 0};
-    for (int i = 5; i + 1 < argc; i += 2) {
-        double x = atof(argv[i + 1]);
-        if (!strcmp(argv[i], "--f")) d.f = x;
-        else if (!strcmp(argv[i], "--i")) d.i = x;
-        else if (!strcmp(argv[i], "--w")) d.w = x;
-        else if (!strcmp(argv[i], "--latency")) d.latency = x;
-        else return usage();
-    }
-    V = schedule_chunks(sched, V);
-    if (schedule_rule(sched, S, V, M, err, sizeof err)) return fprintf(stderr, "%s\n", err), 2;
-    int counts[64];
+// One schedule: every rank's list, then the checker's run of it.
+static int one(const Run* run) {
+    int sched = run->sched, S = run->S, V = run->V, M = run->M, counts[64];
+    Durations d = run->d;
     Action** lists = build(sched, S, V, M, counts);
     printf("%s, S=%d, V=%d, M=%d; F %g, I %g, W %g (B = I + W), latency %g\n", schedule_names[sched], S, V, M, d.f, d.i,
            d.w, d.latency);
@@ -198,18 +259,26 @@ int main(int argc, char** argv) {
         printf("\n");
     }
     Check c = schedule_check(sched, S, V, M, lists, counts, d, NULL, NULL, 0);
+    drop(lists, S);
     if (!c.ok) return printf("invalid: %s\n", c.why), 1;
     double want = schedule_bubble_formula(sched, S, V, M, d);
     printf("makespan %.3f; bubble %.4f of S x makespan (closed form ", c.makespan, c.bubble_total);
     if (want >= 0) printf("%.4f)\n", want);
     else printf("none)\n");
-    for (int r = 0; r < S; r++) {
-        double peak = schedule_peak_formula(sched, S, V, M, r);
-        printf("  rank %d: busy %.3f, ends at %.3f, bubble %.4f; peak activations %.2f microbatches", r, c.busy[r], c.end[r],
-               c.bubble[r], c.peak[r]);
-        if (peak >= 0) printf(" (closed form %.0f)", peak);
-        printf("\n");
-    }
-    drop(lists, S);
+    for (int r = 0; r < S; r++)
+        printf("  rank %d: busy %.3f, ends at %.3f, bubble %.4f; peak activations %.2f microbatches (closed form %.2f)\n",
+               r, c.busy[r], c.end[r], c.bubble[r], c.peak[r], schedule_peak_formula(sched, S, V, M, r));
     return 0;
 }
+
+#ifndef SCHEDULES_NO_MAIN // tests/fuzz.c takes the parsers above without this program
+int main(int argc, char** argv) {
+    if (argc == 2 && !strcmp(argv[1], "--grid")) return grid();
+    if (argc >= 2 && !strcmp(argv[1], "--svg")) return svg(argc, argv);
+    if (argc < 5) return usage();
+    Run run;
+    const char* err = parse_run(argc, argv, &run);
+    if (err) return fprintf(stderr, "tools/schedules: %s\n", err), 2;
+    return one(&run);
+}
+#endif

@@ -234,7 +234,7 @@ table_gpt_tp() {
     echo "| --- | --- | --- | --- | --- |"
     for r in ${names#train }; do
         local o="$OUT/runs/$r.out"
-        echo "| ${r:2:1} | $([ "${r:3}" = sp ] && echo yes || echo no) | $(sed -n 's/^  rank 0 *sent \(.*\) (formula \([^)]*\)).*/\1 (\2)/p' "$o")" \
+        echo "| ${r:2:1} | $([ "${r:3}" = sp ] && echo yes || echo no) | $(sed -n 's/^  rank 0 *sent \([^(]*\) (formula \([^)]*\)).*/\1 (\2)/p' "$o")" \
             "| $(sed -n 's/.*: \([0-9]*\) B held.*/\1 B/p' "$o") | $(sed -n 's/.*without dropout, \(.*\): \([0-9]*\) B$/\2 B: \1/p' "$o") |"
     done
 }
