@@ -1277,6 +1277,15 @@ static long unit_stash_width(const Config* c, int u) {
     return is_gpt(c) && u > 0 ? gpt_stash_per_row(c, u) : unit_width(c, u);
 }
 
+// The work of unit u per row, in multiply-adds (a pipeline balances its stages by it): the
+// MLP's embedding T E (copies), a linear layer K J; the GPT's embedding T C, a block T (12 C^2
+// + 2 T C) (its four matrix products and attention's two), the head T C V.
+static double unit_cost(const Config* c, int u) {
+    double T = c->context, C = c->emb;
+    if (is_gpt(c)) return u == 0 ? T * C : u <= c->layers ? T * (12 * C * C + 2 * T * C) : T * C * c->vocab;
+    return u == 0 ? (double)c->context * c->emb : (double)linear_in(c, u) * linear_out(c, u);
+}
+
 // The name of unit u, for traces and tables.
 static const char* unit_name(const Config* c, int u) {
     static char name[32];

@@ -54,6 +54,7 @@ typedef struct {
     int T, D, P;          // --tp, --dp, --pp
     int zero, prefetch;   // --zero, --prefetch
     int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
+    int sp;               // --sp: sequence parallelism on the tensor axis (the GPT)
     Group tp_group;       // the T ranks with this rank's (dp, pp): one stage's tensor-parallel slices
     Group dp_group;       // the D ranks with its (tp, pp): the data-parallel replicas of its slice
     Group pp_group;       // the P ranks with its (tp, dp): the stages of its pipeline
@@ -103,8 +104,8 @@ static void stage_forward(void* ctx, int v, Acts* a, Scratch* sc, int R, long ro
         tp_unit_forward(&r->tensor, &r->cfg, u, fsdp_unit_params(&r->fsdp, u, u + 1 < hi ? u + 1 : -1), a, sc, R,
                         rows_total, &r->ws);
 }
-static void unit_weight(Run* r, int u, const Acts* a, const float* dout, int R, long batch) {
-    tp_unit_backward_weight(&r->tensor, &r->cfg, u, fsdp_unit_grads(&r->fsdp, u), a, dout, R, batch, &r->ws);
+static void unit_weight(Run* r, int u, const Acts* a, const float* stash, int R, long batch) {
+    tp_unit_backward_weight(&r->tensor, &r->cfg, u, fsdp_unit_grads(&r->fsdp, u), a, stash, R, batch, &r->ws);
     fsdp_reduce_unit_grads(&r->fsdp, u);
 }
 static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
@@ -113,8 +114,8 @@ static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const*
     for (int u = hi - 1; u >= lo; u--) {
         tp_unit_backward_input(&r->tensor, &r->cfg, u, fsdp_unit_params(&r->fsdp, u, u - 1 >= lo ? u - 1 : -1), a, sc,
                                R, &r->ws);
-        if (stash) memcpy(stash[u], sc->dout, (size_t)R * r->width[u] * sizeof(float)); // for W
-        else unit_weight(r, u, a, sc->dout, R, batch);
+        if (stash) memcpy(stash[u], unit_stash(&r->cfg, u, sc), (size_t)R * pp_stash_width(&r->cfg, r->width, u) * sizeof(float)); // for W
+        else unit_weight(r, u, a, unit_stash(&r->cfg, u, sc), R, batch);
         scratch_step_down(sc);
     }
 }
@@ -186,6 +187,7 @@ static const CliFlag grid_flags[] = {
     {"zero", "N", "ZeRO stage across the data-parallel ranks: 1, 2 or 3 (default 3)"},
     {"prefetch", NULL, "stage 3: gather the next unit while the current one computes"},
     PIPELINE_FLAGS,
+    {"sp", NULL, "--model gpt: sequence parallelism on the tensor axis (train_tp.c)"},
 };
 static const char* grid_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
@@ -198,7 +200,8 @@ static const char* grid_flag(void* ctx, int index, const char* value) {
     case 5: return cli_int("microbatches", value, 1, 65536, &r->M);
     case 6: return schedule_parse(value, &r->sched, cli_error, sizeof cli_error);
     case 7: return cli_int("virtual", value, 1, 4, &r->V);
-    default: r->timeline = 1; return NULL;
+    case 8: r->timeline = 1; return NULL;
+    default: r->sp = 1; return NULL;
     }
 }
 
@@ -219,9 +222,14 @@ static void grid_resolve(Run* r, const Options* o) {
         dist_exit(2, RUN_LINE, "--tp %d x --dp %d x --pp %d = %d, but mpirun started %d ranks", r->T, r->D, r->P,
                   r->T * r->D * r->P, world_size);
     const Config* mc = &o->model;
-    if (r->T > mc->hidden)
+    if (!is_gpt(mc) && r->T > mc->hidden)
         dist_exit(2, RUN_LINE, "--tp %d but a hidden size of %d: every tensor-parallel rank needs at least one hidden "
                   "unit", r->T, mc->hidden);
+    if (is_gpt(mc) && mc->heads % r->T != 0)
+        dist_exit(2, RUN_LINE, "--tp %d but %d heads: tensor parallelism gives each rank whole heads, so --tp must "
+                  "divide --heads", r->T, mc->heads);
+    if (r->sp && !is_gpt(mc))
+        dist_exit(2, RUN_LINE, "--sp applies to --model gpt (the MLP has no LayerNorm or residual to split by tokens)");
     int chunks = schedule_chunks(r->sched, r->V > 0 ? r->V : 2);
     char err[300];
     if (r->V > 0 && r->sched != SCHEDULE_INTERLEAVED) dist_exit(2, RUN_LINE, "--virtual applies to --schedule interleaved only");
@@ -307,10 +315,8 @@ int main(int argc, char** argv) {
     // options
     Options o;
     Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B};
-    dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 9, grid_flag, &run);
+    dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 10, grid_flag, &run);
     dist_dense_only(&o, RUN_LINE);
-    if (is_gpt(&o.model)) // the pipeline's weight half does not yet read the GPT's stash
-        dist_exit(2, RUN_LINE, "--model gpt: this program does not split the GPT yet");
     grid_resolve(&run, &o);
     grid_split(&run);
 
@@ -326,7 +332,7 @@ int main(int argc, char** argv) {
     long lo, hi; // this data-parallel replica's rows of every global batch
     split_range(o.batch, run.D, run.dp_group.rank, &lo, &hi);
     int rows = pass_rows(&o, (hi - lo + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
-    tp_init(&run.tensor, &run.tp_group, cfg, rows, 0);
+    tp_init(&run.tensor, &run.tp_group, cfg, rows, run.sp);
     tp_widths(&run.tensor, cfg, run.width);
     long slice_size[MAX_LAYERS + 2] = {0}; // FSDP shards the slices of this rank's chunks; other units are empty
     for (int v = 0; v < run.V; v++)
@@ -362,9 +368,10 @@ int main(int argc, char** argv) {
         if (last) group_allreduce(&run.dp_group, &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows
         if (run.tp_group.rank == 0 && run.dp_group.rank == 0)
             pp_loss_to_first(&run.pipe, &loss); // to world rank 0, which prints
-        float scale = clip_factor(&o.opt, spans, n_spans, B, group_norm, &run.world_group); // over the whole grid
-        fsdp_step(&run.fsdp, &o.opt, grad_factor(B), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
+        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // the loss is the mean over n targets
+        float scale = clip_factor(&o.opt, spans, n_spans, n, group_norm, &run.world_group); // over the whole grid
+        fsdp_step(&run.fsdp, &o.opt, grad_factor(n), scale, step);
+        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 

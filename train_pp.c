@@ -52,7 +52,7 @@ static void pp_split(const Config* c, int n_chunks, int* first) {
     int n = n_units(c);
     double cost[MAX_LAYERS + 3] = {0}, best[MAX_LAYERS + 3][MAX_LAYERS + 3];
     int cut[MAX_LAYERS + 3][MAX_LAYERS + 3];
-    for (int u = 0; u < n; u++) cost[u + 1] = cost[u] + (u == 0 ? (double)c->context * c->emb : (double)linear_in(c, u) * linear_out(c, u));
+    for (int u = 0; u < n; u++) cost[u + 1] = cost[u] + unit_cost(c, u);
     // best[k][i]: the cheapest most expensive chunk when the first i units form k chunks
     for (int i = 0; i <= n; i++)
         for (int k = 0; k <= n_chunks; k++) best[k][i] = INFINITY;
@@ -69,6 +69,14 @@ static void pp_split(const Config* c, int n_chunks, int* first) {
 // The units of chunk k, as the configuration table prints them.
 static void pp_print_units(const Config* c, const int* first, int k) {
     for (int u = first[k]; u < first[k + 1]; u++) printf(" %s", unit_name(c, u));
+}
+
+// What the I/W split keeps of unit u per row from its input half for its weight half:
+// the MLP's output gradient, at the width of this rank's slice (train_3d.c's tensor
+// parallelism); the GPT's stash (model.h's unit_stash_width: the whole block's, which bounds
+// a tensor-parallel slice's).
+static long pp_stash_width(const Config* c, const int* width, int u) {
+    return is_gpt(c) || !width ? unit_stash_width(c, u) : width[u];
 }
 
 // What a rank computes on a microbatch through one of its chunks (train_pp.c: the chunk's
@@ -298,7 +306,7 @@ static Held* pp_hold(Pp* p, int v, int m) {
     while (h->mb >= 0) h++; // there is room: room is the list's peak
     acts_init(&h->acts, p->c, p->mb_rows, p->u_lo[v], p->u_hi[v], p->width);
     for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++)
-        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * (p->width ? p->width[u] : unit_stash_width(p->c, u)));
+        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * pp_stash_width(p->c, p->width, u));
     h->chunk = v, h->mb = m;
     if (++p->n_held > p->most_held) {
         p->most_held = p->n_held;
@@ -466,7 +474,7 @@ static double pp_sent_formula(const Pp* p) {
 // when it held the most (with what W needs, for I/W schedules), rows of `mb_rows`.
 static double pp_chunk_bytes(const Pp* p, const Config* c, const int* width, int mb_rows, int v) {
     double row = acts_bytes_per_row(c, p->u_lo[v], p->u_hi[v], width);
-    for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++) row += 4.0 * (width ? width[u] : unit_stash_width(c, u));
+    for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++) row += 4.0 * pp_stash_width(c, width, u);
     return (double)mb_rows * row;
 }
 static double pp_acts_bytes(const Pp* p, const Config* c, const int* width, int mb_rows) {
@@ -576,7 +584,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     Run* r = ctx;
     int64_t loss = pp_forward_rows(&r->p, rows, first, R, rows_total, probs ? TAG_SAMPLE : TAG_EVAL);
     if (probs) {
-        if (r->p.s == pp_last_rank(&r->p)) memcpy(probs, pp_last_acts(&r->p)->out[r->cfg.layers + 1], (size_t)R * r->cfg.vocab * sizeof(float));
+        if (r->p.s == pp_last_rank(&r->p)) model_probs(&r->cfg, rows, pp_last_acts(&r->p)->out[r->cfg.layers + 1], R, probs);
         MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, pp_last_rank(&r->p), r->pp.comm);
     }
     return loss;
@@ -650,8 +658,6 @@ int main(int argc, char** argv) {
     Run run = {.pp = group_world("pp"), .M = 4, .sched = SCHEDULE_1F1B, .V = 0};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, pp_flags, 4, pp_flag, &run);
     dist_dense_only(&o, RUN_LINE);
-    if (is_gpt(&o.model)) // the pipeline's weight half does not yet read the GPT's stash
-        dist_exit(2, RUN_LINE, "--model gpt: this program does not split the GPT yet");
     int S = world_size, V = schedule_chunks(run.sched, run.V > 0 ? run.V : 2);
     pp_check_layout(&o, run.sched, S, run.V > 0 ? run.V : 2, run.M, run.V > 0, RUN_LINE);
 
@@ -700,9 +706,10 @@ int main(int argc, char** argv) {
         int64_t loss = pp_step(&run.p, &batch); // the schedule: every action of every microbatch
         workspace_keep_weights(&run.ws, 0);
         pp_loss_to_first(&run.p, &loss);
-        float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, B, group_norm, &run.pp); // over every rank
-        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(B), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / B, validation_loss, &run)) break; // a signal: stop, saved
+        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // the loss is the mean over n targets
+        float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, group_norm, &run.pp); // over every rank
+        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
+        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 

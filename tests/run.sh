@@ -964,6 +964,19 @@ section_gpt() {
     same_as gpt_odd "gpt: dp, 27 rows on 4 ranks, T=8 (names cut), same as train.c" $MPIRUN -n 4 ./train_dp $flags
     same_as gpt_odd "gpt: tp --sp on 2 ranks, 27 rows x 8 tokens, vocabulary slices of 14, same as train.c" $MPIRUN -n 2 ./train_tp --sp $flags
     same_as gpt_odd "gpt: cp on 4 ranks, T=8 (chunks of 1), same as train.c" $MPIRUN -n 4 ./train_cp $flags
+    # pipelines of blocks (every schedule), and 3D grids with the heads split, with and without --sp
+    flags="$small --layers 6 --steps 20 --eval-every 10 --clip 1"
+    reference gpt_deep $flags
+    for sched in naive gpipe 1f1b interleaved zb1 zbv; do
+        same_as gpt_deep "gpt: pp on 4 stages, $sched, 8 microbatches, same as train.c" $MPIRUN -n 4 ./train_pp --schedule $sched --microbatches 8 $flags
+    done
+    reference gpt_deep27 $flags --batch 27
+    same_as gpt_deep27 "gpt: pp on 3 stages, 1f1b, 27 rows in 5 microbatches, same as train.c" \
+        $MPIRUN -n 3 ./train_pp --microbatches 5 $flags --batch 27
+    for g in "--tp 2 --dp 2 --pp 2" "--tp 2 --dp 2 --pp 2 --sp" "--tp 4 --dp 1 --pp 2 --sp --zero 1" "--tp 2 --dp 1 --pp 2 --schedule zbv --sp"; do
+        n=$(echo $g | awk '{ print $2 * $4 * $6 }')
+        same_as gpt_deep "gpt: 3d $g, same as train.c" $MPIRUN -n $n ./train_3d $g $flags
+    done
     # resuming across programs: train.c's checkpoint in train_cp and train_tp --sp, train_cp's in train.c
     flags="$small --steps 30 --eval-every 0 --clip 1"
     reference gpt_r $flags
@@ -1006,6 +1019,8 @@ section_gpt() {
     expect_error 2 "--emb 60 is not a multiple of --heads 8" "gpt: heads that do not divide the width are refused" -- ./train --model gpt --emb 60 --heads 8
     expect_error 2 "--model must be mlp or gpt" "gpt: an unknown model is refused" -- ./train --model rnn
     expect_error 2 "3 ranks but 4 heads" "gpt: tp on ranks that do not divide the heads is refused" -- $MPIRUN -n 3 ./train_tp --model gpt
+    expect_error 2 "--tp must divide --heads" "gpt: 3d with --tp not dividing the heads is refused" -- $MPIRUN -n 3 ./train_3d --model gpt --tp 3 --dp 1 --pp 1
+    expect_error 2 "--sp applies to --model gpt" "gpt: 3d --sp with the MLP is refused" -- $MPIRUN -n 2 ./train_3d --tp 2 --dp 1 --pp 1 --sp
     expect_error 2 "--sp applies to --model gpt" "gpt: --sp with the MLP is refused, saying why" -- $MPIRUN -n 2 ./train_tp --sp
     expect_error 2 "so 2N must divide T" "gpt: cp on 3 ranks (2N = 6 does not divide T = 16) is refused" -- $MPIRUN -n 3 ./train_cp --model gpt
     expect_error 2 "which only the GPT has" "gpt: cp with the MLP is refused, saying why" -- $MPIRUN -n 2 ./train_cp
