@@ -207,7 +207,7 @@ static void progress_end(Progress* p) {
 
 typedef struct {
     double sent;          // bytes this rank sent per training step
-    double sent_axis[3];  // of which on the tensor, data and pipeline axes (train_3d.c)
+    double sent_axis[5];  // of which on the tensor, data, pipeline, context and expert axes (train_3d.c)
     double sent_formula;  // what the strategy's formula predicts for `sent`
     double received;      // bytes this rank received per training step
     double params, grads, optim, acts; // bytes held: parameters, gradient sums, optimizer state, activations
@@ -258,9 +258,10 @@ static void summary_write(const char* path, const char* program, const char* lay
         fputc('\n', out);
     }
     for (int q = 0; q < n; q++)
-        fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_formula=%.0f received=%.0f "
-                     "params=%.0f grads=%.0f optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f messages=%.1f\n", q, f[q].sent,
-                f[q].sent_axis[0], f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_formula, f[q].received,
+        fprintf(out, "rank=%d sent=%.0f sent_tp=%.0f sent_dp=%.0f sent_pp=%.0f sent_cp=%.0f sent_ep=%.0f sent_formula=%.0f "
+                     "received=%.0f params=%.0f grads=%.0f optim=%.0f acts=%.0f mem_formula=%.0f bubble=%.4f messages=%.1f\n",
+                q, f[q].sent, f[q].sent_axis[0], f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_axis[3], f[q].sent_axis[4],
+                f[q].sent_formula, f[q].received,
                 f[q].params, f[q].grads, f[q].optim, f[q].acts, f[q].mem_formula, f[q].bubble, f[q].messages);
     if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
 }

@@ -23,12 +23,15 @@
  * Per rank and step, N ranks, batch B rows of T positions, C width, L blocks, P parameters
  * (a K or V block: B x T/N x C floats):
  *   sent  forward, each block: 2(N-1) K and V blocks (4 B)  (the ring's hops; the all-gather's (N-1)/N)
- *         backward, each block: ring: 2(N-1) K and V blocks again (4 B) + 2N dK and dV blocks (8 B,
- *         exact sums); all-gather: a reduce-scatter of dK and dV, 2(N-1) blocks (8 B)
+ *         backward, each block: 2(N-1) K and V blocks again (4 B), and the ring: 2N dK and dV
+ *         blocks (8 B, exact sums); the all-gather: a reduce-scatter of dK and dV, 2(N-1) blocks (8 B)
  *         and the gradient all-reduce, 2(N-1)/N x 8 B x (P + 1 loss), as in data parallelism
  *   memory (4 + 8, + 8 with AdamW) B x P + the activations of T/N positions (attention's
  *         probabilities: T/N x T a head) + the K and V blocks in flight (ring) or the whole
- *         K and V of every block, kept from forward to backward (all-gather)
+ *         K and V of the block at hand (all-gather)
+ *   (Both gather K and V again in backward rather than keep every block's: a pipeline
+ *   (train_3d.c) has several microbatches in flight between a block's forward and its
+ *   backward, and each rank's own K and V are in its q k v.)
  *
  *   make train_cp && mpirun -n 2 ./train_cp --model gpt                  # the ring, zigzag split
  *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm allgather
@@ -51,8 +54,6 @@
 #include "report.h"
 #include "dist.h"
 
-#define RUN_LINE "mpirun -n 2 ./train_cp --model gpt"
-
 // ----------------------------------------------------------------------------
 // the strategy: a share of the positions
 
@@ -67,7 +68,7 @@ typedef struct {
     // attention across ranks: K and V of one rank, [rows][Tq][C] ("a block")
     float *k[2], *v[2];        // ring: the block held and the one arriving
     int64_t *dk[2], *dv[2];    // ring, backward: the accumulators travelling with them
-    float* kv_all[MAX_LAYERS + 2]; // all-gather: [2][N][rows][Tq][C] each block's K and V, kept for backward
+    float* kv_all;             // all-gather: [2][N][rows][Tq][C] every rank's K and V of the block at hand
     int64_t *dk_all, *dv_all;  // all-gather, backward: [N][rows][Tq][C]
     int64_t *dk_mine, *dv_mine; // [rows][Tq][C] this rank's keys' gradients, summed over every rank's queries
     float *rowmax, *D, *kT;    // [rows][NH][Tq], [rows][NH][Tq], [C][Tq]
@@ -101,7 +102,7 @@ static void cp_init(Cp* p, Group* cp, const Config* c, int rows, int ring, int z
         p->k[b] = mallocCheck(sizeof(float) * n), p->v[b] = mallocCheck(sizeof(float) * n);
         p->dk[b] = mallocCheck(sizeof(int64_t) * n), p->dv[b] = mallocCheck(sizeof(int64_t) * n);
     }
-    for (int u = 1; u <= c->layers && !ring; u++) p->kv_all[u] = mallocCheck(sizeof(float) * 2 * N * n);
+    if (!ring) p->kv_all = mallocCheck(sizeof(float) * 2 * N * n);
     if (!ring) p->dk_all = mallocCheck(sizeof(int64_t) * N * n), p->dv_all = mallocCheck(sizeof(int64_t) * N * n);
     p->dk_mine = mallocCheck(sizeof(int64_t) * n), p->dv_mine = mallocCheck(sizeof(int64_t) * n);
     p->rowmax = mallocCheck(sizeof(float) * heads), p->D = mallocCheck(sizeof(float) * heads);
@@ -113,7 +114,7 @@ static void cp_init(Cp* p, Group* cp, const Config* c, int rows, int ring, int z
 }
 static void cp_free(Cp* p) {
     for (int b = 0; b < 2; b++) free(p->k[b]), free(p->v[b]), free(p->dk[b]), free(p->dv[b]);
-    for (int u = 0; u < MAX_LAYERS + 2; u++) free(p->kv_all[u]);
+    free(p->kv_all);
     free(p->pos), free(p->dk_all), free(p->dv_all), free(p->dk_mine), free(p->dv_mine), free(p->rowmax), free(p->D);
     free(p->kT), free(p->expsum), free(p->pv), free(p->dq), free(p->targets), free(p->run_sum), free(p->run_out);
 }
@@ -152,14 +153,14 @@ static void cp_hop_wait(MPI_Request* req, int n) {
 }
 
 // Forward: atty and the probabilities att of this rank's queries, over every rank's keys.
-static void cp_attention_forward(Cp* p, BlockActs* a, int u) {
+static void cp_attention_forward(Cp* p, BlockActs* a) {
     const BlockDims* d = &p->dims;
     int N = p->cp->size, C = d->A, me = p->cp->rank; // C: the width of the heads held
     long tokens = (long)d->R * p->Tq, n = tokens * C, heads = (long)d->R * d->NH * p->Tq;
     for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY;
     fix_zero(p->expsum, heads), fix_zero(p->pv, n);
     if (!p->ring) { // all-gather: every rank's K, then every rank's V, in rank order
-        float *kall = p->kv_all[u], *vall = kall + N * n;
+        float *kall = p->kv_all, *vall = kall + N * n;
         cp_pack_kv(a->qkv, kall + me * n, vall + me * n, tokens, C);
         group_allgather(p->cp, kall + me * n, kall, n, MPI_FLOAT); // K of every rank
         group_allgather(p->cp, vall + me * n, vall, n, MPI_FLOAT); // V of every rank
@@ -242,14 +243,17 @@ static void cp_attention_forward_online(Cp* p, BlockActs* a) {
 
 // Backward: dqkv of this rank's tokens from datty, dK and dV summed over every rank's
 // queries (exact) and brought home.
-static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv, int u) {
+static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
     const BlockDims* d = &p->dims;
     int N = p->cp->size, C = d->A, me = p->cp->rank; // C: the width of the heads held
     long tokens = (long)d->R * p->Tq, n = tokens * C;
     attention_backward_d(p->D, datty, a->atty, C, d);
     fix_zero(p->dq, n);
-    if (!p->ring) { // every rank's K and V kept from forward; dK and dV reduce-scattered home
-        const float *kall = p->kv_all[u], *vall = kall + N * n;
+    if (!p->ring) { // every rank's K and V gathered again; dK and dV reduce-scattered home
+        float *kall = p->kv_all, *vall = kall + N * n;
+        cp_pack_kv(a->qkv, kall + me * n, vall + me * n, tokens, C);
+        group_allgather(p->cp, kall + me * n, kall, n, MPI_FLOAT); // K of every rank, again
+        group_allgather(p->cp, vall + me * n, vall, n, MPI_FLOAT); // V of every rank, again
         fix_zero(p->dk_all, N * n), fix_zero(p->dv_all, N * n);
         double t = trace_clock();
         for (int q = 0; q < N; q++)
@@ -297,7 +301,7 @@ static void cp_block_forward(Cp* p, const float* w, Acts* a, int u, Workspace* w
     BlockActs ba = block_acts(a->saved[u], &p->dims, a->rows);
     block_forward_qkv(a->out[u - 1], &prm, &ba, &p->dims, ws);
     if (p->online) cp_attention_forward_online(p, &ba);
-    else cp_attention_forward(p, &ba, u);
+    else cp_attention_forward(p, &ba);
     block_forward_out(a->out[u], a->out[u - 1], &prm, &ba, &p->dims, acc, ws);
 }
 static void cp_block_backward(Cp* p, const float* w, int64_t* g, Acts* a, int u, Scratch* s, long terms,
@@ -307,7 +311,7 @@ static void cp_block_backward(Cp* p, const float* w, int64_t* g, Acts* a, int u,
     BlockActs ba = block_acts(a->saved[u], &p->dims, a->rows);
     BlockStash st = block_stash(s->stash, &p->dims, p->dims.R);
     block_backward_out(s->tmp, s->dout, &prm, &ba, &st, &p->dims, s->tmp, s->acc, ws);
-    cp_attention_backward(p, &ba, s->tmp, st.dqkv, u);
+    cp_attention_backward(p, &ba, s->tmp, st.dqkv);
     block_backward_qkv(s->din, a->out[u - 1], &prm, &ba, &st, &p->dims, s->acc, ws);
     block_backward_weight(&gg, a->out[u - 1], &ba, &st, &p->dims, terms, ws);
 }
@@ -350,19 +354,21 @@ static void cp_model_backward(Cp* p, const Config* c, const float* params, int64
 // What context parallelism sends per step from each rank, by the formulas above, for B rows
 static double cp_sent_formula(const Cp* p, const Config* c, long B, long np) {
     double N = p->cp->size, block = (double)B * p->Tq * c->emb, L = c->layers;
-    double fwd = 2 * (N - 1) * 4 * block, bwd = p->ring ? 2 * (N - 1) * 4 * block + 2 * N * 8 * block : 2 * (N - 1) * 8 * block;
+    double fwd = 2 * (N - 1) * 4 * block, bwd = 2 * (N - 1) * 4 * block + (p->ring ? 2 * N * 8 * block : 2 * (N - 1) * 8 * block);
     return L * (fwd + bwd) + ring_allreduce_bytes(8.0 * np + 8.0, p->cp->size);
 }
 // The attention buffers a rank holds besides train.c's activations of its positions: the
-// blocks in flight (ring: 2 K, 2 V, 2 dK, 2 dV), or every rank's K and V of every block and
-// the whole dK and dV (all-gather); and the accumulators of its own.
+// blocks in flight (ring: 2 K, 2 V, 2 dK, 2 dV), or every rank's K and V and the whole dK and
+// dV of the block at hand (all-gather); and the accumulators of its own.
 static double cp_attention_bytes(const Cp* p, const Config* c, long rows) {
     double N = p->cp->size, block = (double)rows * p->Tq * c->emb, heads = (double)rows * c->heads * p->Tq;
-    double kv = p->ring ? 2 * (4 + 4 + 8 + 8) * block : c->layers * 2 * N * 4 * block + 2 * N * 8 * block;
+    double kv = p->ring ? 2 * (4 + 4 + 8 + 8) * block : 2 * N * 4 * block + 2 * N * 8 * block;
     return kv + (8 + 8 + 8 + 8) * block + (4 + 4 + 8) * heads;
 }
 
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
+
+#define RUN_LINE "mpirun -n 2 ./train_cp --model gpt"
 
 // ----------------------------------------------------------------------------
 // the state of one run
@@ -418,10 +424,10 @@ static double validation_loss(void* ctx) {
 }
 
 // The formulas of figures(), in words, for the report.
-static const char sent_words[] = "L x (2(N-1) K, V blocks of B T/N C floats forward; backward ring: the same + 2N dK, "
-                                 "dV blocks of exact sums, all-gather: 2(N-1) of them) + 2(N-1)/N x 8 B x (P + 1)";
+static const char sent_words[] = "L x (2(N-1) K, V blocks of B T/N C floats forward, again backward, and dK, dV: "
+                                 "ring 2N blocks of exact sums, all-gather 2(N-1)) + 2(N-1)/N x 8 B x (P + 1)";
 static const char mem_words[] = "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + K, V blocks in flight "
-                                "(ring) or kept (all-gather)";
+                                "(ring) or every rank's of the block at hand (all-gather)";
 
 static Figures figures(const Run* r, const Progress* pr, int B) {
     const Config* c = &r->cfg;

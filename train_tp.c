@@ -72,8 +72,8 @@ typedef struct {
     int64_t* ln_grad;               // [2][C] a LayerNorm's gradient of one pass
     // train_3d.c's context-parallel axis: attention over every rank's positions (train_cp.c),
     // its ranks' targets at this rank's positions; NULL here: attention over the positions held
-    void (*attend)(void* ctx, BlockActs* a, int u);
-    void (*attend_backward)(void* ctx, const BlockActs* a, const float* datty, float* dqkv, int u);
+    void (*attend)(void* ctx, BlockActs* a);
+    void (*attend_backward)(void* ctx, const BlockActs* a, const float* datty, float* dqkv);
     void* attend_ctx;
     const int* targets;
 } Tp;
@@ -117,7 +117,7 @@ static void tp_init(Tp* t, Group* tp, const Config* c, int rows, int sp) {
 static void tp_widths(const Tp* t, const Config* c, int* width) {
     for (int u = 0; u < n_units(c); u++) {
         width[u] = u == 0 ? unit_width(c, 0) : (tp_column(u) ? t->j[u] : linear_out(c, u));
-        if (is_gpt(c)) width[u] = c->context * (u == c->layers + 1 ? t->vs : c->emb);
+        if (is_gpt(c)) width[u] = t->dims.Tq * (u == c->layers + 1 ? t->vs : c->emb); // the positions held
     }
 }
 static void tp_free(Tp* t) {
@@ -375,7 +375,7 @@ static void tp_block_forward(Tp* t, const float* w, Acts* a, int u, Scratch* s, 
     layernorm_forward(ba.ln1, ba.ln1_mean, ba.ln1_rstd, x, p.ln1_g, p.ln1_b, k.n, C);
     const float* y1 = tp_f_forward(t, ba.ln1, t->whole, k);                   // f
     linear_forward(ba.qkv, y1, p.qkv_w, p.qkv_b, N, C, 3 * A, ws);             // column-parallel: this rank's heads
-    if (t->attend) t->attend(t->attend_ctx, &ba, u);                          // its heads, every rank's positions
+    if (t->attend) t->attend(t->attend_ctx, &ba);                          // its heads, every rank's positions
     else attention_forward(ba.atty, ba.att, ba.qkv, d, s->tmp, s->acc);       // its heads
     linear_forward_partial(t->sum, ba.atty, p.proj_w, N, A, C, C, ws);        // row-parallel: over its heads
     tp_g_forward(t, t->sum, p.proj_b, ba.x1, k);                              // g
@@ -407,7 +407,7 @@ static void tp_block_backward_input(Tp* t, const float* w, Acts* a, int u, Scrat
     layernorm_backward_input(t->dx1_mine, s->dout, st.dln2, ba.x1, ba.ln2_mean, ba.ln2_rstd, p.ln2_g, k.n, C);
     memcpy(st.dx1, tp_g_backward(t, t->dx1_mine, t->whole, k), (size_t)N * C * sizeof(float)); // g backward
     linear_backward_input(dh, st.dx1, p.proj_w, N, A, C, ws);                               // row-parallel: float
-    if (t->attend_backward) t->attend_backward(t->attend_ctx, &ba, dh, st.dqkv, u);       // its heads, every rank's positions
+    if (t->attend_backward) t->attend_backward(t->attend_ctx, &ba, dh, st.dqkv);       // its heads, every rank's positions
     else attention_backward(st.dqkv, dh, ba.qkv, ba.att, ba.atty, d, small, s->acc);     // its heads
     linear_backward_input_partial(t->sum, st.dqkv, p.qkv_w, N, C, 3 * A, 3L * C, ws);       // column-parallel: partial
     tp_f_backward(t, t->sum, st.dln1, k);                                                   // f backward
@@ -559,14 +559,14 @@ static void tp_unit_backward(Tp* t, const Config* c, int u, const float* w, int6
 }
 
 // The whole vocabulary's probabilities of the last forward, on every rank (for sampling; the
-// GPT's at position pos).
-static const float* tp_probs(Tp* t, const Config* c, const Acts* a, int R, int pos) {
+// GPT's at the position held at index `at`: the position sampled).
+static const float* tp_probs(Tp* t, const Config* c, const Acts* a, int R, int at) {
     int u = c->layers + 1;
     if (!is_gpt(c) && !tp_column(u)) return a->out[u];
     const float* mine = a->out[u];
     if (is_gpt(c)) {
         for (int r = 0; r < R; r++)
-            memcpy(t->whole + (long)r * t->vs, a->out[u] + ((long)r * c->context + pos) * t->vs, t->vs * sizeof(float));
+            memcpy(t->whole + (long)r * t->vs, a->out[u] + ((long)r * t->dims.Tq + at) * t->vs, t->vs * sizeof(float));
         mine = t->whole;
     }
     group_allgather(t->tp, mine, t->gathered, (long)R * t->vs, MPI_FLOAT);
@@ -624,7 +624,7 @@ static double tp_params_formula(const Tp* t, const Config* c, int u_lo, int u_hi
 //     head gathers ln_f's output (forward and again for lm_head's gradient), reduce-scatters
 //     its input gradient and all-reduces ln_f's gradient.
 static double tp_gpt_sent_formula(const Tp* t, const Config* c, int u_lo, int u_hi, double R) {
-    double n = t->tp->size, NC = R * c->context * c->emb, N = R * c->context, C = c->emb, bytes = 0;
+    double n = t->tp->size, NC = R * t->dims.Tq * c->emb, N = R * t->dims.Tq, C = c->emb, bytes = 0; // the positions held
     double all = 2 * (n - 1) / n, half = (n - 1) / n;
     for (int u = u_lo; u < u_hi; u++) {
         int head = u == c->layers + 1;

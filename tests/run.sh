@@ -977,6 +977,22 @@ section_gpt() {
         n=$(echo $g | awk '{ print $2 * $4 * $6 }')
         same_as gpt_deep "gpt: 3d $g, same as train.c" $MPIRUN -n $n ./train_3d $g $flags
     done
+    # 4D: the context axis in the grid (Llama 3's order: tensor, context, pipeline, data)
+    flags="$small --steps 20 --eval-every 10"
+    for opt in "--optimizer sgd --lr 0.05" "--clip 0.5"; do
+        local tag4=gpt4d_${opt:2:4}
+        reference $tag4 $flags $opt
+        for g in "--tp 2 --cp 2 --pp 2 --dp 2" "--tp 1 --cp 4 --pp 2 --dp 1 --schedule zbv" "--tp 2 --cp 2 --pp 1 --dp 2 --sp --cp-comm allgather" \
+                 "--tp 1 --cp 2 --pp 2 --dp 2 --cp-split contiguous --zero 1"; do
+            n=$(echo $g | awk '{ print $2 * $4 * $6 * $8 }')
+            same_as $tag4 "gpt: 4d $g, ${opt%% *} ${opt#* }, same as train.c" $MPIRUN -n $n ./train_3d $g $flags $opt
+        done
+    done
+    accounting "gpt: 4d 2 x 2 x 2 x 2 (the loss, 1 sum over 4 ranks in uneven chunks)" 128 $MPIRUN -n 16 ./train_3d --model gpt --tp 2 --cp 2 --pp 2 --dp 2
+    expect_error 2 "only the GPT has" "gpt: 3d --cp with the MLP is refused" -- $MPIRUN -n 2 ./train_3d --cp 2 --tp 1 --dp 1 --pp 1
+    expect_error 2 "so 6 must divide T" "gpt: 3d --cp 3 (2C = 6 does not divide T = 16) is refused" -- $MPIRUN -n 3 ./train_3d --model gpt --cp 3 --tp 1 --dp 1 --pp 1
+    expect_error 2 "apply with --cp 2 or more" "gpt: 3d --cp-comm without --cp is refused" -- $MPIRUN -n 2 ./train_3d --model gpt --tp 2 --dp 1 --pp 1 --cp-comm allgather
+    expect_error 2 "x --cp 2 x --dp 2 x --pp 2 = 16, but mpirun started 8" "gpt: 3d a grid that is not the world is refused" -- $MPIRUN -n 8 ./train_3d --model gpt --tp 2 --cp 2 --dp 2 --pp 2
     # resuming across programs: train.c's checkpoint in train_cp and train_tp --sp, train_cp's in train.c
     flags="$small --steps 30 --eval-every 0 --clip 1"
     reference gpt_r $flags

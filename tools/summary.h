@@ -19,7 +19,7 @@ typedef struct {
     // (measured, and the formula's), the pipeline's idle fraction, messages sent
     double sent[MAX_RANKS], sent_formula[MAX_RANKS], mem[MAX_RANKS], mem_formula[MAX_RANKS], bubble[MAX_RANKS];
     double messages[MAX_RANKS];
-    double axis[MAX_RANKS][3]; // train_3d.c: sent on the tensor, data, pipeline axes
+    double axis[MAX_RANKS][5]; // train_3d.c: sent on the tensor, data, pipeline, context, expert axes
     char names[MAX_NAMES][64];
 } Summary;
 
@@ -51,6 +51,8 @@ static void summary_read(Summary* r, const char* path) {
                 if (!strcmp(tok, "sent_tp")) r->axis[q][0] = v;
                 if (!strcmp(tok, "sent_dp")) r->axis[q][1] = v;
                 if (!strcmp(tok, "sent_pp")) r->axis[q][2] = v;
+                if (!strcmp(tok, "sent_cp")) r->axis[q][3] = v;
+                if (!strcmp(tok, "sent_ep")) r->axis[q][4] = v;
                 if (!strcmp(tok, "sent_formula")) r->sent_formula[q] = v;
                 if (!strcmp(tok, "params")) params = v;
                 if (!strcmp(tok, "grads")) grads = v;
