@@ -753,9 +753,9 @@ section_3d() {
     same_as 3d_odd "3d: --tp 2 --pp 2 on 8 ranks leaves --dp 2, same as train.c" \
         $MPIRUN -n 8 ./train_3d --tp 2 --pp 2 $flags
     run "$TMP/grid" $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --steps 2 --samples 0
-    check "3d: rank 0 prints the grid, every rank's (tp, dp, pp) and its units" \
-        bash -c "grep -q 'rank 5 *tp 1, dp 0, pp 1: linear 2 + loss' '$TMP/grid' && test \$(grep -c '^  rank [0-9]* *tp [0-9], dp [0-9], pp [0-9]:' '$TMP/grid') = 8"
-    expect_error 2 "--tp 2 x --dp 2 x --pp 2 = 8, but mpirun started 4 ranks" "3d: a grid that is not the world size is refused on every rank" -- $MPIRUN -n 4 ./train_3d --tp 2 --dp 2 --pp 2
+    check "3d: rank 0 prints the grid, every rank's (tp, cp, pp, dp) and its units, tensor fastest, data slowest" \
+        bash -c "grep -q 'rank 3 *tp 1, cp 0, pp 1, dp 0: linear 2 + loss' '$TMP/grid' && test \$(grep -c '^  rank [0-9]* *tp [0-9], cp 0, pp [0-9], dp [0-9]:' '$TMP/grid') = 8"
+    expect_error 2 "--tp 2 x --cp 1 x --dp 2 x --pp 2 = 8, but mpirun started 4 ranks" "3d: a grid that is not the world size is refused on every rank" -- $MPIRUN -n 4 ./train_3d --tp 2 --dp 2 --pp 2
     expect_error 2 "say how to arrange them" "3d: an ambiguous grid is refused" -- $MPIRUN -n 4 ./train_3d --tp 2
     expect_error 2 "--pp 4 but the model has only 3 units" "3d: more stages than units is refused" -- $MPIRUN -n 4 ./train_3d --pp 4 --dp 1
     expect_error 2 "leaves 4 rows for 8 microbatches" "3d: too few rows per replica for the microbatches is refused" -- $MPIRUN -n 4 ./train_3d --dp 4 --pp 1 --batch 16 --microbatches 8
