@@ -340,11 +340,12 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     if (*err) return 2;
     if (o->opt.lr < 0) o->opt.lr = gpt ? 0.0005f : o->opt.adamw ? 0.003f : 0.1f;
     if (o->opt.weight_decay < 0) o->opt.weight_decay = o->opt.adamw ? 0.01f : 0.0f;
-    // the model must fit: parameters of the largest layer and all of them, in floats
+    // the model must fit: parameters of the largest layer and all of them, in floats, with a
+    // vocabulary of 256 (load_data checks again with the data's, which may be larger)
     double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden, C = m->emb;
     double x = m->experts > 0 ? m->experts : 1, hidden = (t_e * h + (m->layers - 1) * h * h + h * m->layers) * x;
     double total = 256.0 * o->model.emb + hidden + (m->experts > 0 ? (t_e + (m->layers - 1) * h) * x : 0) + h * 257;
-    if (gpt) total = 2.0 * 256 * C + 1024 * C + m->layers * (12 * C * C + 13 * C); // vocabulary and T at most 256, 1024
+    if (gpt) total = 2.0 * 256 * C + 1024 * C + m->layers * (12 * C * C + 13 * C); // T at most 1024
     if (total > 512.0 * 1024 * 1024) {
         snprintf(cli_error, sizeof cli_error,
                  "the model would have about %.0f million parameters; this project caps it at 512 million "
@@ -382,6 +383,9 @@ static void load_data(Dataset* ds, Options* o, Config* cfg) {
         o->model.context = ds->max_len + 1;
     }
     dataset_use_rows(ds, o->model.model == MODEL_GPT ? o->model.context : 0);
+    if (n_params(&o->model) > 512L * 1024 * 1024) // cli_parse's estimate took a vocabulary of 256
+        fatal("the model would have %.0f million parameters with the %d tokens of '%s'; this project caps it at 512 "
+              "million (lower --emb, --hidden or --layers)", n_params(&o->model) / 1e6, ds->vocab, o->data);
     *cfg = o->model;
 }
 

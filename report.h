@@ -13,6 +13,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 
+#include "ckpt.h"
 #include "cli.h"
 
 #include <signal.h>
@@ -51,8 +52,7 @@ static void print_results(double val_loss, long n_val, double seconds, long step
                seconds > 0 ? (double)steps * batch / seconds : 0.0);
     if (n_names > 0) printf("names:\n");
     for (int i = 0; i < n_names; i++) {
-        const int* s = names + (long)i * (max_len + 1);
-        for (int p = 0; s[p] != 0; p++) putchar(ds->token_char[s[p]]);
+        dataset_write_name(ds, names + (long)i * (max_len + 1), max_len + 1, stdout);
         putchar('\n');
     }
     fflush(stdout);
@@ -137,8 +137,13 @@ static void progress_step(Progress* p, long step, double train_loss, double seco
     p->aux_sum += p->aux, p->interval_aux += p->aux, p->aux_last = p->aux;
     int moe = p->o->model.experts > 0;
     if (!p->printing) return;
+    if (p->log || p->o->save) { // the losses a checkpoint records (on the process that writes it), as the log's line begins
+        char text[LOSSES_TEXT];
+        int n = ckpt_losses_add(text, step, train_loss);
+        if (p->log) fwrite(text, 1, (size_t)n, p->log);
+    }
     if (p->log) {
-        fprintf(p->log, "%ld,%.17g,", step, train_loss);
+        fputc(',', p->log);
         if (due) fprintf(p->log, "%.17g", val_loss);
         fprintf(p->log, ",%.4f,%.0f", 1e3 * seconds, seconds > 0 ? B / seconds : 0.0);
         if (moe) fprintf(p->log, ",%.17g", p->aux);
@@ -247,7 +252,7 @@ static void summary_write(const char* path, const char* program, const char* lay
             layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
     for (int i = 0; i < pr->o->samples; i++) {
         fputs("name=", out);
-        for (const int* t = names + (long)i * (max_len + 1); *t; t++) fputc(ds->token_char[*t], out);
+        dataset_write_name(ds, names + (long)i * (max_len + 1), max_len + 1, out);
         fputc('\n', out);
     }
     for (int q = 0; q < n; q++)

@@ -170,7 +170,7 @@ static int run_one(const uint8_t* data, size_t size) {
     o.opt = (Optimizer){.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
     size_t at = offsetof(CkptHeader, adamw);
     if (size >= at + 4 && data[at] == 1) o.opt = (Optimizer){.adamw = 1, .lr = 0.003f, .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-    o.allow_changes = size >= offsetof(CkptHeader, pad) + 1 && (data[offsetof(CkptHeader, pad)] & 1);
+    o.allow_changes = size >= offsetof(CkptHeader, batch) + 1 && (data[offsetof(CkptHeader, batch)] & 1);
     long n = n_params(&model);
     State s = {.params = values, .m = o.opt.adamw ? values + n : NULL, .v = o.opt.adamw ? values + 2 * n : NULL};
     if (setjmp(back) == 0) {

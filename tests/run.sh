@@ -174,7 +174,7 @@ section_data() {
     { for i in $(seq 1 20); do echo "name$i"; done; head -c 2000 /dev/zero | tr '\0' 'x'; echo; } >"$TMP/long.txt"
     { for i in $(seq 1 30); do printf 'line%d\r\n\r\n' "$i"; done; } >"$TMP/crlf.txt"
     expect_error 1 "cannot open data file '$TMP/none.txt': No such file" "data: a missing file is named" -- $p --data "$TMP/none.txt"
-    expect_error 1 "cannot read data file '$TMP'" "data: a directory is refused" -- $p --data "$TMP"
+    expect_error 1 "data file '$TMP' is a folder, not a regular file" "data: a directory is refused" -- $p --data "$TMP"
     expect_error 1 "'$TMP/empty.txt' is empty" "data: an empty file is refused" -- $p --data "$TMP/empty.txt"
     expect_error 1 "has no usable lines" "data: a file of blank lines is refused" -- $p --data "$TMP/blank.txt"
     expect_error 1 "has 2 usable lines; the 90/10 train/validation split needs at least 10" "data: too few lines are refused" -- $p --data "$TMP/short.txt"
@@ -186,8 +186,67 @@ section_data() {
     { printf '\xef\xbb\xbf'; for i in $(seq 1 20); do echo "name$i"; done; } >"$TMP/bom.txt"
     run "$TMP/bom" $p --data "$TMP/bom.txt" --steps 5
     check "data: a leading UTF-8 byte-order mark is skipped, not made tokens (vocabulary 15)" grep -q ', 15 tokens,' "$TMP/bom"
-    { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9\n'; } >"$TMP/utf8.txt"
-    expect_error 1 "utf8.txt:21: byte 0xc3 at column 4 is not ASCII" "data: a UTF-8 character is refused with its line and column" -- $p --data "$TMP/utf8.txt"
+    # UTF-8: every character a token; invalid UTF-8 refused with its line, column and bytes
+    { printf '\xef\xbb\xbf'; for i in $(seq 1 20); do printf 'Zo\xc3\xab%d\r\n' "$i"; done; printf 'Jos\xc3\xa9\r\n'; } >"$TMP/utf8.txt"
+    run "$TMP/utf8" $p --data "$TMP/utf8.txt" --steps 5 --samples 3
+    check "data: UTF-8 names (with a byte-order mark and CRLF) are read, one token per character: Z o e-diaeresis, 10 digits, J s e-acute (17)" \
+        grep -q ', 17 tokens,' "$TMP/utf8"
+    local bad
+    while IFS='|' read -r bad pattern; do
+        { for i in $(seq 1 20); do echo "name$i"; done; printf "Ren\xc3\xa9e $bad\n"; } >"$TMP/bad8.txt"
+        expect_error 1 "bad8.txt:21: invalid UTF-8 at column 7 \(bytes [0-9a-f ]+\): $pattern" "data: invalid UTF-8 ($pattern) is refused with its line and column" -- $p --data "$TMP/bad8.txt"
+    done <<'EOT'
+\xa9x|a continuation byte with no leading byte
+\xe6\x9dx|a sequence cut short
+\xe6\x9d|a sequence cut short
+\xc0\xaf|an overlong encoding
+\xe0\x80\xaf|an overlong encoding
+\xed\xa0\x80|a UTF-16 surrogate
+\xf4\x90\x80\x80|a code point above U\+10FFFF
+\xff|a byte that never occurs in UTF-8
+EOT
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'x\xc2\x85y\n'; } >"$TMP/c1.txt"
+    expect_error 1 "c1.txt:21: control character U\+0085 at column 2" "data: a C1 control character (U+0085) is refused" -- $p --data "$TMP/c1.txt"
+    # more distinct characters than the vocabulary's cap (65,536 tokens): 70,000 CJK characters
+    python3 -c 'import sys; cps = list(range(0x4E00, 0x9FFF)) + list(range(0x20000, 0x2A6DF)) + list(range(0xAC00, 0xD7A3)); sys.stdout.write("\n".join("".join(map(chr, cps[i:i + 100])) for i in range(0, 70000, 100)) + "\n")' >"$TMP/vocab.txt"
+    expect_error 1 "vocab.txt:656: the file has more than 65535 distinct characters; a vocabulary is at most 65536 tokens" \
+        "data: more distinct characters than the vocabulary's cap (65,536 tokens) are refused, naming the line" -- $p --data "$TMP/vocab.txt" --max-line 400
+    # inputs that never end: not a regular file, or larger than the loader reads (issue 31: 5, 6)
+    expect_error 1 "data file '/dev/zero' is a device, not a regular file" "data: --data /dev/zero is refused at once (it grew memory without end)" -- $p --data /dev/zero
+    mkfifo "$TMP/fifo"
+    expect_error 1 "data file '$TMP/fifo' is a named pipe, not a regular file" "data: a named pipe with no writer is refused, not waited on forever" -- $p --data "$TMP/fifo"
+    expect_error 1 "checkpoint '$TMP/fifo' is a named pipe, not a regular file" "data: a named pipe as --load is refused, not waited on forever" -- $p --load "$TMP/fifo"
+    truncate -s 2G "$TMP/huge.txt" # sparse: no disk used
+    expect_error 1 "is 2147483648 bytes, more than the 1073741824 this project reads" "data: a file larger than 1 GiB is refused before it is read" -- $p --data "$TMP/huge.txt"
+    rm -f "$TMP/huge.txt"
+    # names in five scripts (tests/names_world.txt: Latin with diacritics, Greek, Cyrillic, Chinese,
+    # Japanese, Arabic, Hebrew; 263 tokens) in every program: valid UTF-8, the same in every layout
+    local w="--data tests/names_world.txt --steps 300 --eval-every 150 --samples 20"
+    reference world $w
+    run "$TMP/world.names" sed -n '/^names:/,$p' "$TMP/world.out"
+    check "data: train.c on names in five scripts prints 20 names, valid UTF-8, not all ASCII ($(sed -n 2,4p "$TMP/world.names" | tr '\n' ' '))" \
+        bash -c "test \$(wc -l <'$TMP/world.names') = 21 && iconv -f UTF-8 -t UTF-8 '$TMP/world.names' >/dev/null && LC_ALL=C grep -q '[^ -~]' '$TMP/world.names'"
+    same_as world "data: train_dp on 2 ranks, five scripts, same as train.c" $MPIRUN -n 2 ./train_dp $w
+    same_as world "data: train_fsdp ZeRO-3 on 3 ranks, five scripts, same as train.c" $MPIRUN -n 3 ./train_fsdp --zero 3 $w
+    same_as world "data: train_tp on 2 ranks, five scripts, same as train.c" $MPIRUN -n 2 ./train_tp $w
+    reference world2 $w --layers 2
+    same_as world2 "data: train_tp on 3 ranks, L=2 (the loss split by a vocabulary of 263), five scripts, same as train.c" $MPIRUN -n 3 ./train_tp $w --layers 2
+    same_as world "data: train_pp, 2 stages, 1f1b, five scripts, same as train.c" $MPIRUN -n 2 ./train_pp --microbatches 4 $w
+    same_as world "data: train_3d 2 x 1 x 2, five scripts, same as train.c" $MPIRUN -n 4 ./train_3d --tp 2 --dp 1 --pp 2 --microbatches 2 $w
+    reference world_moe $w --experts 4
+    same_as world_moe "data: train_ep, 4 experts on 2 ranks, five scripts, same as train.c --experts 4" $MPIRUN -n 2 ./train_ep --experts 4 $w
+    reference world_gpt $w --model gpt --emb 32 --layers 2
+    same_as world_gpt "data: the GPT in train_dp on 2 ranks, five scripts, same as train.c" $MPIRUN -n 2 ./train_dp --model gpt --emb 32 --layers 2 $w
+    check "data: train.c --experts 4 and --model gpt print valid UTF-8 names too" \
+        bash -c "sed -n '/^names:/,\$p' '$TMP/world_moe.out' '$TMP/world_gpt.out' | iconv -f UTF-8 -t UTF-8 >/dev/null && test \$(sed -n '/^names:/,\$p' '$TMP/world_gpt.out' | wc -l) = 21"
+    # the --summary file and tools/report (make run's table) carry the names as written
+    run "$TMP/ws" ./train $w --summary "$TMP/w.sum" --log "$TMP/w.csv" --quiet
+    mkdir -p "$TMP/wrep/runs" && cp "$TMP/w.sum" "$TMP/wrep/runs/a.sum" && cp "$TMP/w.csv" "$TMP/wrep/runs/a.csv"
+    run "$TMP/wrep.out" tools/report "$TMP/wrep" a
+    sed -n '/^names:/,$p' "$TMP/ws" | tail -n +2 >"$TMP/ws.names"
+    check "data: the --summary file and tools/report's table give the same 20 UTF-8 names as the run printed" \
+        bash -c "test \$(wc -l <'$TMP/ws.names') = 20 && cmp -s '$TMP/ws.names' <(sed -n 's/^name=//p' '$TMP/w.sum') &&
+                 grep -qxF \"names generated by train.c: \$(tr '\n' ' ' <'$TMP/ws.names' | sed 's/ \$//')\" '$TMP/wrep.out'"
     expect_error 1 "cannot write the results to the standard output" "data: a full disk under the standard output is an error, not exit 0" -- sh -c "$p --steps 5 >/dev/full"
 }
 
@@ -258,10 +317,11 @@ section_checkpoint() {
 import struct, sys
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
 b = bytearray(open(src, "rb").read())
-if what == "nan": b[376 + 40:376 + 44] = struct.pack("<f", float("nan"))
+if what == "nan": at = 128 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 4: the header, the vocabulary's code points, the floats
 if what == "order": b[8:12] = bytes(reversed(b[8:12]))
 if what == "v1": b[0:8] = b"MLPCKPT1"
-if what == "v2": b[0:8] = b"MLPCKPT2"; del b[360:376]  # format 2: the header without the experts' fields
+if what == "v2": b[0:8] = b"MLPCKPT2"; del b[360:376]  # from format 3: format 2 is its header without the experts' fields
+if what == "heads": b[84:88] = struct.pack("<i", 2)
 if what == "big": b[48:56] = struct.pack("<q", struct.unpack("<q", b[48:56])[0] + 1000)
 h = 0xcbf29ce484222325
 for x in b[:-8]: h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
@@ -275,14 +335,41 @@ PY
         expect_error 1 "other byte order" "checkpoint: a foreign byte order is refused" -- $p --load "$TMP/order.ckpt" --steps 150
         poke "$TMP/s120.ckpt" "$TMP/v1.ckpt" v1
         expect_error 1 "has format MLPCKPT1" "checkpoint: an older format is refused, saying so" -- $p --load "$TMP/v1.ckpt" --steps 150
-        poke "$TMP/s120.ckpt" "$TMP/v2.ckpt" v2
-        run "$TMP/v2.out" $p --load "$TMP/v2.ckpt" --steps 150 --quiet --save "$TMP/v2_150.ckpt"
-        run "$TMP/v3.out" $p --load "$TMP/s120.ckpt" --steps 150 --quiet --save "$TMP/v3_150.ckpt"
-        check "checkpoint: a format 2 checkpoint (before the experts' fields) resumes, the same as format 3" \
-            bash -c "cmp -s '$TMP/v2.out' '$TMP/v3.out' && tools/compare '$TMP/s120.csv' '$TMP/s120.csv' '$TMP/v2_150.ckpt' '$TMP/v3_150.ckpt'"
+        # formats 2 and 3 still read: tests/old/ holds checkpoints the project wrote in format 3
+        # (commit 43b1919's train: --steps 20 --context 3 --emb 2 --hidden 4 and --optimizer adamw,
+        # or --experts 2), each resumed to step 40 here, as a run never stopped
+        local old="--context 3 --emb 2 --hidden 4 --samples 3 --quiet" opt
+        for opt in "--optimizer adamw" "--experts 2"; do
+            local file=tests/old/format3_$([ "$opt" = "--experts 2" ] && echo experts || echo adamw).ckpt
+            run "$TMP/o40.out" $p $old $opt --steps 40 --save "$TMP/o40.ckpt" --log "$TMP/o40.csv"
+            run "$TMP/o3.out" $p $old $opt --steps 40 --load $file --save "$TMP/o3.ckpt"
+            poke $file "$TMP/o2.ckpt" v2
+            if [ "$opt" = "--experts 2" ]; then
+                expect_error 1 "checkpoint '$TMP/o2.ckpt' is of a dense model" "checkpoint: format 2 reads as a dense model (it predates the experts' fields)" \
+                    -- $p $old $opt --steps 40 --load "$TMP/o2.ckpt"
+            else
+                run "$TMP/o2.out" $p $old $opt --steps 40 --load "$TMP/o2.ckpt" --save "$TMP/o2r.ckpt"
+                check "checkpoint: a format 2 checkpoint (before the experts' fields) resumes as a run never stopped" \
+                    bash -c "cmp -s '$TMP/o40.out' '$TMP/o2.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o2r.ckpt'"
+            fi
+            check "checkpoint: a format 3 checkpoint ($opt, the vocabulary as bytes) resumes as a run never stopped" \
+                bash -c "cmp -s '$TMP/o40.out' '$TMP/o3.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o3.ckpt'"
+        done
         poke "$TMP/s120.ckpt" "$TMP/big.ckpt" big
         expect_error 1 "does not match its size" "checkpoint: a header claiming more parameters than the file holds is refused" -- $p --load "$TMP/big.ckpt" --steps 150
         expect_error 1 "does not match its size" "checkpoint: tools/compare refuses it too (it overflowed its buffer before)" -- tools/compare "$TMP/s120.csv" "$TMP/s120.csv" "$TMP/s120.ckpt" "$TMP/big.ckpt"
+        # the model kind and the heads (format 4): a GPT's checkpoint
+        local gpt="--model gpt --emb 16 --heads 4 --layers 1 --samples 0 --quiet"
+        run "$TMP/g5" $p $gpt --steps 5 --save "$TMP/gpt.ckpt"
+        expect_error 1 "is of the GPT and this run trains the MLP: pass --model gpt" "checkpoint: a GPT's checkpoint resumed without --model gpt is refused, naming the flag" -- $p --load "$TMP/gpt.ckpt" --steps 10
+        expect_error 1 "is of the MLP and this run trains the GPT: leave out --model gpt" "checkpoint: an MLP's checkpoint resumed with --model gpt is refused" -- $p --load "$TMP/s120.ckpt" --model gpt --steps 150
+        expect_error 1 "is of a GPT with 4 attention heads and this run's has 2: pass --heads 4" "checkpoint: another --heads is refused, naming the flag" -- $p ${gpt/--heads 4/--heads 2} --load "$TMP/gpt.ckpt" --steps 10
+        poke "$TMP/gpt.ckpt" "$TMP/gpt2.ckpt" heads
+        expect_error 1 "is of a GPT with 2 attention heads and this run's has 4: pass --heads 2" "checkpoint: the heads are read from the header" -- $p $gpt --load "$TMP/gpt2.ckpt" --steps 10
+        expect_error 0 "validation loss" "checkpoint: the GPT's checkpoint resumes with the same flags" -- $p $gpt --load "$TMP/gpt.ckpt" --steps 10
+        # another vocabulary of the same size: the first token that differs, as characters
+        sed 's/z/é/g' names.txt >"$TMP/accents.txt"
+        expect_error 1 "different vocabulary \(token 26 is 'z' there, 'é' in '$TMP/accents.txt'\)" "checkpoint: another vocabulary is refused, naming the first character that differs" -- $p --load "$TMP/s120.ckpt" --steps 150 --data "$TMP/accents.txt"
     else
         skip "checkpoint: edited checkpoints (NaN, byte order, format, sizes) need python3 to make"
     fi
@@ -355,7 +442,8 @@ PY
 # non-zero exit, and the outputs the run was told to write untouched
 section_faults() {
     { for i in $(seq 1 20); do echo "name$i"; done; printf 'bad\0name\n'; } >"$TMP/f_nul.txt"
-    { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9\n'; } >"$TMP/f_utf8.txt"
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9 \xc0\xaf\n'; } >"$TMP/f_utf8.txt"
+    mkfifo "$TMP/f_fifo"
     run "$TMP/f0" ./train --steps 20 --save "$TMP/f_good.ckpt" --quiet --samples 0
     cp "$TMP/f_good.ckpt" "$TMP/f_flip.ckpt"
     printf '\x01' | dd of="$TMP/f_flip.ckpt" bs=1 seek=1000 conv=notrunc 2>/dev/null
@@ -379,7 +467,10 @@ section_faults() {
         done <<EOT
 --data $TMP/none.txt|1|cannot open data file
 --data $TMP/f_nul.txt|1|f_nul.txt:21: NUL byte at column 4
---data $TMP/f_utf8.txt|1|f_utf8.txt:21: byte 0xc3 at column 4 is not ASCII
+--data $TMP/f_utf8.txt|1|f_utf8.txt:21: invalid UTF-8 at column 6 \(bytes c0 af\): an overlong encoding
+--data /dev/zero|1|data file '/dev/zero' is a device, not a regular file
+--data $TMP/f_fifo|1|data file '$TMP/f_fifo' is a named pipe
+--load $TMP/f_fifo|1|checkpoint '$TMP/f_fifo' is a named pipe
 --load $TMP/f_flip.ckpt|1|checksum mismatch
 --load $TMP/f_trunc.ckpt|1|corrupt or truncated
 --load $TMP/f_good.ckpt --hidden 32|1|is of a different model

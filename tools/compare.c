@@ -44,7 +44,9 @@ static double* read_losses(const char* path, long* n, long* first) {
 static float* read_ckpt(const char* path, CkptHeader* h, long* n) {
     FILE* f = fopen(path, "rb");
     if (!f) fatal("cannot open checkpoint '%s': %s", path, strerror(errno));
-    ckpt_read_header(f, path, h); // refuses a header that claims more than the file holds
+    uint64_t sum = FNV_START;
+    ckpt_read_header(f, path, h, &sum); // refuses a header that claims more than the file holds
+    ckpt_header_free(h);
     *n = ckpt_floats(h);
     float* x = mallocCheck((size_t)*n * sizeof(float));
     if (fread(x, sizeof(float), (size_t)*n, f) != (size_t)*n) fatal("checkpoint '%s' is truncated", path);
