@@ -19,7 +19,9 @@
 #include "model.h" // first: util.h sets the POSIX feature level
 #include "cli.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stddef.h>
 #include <unistd.h>
 
@@ -28,13 +30,15 @@
 //
 // Written so that nothing is lost: to a temporary file in the same folder, flushed to the
 // disk, then renamed over the old checkpoint (a rename is atomic), so a kill or a full disk
-// during a save leaves the previous checkpoint whole. Read so that nothing is silent: the
-// header says which byte order wrote it, and holds the model (its kind, sizes and
-// vocabulary) and every flag that decides the result (seed, batch, optimizer and its
-// settings, a checksum of the data file); resuming with any of them changed is refused,
-// naming each difference, unless --allow-changes says the change is deliberate. The data
-// are read once, checked as they are read (the checksum, and that every value is finite),
-// before training starts.
+// during a save leaves the previous checkpoint whole, and a checkpoint exists at the path
+// at every moment (ckpt_close); only over this project's checkpoints (cli.h checks before
+// step 1 what is at the path and at the --keep files, ckpt_close again). Read so that
+// nothing is silent: the header says which byte order wrote it, and holds the model (its
+// kind, sizes and vocabulary) and every flag that decides the result (seed, batch,
+// optimizer and its settings, a checksum of the data file); resuming with any of them
+// changed is refused, naming each difference, unless --allow-changes says the change is
+// deliberate. The data are read once, checked as they are read (the checksum, and that
+// every value is finite), before training starts.
 
 #define CKPT_MAGIC "MLPCKPT4"
 #define CKPT_MAGIC_V3 "MLPCKPT3" // format 3: the vocabulary as 256 bytes, no model kind (an MLP), no losses
@@ -255,13 +259,15 @@ static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* 
 }
 
 // Writes the header, then the floats the caller hands it, then the checksum, to a
-// temporary file that ckpt_close renames over `path`.
+// temporary file that ckpt_close renames over `path`. A temporary of checkpoint file F is
+// F.tmp-PID, PID the process writing it: one left by a process that no longer runs (killed
+// during a save) is removed at the next save.
 typedef struct {
     FILE* f;
     uint64_t sum;
     const char* path;
     int keep;        // --keep: the last `keep` checkpoints stay, as path, path.1, ...
-    char tmp[4096];
+    char tmp[4200];
 } CkptWriter;
 static void ckpt_fail(CkptWriter* w, const char* what) {
     int err = errno;
@@ -273,34 +279,104 @@ static void ckpt_write(CkptWriter* w, const void* data, size_t n) {
     if (fwrite(data, 1, n, w->f) != n) ckpt_fail(w, "write");
     w->sum = fnv1a(w->sum, data, n);
 }
+// The folder of a path, and the name in it.
+static void split_path(const char* path, char* dir, size_t n, const char** name) {
+    const char* slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, n, "."), *name = path;
+    else if (slash == path) snprintf(dir, n, "/"), *name = slash + 1;
+    else snprintf(dir, n, "%.*s", (int)(slash - path), path), *name = slash + 1;
+}
+// Removes the temporaries of checkpoint `path` (path.tmp-PID, path.K.tmp-PID) whose process
+// no longer runs on this machine.
+static void ckpt_remove_stale(const char* path) {
+    char dir[4096], full[8400];
+    const char* base;
+    split_path(path, dir, sizeof dir, &base);
+    DIR* d = opendir(dir);
+    if (!d) return;
+    size_t nb = strlen(base);
+    for (struct dirent* e; (e = readdir(d));) {
+        const char* rest = e->d_name + nb;
+        if (strncmp(e->d_name, base, nb) != 0 || *rest != '.') continue;
+        if (rest[1] >= '0' && rest[1] <= '9') // path.K.tmp-PID
+            for (rest++; *rest >= '0' && *rest <= '9'; rest++) {}
+        if (strncmp(rest, ".tmp-", 5) != 0 || rest[5] < '1' || rest[5] > '9' || strlen(rest + 5) > 9 ||
+            strspn(rest + 5, "0123456789") != strlen(rest + 5))
+            continue;
+        long pid = atol(rest + 5);
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; // it runs (or may)
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        unlink(full);
+    }
+    closedir(d);
+}
 static void ckpt_create(CkptWriter* w, const char* path, int keep, const CkptHeader* h) {
     *w = (CkptWriter){.sum = FNV_START, .path = path, .keep = keep};
+    ckpt_remove_stale(path);
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
     w->f = fopen(w->tmp, "wb");
     if (!w->f) ckpt_fail(w, "create");
     ckpt_write(w, h, CKPT_FIXED_BYTES);
     ckpt_write(w, h->code_points, (size_t)h->vocab * sizeof(uint32_t));
 }
+// A file of this project's that the rotation may rename or replace: a checkpoint (or
+// nothing, or an empty file). Anything else stops the save (the check before step 1 refused
+// it; something put it there since).
+static void ckpt_may_replace(CkptWriter* w, const char* path) {
+    int held = path_holds(path, CKPT_SIGNATURE);
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) {
+        errno = EEXIST;
+        if (w->f) fclose(w->f);
+        w->f = NULL;
+        remove(w->tmp);
+        fatal("cannot save checkpoint '%s': '%s' is not a checkpoint of this project (it appeared during the run), and "
+              "the rotation (--keep) would replace it; the previous checkpoint is untouched", w->path, path);
+    }
+}
+// A copy of `from` as `to`, through to's temporary (where the file system has no hard links).
+static int ckpt_copy(const char* from, const char* to) {
+    char tmp[4300], buf[1 << 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", to, (long)getpid());
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(tmp, "wb") : NULL;
+    int ok = in && out;
+    for (size_t n; ok && (n = fread(buf, 1, sizeof buf, in)) > 0;) ok = fwrite(buf, 1, n, out) == n;
+    ok = ok && !ferror(in) && fflush(out) == 0 && fsync(fileno(out)) == 0;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) ok = 0;
+    ok = ok && rename(tmp, to) == 0;
+    if (!ok) remove(tmp);
+    return ok ? 0 : -1;
+}
 // The checksum; the data on the disk (fsync); then the new file in the old one's place, and
-// that renaming on the disk too (fsync of the folder).
+// that renaming on the disk too (fsync of the folder). The checkpoint at `path` exists at
+// every moment: with --keep K, path.K-2 becomes path.K-1 (replacing the oldest), ...,
+// path.1 becomes path.2; then path.1 is made a second name of path (a hard link; a copy
+// where the file system has none); then the new file is renamed over path, which replaces
+// it in one step. A kill anywhere leaves path whole, old or new.
 static void ckpt_close(CkptWriter* w) {
     uint64_t sum = w->sum;
     ckpt_write(w, &sum, sizeof sum);
     if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) ckpt_fail(w, "write");
     if (fclose(w->f) != 0) w->f = NULL, ckpt_fail(w, "write");
     w->f = NULL;
-    for (int i = w->keep - 1; i >= 1; i--) { // path.(i-1) becomes path.i, the oldest is dropped
-        char from[4200], to[4200];
-        snprintf(from, sizeof from, i == 1 ? "%s" : "%s.%d", w->path, i - 1);
+    char from[4200], to[4200];
+    for (int i = w->keep - 1; i >= 2; i--) {
+        snprintf(from, sizeof from, "%s.%d", w->path, i - 1);
         snprintf(to, sizeof to, "%s.%d", w->path, i);
-        if (rename(from, to) != 0 && errno != ENOENT) ckpt_fail(w, "keep the previous");
+        ckpt_may_replace(w, from), ckpt_may_replace(w, to);
+        if (path_holds(from, CKPT_SIGNATURE) == PATH_OURS && rename(from, to) != 0) ckpt_fail(w, "keep the previous");
+    }
+    ckpt_may_replace(w, w->path);
+    if (w->keep >= 2 && path_holds(w->path, CKPT_SIGNATURE) == PATH_OURS) {
+        snprintf(to, sizeof to, "%s.1", w->path);
+        ckpt_may_replace(w, to);
+        if ((unlink(to) != 0 && errno != ENOENT) || (link(w->path, to) != 0 && ckpt_copy(w->path, to) != 0))
+            ckpt_fail(w, "keep the previous");
     }
     if (rename(w->tmp, w->path) != 0) ckpt_fail(w, "replace");
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", w->path);
-    char* slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
+    const char* name;
+    split_path(w->path, dir, sizeof dir, &name);
     int fd = open(dir, O_RDONLY);
     if (fd >= 0) fsync(fd), close(fd);
 }

@@ -32,6 +32,7 @@ typedef struct {
     long eval_every;  // --eval-every
     int samples;      // --samples
     const char* log;  // --log
+    int log_overwrite; // --log-overwrite
     const char* save; // --save
     const char* load; // --load
     const char* trace; // --trace
@@ -73,7 +74,8 @@ static const CliFlag cli_common[] = {
     {"seed", "N", "seed of every random number (default 42)"},
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
     {"samples", "N", "names to generate at the end (default 10)"},
-    {"log", "FILE", "write a CSV line per step: step, train loss, val loss, ms, tokens/s"},
+    {"log", "FILE", "write a CSV line per step: step, train loss, val loss, ms, tokens/s (--load: continues its own log)"},
+    {"log-overwrite", NULL, "with --log: replace the file even if it is not a log of this run"},
     {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end, or on SIGINT or SIGTERM"},
     {"save-every", "N", "with --save: also write it every N steps"},
     {"keep", "K", "with --save: keep the last K checkpoints, FILE, FILE.1, ... (default 2)"},
@@ -145,26 +147,77 @@ static int same_file(const char* a, const char* b) {
     if (!strcmp(a, b)) return 1;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
-// Before any training: every output can be written (its folder exists and is writable),
-// and none is an input or another output. --save may be --load: resuming overwrites the
-// checkpoint it started from, safely (ckpt.h).
+
+// How each output of this project begins: what tells a file it wrote (which a run may
+// replace) from any other (which no run replaces).
+#define CKPT_SIGNATURE "MLPCKPT"                               // ckpt.h, any format
+#define LOG_HEADER "step,train_loss,val_loss,ms,tokens_per_s" // report.h's --log
+#define SUMMARY_SIGNATURE "program="                         // report.h's --summary
+#define TRACE_SIGNATURE "{\"displayTimeUnit\""               // report.h's --trace
+
+// What is at an output's path: nothing; an empty file (nothing to lose); a file of this
+// project, one that starts with `signature`; a file of something else; or not a regular
+// file at all (a folder, a device, a named pipe: stat, not open, so that a pipe never blocks).
+enum { PATH_ABSENT, PATH_EMPTY, PATH_OURS, PATH_FOREIGN, PATH_NOT_FILE };
+static int path_holds(const char* path, const char* signature) {
+    struct stat st;
+    if (stat(path, &st) != 0) return errno == ENOENT ? PATH_ABSENT : PATH_NOT_FILE;
+    if (!S_ISREG(st.st_mode)) return PATH_NOT_FILE;
+    if (st.st_size == 0) return PATH_EMPTY;
+    char head[64] = "";
+    size_t n = strlen(signature);
+    FILE* f = fopen(path, "rb");
+    int ours = f && fread(head, 1, n, f) == n && !memcmp(head, signature, n);
+    if (f) fclose(f);
+    return ours ? PATH_OURS : PATH_FOREIGN;
+}
+
+// Before any training: every output can be written where it is asked for, and writing it
+// loses nothing the user had. An output's path is not empty; its folder exists and can be
+// written; it is not an input (--save may be --load: resuming overwrites the checkpoint it
+// started from, safely, ckpt.h) nor another output; and whatever is there already is a file
+// of this project of the same kind, or nothing: a run never replaces a file it did not
+// write, nor anything but a regular file. --save also checks the files its rotation renames
+// (FILE.1 .. FILE.K-1 with --keep K). --log may replace another file with --log-overwrite;
+// whether an existing log is this run's (to continue it) is report.h's check, once the
+// checkpoint is read.
 static const char* cli_check_outputs(const Options* o) {
     const char* names[] = {"log", "save", "trace", "summary"};
     const char* paths[] = {o->log, o->save, o->trace, o->summary};
+    const char* kinds[] = {"--log file", "checkpoint", "--trace file", "--summary file"};
+    const char* signatures[] = {LOG_HEADER, CKPT_SIGNATURE, TRACE_SIGNATURE, SUMMARY_SIGNATURE};
     for (int i = 0; i < 4; i++) {
         if (!paths[i]) continue;
-        char dir[4096];
+        char dir[4096], what[5000] = "", file[4200];
         snprintf(dir, sizeof dir, "%s", paths[i]);
         char* slash = strrchr(dir, '/');
         if (slash) slash == dir ? (void)(dir[1] = 0) : (void)(*slash = 0);
         else snprintf(dir, sizeof dir, ".");
-        const char* why = same_file(paths[i], o->data) ? "is the --data file"
+        const char* why = !paths[i][0] ? "is empty: give a file name"
+                          : same_file(paths[i], o->data) ? "is the --data file"
                           : (i != 1 && same_file(paths[i], o->load)) ? "is the --load checkpoint"
                           : access(dir, W_OK) != 0 ? "is in a folder that does not exist or cannot be written"
                           : (access(paths[i], F_OK) == 0 && access(paths[i], W_OK) != 0) ? "exists and cannot be written"
                                                                                             : NULL;
         for (int j = 0; j < i && !why; j++)
             if (paths[j] && same_file(paths[i], paths[j])) why = "is also another output";
+        // what is there: the path itself, and for --save the files its rotation renames
+        for (int k = 0; !why && k < (i == 1 ? o->keep : 1); k++) {
+            if (k == 0) snprintf(file, sizeof file, "%s", paths[i]);
+            else snprintf(file, sizeof file, "%s.%d", paths[i], k);
+            int held = path_holds(file, signatures[i]);
+            struct stat st;
+            if (held == PATH_NOT_FILE && stat(file, &st) == 0)
+                snprintf(what, sizeof what, "%s%s%sis %s, not a regular file", k ? "with --keep, '" : "",
+                         k ? file : "", k ? "' " : "", file_kind(st.st_mode));
+            else if (held == PATH_NOT_FILE)
+                snprintf(what, sizeof what, "cannot be looked at (%s)", strerror(errno));
+            else if (held == PATH_FOREIGN && !(i == 0 && o->log_overwrite))
+                snprintf(what, sizeof what, "%s%s%sexists and is not a %s of this project (a run replaces only its "
+                         "own files%s)", k ? "with --keep, '" : "", k ? file : "", k ? "' (which the rotation would rename) " : "",
+                         kinds[i], i == 0 ? "; pass --log-overwrite to replace it anyway" : "");
+            if (what[0]) why = what;
+        }
         if (why) {
             snprintf(cli_error, sizeof cli_error, "--%s '%s' %s: refusing to start (nothing was written)", names[i],
                      paths[i], why);
@@ -269,6 +322,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         } else if (!strcmp(name, "eval-every")) *err = cli_long(name, optarg, 0, 1000000000L, &o->eval_every);
         else if (!strcmp(name, "samples")) *err = cli_long(name, optarg, 0, 1000, &lv), o->samples = (int)lv;
         else if (!strcmp(name, "log")) o->log = optarg;
+        else if (!strcmp(name, "log-overwrite")) o->log_overwrite = 1;
         else if (!strcmp(name, "save")) o->save = optarg;
         else if (!strcmp(name, "load")) o->load = optarg;
         else if (!strcmp(name, "trace")) o->trace = optarg;
@@ -285,11 +339,15 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         snprintf(cli_error, sizeof cli_error, "unexpected argument '%s' (flags start with --)", argv[optind]);
         *err = cli_error;
     }
-    if (!*err) *err = cli_check_outputs(o);
     if (!*err && (o->save_every || o->keep != 2) && !o->save) {
         snprintf(cli_error, sizeof cli_error, "--save-every and --keep apply to --save FILE only");
         *err = cli_error;
     }
+    if (!*err && o->log_overwrite && !o->log) {
+        snprintf(cli_error, sizeof cli_error, "--log-overwrite applies to --log FILE only");
+        *err = cli_error;
+    }
+    if (!*err) *err = cli_check_outputs(o);
     Config* m = &o->model;
     int gpt = m->model == MODEL_GPT;
     if (!*err && gpt && m->hidden >= 0) {

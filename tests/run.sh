@@ -65,6 +65,7 @@ reference() {
 same_as() {
     local tag=$1 name=$2
     shift 2
+    rm -f "$TMP/x.csv" # a resumed run continues its own run's log, and refuses another run's
     run "$TMP/x.out" "$@" --quiet --log "$TMP/x.csv" --save "$TMP/x.ckpt"
     local status=$?
     if [ $status != 0 ]; then
@@ -391,7 +392,104 @@ PY
         cp "$TMP/kill.orig" "$TMP/kill.ckpt"
     done
     check "checkpoint: killed at $tries moments of a save, the checkpoint loads every time ($intact of $tries)" test $intact = $tries
-    rm -f "$TMP"/kill.ckpt.tmp-*
+    # the checkpoint exists at its path at every moment (issue 31: 0): killed at the entry of each
+    # rename, link and unlink of five saves in a row (strace), the run leaves FILE, and it loads
+    local tiny="--context 3 --emb 2 --hidden 4 --samples 0 --eval-every 0 --quiet" calls="rename,renameat,renameat2,link,linkat,unlink,unlinkat"
+    local step
+    if strace -f -o /dev/null -e trace=none true 2>/dev/null; then
+        local n missing=""
+        for n in $(seq 3 14); do
+            rm -f "$TMP"/at.ckpt*
+            (strace -f -o /dev/null -e trace=$calls -e inject=$calls:signal=KILL:when=$n $p $tiny --steps 5 --save-every 1 \
+                --save "$TMP/at.ckpt"; true) >/dev/null 2>&1 # (a subshell, which says "Killed" to /dev/null)
+            step=$(od -An -t d8 -j 40 -N 8 "$TMP/at.ckpt" 2>/dev/null | tr -d ' ')
+            [ -n "$step" ] && $p $tiny --load "$TMP/at.ckpt" --steps "$step" >/dev/null 2>&1 || missing="$missing $n"
+        done
+        check "checkpoint: killed at each of the file calls 3 to 14 of saves every step, FILE is there and loads${missing:+ (not after call$missing)}" test -z "$missing"
+    else
+        skip "checkpoint: kills at each file call of a save need strace (apt-get install strace) and ptrace"
+    fi
+    # and with frequent saves and kills at random moments
+    rm -f "$TMP"/rk.ckpt*
+    run "$TMP/rk" $p $tiny --steps 1 --save "$TMP/rk.ckpt"
+    local lost=0 kills
+    for kills in $(seq 1 20); do
+        $p $tiny --steps 100000000 --save-every 1 --save "$TMP/rk.ckpt" >/dev/null 2>&1 &
+        local pid=$!
+        sleep 0.$((RANDOM % 3))$((RANDOM % 10))
+        kill -9 $pid 2>/dev/null
+        wait $pid 2>/dev/null
+        step=$(od -An -t d8 -j 40 -N 8 "$TMP/rk.ckpt" 2>/dev/null | tr -d ' ')
+        [ -n "$step" ] && $p $tiny --load "$TMP/rk.ckpt" --steps "$step" >/dev/null 2>&1 || lost=$((lost + 1))
+    done
+    check "checkpoint: --save-every 1 killed at 20 random moments: FILE is there and loads every time ($lost lost)" test $lost = 0
+    # stale temporaries (issue 31: 4): those of killed processes go at the next save, a running one's stays
+    sh -c 'exit 0' &
+    local dead=$!
+    wait $dead
+    touch "$TMP/rk.ckpt.tmp-$dead" "$TMP/rk.ckpt.tmp-$$" "$TMP/rk.ckpt.1.tmp-$dead"
+    local stale_before
+    stale_before=$(ls "$TMP"/rk.ckpt*tmp-* "$TMP"/kill.ckpt.tmp-* 2>/dev/null | wc -l)
+    run "$TMP/rk" $p $tiny --steps 2 --save "$TMP/rk.ckpt"
+    run "$TMP/kl" $p $big --steps 1 --save "$TMP/kill.ckpt" --quiet
+    check "checkpoint: the next save removes the $((stale_before - 1)) temporaries left by killed processes and keeps a running process's ($(ls "$TMP" | grep -c 'tmp-') left)" \
+        bash -c "test \"\$(cd '$TMP' && ls | grep 'tmp-')\" = 'rk.ckpt.tmp-$$'"
+    rm -f "$TMP/rk.ckpt.tmp-$$"
+    # nothing the user had is replaced (issue 31: 1, 2, 3): --save only over a checkpoint of this
+    # project, --log only over a log of this project, each output only over a regular file
+    echo "my thesis draft" >"$TMP/thesis.txt"
+    cp "$TMP/thesis.txt" "$TMP/thesis.orig"
+    expect_error 2 "--save '$TMP/thesis.txt' exists and is not a checkpoint of this project \(a run replaces only its own files\)" \
+        "checkpoint: --save onto a file that is not a checkpoint is refused before step 1" -- $p --steps 50 --save "$TMP/thesis.txt"
+    run "$TMP/k2" $p --steps 50 --save "$TMP/keep.ckpt" --quiet
+    cp "$TMP/thesis.txt" "$TMP/keep.ckpt.2"
+    expect_error 2 "--save '$TMP/keep.ckpt' with --keep, '$TMP/keep.ckpt.2' \(which the rotation would rename\) exists and is not a checkpoint" \
+        "checkpoint: --keep 3 refuses to rotate a file that is not a checkpoint (FILE.2)" -- $p --steps 50 --save "$TMP/keep.ckpt" --keep 3 --save-every 10
+    mkfifo "$TMP/save.fifo"
+    expect_error 2 "--save '$TMP/save.fifo' is a named pipe, not a regular file" "checkpoint: --save onto a named pipe is refused (it was renamed away)" -- $p --steps 50 --save "$TMP/save.fifo"
+    mkdir -p "$TMP/adir"
+    expect_error 2 "--save '$TMP/adir' is a folder, not a regular file" "checkpoint: --save onto a folder is refused before training, not after" -- $p --steps 50 --save "$TMP/adir"
+    local out
+    for out in save log trace summary; do
+        expect_error 2 "--$out '' is empty: give a file name" "checkpoint: --$out '' is refused before step 1" -- $p --steps 50 --$out ''
+    done
+    echo "step,notes" >"$TMP/notes.csv"
+    cp "$TMP/notes.csv" "$TMP/notes.orig"
+    expect_error 2 "--log '$TMP/notes.csv' exists and is not a --log file of this project \(a run replaces only its own files; pass --log-overwrite" \
+        "checkpoint: --log onto a user's file is refused, naming --log-overwrite" -- $p --steps 50 --log "$TMP/notes.csv"
+    cp "$TMP/keep.ckpt" "$TMP/keep.orig"
+    expect_error 2 "--log '$TMP/keep.ckpt' exists and is not a --log file" "checkpoint: --log onto a checkpoint is refused" -- $p --steps 50 --log "$TMP/keep.ckpt"
+    expect_error 2 "--summary '$TMP/notes.csv' exists and is not a --summary file" "checkpoint: --summary onto a user's file is refused" -- $p --steps 5 --summary "$TMP/notes.csv"
+    expect_error 2 "--trace '$TMP/notes.csv' exists and is not a --trace file" "checkpoint: --trace onto a user's file is refused" -- $p --steps 5 --trace "$TMP/notes.csv"
+    expect_error 2 "--log '$TMP/save.fifo' is a named pipe, not a regular file" "checkpoint: --log onto a named pipe is refused, not waited on forever" -- $p --steps 5 --log "$TMP/save.fifo"
+    expect_error 2 "--log-overwrite applies to --log FILE only" "checkpoint: --log-overwrite without --log is refused" -- $p --steps 5 --log-overwrite
+    check "checkpoint: and the user's files, the checkpoint and the named pipe are untouched" \
+        bash -c "cmp -s '$TMP/thesis.txt' '$TMP/thesis.orig' && cmp -s '$TMP/keep.ckpt.2' '$TMP/thesis.orig' && cmp -s '$TMP/notes.csv' '$TMP/notes.orig' &&
+                 cmp -s '$TMP/keep.ckpt' '$TMP/keep.orig' && test -p '$TMP/save.fifo' && ! ls '$TMP'/thesis.txt.* '$TMP'/save.fifo.* >/dev/null 2>&1"
+    expect_error 0 "validation loss" "checkpoint: --log-overwrite replaces it when the user says so" -- $p --steps 5 --log "$TMP/notes.csv" --log-overwrite --quiet
+    check "checkpoint: ... with a log" bash -c "head -1 '$TMP/notes.csv' | grep -q '^step,train_loss,' && test \$(wc -l <'$TMP/notes.csv') = 6"
+    # a resumed run continues its own log (issue 31: 2): resumed from step 1000 with the log of a
+    # run that went on to 1500 (a kill after the checkpoint), the log is cut at 1000 and continued,
+    # and equals the log of a run never stopped, but for its timings
+    run "$TMP/l2000" $p --steps 2000 --eval-every 500 --log "$TMP/l2000.csv" --quiet
+    run "$TMP/l1000" $p --steps 1000 --eval-every 500 --log "$TMP/lr.csv" --save "$TMP/l1000.ckpt" --quiet
+    run "$TMP/l1500" $p --steps 1500 --eval-every 500 --log "$TMP/lr.csv" --load "$TMP/l1000.ckpt" --save "$TMP/l1500.ckpt" --quiet
+    local lines1500
+    lines1500=$(wc -l <"$TMP/lr.csv")
+    run "$TMP/lr" $p --steps 2000 --eval-every 500 --log "$TMP/lr.csv" --load "$TMP/l1000.ckpt" --quiet
+    check "checkpoint: resumed with its own log, a run continues it: whole, steps 1 to 2000 ($lines1500 lines before, cut at step 1000), the same losses as a run never stopped" \
+        bash -c "test $lines1500 = 1501 && cmp -s <(cut -d, -f1-3 '$TMP/lr.csv') <(cut -d, -f1-3 '$TMP/l2000.csv')"
+    cp "$TMP/lr.csv" "$TMP/lr.orig"
+    run "$TMP/l7" $p --steps 1000 --seed 7 --log "$TMP/l7.csv" --quiet --samples 0
+    cp "$TMP/l7.csv" "$TMP/l7.orig"
+    expect_error 1 "--log '$TMP/l7.csv' is not the log of the run that checkpoint '$TMP/l1000.ckpt' continues: its training losses of steps 1 to 1000 are not the ones the checkpoint records" \
+        "checkpoint: resumed with another run's log, a run refuses to append to it" -- $p --steps 2000 --log "$TMP/l7.csv" --load "$TMP/l1000.ckpt"
+    head -n 500 "$TMP/lr.orig" >"$TMP/short.csv"
+    expect_error 1 "it has no line of step 500, and the checkpoint is at step 1000" "checkpoint: ... or a log that ends before the checkpoint's step" -- $p --steps 2000 --log "$TMP/short.csv" --load "$TMP/l1000.ckpt"
+    expect_error 1 "does not record the run's losses \(it has format 2 or 3\)" "checkpoint: ... or a log a checkpoint of format 3 cannot vouch for" -- $p $old --optimizer adamw --steps 40 --load tests/old/format3_adamw.ckpt --log "$TMP/l7.csv"
+    check "checkpoint: and those logs are untouched" cmp -s "$TMP/l7.csv" "$TMP/l7.orig"
+    expect_error 0 "validation loss" "checkpoint: --log-overwrite starts another run's log anew" -- $p --steps 1200 --log "$TMP/l7.csv" --load "$TMP/l1000.ckpt" --log-overwrite --quiet
+    check "checkpoint: ... from the steps it trains" bash -c "test \$(wc -l <'$TMP/l7.csv') = 201 && sed -n 2p '$TMP/l7.csv' | grep -q '^1001,'"
     # --save-every and --keep: checkpoints at 100, 200, 300 and the end, the last 3 kept
     run "$TMP/every" $p --steps 350 --save "$TMP/ev.ckpt" --save-every 100 --keep 3 --quiet
     run "$TMP/at300" $p --steps 300 --save "$TMP/at300.ckpt" --quiet
@@ -409,18 +507,20 @@ PY
     sigterm_resume() { # NAME COMMAND...: the command, stopped by SIGTERM after a second, then resumed to 40000 steps
         local name=$1
         shift
-        rm -f "$TMP/sig.ckpt"*
-        "$@" --steps 40000 --save "$TMP/sig.ckpt" --quiet --samples 0 >"$TMP/sig.out" 2>&1 &
+        rm -f "$TMP/sig.ckpt"* "$TMP/sig.csv"
+        "$@" --steps 40000 --save "$TMP/sig.ckpt" --log "$TMP/sig.csv" --quiet --samples 0 >"$TMP/sig.out" 2>&1 &
         local pid=$!
         sleep 1
         kill -TERM $pid
         wait $pid
         local status=$?
-        run "$TMP/sig2.out" "$@" --steps 40000 --load "$TMP/sig.ckpt" --save "$TMP/sig.ckpt" --quiet --samples 0
+        run "$TMP/sig2.out" "$@" --steps 40000 --load "$TMP/sig.ckpt" --save "$TMP/sig.ckpt" --log "$TMP/sig.csv" --quiet --samples 0
         check "checkpoint: $name stopped by SIGTERM (exit $status, $(grep -o 'after step [0-9]*' "$TMP/sig.out")) saves, and resumes to the same bits as a run never stopped" \
             bash -c "{ test $status = 0 || test '$name' != train.c; } && grep -q 'stopped by a signal after step' '$TMP/sig.out' && cmp -s '$TMP/sig.ckpt' '$TMP/nonstop.ckpt'"
+        check "checkpoint: ... and its --log, continued by the resumed run, is whole: the losses of steps 1 to 40000 of a run never stopped" \
+            cmp -s <(cut -d, -f1-3 "$TMP/sig.csv") <(cut -d, -f1-3 "$TMP/nonstop.csv")
     }
-    run "$TMP/nonstop" $p --steps 40000 --save "$TMP/nonstop.ckpt" --quiet --samples 0
+    run "$TMP/nonstop" $p --steps 40000 --save "$TMP/nonstop.ckpt" --log "$TMP/nonstop.csv" --quiet --samples 0
     sigterm_resume "train.c" $p
     sigterm_resume "train_dp.c on 2 ranks" $MPIRUN -n 2 ./train_dp
     # a stopped rank (SIGSTOP: a stuck node) is caught by the watchdog, which says where the others wait
@@ -443,26 +543,29 @@ PY
 section_faults() {
     { for i in $(seq 1 20); do echo "name$i"; done; printf 'bad\0name\n'; } >"$TMP/f_nul.txt"
     { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9 \xc0\xaf\n'; } >"$TMP/f_utf8.txt"
-    mkfifo "$TMP/f_fifo"
-    run "$TMP/f0" ./train --steps 20 --save "$TMP/f_good.ckpt" --quiet --samples 0
+    run "$TMP/f0" ./train --steps 20 --save "$TMP/f_good.ckpt" --log "$TMP/f_good.csv" --quiet --samples 0
     cp "$TMP/f_good.ckpt" "$TMP/f_flip.ckpt"
     printf '\x01' | dd of="$TMP/f_flip.ckpt" bs=1 seek=1000 conv=notrunc 2>/dev/null
     head -c 3000 "$TMP/f_good.ckpt" >"$TMP/f_trunc.ckpt"
     cp names.txt "$TMP/f_data.txt"
+    echo "my notes" >"$TMP/f_notes.txt"
+    mkfifo "$TMP/f_fifo"
+    run "$TMP/f7" ./train --steps 20 --seed 7 --log "$TMP/f_l7.orig" --quiet --samples 0
     local prog name input pattern status
     for prog in "train_dp" "train_fsdp --zero 3" "train_tp" "train_pp --schedule 1f1b" "train_3d --dp 1 --tp 1 --pp 2"; do
         name=${prog%% *}
         while IFS='|' read -r input status pattern; do
-            echo "precious" >"$TMP/f_out.ckpt"
-            echo "precious" >"$TMP/f_out.csv"
+            # the outputs hold a checkpoint and a log of this project, which a failed run leaves as they were
+            cp "$TMP/f_good.ckpt" "$TMP/f_out.ckpt"
+            cp "$TMP/f_good.csv" "$TMP/f_out.csv"
             run "$TMP/f_err" $MPIRUN -n 2 ./$prog $input --steps 30 --save "$TMP/f_out.ckpt" --log "$TMP/f_out.csv" </dev/null
             local got=$? said
             said=$(grep -c '^error: ' "$TMP/f_err")
             if [ $got = "$status" ] && [ "$said" = 1 ] && grep -Eq -- "$pattern" "$TMP/f_err" &&
-                [ "$(cat "$TMP/f_out.ckpt" "$TMP/f_out.csv")" = "precious"$'\n'"precious" ]; then
+                cmp -s "$TMP/f_out.ckpt" "$TMP/f_good.ckpt" && cmp -s "$TMP/f_out.csv" "$TMP/f_good.csv"; then
                 pass "faults: $name $input: '$pattern' once, exit $got, its outputs untouched"
             else
-                fail "faults: $name $input (exit $got, expected $status; $said error lines; $(grep -m2 error "$TMP/f_err" | tr '\n' '|'); outputs: $(cat "$TMP/f_out.ckpt" "$TMP/f_out.csv" | tr '\n' ' '))"
+                fail "faults: $name $input (exit $got, expected $status; $said error lines; $(grep -m2 error "$TMP/f_err" | tr '\n' '|'); outputs: $(cmp "$TMP/f_out.ckpt" "$TMP/f_good.ckpt" 2>&1; cmp "$TMP/f_out.csv" "$TMP/f_good.csv" 2>&1))"
             fi
         done <<EOT
 --data $TMP/none.txt|1|cannot open data file
@@ -477,9 +580,41 @@ section_faults() {
 --load $TMP/f_good.ckpt --seed 7|1|other settings: --seed 42 \(now 7\)
 --lr 1e-50|2|--lr must be above 0 and is too small
 --data $TMP/f_data.txt --summary $TMP/f_data.txt|2|is the --data file: refusing to start
+--summary $TMP/f_notes.txt|2|--summary '$TMP/f_notes.txt' exists and is not a --summary file of this project
+--trace $TMP/f_fifo|2|--trace '$TMP/f_fifo' is a named pipe, not a regular file
 EOT
+        # and the outputs themselves: a user's file, as --save or --log, refused before step 1 on every rank
+        while IFS='|' read -r input pattern; do
+            run "$TMP/f_err" $MPIRUN -n 2 ./$prog --steps 30 $input </dev/null
+            local got=$? said
+            said=$(grep -c '^error: ' "$TMP/f_err")
+            if [ $got = 2 ] && [ "$said" = 1 ] && grep -Eq -- "$pattern" "$TMP/f_err" && [ "$(cat "$TMP/f_notes.txt")" = "my notes" ] &&
+                ! grep -q '^configuration' "$TMP/f_err"; then
+                pass "faults: $name $input: refused before step 1, once, exit 2, the file untouched"
+            else
+                fail "faults: $name $input (exit $got; $said error lines; $(grep -m2 error "$TMP/f_err" | tr '\n' '|'); $(cat "$TMP/f_notes.txt"))"
+            fi
+        done <<EOT
+--save $TMP/f_notes.txt|--save '$TMP/f_notes.txt' exists and is not a checkpoint of this project
+--log $TMP/f_notes.txt|--log '$TMP/f_notes.txt' exists and is not a --log file of this project .*--log-overwrite
+--save $TMP/f_fifo|--save '$TMP/f_fifo' is a named pipe, not a regular file
+EOT
+        expect_error 2 "--save '' is empty: give a file name" "faults: $name --save '': refused before step 1" -- $MPIRUN -n 2 ./$prog --steps 30 --save ''
+        # a resume continues its own run's log, and refuses another run's (once, exit 1, the log untouched)
+        cp "$TMP/f_good.csv" "$TMP/f_own.csv"
+        run "$TMP/f_err" $MPIRUN -n 2 ./$prog --steps 30 --load "$TMP/f_good.ckpt" --log "$TMP/f_own.csv" --quiet </dev/null
+        check "faults: $name resumed from step 20 with its run's log continues it (steps 1 to 30)" \
+            bash -c "test \$(wc -l <'$TMP/f_own.csv') = 31 && cmp -s <(head -21 '$TMP/f_own.csv') '$TMP/f_good.csv' && sed -n 31p '$TMP/f_own.csv' | grep -q '^30,'"
+        cp "$TMP/f_l7.orig" "$TMP/f_l7.csv"
+        expect_error 1 "is not the log of the run that checkpoint .* continues" "faults: $name resumed with another run's log refuses it" \
+            -- $MPIRUN -n 2 ./$prog --steps 30 --load "$TMP/f_good.ckpt" --log "$TMP/f_l7.csv"
+        check "faults: ... once, and the log untouched" bash -c "test \$(grep -c '^error: ' '$TMP/err') = 1 && cmp -s '$TMP/f_l7.csv' '$TMP/f_l7.orig'"
     done
     check "faults: and the data file given as an output is untouched" cmp -s names.txt "$TMP/f_data.txt"
+    for prog in train_dp "train_fsdp --zero 2"; do # the programs that train the GPT too
+        expect_error 1 "is of the MLP and this run trains the GPT: leave out --model gpt" "faults: ${prog%% *} resuming an MLP's checkpoint with --model gpt is refused, naming the flag" \
+            -- $MPIRUN -n 2 ./$prog --load "$TMP/f_good.ckpt" --model gpt
+    done
 }
 
 # ----------------------------------------------------------------------------
