@@ -1,10 +1,11 @@
 /*
- * tests/fuzz.c: the three readers of outside input, driven by libFuzzer: the data loader
- * (data.h), the checkpoint reader (ckpt.h) and the flag parser (cli.h). One file, one
- * target per build, chosen with -DTARGET=data, ckpt or cli.
+ * tests/fuzz.c: the readers of outside input, driven by libFuzzer: the data loader
+ * (data.h), the checkpoint reader (ckpt.h), the flag parser (cli.h), and tools/compare's
+ * readers of logs and checkpoints. One file, one target per build, chosen with
+ * -DTARGET_data, _ckpt, _cli or _compare.
  *
  *   make fuzz                                     # each target, 1 million inputs or more
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DTARGET=ckpt tests/fuzz.c -o fuzz_ckpt -lm
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DTARGET_ckpt tests/fuzz.c -o fuzz_ckpt -lm
  *   ./fuzz_ckpt corpus/                           # libFuzzer's own flags apply
  *
  * Built without -fsanitize=fuzzer and with -DREPLAY, the same file is a program that runs
@@ -96,6 +97,10 @@ static void release_all(void) {
 #define fclose fuzz_fclose
 
 #include "../ckpt.h"
+#ifdef TARGET_compare
+#define COMPARE_NO_MAIN
+#include "../tools/compare.c"
+#endif
 
 #undef malloc
 #undef calloc
@@ -123,7 +128,29 @@ static void input_set(const uint8_t* data, size_t size) {
     if (ftruncate(input_fd, 0) != 0 || pwrite(input_fd, data, size, 0) != (ssize_t)size) abort();
 }
 
-#if defined(TARGET_data) || !defined(TARGET_ckpt) && !defined(TARGET_cli)
+#if defined(TARGET_compare)
+// ----------------------------------------------------------------------------
+// compare: any bytes as tools/compare's two inputs, a --log file and a checkpoint. A log
+// that reads has consecutive steps; a checkpoint that reads has the values its header says.
+static int run_one(const uint8_t* data, size_t size) {
+    input_set(data, size);
+    long n = -1, first = 0;
+    if (setjmp(back) == 0) {
+        double* losses = read_losses(input_path, &n, &first);
+        if (n < 0 || (n > 0 && first < 0)) abort();
+        fuzz_free(losses);
+    }
+    release_all();
+    CkptHeader h;
+    if (setjmp(back) == 0) {
+        float* x = read_ckpt(input_path, &h, &n);
+        if (n != ckpt_floats(&h) || h.code_points) abort();
+        fuzz_free(x);
+    }
+    release_all();
+    return 0;
+}
+#elif defined(TARGET_data) || !defined(TARGET_ckpt) && !defined(TARGET_cli)
 // ----------------------------------------------------------------------------
 // data: any bytes as --data. A file that loads must give batches inside its examples.
 static int run_one(const uint8_t* data, size_t size) {

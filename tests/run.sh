@@ -127,7 +127,7 @@ section_units() {
     relay "costmodel selftest" "costmodel: " tools/costmodel selftest
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
-    for t in data ckpt cli; do
+    for t in data ckpt cli compare; do
         ls tests/fuzz/$t/* >/dev/null 2>&1 || continue
         if ! cc -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -DREPLAY -DTARGET_$t \
             tests/fuzz.c -o "$TMP/replay_$t" -lm 2>"$TMP/replay.err"; then
@@ -162,6 +162,24 @@ section_cli() {
     expect_error 2 "unexpected argument 'extra'" "cli: a stray argument is refused" -- $p extra
     expect_error 2 "about [0-9]+ million parameters" "cli: a model too large to allocate is refused" -- $p --hidden 16384 --emb 4096 --context 1024
     expect_error 0 "--microbatches|--eval-every N" "cli: --help prints the flags and exits 0" -- $p --help
+    # tools/compare (issue 31: 8): exit 2, not 1 ("the runs differ"), for a file it cannot read or
+    # a bad --tolerance; two runs of other seeds are never "equal"
+    run "$TMP/cmp_a" $p --steps 30 --log "$TMP/cmp_a.csv" --save "$TMP/cmp_a.ckpt" --quiet --samples 0
+    run "$TMP/cmp_b" $p --steps 30 --seed 7 --log "$TMP/cmp_b.csv" --save "$TMP/cmp_b.ckpt" --quiet --samples 0
+    local C="$TMP/cmp_a.csv $TMP/cmp_b.csv $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt" t
+    expect_error 1 "differ: first at step 1" "cli: tools/compare: two runs of other seeds differ, exit 1" -- tools/compare $C
+    for t in abc nan -1 inf 1e400 2; do
+        expect_error 2 "--tolerance must be a decimal number from 0 and at most 1, got '$t'" "cli: tools/compare --tolerance $t is refused, exit 2" -- tools/compare --tolerance $t $C
+    done
+    expect_error 2 "--tolerance needs a value" "cli: tools/compare --tolerance without a value is refused" -- tools/compare --tolerance
+    expect_error 2 "cannot open log '$TMP/none.csv'" "cli: tools/compare: a missing log is exit 2" -- tools/compare "$TMP/none.csv" $TMP/cmp_b.csv $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt
+    expect_error 2 "cannot open checkpoint '$TMP/none.ckpt'" "cli: tools/compare: a missing checkpoint is exit 2" -- tools/compare $TMP/cmp_a.csv $TMP/cmp_b.csv $TMP/cmp_a.ckpt "$TMP/none.ckpt"
+    head -c -7 "$TMP/cmp_b.csv" >"$TMP/cmp_cut.csv"
+    expect_error 2 "cmp_cut.csv':31: the line has no end: the log is cut short" "cli: tools/compare: a log cut in the middle of a line is exit 2" -- tools/compare $TMP/cmp_a.csv "$TMP/cmp_cut.csv" $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt
+    head -c 2000 "$TMP/cmp_b.ckpt" >"$TMP/cmp_cut.ckpt"
+    expect_error 2 "corrupt or truncated" "cli: tools/compare: a truncated checkpoint is exit 2" -- tools/compare $TMP/cmp_a.csv $TMP/cmp_b.csv $TMP/cmp_a.ckpt "$TMP/cmp_cut.ckpt"
+    { head -3 "$TMP/cmp_b.csv"; echo "4,abc,,1,1"; } >"$TMP/cmp_bad.csv"
+    expect_error 2 "cmp_bad.csv':4: not a line of a --log file: '4,abc,,1,1'" "cli: tools/compare: a line that is not a log's is exit 2, naming it" -- tools/compare $TMP/cmp_a.csv "$TMP/cmp_bad.csv" $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt
 }
 
 # ----------------------------------------------------------------------------
@@ -358,7 +376,7 @@ PY
         done
         poke "$TMP/s120.ckpt" "$TMP/big.ckpt" big
         expect_error 1 "does not match its size" "checkpoint: a header claiming more parameters than the file holds is refused" -- $p --load "$TMP/big.ckpt" --steps 150
-        expect_error 1 "does not match its size" "checkpoint: tools/compare refuses it too (it overflowed its buffer before)" -- tools/compare "$TMP/s120.csv" "$TMP/s120.csv" "$TMP/s120.ckpt" "$TMP/big.ckpt"
+        expect_error 2 "does not match its size" "checkpoint: tools/compare refuses it too, with exit 2 (it overflowed its buffer before)" -- tools/compare "$TMP/s120.csv" "$TMP/s120.csv" "$TMP/s120.ckpt" "$TMP/big.ckpt"
         # the model kind and the heads (format 4): a GPT's checkpoint
         local gpt="--model gpt --emb 16 --heads 4 --layers 1 --samples 0 --quiet"
         run "$TMP/g5" $p $gpt --steps 5 --save "$TMP/gpt.ckpt"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# tools/fuzz.sh: `make fuzz`. The three readers of outside input (tests/fuzz.c: the data
-# loader, the checkpoint reader, the flag parser) under libFuzzer with AddressSanitizer and
+# tools/fuzz.sh: `make fuzz`. The readers of outside input (tests/fuzz.c: the data loader,
+# the checkpoint reader, the flag parser, tools/compare's) under libFuzzer with AddressSanitizer and
 # UBSan, each for RUNS inputs (default 1 million) or at most SECONDS seconds (default 900).
 # Prints executions, time and findings per target; an input that crashes is copied to
 # tests/fuzz/<target>/, where make test replays it from then on, and the run fails.
@@ -33,10 +33,20 @@ printf -- '--steps\0100\0--lr\0000.5\0--optimizer\0adamw\0--clip\0001.0' >"$dir/
 printf -- '--batch\08\0--hidden\0128\0--save\0/tmp/x\0--save-every\0010\0--keep\03' >"$dir/cli/b"
 printf -- '--seed\018446744073709551615\0--timeout\00\0--quiet\0--allow-changes' >"$dir/cli/c"
 cp tests/fuzz/cli/* "$dir/cli/" 2>/dev/null
+# tools/compare: logs (whole, cut short, of a mixture of experts) and checkpoints of both formats
+mkdir -p "$dir/compare"
+printf 'Jos\xc3\xa9\nZo\xc3\xab\n\xce\x95\xce\xbb\xce\xad\xce\xbd\xce\xb7\n\xe6\x9d\x8e\n\xd9\x85\xd8\xad\n' >"$dir/data/utf8"
+./train --data "$dir/ten.txt" --context 3 --emb 2 --hidden 4 --batch 8 --steps 12 --eval-every 5 --samples 0 --quiet \
+    --log "$dir/compare/log" --experts 2 >/dev/null || { echo "cannot make the seed logs"; exit 1; }
+head -c -5 "$dir/compare/log" >"$dir/compare/cut"
+cp "$dir/ckpt/adamw" "$dir/compare/ckpt"
+cp tests/old/format3_adamw.ckpt "$dir/compare/ckpt3"
+cp tests/old/format3_experts.ckpt "$dir/ckpt/format3"
+cp tests/fuzz/compare/* "$dir/compare/" 2>/dev/null
 
 failed=0
 printf '%-6s %12s %8s %10s  %s\n' target executions seconds per-second findings
-for t in data ckpt cli; do
+for t in data ckpt cli compare; do
     clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTARGET_$t \
         tests/fuzz.c -o "$dir/fuzz_$t" -lm || exit 1
     mkdir -p "$dir/found_$t"
