@@ -180,6 +180,13 @@ section_cli() {
     expect_error 2 "corrupt or truncated" "cli: tools/compare: a truncated checkpoint is exit 2" -- tools/compare $TMP/cmp_a.csv $TMP/cmp_b.csv $TMP/cmp_a.ckpt "$TMP/cmp_cut.ckpt"
     { head -3 "$TMP/cmp_b.csv"; echo "4,abc,,1,1"; } >"$TMP/cmp_bad.csv"
     expect_error 2 "cmp_bad.csv':4: not a line of a --log file: '4,abc,,1,1'" "cli: tools/compare: a line that is not a log's is exit 2, naming it" -- tools/compare $TMP/cmp_a.csv "$TMP/cmp_bad.csv" $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt
+    # tools/cluster.sh's flags (issue 31: 11), read before it needs root: one message each, exit 2
+    for t in "--hosts" "--link" "--timeout" "--hosts 99999999999999999999 -- -n 2 ./train_dp" "--timeout 99999999999999999999 -- -n 2 ./train_dp"; do
+        run "$TMP/cl" bash tools/cluster.sh $t
+        local got=$?
+        check "cli: tools/cluster.sh $t: one line, its own, exit 2 (exit $got: $(head -c 120 "$TMP/cl" | tr '\n' '|'))" \
+            bash -c "test $got = 2 && test \$(wc -l <'$TMP/cl') = 1 && grep -Eq '^tools/cluster.sh: --(hosts|link|timeout) (needs a value|must be)' '$TMP/cl'"
+    done
 }
 
 # ----------------------------------------------------------------------------
