@@ -207,11 +207,12 @@ static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* 
     if (h->model != c->model)
         fatal("checkpoint '%s' is of the %s and this run trains the %s: %s", path, h->model == MODEL_GPT ? "GPT" : "MLP",
               is_gpt(c) ? "GPT" : "MLP", h->model == MODEL_GPT ? "pass --model gpt" : "leave out --model gpt");
-    if (h->experts != c->experts) {
+    if (h->experts != c->experts) { // which programs train which: train.c both, train_ep mixtures only, the others dense only
         if (h->experts == 0)
-            fatal("checkpoint '%s' is of a dense model and this run has --experts %d: leave out --experts", path, c->experts);
-        fatal("checkpoint '%s' is of a mixture of %d experts and this run's model has %d: pass --experts %d", path,
-              h->experts, c->experts, h->experts);
+            fatal("checkpoint '%s' is of a dense model and this run has --experts %d: resume it without --experts, "
+                  "with train.c, train_dp, train_fsdp, train_tp, train_pp or train_3d", path, c->experts);
+        fatal("checkpoint '%s' is of a mixture of %d experts and this run's model has %d: resume it with --experts %d, "
+              "with train.c or train_ep", path, h->experts, c->experts, h->experts);
     }
     if (is_gpt(c) && h->heads != c->heads)
         fatal("checkpoint '%s' is of a GPT with %d attention heads and this run's has %d: pass --heads %d", path,

@@ -303,11 +303,10 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "layers")) *err = cli_int(name, optarg, 1, MAX_LAYERS, &o->model.layers);
         else if (!strcmp(name, "experts")) *err = cli_int(name, optarg, 0, 1024, &o->model.experts);
         else if (!strcmp(name, "top-k")) {
-            *err = cli_int(name, optarg, 1, 1024, &o->model.top_k);
-            if (!*err && o->model.top_k > 2) {
+            if (strcmp(optarg, "1") && strcmp(optarg, "2")) {
                 snprintf(cli_error, sizeof cli_error, "--top-k must be 1 or 2 (experts per token), got '%s'", optarg);
                 *err = cli_error;
-            }
+            } else o->model.top_k = optarg[0] - '0';
         } else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
         else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
         else if (!strcmp(name, "seed")) {
@@ -336,7 +335,11 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "help")) return 1;
     }
     if (!*err && optind < argc) {
-        snprintf(cli_error, sizeof cli_error, "unexpected argument '%s' (flags start with --)", argv[optind]);
+        if (!strcmp(argv[optind - 1], "--")) // getopt stops at "--": what follows is not read as flags
+            snprintf(cli_error, sizeof cli_error, "unexpected argument '%s' after '--': nothing after '--' is read as a "
+                     "flag; leave the '--' out", argv[optind]);
+        else
+            snprintf(cli_error, sizeof cli_error, "unexpected argument '%s' (flags start with --)", argv[optind]);
         *err = cli_error;
     }
     if (!*err && (o->save_every || o->keep != 2) && !o->save) {

@@ -162,6 +162,9 @@ section_cli() {
     expect_error 2 "unexpected argument 'extra'" "cli: a stray argument is refused" -- $p extra
     expect_error 2 "about [0-9]+ million parameters" "cli: a model too large to allocate is refused" -- $p --hidden 16384 --emb 4096 --context 1024
     expect_error 0 "--microbatches|--eval-every N" "cli: --help prints the flags and exits 0" -- $p --help
+    # messages that say what to do (issue 31: 12)
+    expect_error 2 "unexpected argument '--eval-every' after '--': nothing after '--' is read as a flag" "cli: a flag after '--' is refused, saying why" -- $p -- --eval-every 0
+    expect_error 2 "--top-k must be 1 or 2 \(experts per token\), got '0'" "cli: --top-k 0 is refused naming the values it may take" -- $p --experts 4 --top-k 0
     # tools/compare (issue 31: 8): exit 2, not 1 ("the runs differ"), for a file it cannot read or
     # a bad --tolerance; two runs of other seeds are never "equal"
     run "$TMP/cmp_a" $p --steps 30 --log "$TMP/cmp_a.csv" --save "$TMP/cmp_a.ckpt" --quiet --samples 0
@@ -640,6 +643,14 @@ EOT
         expect_error 1 "is of the MLP and this run trains the GPT: leave out --model gpt" "faults: ${prog%% *} resuming an MLP's checkpoint with --model gpt is refused, naming the flag" \
             -- $MPIRUN -n 2 ./$prog --load "$TMP/f_good.ckpt" --model gpt
     done
+    # which program resumes which checkpoint (issue 31: 12): train_ep trains mixtures only, train_dp dense models only
+    run "$TMP/f_moe" ./train --experts 4 --steps 10 --save "$TMP/f_moe.ckpt" --quiet --samples 0
+    expect_error 1 "is of a dense model and this run has --experts 2: resume it without --experts, with train.c, train_dp, train_fsdp, train_tp, train_pp or train_3d" \
+        "faults: train_ep given a dense checkpoint names the programs that resume it (not 'leave out --experts')" -- $MPIRUN -n 2 ./train_ep --experts 2 --load "$TMP/f_good.ckpt"
+    expect_error 1 "is of a mixture of 4 experts and this run's model has 0: resume it with --experts 4, with train.c or train_ep" \
+        "faults: train_dp given a checkpoint of experts names the programs that resume it" -- $MPIRUN -n 2 ./train_dp --load "$TMP/f_moe.ckpt"
+    expect_error 2 "--top-k must be 1 or 2 \(experts per token\), got '0'" "faults: train_ep --top-k 0 says 1 or 2" -- $MPIRUN -n 2 ./train_ep --experts 2 --top-k 0
+    expect_error 2 "unexpected argument '--eval-every' after '--'" "faults: train_ep -- --eval-every 0 says why" -- $MPIRUN -n 2 ./train_ep --experts 2 -- --eval-every 0
 }
 
 # ----------------------------------------------------------------------------
@@ -953,14 +964,14 @@ section_ep() {
     expect_error 2 "pass --experts X" "ep: train_ep without --experts is refused" -- $MPIRUN -n 2 ./train_ep
     expect_error 2 "--top-k 2 is more than --experts 1" "ep: top-k above the expert count is refused" -- ./train --experts 1 --top-k 2
     expect_error 2 "--top-k must be 1 or 2" "ep: --top-k 3 is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 3
-    expect_error 2 "--top-k must be an integer from 1" "ep: --top-k 0 is refused" -- ./train --experts 4 --top-k 0
+    expect_error 2 "--top-k must be 1 or 2" "ep: --top-k 0 is refused" -- ./train --experts 4 --top-k 0
     expect_error 2 "--capacity must be a decimal number above 0" "ep: --capacity 0 is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --capacity 0
     expect_error 2 "--capacity must be a decimal number above 0" "ep: a negative capacity is refused" -- ./train --experts 4 --capacity -1
     expect_error 2 "apply with --experts X only" "ep: --top-k without --experts is refused, not ignored" -- ./train --top-k 2
     expect_error 2 "this program trains the dense model" "ep: train_dp refuses --experts, naming where it trains" -- $MPIRUN -n 2 ./train_dp --experts 4
     run "$TMP/dense" ./train --steps 10 --eval-every 0 --save "$TMP/dense.ckpt" --quiet
-    expect_error 1 "is of a dense model and this run has --experts 4: leave out --experts" "ep: a dense checkpoint with --experts is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --load "$TMP/dense.ckpt" --steps 20
-    expect_error 1 "is of a mixture of 4 experts and this run's model has 0: pass --experts 4" "ep: an MoE checkpoint without --experts is refused" -- ./train --load "$TMP/ep_r20.ckpt" --steps 30
+    expect_error 1 "is of a dense model and this run has --experts 4: resume it without --experts, with train.c, train_dp" "ep: a dense checkpoint with --experts is refused, naming the programs that resume it" -- $MPIRUN -n 2 ./train_ep --experts 4 --load "$TMP/dense.ckpt" --steps 20
+    expect_error 1 "is of a mixture of 4 experts and this run's model has 0: resume it with --experts 4, with train.c or train_ep" "ep: an MoE checkpoint without --experts is refused" -- ./train --load "$TMP/ep_r20.ckpt" --steps 30
     expect_error 1 "is of a mixture of 4 experts and this run's model has 8" "ep: a checkpoint of another expert count is refused" -- $MPIRUN -n 2 ./train_ep --experts 8 --load "$TMP/ep_r20.ckpt" --steps 30
     expect_error 1 "other settings: --top-k 1 \(now 2\)" "ep: resuming with another --top-k is refused, naming it" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 2 --load "$TMP/ep_r20.ckpt" --steps 30
     expect_error 1 "cannot open data file" "ep: a missing data file ends every rank" -- $MPIRUN -n 3 ./train_ep --experts 4 --data /nonexistent
