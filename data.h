@@ -85,15 +85,14 @@ static const char* file_kind(mode_t mode) {
          : S_ISSOCK(mode) ? "a socket" : "not a regular file";
 }
 
-// Opens an input the programs read (the data, a checkpoint) without ever waiting: opening a
-// named pipe that no process writes blocks forever, so the path is looked at first, and
-// anything but a regular file is refused, naming what it is. `what` names the input.
+// Opens an input (the data, a checkpoint, a log) without ever waiting: opening a named pipe
+// that no process writes blocks forever, so the path is looked at first, and anything but a
+// regular file is refused, naming what it is (every rank of a job reads the same file, whole,
+// so it must be one that gives the same bytes each time, and ends). `what` names the input.
 static FILE* open_input(const char* path, const char* what) {
     struct stat st;
     if (stat(path, &st) != 0) fatal("cannot open %s '%s': %s", what, path, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        fatal("%s '%s' is %s, not a regular file: give a file (every rank reads it, start to end)", what, path,
-              file_kind(st.st_mode));
+    if (!S_ISREG(st.st_mode)) fatal("%s '%s' is %s, not a regular file: give a file", what, path, file_kind(st.st_mode));
     FILE* f = fopen(path, "rb");
     if (!f) fatal("cannot open %s '%s': %s", what, path, strerror(errno));
     return f;
