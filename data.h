@@ -312,14 +312,17 @@ static void dataset_free(Dataset* ds) {
     free(ds->example_end);
 }
 
-// Example e of line `line`: T context tokens and the target.
+// Example p of line `line`: T context tokens and the target. Only the line's own tokens are
+// read, in loops whose bounds say so: a loop of `k >= 0 ? s[k] : 0` was vectorized by GCC
+// (-O3 -march=native) into whole-vector loads from s[p - T] on, which for the first line of
+// the array reached the page below it (since tokens are 4 bytes, not 1) and crashed.
 static void dataset_line_example(const Dataset* ds, int line, int p, int T, int* context, int* target) {
     const int32_t* s = ds->tokens + ds->line_start[line];
-    for (int t = 0; t < T; t++) {
-        int k = p - T + t;
-        context[t] = k >= 0 ? s[k] : 0;
-    }
-    *target = p < ds->line_len[line] ? s[p] : 0;
+    int pad = T > p ? T - p : 0; // context positions before the line's start: the boundary token
+    for (int t = 0; t < pad; t++) context[t] = 0;
+    for (int t = pad; t < T; t++) context[t] = s[p - T + t];
+    *target = 0;
+    if (p < ds->line_len[line]) *target = s[p];
 }
 
 // Examples index[0..n) of a split (0: train, 1: validation): T context tokens and the
@@ -393,10 +396,13 @@ static void dataset_use_rows(Dataset* ds, int seq_len) {
 }
 static void dataset_line_sequence(const Dataset* ds, int line, int* tokens, int* targets) {
     int T = ds->seq_len, n = ds->line_len[line];
-    for (int t = 0; t < T; t++) {
-        tokens[t] = t == 0 || t > n ? 0 : ds->tokens[ds->line_start[line] + t - 1];
-        targets[t] = t < n ? ds->tokens[ds->line_start[line] + t] : t == n ? 0 : -1;
-    }
+    const int32_t* s = ds->tokens + ds->line_start[line];
+    int in = n < T - 1 ? n : T - 1, out = n < T ? n : T; // the line's characters as inputs, as targets
+    tokens[0] = 0;
+    for (int t = 1; t <= in; t++) tokens[t] = s[t - 1]; // (only the line's tokens are read: see above)
+    for (int t = in + 1; t < T; t++) tokens[t] = 0;
+    for (int t = 0; t < out; t++) targets[t] = s[t];
+    for (int t = out; t < T; t++) targets[t] = t == n ? 0 : -1;
 }
 static int dataset_batch_line(const Dataset* ds, uint64_t seed, long step, long b) {
     return (int)(rng_u64(seed, STREAM_BATCH, ((uint64_t)step << 32) + (uint64_t)b) % (uint64_t)ds->n_train);

@@ -11,6 +11,8 @@
 #include "../model.h"
 #include "../data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static int n_pass, n_fail;
@@ -843,6 +845,52 @@ static void test_utf8(void) {
     free(big);
 }
 
+// Only a line's own tokens are read: the token array placed between two pages that are not
+// mapped (its first token at the start of a page, then its last at the end of one), every
+// example (T = 3 and 16) and every sequence (whole lines, and cut at 4 positions) of every
+// line reads inside it. A vectorized loop that loaded whole vectors from before a line's
+// start crashed here, as it did in train_tp once tokens were 4 bytes.
+static void test_data_bounds(void) {
+    char text[4000];
+    int n = 0;
+    for (int i = 0; i < 300; i++) n += snprintf(text + n, sizeof text - n, "%.*s\n", 1 + i % 9, "abcdefghijk" + i % 3);
+    Dataset ds;
+    dataset_load(&ds, write_file("bounds.txt", text, (size_t)n), 100, 3);
+    long total = ds.line_start[ds.n_lines - 1] + ds.line_len[ds.n_lines - 1];
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = (size_t)total * sizeof(int32_t);
+    size_t span = (bytes + page - 1) / page * page;
+    int32_t* own = ds.tokens;
+    int ok = 1;
+    for (int at_end = 0; at_end < 2; at_end++) {
+        int zero = open("/dev/zero", O_RDONLY); // (MAP_ANONYMOUS is not POSIX)
+        char* map = mmap(NULL, span + 2 * page, PROT_NONE, MAP_PRIVATE, zero, 0);
+        if (map == MAP_FAILED || mprotect(map + page, span, PROT_READ | PROT_WRITE) != 0) abort();
+        close(zero);
+        ds.tokens = (int32_t*)(map + page + (at_end ? span - bytes : 0));
+        memcpy(ds.tokens, own, bytes);
+        for (int T = 3; T <= 16; T += 13)
+            for (int l = 0; l < ds.n_lines; l++)
+                for (int p = 0; p <= ds.line_len[l]; p++) {
+                    int ctx[16], tgt;
+                    dataset_line_example(&ds, l, p, T, ctx, &tgt);
+                    ok &= tgt == (p < ds.line_len[l] ? own[ds.line_start[l] + p] : 0);
+                }
+        for (int T = 4; T <= ds.max_len + 1; T += ds.max_len - 3) {
+            dataset_use_rows(&ds, T);
+            for (int l = 0; l < ds.n_lines; l++) {
+                int tok[16], tgt[16];
+                dataset_line_sequence(&ds, l, tok, tgt);
+                ok &= tok[0] == 0 && (ds.line_len[l] >= T || tgt[ds.line_len[l]] == 0);
+            }
+        }
+        dataset_use_rows(&ds, 0);
+        munmap(map, span + 2 * page);
+    }
+    ds.tokens = own;
+    check(ok, "data: examples and sequences read only their line's tokens (the array between two unmapped pages)");
+    dataset_free(&ds);
+}
+
 static void test_rng(void) {
     double sum = 0, sq = 0;
     int in_range = 1;
@@ -882,6 +930,7 @@ int main(void) {
     test_grad_moe(2, 8, 2, 0.5f, 16, 1);
     test_data();
     test_utf8();
+    test_data_bounds();
     test_rng();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
