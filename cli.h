@@ -32,6 +32,7 @@ typedef struct {
     long eval_every;  // --eval-every
     int samples;      // --samples
     const char* log;  // --log
+    int log_overwrite; // --log-overwrite
     const char* save; // --save
     const char* load; // --load
     const char* trace; // --trace
@@ -75,7 +76,8 @@ static const CliFlag cli_common[] = {
     {"seed", "N", "seed of every random number (default 42)"},
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
     {"samples", "N", "names to generate at the end (default 10)"},
-    {"log", "FILE", "write a CSV line per step: step, train loss, val loss, ms, tokens/s"},
+    {"log", "FILE", "write a CSV line per step: step, train loss, val loss, ms, tokens/s (--load: continues its own log)"},
+    {"log-overwrite", NULL, "with --log: replace the file even if it is not a log of this run"},
     {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end, or on SIGINT or SIGTERM"},
     {"save-every", "N", "with --save: also write it every N steps"},
     {"keep", "K", "with --save: keep the last K checkpoints, FILE, FILE.1, ... (default 2)"},
@@ -147,26 +149,77 @@ static int same_file(const char* a, const char* b) {
     if (!strcmp(a, b)) return 1;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
-// Before any training: every output can be written (its folder exists and is writable),
-// and none is an input or another output. --save may be --load: resuming overwrites the
-// checkpoint it started from, safely (ckpt.h).
+
+// How each output of this project begins: what tells a file it wrote (which a run may
+// replace) from any other (which no run replaces).
+#define CKPT_SIGNATURE "MLPCKPT"                               // ckpt.h, any format
+#define LOG_HEADER "step,train_loss,val_loss,ms,tokens_per_s" // report.h's --log
+#define SUMMARY_SIGNATURE "program="                         // report.h's --summary
+#define TRACE_SIGNATURE "{\"displayTimeUnit\""               // report.h's --trace
+
+// What is at an output's path: nothing; an empty file (nothing to lose); a file of this
+// project, one that starts with `signature`; a file of something else; or not a regular
+// file at all (a folder, a device, a named pipe: stat, not open, so that a pipe never blocks).
+enum { PATH_ABSENT, PATH_EMPTY, PATH_OURS, PATH_FOREIGN, PATH_NOT_FILE };
+static int path_holds(const char* path, const char* signature) {
+    struct stat st;
+    if (stat(path, &st) != 0) return errno == ENOENT ? PATH_ABSENT : PATH_NOT_FILE;
+    if (!S_ISREG(st.st_mode)) return PATH_NOT_FILE;
+    if (st.st_size == 0) return PATH_EMPTY;
+    char head[64] = "";
+    size_t n = strlen(signature);
+    FILE* f = fopen(path, "rb");
+    int ours = f && fread(head, 1, n, f) == n && !memcmp(head, signature, n);
+    if (f) fclose(f);
+    return ours ? PATH_OURS : PATH_FOREIGN;
+}
+
+// Before any training: every output can be written where it is asked for, and writing it
+// loses nothing the user had. An output's path is not empty; its folder exists and can be
+// written; it is not an input (--save may be --load: resuming overwrites the checkpoint it
+// started from, safely, ckpt.h) nor another output; and whatever is there already is a file
+// of this project of the same kind, or nothing: a run never replaces a file it did not
+// write, nor anything but a regular file. --save also checks the files its rotation renames
+// (FILE.1 .. FILE.K-1 with --keep K). --log may replace another file with --log-overwrite;
+// whether an existing log is this run's (to continue it) is report.h's check, once the
+// checkpoint is read.
 static const char* cli_check_outputs(const Options* o) {
     const char* names[] = {"log", "save", "trace", "summary"};
     const char* paths[] = {o->log, o->save, o->trace, o->summary};
+    const char* kinds[] = {"--log file", "checkpoint", "--trace file", "--summary file"};
+    const char* signatures[] = {LOG_HEADER, CKPT_SIGNATURE, TRACE_SIGNATURE, SUMMARY_SIGNATURE};
     for (int i = 0; i < 4; i++) {
         if (!paths[i]) continue;
-        char dir[4096];
+        char dir[4096], what[5000] = "", file[4200];
         snprintf(dir, sizeof dir, "%s", paths[i]);
         char* slash = strrchr(dir, '/');
         if (slash) slash == dir ? (void)(dir[1] = 0) : (void)(*slash = 0);
         else snprintf(dir, sizeof dir, ".");
-        const char* why = same_file(paths[i], o->data) ? "is the --data file"
+        const char* why = !paths[i][0] ? "is empty: give a file name"
+                          : same_file(paths[i], o->data) ? "is the --data file"
                           : (i != 1 && same_file(paths[i], o->load)) ? "is the --load checkpoint"
                           : access(dir, W_OK) != 0 ? "is in a folder that does not exist or cannot be written"
                           : (access(paths[i], F_OK) == 0 && access(paths[i], W_OK) != 0) ? "exists and cannot be written"
                                                                                             : NULL;
         for (int j = 0; j < i && !why; j++)
             if (paths[j] && same_file(paths[i], paths[j])) why = "is also another output";
+        // what is there: the path itself, and for --save the files its rotation renames
+        for (int k = 0; !why && k < (i == 1 ? o->keep : 1); k++) {
+            if (k == 0) snprintf(file, sizeof file, "%s", paths[i]);
+            else snprintf(file, sizeof file, "%s.%d", paths[i], k);
+            int held = path_holds(file, signatures[i]);
+            struct stat st;
+            if (held == PATH_NOT_FILE && stat(file, &st) == 0)
+                snprintf(what, sizeof what, "%s%s%sis %s, not a regular file", k ? "with --keep, '" : "",
+                         k ? file : "", k ? "' " : "", file_kind(st.st_mode));
+            else if (held == PATH_NOT_FILE)
+                snprintf(what, sizeof what, "cannot be looked at (%s)", strerror(errno));
+            else if (held == PATH_FOREIGN && !(i == 0 && o->log_overwrite))
+                snprintf(what, sizeof what, "%s%s%sexists and is not a %s of this project (a run replaces only its "
+                         "own files%s)", k ? "with --keep, '" : "", k ? file : "", k ? "' (which the rotation would rename) " : "",
+                         kinds[i], i == 0 ? "; pass --log-overwrite to replace it anyway" : "");
+            if (what[0]) why = what;
+        }
         if (why) {
             snprintf(cli_error, sizeof cli_error, "--%s '%s' %s: refusing to start (nothing was written)", names[i],
                      paths[i], why);
@@ -252,11 +305,10 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "layers")) *err = cli_int(name, optarg, 1, MAX_LAYERS, &o->model.layers);
         else if (!strcmp(name, "experts")) *err = cli_int(name, optarg, 0, 1024, &o->model.experts);
         else if (!strcmp(name, "top-k")) {
-            *err = cli_int(name, optarg, 1, 1024, &o->model.top_k);
-            if (!*err && o->model.top_k > 2) {
+            if (strcmp(optarg, "1") && strcmp(optarg, "2")) {
                 snprintf(cli_error, sizeof cli_error, "--top-k must be 1 or 2 (experts per token), got '%s'", optarg);
                 *err = cli_error;
-            }
+            } else o->model.top_k = optarg[0] - '0';
         } else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
         else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
         else if (!strcmp(name, "seed")) {
@@ -271,6 +323,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         } else if (!strcmp(name, "eval-every")) *err = cli_long(name, optarg, 0, 1000000000L, &o->eval_every);
         else if (!strcmp(name, "samples")) *err = cli_long(name, optarg, 0, 1000, &lv), o->samples = (int)lv;
         else if (!strcmp(name, "log")) o->log = optarg;
+        else if (!strcmp(name, "log-overwrite")) o->log_overwrite = 1;
         else if (!strcmp(name, "save")) o->save = optarg;
         else if (!strcmp(name, "load")) o->load = optarg;
         else if (!strcmp(name, "trace")) o->trace = optarg;
@@ -284,14 +337,22 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "help")) return 1;
     }
     if (!*err && optind < argc) {
-        snprintf(cli_error, sizeof cli_error, "unexpected argument '%s' (flags start with --)", argv[optind]);
+        if (!strcmp(argv[optind - 1], "--")) // getopt stops at "--": what follows is not read as flags
+            snprintf(cli_error, sizeof cli_error, "unexpected argument '%s' after '--': nothing after '--' is read as a "
+                     "flag; leave the '--' out", argv[optind]);
+        else
+            snprintf(cli_error, sizeof cli_error, "unexpected argument '%s' (flags start with --)", argv[optind]);
         *err = cli_error;
     }
-    if (!*err) *err = cli_check_outputs(o);
     if (!*err && (o->save_every || o->keep != 2) && !o->save) {
         snprintf(cli_error, sizeof cli_error, "--save-every and --keep apply to --save FILE only");
         *err = cli_error;
     }
+    if (!*err && o->log_overwrite && !o->log) {
+        snprintf(cli_error, sizeof cli_error, "--log-overwrite applies to --log FILE only");
+        *err = cli_error;
+    }
+    if (!*err) *err = cli_check_outputs(o);
     Config* m = &o->model;
     int gpt = m->model == MODEL_GPT;
     if (!*err && gpt && m->hidden >= 0) {
@@ -338,7 +399,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     if (*err) return 2;
     if (o->opt.lr < 0) o->opt.lr = gpt ? 0.0005f : o->opt.adamw ? 0.003f : 0.1f;
     if (o->opt.weight_decay < 0) o->opt.weight_decay = o->opt.adamw ? 0.01f : 0.0f;
-    // the model must fit: parameters of the largest layer and all of them, in floats
+    // the model must fit: parameters of the largest layer and all of them, in floats, with a
+    // vocabulary of 256 (load_data checks again with the data's, which may be larger)
     double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden, C = m->emb;
     double x = m->experts > 0 ? m->experts : 1, hidden = (t_e * h + (m->layers - 1) * h * h + h * m->layers) * x;
     double total = 256.0 * o->model.emb + hidden + (m->experts > 0 ? (t_e + (m->layers - 1) * h) * x : 0) + h * 257;
@@ -382,6 +444,9 @@ static void load_data(Dataset* ds, Options* o, Config* cfg) {
         o->model.context = ds->max_len + 1;
     }
     dataset_use_rows(ds, o->model.model == MODEL_GPT ? o->model.context : 0);
+    if (n_params(&o->model) > 512L * 1024 * 1024) // cli_parse's estimate took a vocabulary of 256
+        fatal("the model would have %.0f million parameters with the %d tokens of '%s'; this project caps it at 512 "
+              "million (lower --emb, --hidden or --layers)", n_params(&o->model) / 1e6, ds->vocab, o->data);
     *cfg = o->model;
 }
 

@@ -13,6 +13,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 
+#include "ckpt.h"
 #include "cli.h"
 
 #include <signal.h>
@@ -51,8 +52,7 @@ static void print_results(double val_loss, long n_val, double seconds, long step
                seconds > 0 ? (double)steps * batch / seconds : 0.0);
     if (n_names > 0) printf("names:\n");
     for (int i = 0; i < n_names; i++) {
-        const int* s = names + (long)i * (max_len + 1);
-        for (int p = 0; s[p] != 0; p++) putchar(ds->token_char[s[p]]);
+        dataset_write_name(ds, names + (long)i * (max_len + 1), max_len + 1, stdout);
         putchar('\n');
     }
     fflush(stdout);
@@ -107,6 +107,64 @@ static void watchdog_wind(const Options* o) {
     if (o->timeout > 0) alarm((unsigned)o->timeout);
 }
 
+// --log: a new log (its header, then a line per step), or, when a resumed run (--load) finds
+// a log at its path, that log continued if it is this run's, so that the log of a run
+// stopped and resumed is whole. It is this run's when the training losses of its lines of
+// steps 1 to S, the checkpoint's step, are the ones the checkpoint records (ckpt_losses);
+// its lines after S (steps trained after the last checkpoint, before a kill) are cut, and
+// training appends from S + 1. Another log is refused unless --log-overwrite says to
+// replace it (cli.h has refused, before this, any file that is not a log of this project).
+#define LOG_LINE_MAX 256
+// NULL if the log at `path` is this run's up to step S (and *end is the offset after its line
+// of step S), or why it is not.
+static const char* log_is_this_run(const char* path, int moe, long S, uint64_t losses, long* end) {
+    static char why[160];
+    if (losses == 0) return "the checkpoint does not record the run's losses (it has format 2 or 3), so the log cannot be checked";
+    FILE* f = fopen(path, "rb");
+    if (!f) return snprintf(why, sizeof why, "it cannot be read (%s)", strerror(errno)), why;
+    char line[LOG_LINE_MAX + 2], header[64];
+    snprintf(header, sizeof header, "%s%s\n", LOG_HEADER, moe ? ",aux_loss" : "");
+    const char* bad = NULL;
+    if (!fgets(line, sizeof line, f) || strcmp(line, header) != 0) bad = "its header is another model's (--experts)";
+    uint64_t sum = FNV_START;
+    for (long step = 1; !bad && step <= S; step++) {
+        char* comma = NULL; // the end of "step,training loss"
+        if (fgets(line, sizeof line, f) && strchr(line, '\n') && strtol(line, NULL, 10) == step && strchr(line, ','))
+            comma = strchr(strchr(line, ',') + 1, ',');
+        if (!comma) {
+            snprintf(why, sizeof why, "it has no line of step %ld, and the checkpoint is at step %ld", step, S);
+            bad = why;
+            break;
+        }
+        sum = fnv1a(fnv1a(sum, line, (size_t)(comma - line)), "\n", 1);
+    }
+    if (!bad && sum != losses) {
+        snprintf(why, sizeof why, "its training losses of steps 1 to %ld are not the ones the checkpoint records", S);
+        bad = why;
+    }
+    *end = ftell(f);
+    fclose(f);
+    return bad;
+}
+static FILE* log_open(const Options* o) {
+    int moe = o->model.experts > 0;
+    if (o->load && !o->log_overwrite && path_holds(o->log, LOG_HEADER) == PATH_OURS) {
+        long end = 0;
+        const char* why = log_is_this_run(o->log, moe, ckpt_losses.step, ckpt_losses.sum, &end);
+        if (why)
+            fatal("--log '%s' is not the log of the run that checkpoint '%s' continues: %s. Give another --log, or pass "
+                  "--log-overwrite to replace it", o->log, o->load, why);
+        if (truncate(o->log, end) != 0) fatal("cannot continue log '%s': %s", o->log, strerror(errno));
+        FILE* f = fopen(o->log, "a");
+        if (!f) fatal("cannot continue log '%s': %s", o->log, strerror(errno));
+        return f;
+    }
+    FILE* f = fopen(o->log, "w");
+    if (!f) fatal("cannot create log '%s': %s", o->log, strerror(errno));
+    fprintf(f, "%s%s\n", LOG_HEADER, moe ? ",aux_loss" : "");
+    return f;
+}
+
 static Progress progress_start(const Options* o, int printing, SaveFn save, void* save_ctx, AgreeFn agree) {
     Progress p = {.o = o, .printing = printing, .save = save, .save_ctx = save_ctx, .agree = agree, .saved = -1};
     if (o->timeout > 0) {
@@ -122,11 +180,7 @@ static Progress progress_start(const Options* o, int printing, SaveFn save, void
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
     }
-    if (printing && o->log) {
-        p.log = fopen(o->log, "w");
-        if (!p.log) fatal("cannot create log '%s': %s", o->log, strerror(errno));
-        fprintf(p.log, "step,train_loss,val_loss,ms,tokens_per_s%s\n", o->model.experts ? ",aux_loss" : "");
-    }
+    if (printing && o->log) p.log = log_open(o);
     return p;
 }
 // whether this step ends with a progress line, and so with a validation pass
@@ -143,8 +197,13 @@ static void progress_step(Progress* p, long step, double train_loss, double seco
     p->aux_sum += p->aux, p->interval_aux += p->aux, p->aux_last = p->aux;
     int moe = p->o->model.experts > 0;
     if (!p->printing) return;
+    if (p->log || p->o->save) { // the losses a checkpoint records (on the process that writes it), as the log's line begins
+        char text[LOSSES_TEXT];
+        int n = ckpt_losses_add(text, step, train_loss);
+        if (p->log) fwrite(text, 1, (size_t)n, p->log);
+    }
     if (p->log) {
-        fprintf(p->log, "%ld,%.17g,", step, train_loss);
+        fputc(',', p->log);
         if (due) fprintf(p->log, "%.17g", val_loss);
         fprintf(p->log, ",%.4f,%.0f", 1e3 * seconds, seconds > 0 ? B / seconds : 0.0);
         if (moe) fprintf(p->log, ",%.17g", p->aux);
@@ -175,6 +234,7 @@ static void step_begin(Progress* p, long step) {
 static void save_at(Progress* p, long step) {
     if (!p->o->save || p->saved == step) return;
     watchdog_wind(p->o); // a finished run is not stopped before its checkpoint is written
+    if (p->log && fflush(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno)); // the log holds what the checkpoint records
     p->save(p->save_ctx, p->o, step);
     p->saved = step;
 }
@@ -254,7 +314,7 @@ static void summary_write(const char* path, const char* program, const char* lay
             layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
     for (int i = 0; i < pr->o->samples; i++) {
         fputs("name=", out);
-        for (const int* t = names + (long)i * (max_len + 1); *t; t++) fputc(ds->token_char[*t], out);
+        dataset_write_name(ds, names + (long)i * (max_len + 1), max_len + 1, out);
         fputc('\n', out);
     }
     for (int q = 0; q < n; q++)

@@ -1,8 +1,9 @@
 /*
  * tests/fuzz.c: the readers of outside input, driven by libFuzzer: the data loader
  * (data.h), the checkpoint reader (ckpt.h) and the flag parser (cli.h); and the tools'
- * parsers (tools/costmodel's cluster files, tools/schedules' command line and traces). One
- * file, one target per build, chosen with -DTARGET_data, _ckpt, _cli, _cluster or _schedules.
+ * parsers (tools/compare's logs and checkpoints, tools/costmodel's cluster files,
+ * tools/schedules' command line and traces). One file, one target per build, chosen with
+ * -DTARGET_data, _ckpt, _cli, _compare, _cluster or _schedules.
  *
  *   make fuzz                                     # each target, 1 million inputs or more
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DTARGET_ckpt tests/fuzz.c -o fuzz_ckpt -lm
@@ -97,6 +98,10 @@ static void release_all(void) {
 #define fclose fuzz_fclose
 
 #include "../ckpt.h"
+#ifdef TARGET_compare
+#define COMPARE_NO_MAIN
+#include "../tools/compare.c"
+#endif
 
 #undef malloc
 #undef calloc
@@ -124,7 +129,29 @@ static void input_set(const uint8_t* data, size_t size) {
     if (ftruncate(input_fd, 0) != 0 || pwrite(input_fd, data, size, 0) != (ssize_t)size) abort();
 }
 
-#if defined(TARGET_data) || !defined(TARGET_ckpt) && !defined(TARGET_cli) && !defined(TARGET_cluster) && !defined(TARGET_schedules)
+#if defined(TARGET_compare)
+// ----------------------------------------------------------------------------
+// compare: any bytes as tools/compare's two inputs, a --log file and a checkpoint. A log
+// that reads has consecutive steps; a checkpoint that reads has the values its header says.
+static int run_one(const uint8_t* data, size_t size) {
+    input_set(data, size);
+    long n = -1, first = 0;
+    if (setjmp(back) == 0) {
+        double* losses = read_losses(input_path, &n, &first);
+        if (n < 0 || (n > 0 && first < 0)) abort();
+        fuzz_free(losses);
+    }
+    release_all();
+    CkptHeader h;
+    if (setjmp(back) == 0) {
+        float* x = read_ckpt(input_path, &h, &n);
+        if (n != ckpt_floats(&h) || h.code_points) abort();
+        fuzz_free(x);
+    }
+    release_all();
+    return 0;
+}
+#elif defined(TARGET_data) || !defined(TARGET_ckpt) && !defined(TARGET_cli) && !defined(TARGET_cluster) && !defined(TARGET_schedules)
 // ----------------------------------------------------------------------------
 // data: any bytes as --data. A file that loads must give batches inside its examples.
 static int run_one(const uint8_t* data, size_t size) {
@@ -171,7 +198,7 @@ static int run_one(const uint8_t* data, size_t size) {
     o.opt = (Optimizer){.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
     size_t at = offsetof(CkptHeader, adamw);
     if (size >= at + 4 && data[at] == 1) o.opt = (Optimizer){.adamw = 1, .lr = 0.003f, .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-    o.allow_changes = size >= offsetof(CkptHeader, pad) + 1 && (data[offsetof(CkptHeader, pad)] & 1);
+    o.allow_changes = size >= offsetof(CkptHeader, batch) + 1 && (data[offsetof(CkptHeader, batch)] & 1);
     long n = n_params(&model);
     State s = {.params = values, .m = o.opt.adamw ? values + n : NULL, .v = o.opt.adamw ? values + 2 * n : NULL};
     if (setjmp(back) == 0) {

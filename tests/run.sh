@@ -65,6 +65,7 @@ reference() {
 same_as() {
     local tag=$1 name=$2
     shift 2
+    rm -f "$TMP/x.csv" # a resumed run continues its own run's log, and refuses another run's
     run "$TMP/x.out" "$@" --quiet --log "$TMP/x.csv" --save "$TMP/x.ckpt"
     local status=$?
     if [ $status != 0 ]; then
@@ -204,7 +205,7 @@ section_units() {
     costmodel_inputs
     # every input make fuzz ever crashed on (tests/fuzz/<target>/), replayed under the sanitizers
     local t
-    for t in data ckpt cli cluster schedules; do
+    for t in data ckpt cli compare cluster schedules; do
         ls tests/fuzz/$t/* >/dev/null 2>&1 || continue
         if ! cc -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -DREPLAY -DTARGET_$t \
             tests/fuzz.c -o "$TMP/replay_$t" -lm 2>"$TMP/replay.err"; then
@@ -239,6 +240,34 @@ section_cli() {
     expect_error 2 "unexpected argument 'extra'" "cli: a stray argument is refused" -- $p extra
     expect_error 2 "about [0-9]+ million parameters" "cli: a model too large to allocate is refused" -- $p --hidden 16384 --emb 4096 --context 1024
     expect_error 0 "--microbatches|--eval-every N" "cli: --help prints the flags and exits 0" -- $p --help
+    # messages that say what to do (issue 31: 12)
+    expect_error 2 "unexpected argument '--eval-every' after '--': nothing after '--' is read as a flag" "cli: a flag after '--' is refused, saying why" -- $p -- --eval-every 0
+    expect_error 2 "--top-k must be 1 or 2 \(experts per token\), got '0'" "cli: --top-k 0 is refused naming the values it may take" -- $p --experts 4 --top-k 0
+    # tools/compare (issue 31: 8): exit 2, not 1 ("the runs differ"), for a file it cannot read or
+    # a bad --tolerance; two runs of other seeds are never "equal"
+    run "$TMP/cmp_a" $p --steps 30 --log "$TMP/cmp_a.csv" --save "$TMP/cmp_a.ckpt" --quiet --samples 0
+    run "$TMP/cmp_b" $p --steps 30 --seed 7 --log "$TMP/cmp_b.csv" --save "$TMP/cmp_b.ckpt" --quiet --samples 0
+    local C="$TMP/cmp_a.csv $TMP/cmp_b.csv $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt" t
+    expect_error 1 "differ: first at step 1" "cli: tools/compare: two runs of other seeds differ, exit 1" -- tools/compare $C
+    for t in abc nan -1 inf 1e400 2; do
+        expect_error 2 "--tolerance must be a decimal number from 0 and at most 1, got '$t'" "cli: tools/compare --tolerance $t is refused, exit 2" -- tools/compare --tolerance $t $C
+    done
+    expect_error 2 "--tolerance needs a value" "cli: tools/compare --tolerance without a value is refused" -- tools/compare --tolerance
+    expect_error 2 "cannot open log '$TMP/none.csv'" "cli: tools/compare: a missing log is exit 2" -- tools/compare "$TMP/none.csv" $TMP/cmp_b.csv $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt
+    expect_error 2 "cannot open checkpoint '$TMP/none.ckpt'" "cli: tools/compare: a missing checkpoint is exit 2" -- tools/compare $TMP/cmp_a.csv $TMP/cmp_b.csv $TMP/cmp_a.ckpt "$TMP/none.ckpt"
+    head -c -7 "$TMP/cmp_b.csv" >"$TMP/cmp_cut.csv"
+    expect_error 2 "cmp_cut.csv':31: the line has no end: the log is cut short" "cli: tools/compare: a log cut in the middle of a line is exit 2" -- tools/compare $TMP/cmp_a.csv "$TMP/cmp_cut.csv" $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt
+    head -c 2000 "$TMP/cmp_b.ckpt" >"$TMP/cmp_cut.ckpt"
+    expect_error 2 "corrupt or truncated" "cli: tools/compare: a truncated checkpoint is exit 2" -- tools/compare $TMP/cmp_a.csv $TMP/cmp_b.csv $TMP/cmp_a.ckpt "$TMP/cmp_cut.ckpt"
+    { head -3 "$TMP/cmp_b.csv"; echo "4,abc,,1,1"; } >"$TMP/cmp_bad.csv"
+    expect_error 2 "cmp_bad.csv':4: not a line of a --log file: '4,abc,,1,1'" "cli: tools/compare: a line that is not a log's is exit 2, naming it" -- tools/compare $TMP/cmp_a.csv "$TMP/cmp_bad.csv" $TMP/cmp_a.ckpt $TMP/cmp_b.ckpt
+    # tools/cluster.sh's flags (issue 31: 11), read before it needs root: one message each, exit 2
+    for t in "--hosts" "--link" "--timeout" "--hosts 99999999999999999999 -- -n 2 ./train_dp" "--timeout 99999999999999999999 -- -n 2 ./train_dp"; do
+        run "$TMP/cl" bash tools/cluster.sh $t
+        local got=$?
+        check "cli: tools/cluster.sh $t: one line, its own, exit 2 (exit $got: $(head -c 120 "$TMP/cl" | tr '\n' '|'))" \
+            bash -c "test $got = 2 && test \$(wc -l <'$TMP/cl') = 1 && grep -Eq '^tools/cluster.sh: --(hosts|link|timeout) (needs a value|must be)' '$TMP/cl'"
+    done
 }
 
 # ----------------------------------------------------------------------------
@@ -252,7 +281,7 @@ section_data() {
     { for i in $(seq 1 20); do echo "name$i"; done; head -c 2000 /dev/zero | tr '\0' 'x'; echo; } >"$TMP/long.txt"
     { for i in $(seq 1 30); do printf 'line%d\r\n\r\n' "$i"; done; } >"$TMP/crlf.txt"
     expect_error 1 "cannot open data file '$TMP/none.txt': No such file" "data: a missing file is named" -- $p --data "$TMP/none.txt"
-    expect_error 1 "cannot read data file '$TMP'" "data: a directory is refused" -- $p --data "$TMP"
+    expect_error 1 "data file '$TMP' is a folder, not a regular file" "data: a directory is refused" -- $p --data "$TMP"
     expect_error 1 "'$TMP/empty.txt' is empty" "data: an empty file is refused" -- $p --data "$TMP/empty.txt"
     expect_error 1 "has no usable lines" "data: a file of blank lines is refused" -- $p --data "$TMP/blank.txt"
     expect_error 1 "has 2 usable lines; the 90/10 train/validation split needs at least 10" "data: too few lines are refused" -- $p --data "$TMP/short.txt"
@@ -264,8 +293,67 @@ section_data() {
     { printf '\xef\xbb\xbf'; for i in $(seq 1 20); do echo "name$i"; done; } >"$TMP/bom.txt"
     run "$TMP/bom" $p --data "$TMP/bom.txt" --steps 5
     check "data: a leading UTF-8 byte-order mark is skipped, not made tokens (vocabulary 15)" grep -q ', 15 tokens,' "$TMP/bom"
-    { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9\n'; } >"$TMP/utf8.txt"
-    expect_error 1 "utf8.txt:21: byte 0xc3 at column 4 is not ASCII" "data: a UTF-8 character is refused with its line and column" -- $p --data "$TMP/utf8.txt"
+    # UTF-8: every character a token; invalid UTF-8 refused with its line, column and bytes
+    { printf '\xef\xbb\xbf'; for i in $(seq 1 20); do printf 'Zo\xc3\xab%d\r\n' "$i"; done; printf 'Jos\xc3\xa9\r\n'; } >"$TMP/utf8.txt"
+    run "$TMP/utf8" $p --data "$TMP/utf8.txt" --steps 5 --samples 3
+    check "data: UTF-8 names (with a byte-order mark and CRLF) are read, one token per character: Z o e-diaeresis, 10 digits, J s e-acute (17)" \
+        grep -q ', 17 tokens,' "$TMP/utf8"
+    local bad
+    while IFS='|' read -r bad pattern; do
+        { for i in $(seq 1 20); do echo "name$i"; done; printf "Ren\xc3\xa9e $bad\n"; } >"$TMP/bad8.txt"
+        expect_error 1 "bad8.txt:21: invalid UTF-8 at column 7 \(bytes [0-9a-f ]+\): $pattern" "data: invalid UTF-8 ($pattern) is refused with its line and column" -- $p --data "$TMP/bad8.txt"
+    done <<'EOT'
+\xa9x|a continuation byte with no leading byte
+\xe6\x9dx|a sequence cut short
+\xe6\x9d|a sequence cut short
+\xc0\xaf|an overlong encoding
+\xe0\x80\xaf|an overlong encoding
+\xed\xa0\x80|a UTF-16 surrogate
+\xf4\x90\x80\x80|a code point above U\+10FFFF
+\xff|a byte that never occurs in UTF-8
+EOT
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'x\xc2\x85y\n'; } >"$TMP/c1.txt"
+    expect_error 1 "c1.txt:21: control character U\+0085 at column 2" "data: a C1 control character (U+0085) is refused" -- $p --data "$TMP/c1.txt"
+    # more distinct characters than the vocabulary's cap (65,536 tokens): 70,000 CJK characters
+    python3 -c 'import sys; cps = list(range(0x4E00, 0x9FFF)) + list(range(0x20000, 0x2A6DF)) + list(range(0xAC00, 0xD7A3)); sys.stdout.write("\n".join("".join(map(chr, cps[i:i + 100])) for i in range(0, 70000, 100)) + "\n")' >"$TMP/vocab.txt"
+    expect_error 1 "vocab.txt:656: the file has more than 65535 distinct characters; a vocabulary is at most 65536 tokens" \
+        "data: more distinct characters than the vocabulary's cap (65,536 tokens) are refused, naming the line" -- $p --data "$TMP/vocab.txt" --max-line 400
+    # inputs that never end: not a regular file, or larger than the loader reads (issue 31: 5, 6)
+    expect_error 1 "data file '/dev/zero' is a device, not a regular file" "data: --data /dev/zero is refused at once (it grew memory without end)" -- $p --data /dev/zero
+    mkfifo "$TMP/fifo"
+    expect_error 1 "data file '$TMP/fifo' is a named pipe, not a regular file" "data: a named pipe with no writer is refused, not waited on forever" -- $p --data "$TMP/fifo"
+    expect_error 1 "checkpoint '$TMP/fifo' is a named pipe, not a regular file" "data: a named pipe as --load is refused, not waited on forever" -- $p --load "$TMP/fifo"
+    truncate -s 2G "$TMP/huge.txt" # sparse: no disk used
+    expect_error 1 "is 2147483648 bytes, more than the 1073741824 this project reads" "data: a file larger than 1 GiB is refused before it is read" -- $p --data "$TMP/huge.txt"
+    rm -f "$TMP/huge.txt"
+    # names in five scripts (tests/names_world.txt: Latin with diacritics, Greek, Cyrillic, Chinese,
+    # Japanese, Arabic, Hebrew; 263 tokens) in every program: valid UTF-8, the same in every layout
+    local w="--data tests/names_world.txt --steps 300 --eval-every 150 --samples 20"
+    reference world $w
+    run "$TMP/world.names" sed -n '/^names:/,$p' "$TMP/world.out"
+    check "data: train.c on names in five scripts prints 20 names, valid UTF-8, not all ASCII ($(sed -n 2,4p "$TMP/world.names" | tr '\n' ' '))" \
+        bash -c "test \$(wc -l <'$TMP/world.names') = 21 && iconv -f UTF-8 -t UTF-8 '$TMP/world.names' >/dev/null && LC_ALL=C grep -q '[^ -~]' '$TMP/world.names'"
+    same_as world "data: train_dp on 2 ranks, five scripts, same as train.c" $MPIRUN -n 2 ./train_dp $w
+    same_as world "data: train_fsdp ZeRO-3 on 3 ranks, five scripts, same as train.c" $MPIRUN -n 3 ./train_fsdp --zero 3 $w
+    same_as world "data: train_tp on 2 ranks, five scripts, same as train.c" $MPIRUN -n 2 ./train_tp $w
+    reference world2 $w --layers 2
+    same_as world2 "data: train_tp on 3 ranks, L=2 (the loss split by a vocabulary of 263), five scripts, same as train.c" $MPIRUN -n 3 ./train_tp $w --layers 2
+    same_as world "data: train_pp, 2 stages, 1f1b, five scripts, same as train.c" $MPIRUN -n 2 ./train_pp --microbatches 4 $w
+    same_as world "data: train_3d 2 x 1 x 2, five scripts, same as train.c" $MPIRUN -n 4 ./train_3d --tp 2 --dp 1 --pp 2 --microbatches 2 $w
+    reference world_moe $w --experts 4
+    same_as world_moe "data: train_ep, 4 experts on 2 ranks, five scripts, same as train.c --experts 4" $MPIRUN -n 2 ./train_ep --experts 4 $w
+    reference world_gpt $w --model gpt --emb 32 --layers 2
+    same_as world_gpt "data: the GPT in train_dp on 2 ranks, five scripts, same as train.c" $MPIRUN -n 2 ./train_dp --model gpt --emb 32 --layers 2 $w
+    check "data: train.c --experts 4 and --model gpt print valid UTF-8 names too" \
+        bash -c "sed -n '/^names:/,\$p' '$TMP/world_moe.out' '$TMP/world_gpt.out' | iconv -f UTF-8 -t UTF-8 >/dev/null && test \$(sed -n '/^names:/,\$p' '$TMP/world_gpt.out' | wc -l) = 21"
+    # the --summary file and tools/report (make run's table) carry the names as written
+    run "$TMP/ws" ./train $w --summary "$TMP/w.sum" --log "$TMP/w.csv" --quiet
+    mkdir -p "$TMP/wrep/runs" && cp "$TMP/w.sum" "$TMP/wrep/runs/a.sum" && cp "$TMP/w.csv" "$TMP/wrep/runs/a.csv"
+    run "$TMP/wrep.out" tools/report "$TMP/wrep" a
+    sed -n '/^names:/,$p' "$TMP/ws" | tail -n +2 >"$TMP/ws.names"
+    check "data: the --summary file and tools/report's table give the same 20 UTF-8 names as the run printed" \
+        bash -c "test \$(wc -l <'$TMP/ws.names') = 20 && cmp -s '$TMP/ws.names' <(sed -n 's/^name=//p' '$TMP/w.sum') &&
+                 grep -qxF \"names generated by train.c: \$(tr '\n' ' ' <'$TMP/ws.names' | sed 's/ \$//')\" '$TMP/wrep.out'"
     expect_error 1 "cannot write the results to the standard output" "data: a full disk under the standard output is an error, not exit 0" -- sh -c "$p --steps 5 >/dev/full"
 }
 
@@ -336,10 +424,11 @@ section_checkpoint() {
 import struct, sys
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
 b = bytearray(open(src, "rb").read())
-if what == "nan": b[376 + 40:376 + 44] = struct.pack("<f", float("nan"))
+if what == "nan": at = 128 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 4: the header, the vocabulary's code points, the floats
 if what == "order": b[8:12] = bytes(reversed(b[8:12]))
 if what == "v1": b[0:8] = b"MLPCKPT1"
-if what == "v2": b[0:8] = b"MLPCKPT2"; del b[360:376]  # format 2: the header without the experts' fields
+if what == "v2": b[0:8] = b"MLPCKPT2"; del b[360:376]  # from format 3: format 2 is its header without the experts' fields
+if what == "heads": b[84:88] = struct.pack("<i", 2)
 if what == "big": b[48:56] = struct.pack("<q", struct.unpack("<q", b[48:56])[0] + 1000)
 h = 0xcbf29ce484222325
 for x in b[:-8]: h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
@@ -353,14 +442,41 @@ PY
         expect_error 1 "other byte order" "checkpoint: a foreign byte order is refused" -- $p --load "$TMP/order.ckpt" --steps 150
         poke "$TMP/s120.ckpt" "$TMP/v1.ckpt" v1
         expect_error 1 "has format MLPCKPT1" "checkpoint: an older format is refused, saying so" -- $p --load "$TMP/v1.ckpt" --steps 150
-        poke "$TMP/s120.ckpt" "$TMP/v2.ckpt" v2
-        run "$TMP/v2.out" $p --load "$TMP/v2.ckpt" --steps 150 --quiet --save "$TMP/v2_150.ckpt"
-        run "$TMP/v3.out" $p --load "$TMP/s120.ckpt" --steps 150 --quiet --save "$TMP/v3_150.ckpt"
-        check "checkpoint: a format 2 checkpoint (before the experts' fields) resumes, the same as format 3" \
-            bash -c "cmp -s '$TMP/v2.out' '$TMP/v3.out' && tools/compare '$TMP/s120.csv' '$TMP/s120.csv' '$TMP/v2_150.ckpt' '$TMP/v3_150.ckpt'"
+        # formats 2 and 3 still read: tests/old/ holds checkpoints the project wrote in format 3
+        # (commit 43b1919's train: --steps 20 --context 3 --emb 2 --hidden 4 and --optimizer adamw,
+        # or --experts 2), each resumed to step 40 here, as a run never stopped
+        local old="--context 3 --emb 2 --hidden 4 --samples 3 --quiet" opt
+        for opt in "--optimizer adamw" "--experts 2"; do
+            local file=tests/old/format3_$([ "$opt" = "--experts 2" ] && echo experts || echo adamw).ckpt
+            run "$TMP/o40.out" $p $old $opt --steps 40 --save "$TMP/o40.ckpt" --log "$TMP/o40.csv"
+            run "$TMP/o3.out" $p $old $opt --steps 40 --load $file --save "$TMP/o3.ckpt"
+            poke $file "$TMP/o2.ckpt" v2
+            if [ "$opt" = "--experts 2" ]; then
+                expect_error 1 "checkpoint '$TMP/o2.ckpt' is of a dense model" "checkpoint: format 2 reads as a dense model (it predates the experts' fields)" \
+                    -- $p $old $opt --steps 40 --load "$TMP/o2.ckpt"
+            else
+                run "$TMP/o2.out" $p $old $opt --steps 40 --load "$TMP/o2.ckpt" --save "$TMP/o2r.ckpt"
+                check "checkpoint: a format 2 checkpoint (before the experts' fields) resumes as a run never stopped" \
+                    bash -c "cmp -s '$TMP/o40.out' '$TMP/o2.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o2r.ckpt'"
+            fi
+            check "checkpoint: a format 3 checkpoint ($opt, the vocabulary as bytes) resumes as a run never stopped" \
+                bash -c "cmp -s '$TMP/o40.out' '$TMP/o3.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o3.ckpt'"
+        done
         poke "$TMP/s120.ckpt" "$TMP/big.ckpt" big
         expect_error 1 "does not match its size" "checkpoint: a header claiming more parameters than the file holds is refused" -- $p --load "$TMP/big.ckpt" --steps 150
-        expect_error 1 "does not match its size" "checkpoint: tools/compare refuses it too (it overflowed its buffer before)" -- tools/compare "$TMP/s120.csv" "$TMP/s120.csv" "$TMP/s120.ckpt" "$TMP/big.ckpt"
+        expect_error 2 "does not match its size" "checkpoint: tools/compare refuses it too, with exit 2 (it overflowed its buffer before)" -- tools/compare "$TMP/s120.csv" "$TMP/s120.csv" "$TMP/s120.ckpt" "$TMP/big.ckpt"
+        # the model kind and the heads (format 4): a GPT's checkpoint
+        local gpt="--model gpt --emb 16 --heads 4 --layers 1 --samples 0 --quiet"
+        run "$TMP/g5" $p $gpt --steps 5 --save "$TMP/gpt.ckpt"
+        expect_error 1 "is of the GPT and this run trains the MLP: pass --model gpt" "checkpoint: a GPT's checkpoint resumed without --model gpt is refused, naming the flag" -- $p --load "$TMP/gpt.ckpt" --steps 10
+        expect_error 1 "is of the MLP and this run trains the GPT: leave out --model gpt" "checkpoint: an MLP's checkpoint resumed with --model gpt is refused" -- $p --load "$TMP/s120.ckpt" --model gpt --steps 150
+        expect_error 1 "is of a GPT with 4 attention heads and this run's has 2: pass --heads 4" "checkpoint: another --heads is refused, naming the flag" -- $p ${gpt/--heads 4/--heads 2} --load "$TMP/gpt.ckpt" --steps 10
+        poke "$TMP/gpt.ckpt" "$TMP/gpt2.ckpt" heads
+        expect_error 1 "is of a GPT with 2 attention heads and this run's has 4: pass --heads 2" "checkpoint: the heads are read from the header" -- $p $gpt --load "$TMP/gpt2.ckpt" --steps 10
+        expect_error 0 "validation loss" "checkpoint: the GPT's checkpoint resumes with the same flags" -- $p $gpt --load "$TMP/gpt.ckpt" --steps 10
+        # another vocabulary of the same size: the first token that differs, as characters
+        sed 's/z/é/g' names.txt >"$TMP/accents.txt"
+        expect_error 1 "different vocabulary \(token 26 is 'z' there, 'é' in '$TMP/accents.txt'\)" "checkpoint: another vocabulary is refused, naming the first character that differs" -- $p --load "$TMP/s120.ckpt" --steps 150 --data "$TMP/accents.txt"
     else
         skip "checkpoint: edited checkpoints (NaN, byte order, format, sizes) need python3 to make"
     fi
@@ -382,7 +498,104 @@ PY
         cp "$TMP/kill.orig" "$TMP/kill.ckpt"
     done
     check "checkpoint: killed at $tries moments of a save, the checkpoint loads every time ($intact of $tries)" test $intact = $tries
-    rm -f "$TMP"/kill.ckpt.tmp-*
+    # the checkpoint exists at its path at every moment (issue 31: 0): killed at the entry of each
+    # rename, link and unlink of five saves in a row (strace), the run leaves FILE, and it loads
+    local tiny="--context 3 --emb 2 --hidden 4 --samples 0 --eval-every 0 --quiet" calls="rename,renameat,renameat2,link,linkat,unlink,unlinkat"
+    local step
+    if strace -f -o /dev/null -e trace=none true 2>/dev/null; then
+        local n missing=""
+        for n in $(seq 3 14); do
+            rm -f "$TMP"/at.ckpt*
+            (strace -f -o /dev/null -e trace=$calls -e inject=$calls:signal=KILL:when=$n $p $tiny --steps 5 --save-every 1 \
+                --save "$TMP/at.ckpt"; true) >/dev/null 2>&1 # (a subshell, which says "Killed" to /dev/null)
+            step=$(od -An -t d8 -j 40 -N 8 "$TMP/at.ckpt" 2>/dev/null | tr -d ' ')
+            [ -n "$step" ] && $p $tiny --load "$TMP/at.ckpt" --steps "$step" >/dev/null 2>&1 || missing="$missing $n"
+        done
+        check "checkpoint: killed at each of the file calls 3 to 14 of saves every step, FILE is there and loads${missing:+ (not after call$missing)}" test -z "$missing"
+    else
+        skip "checkpoint: kills at each file call of a save need strace (apt-get install strace) and ptrace"
+    fi
+    # and with frequent saves and kills at random moments
+    rm -f "$TMP"/rk.ckpt*
+    run "$TMP/rk" $p $tiny --steps 1 --save "$TMP/rk.ckpt"
+    local lost=0 kills
+    for kills in $(seq 1 20); do
+        $p $tiny --steps 100000000 --save-every 1 --save "$TMP/rk.ckpt" >/dev/null 2>&1 &
+        local pid=$!
+        sleep 0.$((RANDOM % 3))$((RANDOM % 10))
+        kill -9 $pid 2>/dev/null
+        wait $pid 2>/dev/null
+        step=$(od -An -t d8 -j 40 -N 8 "$TMP/rk.ckpt" 2>/dev/null | tr -d ' ')
+        [ -n "$step" ] && $p $tiny --load "$TMP/rk.ckpt" --steps "$step" >/dev/null 2>&1 || lost=$((lost + 1))
+    done
+    check "checkpoint: --save-every 1 killed at 20 random moments: FILE is there and loads every time ($lost lost)" test $lost = 0
+    # stale temporaries (issue 31: 4): those of killed processes go at the next save, a running one's stays
+    sh -c 'exit 0' &
+    local dead=$!
+    wait $dead
+    touch "$TMP/rk.ckpt.tmp-$dead" "$TMP/rk.ckpt.tmp-$$" "$TMP/rk.ckpt.1.tmp-$dead"
+    local stale_before
+    stale_before=$(ls "$TMP"/rk.ckpt*tmp-* "$TMP"/kill.ckpt.tmp-* 2>/dev/null | wc -l)
+    run "$TMP/rk" $p $tiny --steps 2 --save "$TMP/rk.ckpt"
+    run "$TMP/kl" $p $big --steps 1 --save "$TMP/kill.ckpt" --quiet
+    check "checkpoint: the next save removes the $((stale_before - 1)) temporaries left by killed processes and keeps a running process's ($(ls "$TMP" | grep -c 'tmp-') left)" \
+        bash -c "test \"\$(cd '$TMP' && ls | grep 'tmp-')\" = 'rk.ckpt.tmp-$$'"
+    rm -f "$TMP/rk.ckpt.tmp-$$"
+    # nothing the user had is replaced (issue 31: 1, 2, 3): --save only over a checkpoint of this
+    # project, --log only over a log of this project, each output only over a regular file
+    echo "my thesis draft" >"$TMP/thesis.txt"
+    cp "$TMP/thesis.txt" "$TMP/thesis.orig"
+    expect_error 2 "--save '$TMP/thesis.txt' exists and is not a checkpoint of this project \(a run replaces only its own files\)" \
+        "checkpoint: --save onto a file that is not a checkpoint is refused before step 1" -- $p --steps 50 --save "$TMP/thesis.txt"
+    run "$TMP/k2" $p --steps 50 --save "$TMP/keep.ckpt" --quiet
+    cp "$TMP/thesis.txt" "$TMP/keep.ckpt.2"
+    expect_error 2 "--save '$TMP/keep.ckpt' with --keep, '$TMP/keep.ckpt.2' \(which the rotation would rename\) exists and is not a checkpoint" \
+        "checkpoint: --keep 3 refuses to rotate a file that is not a checkpoint (FILE.2)" -- $p --steps 50 --save "$TMP/keep.ckpt" --keep 3 --save-every 10
+    mkfifo "$TMP/save.fifo"
+    expect_error 2 "--save '$TMP/save.fifo' is a named pipe, not a regular file" "checkpoint: --save onto a named pipe is refused (it was renamed away)" -- $p --steps 50 --save "$TMP/save.fifo"
+    mkdir -p "$TMP/adir"
+    expect_error 2 "--save '$TMP/adir' is a folder, not a regular file" "checkpoint: --save onto a folder is refused before training, not after" -- $p --steps 50 --save "$TMP/adir"
+    local out
+    for out in save log trace summary; do
+        expect_error 2 "--$out '' is empty: give a file name" "checkpoint: --$out '' is refused before step 1" -- $p --steps 50 --$out ''
+    done
+    echo "step,notes" >"$TMP/notes.csv"
+    cp "$TMP/notes.csv" "$TMP/notes.orig"
+    expect_error 2 "--log '$TMP/notes.csv' exists and is not a --log file of this project \(a run replaces only its own files; pass --log-overwrite" \
+        "checkpoint: --log onto a user's file is refused, naming --log-overwrite" -- $p --steps 50 --log "$TMP/notes.csv"
+    cp "$TMP/keep.ckpt" "$TMP/keep.orig"
+    expect_error 2 "--log '$TMP/keep.ckpt' exists and is not a --log file" "checkpoint: --log onto a checkpoint is refused" -- $p --steps 50 --log "$TMP/keep.ckpt"
+    expect_error 2 "--summary '$TMP/notes.csv' exists and is not a --summary file" "checkpoint: --summary onto a user's file is refused" -- $p --steps 5 --summary "$TMP/notes.csv"
+    expect_error 2 "--trace '$TMP/notes.csv' exists and is not a --trace file" "checkpoint: --trace onto a user's file is refused" -- $p --steps 5 --trace "$TMP/notes.csv"
+    expect_error 2 "--log '$TMP/save.fifo' is a named pipe, not a regular file" "checkpoint: --log onto a named pipe is refused, not waited on forever" -- $p --steps 5 --log "$TMP/save.fifo"
+    expect_error 2 "--log-overwrite applies to --log FILE only" "checkpoint: --log-overwrite without --log is refused" -- $p --steps 5 --log-overwrite
+    check "checkpoint: and the user's files, the checkpoint and the named pipe are untouched" \
+        bash -c "cmp -s '$TMP/thesis.txt' '$TMP/thesis.orig' && cmp -s '$TMP/keep.ckpt.2' '$TMP/thesis.orig' && cmp -s '$TMP/notes.csv' '$TMP/notes.orig' &&
+                 cmp -s '$TMP/keep.ckpt' '$TMP/keep.orig' && test -p '$TMP/save.fifo' && ! ls '$TMP'/thesis.txt.* '$TMP'/save.fifo.* >/dev/null 2>&1"
+    expect_error 0 "validation loss" "checkpoint: --log-overwrite replaces it when the user says so" -- $p --steps 5 --log "$TMP/notes.csv" --log-overwrite --quiet
+    check "checkpoint: ... with a log" bash -c "head -1 '$TMP/notes.csv' | grep -q '^step,train_loss,' && test \$(wc -l <'$TMP/notes.csv') = 6"
+    # a resumed run continues its own log (issue 31: 2): resumed from step 1000 with the log of a
+    # run that went on to 1500 (a kill after the checkpoint), the log is cut at 1000 and continued,
+    # and equals the log of a run never stopped, but for its timings
+    run "$TMP/l2000" $p --steps 2000 --eval-every 500 --log "$TMP/l2000.csv" --quiet
+    run "$TMP/l1000" $p --steps 1000 --eval-every 500 --log "$TMP/lr.csv" --save "$TMP/l1000.ckpt" --quiet
+    run "$TMP/l1500" $p --steps 1500 --eval-every 500 --log "$TMP/lr.csv" --load "$TMP/l1000.ckpt" --save "$TMP/l1500.ckpt" --quiet
+    local lines1500
+    lines1500=$(wc -l <"$TMP/lr.csv")
+    run "$TMP/lr" $p --steps 2000 --eval-every 500 --log "$TMP/lr.csv" --load "$TMP/l1000.ckpt" --quiet
+    check "checkpoint: resumed with its own log, a run continues it: whole, steps 1 to 2000 ($lines1500 lines before, cut at step 1000), the same losses as a run never stopped" \
+        bash -c "test $lines1500 = 1501 && cmp -s <(cut -d, -f1-3 '$TMP/lr.csv') <(cut -d, -f1-3 '$TMP/l2000.csv')"
+    cp "$TMP/lr.csv" "$TMP/lr.orig"
+    run "$TMP/l7" $p --steps 1000 --seed 7 --log "$TMP/l7.csv" --quiet --samples 0
+    cp "$TMP/l7.csv" "$TMP/l7.orig"
+    expect_error 1 "--log '$TMP/l7.csv' is not the log of the run that checkpoint '$TMP/l1000.ckpt' continues: its training losses of steps 1 to 1000 are not the ones the checkpoint records" \
+        "checkpoint: resumed with another run's log, a run refuses to append to it" -- $p --steps 2000 --log "$TMP/l7.csv" --load "$TMP/l1000.ckpt"
+    head -n 500 "$TMP/lr.orig" >"$TMP/short.csv"
+    expect_error 1 "it has no line of step 500, and the checkpoint is at step 1000" "checkpoint: ... or a log that ends before the checkpoint's step" -- $p --steps 2000 --log "$TMP/short.csv" --load "$TMP/l1000.ckpt"
+    expect_error 1 "does not record the run's losses \(it has format 2 or 3\)" "checkpoint: ... or a log a checkpoint of format 3 cannot vouch for" -- $p $old --optimizer adamw --steps 40 --load tests/old/format3_adamw.ckpt --log "$TMP/l7.csv"
+    check "checkpoint: and those logs are untouched" cmp -s "$TMP/l7.csv" "$TMP/l7.orig"
+    expect_error 0 "validation loss" "checkpoint: --log-overwrite starts another run's log anew" -- $p --steps 1200 --log "$TMP/l7.csv" --load "$TMP/l1000.ckpt" --log-overwrite --quiet
+    check "checkpoint: ... from the steps it trains" bash -c "test \$(wc -l <'$TMP/l7.csv') = 201 && sed -n 2p '$TMP/l7.csv' | grep -q '^1001,'"
     # --save-every and --keep: checkpoints at 100, 200, 300 and the end, the last 3 kept
     run "$TMP/every" $p --steps 350 --save "$TMP/ev.ckpt" --save-every 100 --keep 3 --quiet
     run "$TMP/at300" $p --steps 300 --save "$TMP/at300.ckpt" --quiet
@@ -400,18 +613,20 @@ PY
     sigterm_resume() { # NAME COMMAND...: the command, stopped by SIGTERM after a second, then resumed to 40000 steps
         local name=$1
         shift
-        rm -f "$TMP/sig.ckpt"*
-        "$@" --steps 40000 --save "$TMP/sig.ckpt" --quiet --samples 0 >"$TMP/sig.out" 2>&1 &
+        rm -f "$TMP/sig.ckpt"* "$TMP/sig.csv"
+        "$@" --steps 40000 --save "$TMP/sig.ckpt" --log "$TMP/sig.csv" --quiet --samples 0 >"$TMP/sig.out" 2>&1 &
         local pid=$!
         sleep 1
         kill -TERM $pid
         wait $pid
         local status=$?
-        run "$TMP/sig2.out" "$@" --steps 40000 --load "$TMP/sig.ckpt" --save "$TMP/sig.ckpt" --quiet --samples 0
+        run "$TMP/sig2.out" "$@" --steps 40000 --load "$TMP/sig.ckpt" --save "$TMP/sig.ckpt" --log "$TMP/sig.csv" --quiet --samples 0
         check "checkpoint: $name stopped by SIGTERM (exit $status, $(grep -o 'after step [0-9]*' "$TMP/sig.out")) saves, and resumes to the same bits as a run never stopped" \
             bash -c "{ test $status = 0 || test '$name' != train.c; } && grep -q 'stopped by a signal after step' '$TMP/sig.out' && cmp -s '$TMP/sig.ckpt' '$TMP/nonstop.ckpt'"
+        check "checkpoint: ... and its --log, continued by the resumed run, is whole: the losses of steps 1 to 40000 of a run never stopped" \
+            cmp -s <(cut -d, -f1-3 "$TMP/sig.csv") <(cut -d, -f1-3 "$TMP/nonstop.csv")
     }
-    run "$TMP/nonstop" $p --steps 40000 --save "$TMP/nonstop.ckpt" --quiet --samples 0
+    run "$TMP/nonstop" $p --steps 40000 --save "$TMP/nonstop.ckpt" --log "$TMP/nonstop.csv" --quiet --samples 0
     sigterm_resume "train.c" $p
     sigterm_resume "train_dp.c on 2 ranks" $MPIRUN -n 2 ./train_dp
     # a stopped rank (SIGSTOP: a stuck node) is caught by the watchdog, which says where the others wait
@@ -433,40 +648,87 @@ PY
 # non-zero exit, and the outputs the run was told to write untouched
 section_faults() {
     { for i in $(seq 1 20); do echo "name$i"; done; printf 'bad\0name\n'; } >"$TMP/f_nul.txt"
-    { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9\n'; } >"$TMP/f_utf8.txt"
-    run "$TMP/f0" ./train --steps 20 --save "$TMP/f_good.ckpt" --quiet --samples 0
+    { for i in $(seq 1 20); do echo "name$i"; done; printf 'Jos\xc3\xa9 \xc0\xaf\n'; } >"$TMP/f_utf8.txt"
+    run "$TMP/f0" ./train --steps 20 --save "$TMP/f_good.ckpt" --log "$TMP/f_good.csv" --quiet --samples 0
     cp "$TMP/f_good.ckpt" "$TMP/f_flip.ckpt"
     printf '\x01' | dd of="$TMP/f_flip.ckpt" bs=1 seek=1000 conv=notrunc 2>/dev/null
     head -c 3000 "$TMP/f_good.ckpt" >"$TMP/f_trunc.ckpt"
     cp names.txt "$TMP/f_data.txt"
+    echo "my notes" >"$TMP/f_notes.txt"
+    mkfifo "$TMP/f_fifo"
+    run "$TMP/f7" ./train --steps 20 --seed 7 --log "$TMP/f_l7.orig" --quiet --samples 0
     local prog name input pattern status
     for prog in "train_dp" "train_fsdp --zero 3" "train_tp" "train_pp --schedule 1f1b" "train_3d --dp 1 --tp 1 --pp 2"; do
         name=${prog%% *}
         while IFS='|' read -r input status pattern; do
-            echo "precious" >"$TMP/f_out.ckpt"
-            echo "precious" >"$TMP/f_out.csv"
+            # the outputs hold a checkpoint and a log of this project, which a failed run leaves as they were
+            cp "$TMP/f_good.ckpt" "$TMP/f_out.ckpt"
+            cp "$TMP/f_good.csv" "$TMP/f_out.csv"
             run "$TMP/f_err" $MPIRUN -n 2 ./$prog $input --steps 30 --save "$TMP/f_out.ckpt" --log "$TMP/f_out.csv" </dev/null
             local got=$? said
             said=$(grep -c '^error: ' "$TMP/f_err")
             if [ $got = "$status" ] && [ "$said" = 1 ] && grep -Eq -- "$pattern" "$TMP/f_err" &&
-                [ "$(cat "$TMP/f_out.ckpt" "$TMP/f_out.csv")" = "precious"$'\n'"precious" ]; then
+                cmp -s "$TMP/f_out.ckpt" "$TMP/f_good.ckpt" && cmp -s "$TMP/f_out.csv" "$TMP/f_good.csv"; then
                 pass "faults: $name $input: '$pattern' once, exit $got, its outputs untouched"
             else
-                fail "faults: $name $input (exit $got, expected $status; $said error lines; $(grep -m2 error "$TMP/f_err" | tr '\n' '|'); outputs: $(cat "$TMP/f_out.ckpt" "$TMP/f_out.csv" | tr '\n' ' '))"
+                fail "faults: $name $input (exit $got, expected $status; $said error lines; $(grep -m2 error "$TMP/f_err" | tr '\n' '|'); outputs: $(cmp "$TMP/f_out.ckpt" "$TMP/f_good.ckpt" 2>&1; cmp "$TMP/f_out.csv" "$TMP/f_good.csv" 2>&1))"
             fi
         done <<EOT
 --data $TMP/none.txt|1|cannot open data file
 --data $TMP/f_nul.txt|1|f_nul.txt:21: NUL byte at column 4
---data $TMP/f_utf8.txt|1|f_utf8.txt:21: byte 0xc3 at column 4 is not ASCII
+--data $TMP/f_utf8.txt|1|f_utf8.txt:21: invalid UTF-8 at column 6 \(bytes c0 af\): an overlong encoding
+--data /dev/zero|1|data file '/dev/zero' is a device, not a regular file
+--data $TMP/f_fifo|1|data file '$TMP/f_fifo' is a named pipe
+--load $TMP/f_fifo|1|checkpoint '$TMP/f_fifo' is a named pipe
 --load $TMP/f_flip.ckpt|1|checksum mismatch
 --load $TMP/f_trunc.ckpt|1|corrupt or truncated
 --load $TMP/f_good.ckpt --hidden 32|1|is of a different model
 --load $TMP/f_good.ckpt --seed 7|1|other settings: --seed 42 \(now 7\)
 --lr 1e-50|2|--lr must be above 0 and is too small
 --data $TMP/f_data.txt --summary $TMP/f_data.txt|2|is the --data file: refusing to start
+--summary $TMP/f_notes.txt|2|--summary '$TMP/f_notes.txt' exists and is not a --summary file of this project
+--trace $TMP/f_fifo|2|--trace '$TMP/f_fifo' is a named pipe, not a regular file
 EOT
+        # and the outputs themselves: a user's file, as --save or --log, refused before step 1 on every rank
+        while IFS='|' read -r input pattern; do
+            run "$TMP/f_err" $MPIRUN -n 2 ./$prog --steps 30 $input </dev/null
+            local got=$? said
+            said=$(grep -c '^error: ' "$TMP/f_err")
+            if [ $got = 2 ] && [ "$said" = 1 ] && grep -Eq -- "$pattern" "$TMP/f_err" && [ "$(cat "$TMP/f_notes.txt")" = "my notes" ] &&
+                ! grep -q '^configuration' "$TMP/f_err"; then
+                pass "faults: $name $input: refused before step 1, once, exit 2, the file untouched"
+            else
+                fail "faults: $name $input (exit $got; $said error lines; $(grep -m2 error "$TMP/f_err" | tr '\n' '|'); $(cat "$TMP/f_notes.txt"))"
+            fi
+        done <<EOT
+--save $TMP/f_notes.txt|--save '$TMP/f_notes.txt' exists and is not a checkpoint of this project
+--log $TMP/f_notes.txt|--log '$TMP/f_notes.txt' exists and is not a --log file of this project .*--log-overwrite
+--save $TMP/f_fifo|--save '$TMP/f_fifo' is a named pipe, not a regular file
+EOT
+        expect_error 2 "--save '' is empty: give a file name" "faults: $name --save '': refused before step 1" -- $MPIRUN -n 2 ./$prog --steps 30 --save ''
+        # a resume continues its own run's log, and refuses another run's (once, exit 1, the log untouched)
+        cp "$TMP/f_good.csv" "$TMP/f_own.csv"
+        run "$TMP/f_err" $MPIRUN -n 2 ./$prog --steps 30 --load "$TMP/f_good.ckpt" --log "$TMP/f_own.csv" --quiet </dev/null
+        check "faults: $name resumed from step 20 with its run's log continues it (steps 1 to 30)" \
+            bash -c "test \$(wc -l <'$TMP/f_own.csv') = 31 && cmp -s <(head -21 '$TMP/f_own.csv') '$TMP/f_good.csv' && sed -n 31p '$TMP/f_own.csv' | grep -q '^30,'"
+        cp "$TMP/f_l7.orig" "$TMP/f_l7.csv"
+        expect_error 1 "is not the log of the run that checkpoint .* continues" "faults: $name resumed with another run's log refuses it" \
+            -- $MPIRUN -n 2 ./$prog --steps 30 --load "$TMP/f_good.ckpt" --log "$TMP/f_l7.csv"
+        check "faults: ... once, and the log untouched" bash -c "test \$(grep -c '^error: ' '$TMP/err') = 1 && cmp -s '$TMP/f_l7.csv' '$TMP/f_l7.orig'"
     done
     check "faults: and the data file given as an output is untouched" cmp -s names.txt "$TMP/f_data.txt"
+    for prog in train_dp "train_fsdp --zero 2"; do # the programs that train the GPT too
+        expect_error 1 "is of the MLP and this run trains the GPT: leave out --model gpt" "faults: ${prog%% *} resuming an MLP's checkpoint with --model gpt is refused, naming the flag" \
+            -- $MPIRUN -n 2 ./$prog --load "$TMP/f_good.ckpt" --model gpt
+    done
+    # which program resumes which checkpoint (issue 31: 12): train_ep trains mixtures only, train_dp dense models only
+    run "$TMP/f_moe" ./train --experts 4 --steps 10 --save "$TMP/f_moe.ckpt" --quiet --samples 0
+    expect_error 1 "is of a dense model and this run has --experts 2: resume it without --experts, with train.c, train_dp, train_fsdp, train_tp, train_pp or train_3d" \
+        "faults: train_ep given a dense checkpoint names the programs that resume it (not 'leave out --experts')" -- $MPIRUN -n 2 ./train_ep --experts 2 --load "$TMP/f_good.ckpt"
+    expect_error 1 "is of a mixture of 4 experts and this run's model has 0: resume it with --experts 4, with train.c or train_ep" \
+        "faults: train_dp given a checkpoint of experts names the programs that resume it" -- $MPIRUN -n 2 ./train_dp --load "$TMP/f_moe.ckpt"
+    expect_error 2 "--top-k must be 1 or 2 \(experts per token\), got '0'" "faults: train_ep --top-k 0 says 1 or 2" -- $MPIRUN -n 2 ./train_ep --experts 2 --top-k 0
+    expect_error 2 "unexpected argument '--eval-every' after '--'" "faults: train_ep -- --eval-every 0 says why" -- $MPIRUN -n 2 ./train_ep --experts 2 -- --eval-every 0
 }
 
 # ----------------------------------------------------------------------------
@@ -827,14 +1089,14 @@ section_ep() {
     expect_error 2 "pass --experts X" "ep: train_ep without --experts is refused" -- $MPIRUN -n 2 ./train_ep
     expect_error 2 "--top-k 2 is more than --experts 1" "ep: top-k above the expert count is refused" -- ./train --experts 1 --top-k 2
     expect_error 2 "--top-k must be 1 or 2" "ep: --top-k 3 is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 3
-    expect_error 2 "--top-k must be an integer from 1" "ep: --top-k 0 is refused" -- ./train --experts 4 --top-k 0
+    expect_error 2 "--top-k must be 1 or 2" "ep: --top-k 0 is refused" -- ./train --experts 4 --top-k 0
     expect_error 2 "--capacity must be a decimal number above 0" "ep: --capacity 0 is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --capacity 0
     expect_error 2 "--capacity must be a decimal number above 0" "ep: a negative capacity is refused" -- ./train --experts 4 --capacity -1
     expect_error 2 "apply with --experts X only" "ep: --top-k without --experts is refused, not ignored" -- ./train --top-k 2
     expect_error 2 "this program trains the dense model" "ep: train_dp refuses --experts, naming where it trains" -- $MPIRUN -n 2 ./train_dp --experts 4
     run "$TMP/dense" ./train --steps 10 --eval-every 0 --save "$TMP/dense.ckpt" --quiet
-    expect_error 1 "is of a dense model and this run has --experts 4: leave out --experts" "ep: a dense checkpoint with --experts is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --load "$TMP/dense.ckpt" --steps 20
-    expect_error 1 "is of a mixture of 4 experts and this run's model has 0: pass --experts 4" "ep: an MoE checkpoint without --experts is refused" -- ./train --load "$TMP/ep_r20.ckpt" --steps 30
+    expect_error 1 "is of a dense model and this run has --experts 4: resume it without --experts, with train.c, train_dp" "ep: a dense checkpoint with --experts is refused, naming the programs that resume it" -- $MPIRUN -n 2 ./train_ep --experts 4 --load "$TMP/dense.ckpt" --steps 20
+    expect_error 1 "is of a mixture of 4 experts and this run's model has 0: resume it with --experts 4, with train.c or train_ep" "ep: an MoE checkpoint without --experts is refused" -- ./train --load "$TMP/ep_r20.ckpt" --steps 30
     expect_error 1 "is of a mixture of 4 experts and this run's model has 8" "ep: a checkpoint of another expert count is refused" -- $MPIRUN -n 2 ./train_ep --experts 8 --load "$TMP/ep_r20.ckpt" --steps 30
     expect_error 1 "other settings: --top-k 1 \(now 2\)" "ep: resuming with another --top-k is refused, naming it" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 2 --load "$TMP/ep_r20.ckpt" --steps 30
     expect_error 1 "cannot open data file" "ep: a missing data file ends every rank" -- $MPIRUN -n 3 ./train_ep --experts 4 --data /nonexistent

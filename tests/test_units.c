@@ -11,6 +11,8 @@
 #include "../model.h"
 #include "../data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static int n_pass, n_fail;
@@ -1302,9 +1304,11 @@ static void test_data(void) {
     const char* lines = "emma\nava\nbob\nabba\nmia\nemma\nanna\nbea\nmaeb\nam\n";
     Dataset ds;
     dataset_load(&ds, write_file("a.txt", lines, strlen(lines)), 100, 42);
-    check(ds.vocab == 9 && ds.token_char[0] == '.' && !memcmp(ds.token_char + 1, "abeimnov", 8) &&
-              ds.char_token['a'] == 1 && ds.char_token['z'] == -1,
-          "vocabulary: the boundary, then the bytes that occur, sorted");
+    int letters_ok = ds.vocab == 9 && ds.code_point[0] == '.';
+    for (int t = 1; t < 9; t++) letters_ok &= ds.code_point[t] == (uint32_t)"abeimnov"[t - 1];
+    check(letters_ok && dataset_token(&ds, 'a') == 1 && dataset_token(&ds, 'z') == -1 && dataset_token(&ds, 0x4E00) == -1 &&
+              dataset_token(&ds, 0x10FFFF) == -1 && dataset_token(&ds, 0x110000) == -1,
+          "vocabulary: the boundary, then the characters that occur, sorted");
     check(ds.n_lines == 10 && ds.n_val == 1 && ds.n_train == 9, "split: 10 lines give 9 train and 1 validation");
     long ex = 0;
     for (int i = 0; i < ds.n_lines; i++) ex += ds.line_len[i] + 1;
@@ -1312,13 +1316,13 @@ static void test_data(void) {
     // every example of "emma", wherever it landed, with T = 3
     int line = -1;
     for (int i = 0; i < ds.n_lines && line < 0; i++)
-        if (ds.line_len[i] == 4 && ds.tokens[ds.line_start[i]] == ds.char_token['e']) line = i;
+        if (ds.line_len[i] == 4 && ds.tokens[ds.line_start[i]] == dataset_token(&ds, 'e')) line = i;
     int ctx[3], target, ok = line >= 0;
     const int want[5][4] = {{0, 0, 0, 'e'}, {0, 0, 'e', 'm'}, {0, 'e', 'm', 'm'}, {'e', 'm', 'm', 'a'}, {'m', 'm', 'a', 0}};
     for (int p = 0; ok && p <= 4; p++) {
         dataset_line_example(&ds, line, p, 3, ctx, &target);
-        for (int t = 0; t < 3; t++) ok &= ctx[t] == (want[p][t] ? ds.char_token[want[p][t]] : 0);
-        ok &= target == (want[p][3] ? ds.char_token[want[p][3]] : 0);
+        for (int t = 0; t < 3; t++) ok &= ctx[t] == (want[p][t] ? dataset_token(&ds, (uint32_t)want[p][t]) : 0);
+        ok &= target == (want[p][3] ? dataset_token(&ds, (uint32_t)want[p][3]) : 0);
     }
     check(ok, "examples: left-padded context predicts the next character, the end predicts the boundary");
     // CRLF and blank lines give the same dataset
@@ -1326,7 +1330,7 @@ static void test_data(void) {
     Dataset d2;
     dataset_load(&d2, write_file("b.txt", crlf, strlen(crlf)), 100, 42);
     check(d2.n_lines == ds.n_lines && d2.vocab == ds.vocab && d2.n_train_examples == ds.n_train_examples &&
-              !memcmp(d2.tokens, ds.tokens, ds.n_train_examples - ds.n_train),
+              !memcmp(d2.tokens, ds.tokens, (ds.n_train_examples - ds.n_train) * sizeof(int32_t)),
           "CRLF line endings, blank lines and a missing final newline give the same dataset");
     dataset_free(&d2);
     dataset_free(&ds);
@@ -1340,7 +1344,7 @@ static void test_data(void) {
     dataset_load(&s1, path, 100, 1);
     dataset_load(&s2, path, 100, 1);
     dataset_load(&s3, path, 100, 2);
-    check(s1.n_val == 30 && !memcmp(s1.tokens, s2.tokens, 900) && memcmp(s1.tokens, s3.tokens, 900),
+    check(s1.n_val == 30 && !memcmp(s1.tokens, s2.tokens, 900 * sizeof(int32_t)) && memcmp(s1.tokens, s3.tokens, 900 * sizeof(int32_t)),
           "split: 10%% validation, the same for a seed, different for another");
     // the rows [lo, hi) of a batch are exactly those rows of the whole batch
     int T = 4, B = 32, tok[32 * 4], tgt[32], part_tok[11 * 4], part_tgt[11];
@@ -1378,6 +1382,116 @@ static void test_data(void) {
     dataset_batch(&s1, 7, 6, 0, B, T, tok2, tgt2);
     check(memcmp(tok, tok2, sizeof tok) != 0, "batch: another step draws other rows");
     dataset_free(&s1), dataset_free(&s2), dataset_free(&s3);
+}
+
+// UTF-8: every code point round-trips; each kind of invalid sequence is refused; a file of
+// names in four scripts gives one token per character, sorted by code point; a vocabulary
+// of thousands of characters is looked up through its pages.
+static void test_utf8(void) {
+    int round = 1;
+    for (uint32_t cp = 0; cp <= 0x10FFFF; cp++) {
+        if (cp == 0xD800) cp = 0xE000; // surrogates are not characters
+        char b[4];
+        uint32_t back = 0;
+        const char* why = NULL;
+        int n = utf8_encode(cp, b);
+        round &= utf8_decode((const unsigned char*)b, (size_t)n, &back, &why) == n && back == cp &&
+                 n == (cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4);
+    }
+    check(round, "utf8: every code point from U+0000 to U+10FFFF (no surrogates) encodes in its shortest form and decodes back");
+    const struct {
+        const char* bytes;
+        const char* why;
+    } bad[] = {{"\x80", "continuation"}, {"\xbf", "continuation"}, {"\xc3", "cut short"}, {"\xe4\xb8", "cut short"},
+               {"\xc3\x28", "cut short"}, {"\xf0\x9f\x98", "cut short"}, {"\xc0\xaf", "overlong"},
+               {"\xc1\xbf", "overlong"}, {"\xe0\x80\xaf", "overlong"}, {"\xf0\x80\x80\xaf", "overlong"},
+               {"\xed\xa0\x80", "surrogate"}, {"\xed\xbf\xbf", "surrogate"}, {"\xf4\x90\x80\x80", "above U+10FFFF"},
+               {"\xf7\xbf\xbf\xbf", "above U+10FFFF"}, {"\xf8\x88\x80\x80", "never occurs"}, {"\xff", "never occurs"}};
+    int refused = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint32_t cp;
+        const char* why = "";
+        refused &= utf8_decode((const unsigned char*)bad[i].bytes, strlen(bad[i].bytes), &cp, &why) == 0 &&
+                   strstr(why, bad[i].why) != NULL;
+    }
+    check(refused, "utf8: stray and missing continuation bytes, overlong forms, surrogates, code points above U+10FFFF "
+                   "and bytes never in UTF-8 are each refused, saying which");
+    // José, Zoë, Ελένη, 李娜, محمد, and five more lines
+    const char* lines = "Jos\xc3\xa9\nZo\xc3\xab\n\xce\x95\xce\xbb\xce\xad\xce\xbd\xce\xb7\n\xe6\x9d\x8e\xe5\xa8\x9c\n"
+                        "\xd9\x85\xd8\xad\xd9\x85\xd8\xaf\nAnna\nBo\nEve\nIda\nJo\n";
+    Dataset ds;
+    dataset_load(&ds, write_file("u.txt", lines, strlen(lines)), 100, 42);
+    int sorted = 1;
+    for (int t = 2; t < ds.vocab; t++) sorted &= ds.code_point[t - 1] < ds.code_point[t];
+    int kinds = ds.vocab == 1 + 13 + 2 + 5 + 2 + 3; // '.'; A B E I J Z a d e n o s v; é ë; Ε έ η λ ν; 李 娜; ح د م
+    long chars = 0;
+    for (int i = 0; i < ds.n_lines; i++) chars += ds.line_len[i];
+    char name[64] = "";
+    FILE* mem = fmemopen(name, sizeof name, "w");
+    int word[4] = {dataset_token(&ds, 0x674E), dataset_token(&ds, 0x5A1C), 0, 0};
+    dataset_write_name(&ds, word, 4, mem);
+    fclose(mem);
+    check(kinds && sorted && ds.code_point[ds.vocab - 1] == 0x674E && chars == 4 + 3 + 5 + 2 + 4 + 4 + 2 + 3 + 3 + 2 &&
+              ds.max_len == 5 && !strcmp(name, "\xe6\x9d\x8e\xe5\xa8\x9c"),
+          "utf8: names in Latin, Greek, Chinese and Arabic give a token per character (%d), sorted by code point, lines "
+          "counted in characters, and print back as UTF-8", ds.vocab);
+    dataset_free(&ds);
+    // 3000 CJK characters, one per line in reverse: tokens 1..3000 in code point order
+    char* big = malloc(3000 * 4 + 1);
+    int n = 0;
+    for (int i = 2999; i >= 0; i--) n += utf8_encode(0x4E00 + (uint32_t)i * 5, big + n), big[n++] = '\n';
+    dataset_load(&ds, write_file("cjk.txt", big, (size_t)n), 100, 42);
+    int found = ds.vocab == 3001;
+    for (int i = 0; i < 3000; i++) found &= dataset_token(&ds, 0x4E00 + (uint32_t)i * 5) == i + 1 && dataset_token(&ds, 0x4E01 + (uint32_t)i * 5) == -1;
+    check(found, "utf8: a vocabulary of 3001 tokens over %d pages of code points is looked up exactly", ((0x4E00 + 2999 * 5) >> 12) - (0x4E00 >> 12) + 1);
+    dataset_free(&ds);
+    free(big);
+}
+
+// Only a line's own tokens are read: the token array placed between two pages that are not
+// mapped (its first token at the start of a page, then its last at the end of one), every
+// example (T = 3 and 16) and every sequence (whole lines, and cut at 4 positions) of every
+// line reads inside it. A vectorized loop that loaded whole vectors from before a line's
+// start crashed here, as it did in train_tp once tokens were 4 bytes.
+static void test_data_bounds(void) {
+    char text[4000];
+    int n = 0;
+    for (int i = 0; i < 300; i++) n += snprintf(text + n, sizeof text - n, "%.*s\n", 1 + i % 9, "abcdefghijk" + i % 3);
+    Dataset ds;
+    dataset_load(&ds, write_file("bounds.txt", text, (size_t)n), 100, 3);
+    long total = ds.line_start[ds.n_lines - 1] + ds.line_len[ds.n_lines - 1];
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = (size_t)total * sizeof(int32_t);
+    size_t span = (bytes + page - 1) / page * page;
+    int32_t* own = ds.tokens;
+    int ok = 1;
+    for (int at_end = 0; at_end < 2; at_end++) {
+        int zero = open("/dev/zero", O_RDONLY); // (MAP_ANONYMOUS is not POSIX)
+        char* map = mmap(NULL, span + 2 * page, PROT_NONE, MAP_PRIVATE, zero, 0);
+        if (map == MAP_FAILED || mprotect(map + page, span, PROT_READ | PROT_WRITE) != 0) abort();
+        close(zero);
+        ds.tokens = (int32_t*)(map + page + (at_end ? span - bytes : 0));
+        memcpy(ds.tokens, own, bytes);
+        for (int T = 3; T <= 16; T += 13)
+            for (int l = 0; l < ds.n_lines; l++)
+                for (int p = 0; p <= ds.line_len[l]; p++) {
+                    int ctx[16], tgt;
+                    dataset_line_example(&ds, l, p, T, ctx, &tgt);
+                    ok &= tgt == (p < ds.line_len[l] ? own[ds.line_start[l] + p] : 0);
+                }
+        for (int T = 4; T <= ds.max_len + 1; T += ds.max_len - 3) {
+            dataset_use_rows(&ds, T);
+            for (int l = 0; l < ds.n_lines; l++) {
+                int tok[16], tgt[16];
+                dataset_line_sequence(&ds, l, tok, tgt);
+                ok &= tok[0] == 0 && (ds.line_len[l] >= T || tgt[ds.line_len[l]] == 0);
+            }
+        }
+        dataset_use_rows(&ds, 0);
+        munmap(map, span + 2 * page);
+    }
+    ds.tokens = own;
+    check(ok, "data: examples and sequences read only their line's tokens (the array between two unmapped pages)");
+    dataset_free(&ds);
 }
 
 static void test_rng(void) {
@@ -1437,6 +1551,8 @@ int main(void) {
     test_moe_split(MODEL_GPT, 5, 2, 0.5f, 31, 3, 1);
     test_moe_split(MODEL_GPT, 8, 2, 4.0f, 30, 4, 0);
     test_data();
+    test_utf8();
+    test_data_bounds();
     test_rng();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -39,20 +39,22 @@ if [ "${1:-}" = --agent ]; then
 fi
 
 hosts=2 link=none limit=600
+die() { echo "tools/cluster.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
+        --hosts | --link | --timeout) [ $# -ge 2 ] || die "$1 needs a value (usage: tools/cluster.sh [--hosts N] [--link RATE] [--timeout S] -- MPIRUN-ARGS...)" ;;&
         --hosts) hosts=$2; shift 2 ;;
         --link) link=$2; shift 2 ;;
         --timeout) limit=$2; shift 2 ;;
         --) shift; break ;;
-        *) echo "tools/cluster.sh: unknown flag '$1' (usage: tools/cluster.sh [--hosts N] [--link RATE] [--timeout S] -- MPIRUN-ARGS...)" >&2; exit 2 ;;
+        *) die "unknown flag '$1' (usage: tools/cluster.sh [--hosts N] [--link RATE] [--timeout S] -- MPIRUN-ARGS...)" ;;
     esac
 done
-die() { echo "tools/cluster.sh: $*" >&2; exit 2; }
 [ $# -gt 0 ] || die "nothing to run: give mpirun's arguments after --"
-[[ $hosts =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 8 ] || die "--hosts must be 2 to 8, got '$hosts'"
-[[ $limit =~ ^[0-9]+$ ]] && [ "$limit" -ge 1 ] || die "--timeout must be a number of seconds, got '$limit'"
-[[ $link = none || $link =~ ^[0-9]+(kbit|mbit|gbit)$ ]] || die "--link must be none or a rate such as 100mbit, 1gbit, 10gbit; got '$link'"
+# numbers as text first: bash's [ -ge ] fails with its own message on one too large for it
+[[ $hosts =~ ^[2-8]$ ]] || die "--hosts must be 2 to 8, got '$hosts'"
+[[ $limit =~ ^[1-9][0-9]{0,6}$ ]] || die "--timeout must be a number of seconds from 1 to 9999999, got '$limit'"
+[[ $link = none || $link =~ ^[1-9][0-9]{0,5}(kbit|mbit|gbit)$ ]] || die "--link must be none or a rate such as 100mbit, 1gbit, 10gbit; got '$link'"
 # what it needs, checked before anything is made
 [ "$(id -u)" = 0 ] || die "emulated hosts are network namespaces, which need root (run it with sudo)"
 for tool in ip unshare tc; do command -v $tool >/dev/null || die "'$tool' is missing (apt-get install iproute2 util-linux)"; done
@@ -64,7 +66,7 @@ args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in -n | -np | --np) ranks=${args[i + 1]:-} ;; esac
 done
-[[ $ranks =~ ^[0-9]+$ ]] && [ "$ranks" -ge 1 ] || die "say how many ranks with -n N among mpirun's arguments"
+[[ $ranks =~ ^[1-9][0-9]{0,5}$ ]] || die "say how many ranks with -n N (1 to 999999) among mpirun's arguments"
 
 # hosts left by a run that was killed outright (SIGKILL: no cleanup could run): removed now
 for ns in $(ip netns list 2>/dev/null | grep -oE '^mlpc[0-9]+_[a-z0-9]+'); do

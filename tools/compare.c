@@ -8,43 +8,53 @@
  *
  * Prints "identical", or the first step whose loss differs and the largest relative
  * difference of the losses and of the parameters. Logs are compared over the steps they
- * share (a run resumed from a checkpoint logs only the steps it trained); both must end at
- * the same step. With --tolerance X, differences whose
+ * share (a run resumed with a new log logs only the steps it trained); both must end at
+ * the same step. With --tolerance X (a decimal number from 0 to 1), differences whose
  * relative size stays below X pass (exit 0) and are reported. Exit 1 if the runs differ
- * beyond that, 2 if a file cannot be read.
+ * beyond that; 2 for bad usage or a file that cannot be read, is not what it should be,
+ * or is cut short (a log whose last line has no end, a checkpoint shorter than its header
+ * says).
  */
 #include "../ckpt.h"
 
-// losses[step - first] for the steps of a log; *first is its first step
+// The log's lines: losses[step - first] for its steps; *first is its first step. Every line
+// is checked: "step,train loss,..." with the step one more than the line before, and a
+// finished line (a log cut short ends in the middle of one).
 static double* read_losses(const char* path, long* n, long* first) {
-    FILE* f = fopen(path, "r");
-    if (!f) fatal("cannot open log '%s': %s", path, strerror(errno));
+    FILE* f = open_input(path, "log");
     long cap = 1024;
     double* loss = mallocCheck(cap * sizeof(double));
     char line[512];
     *n = 0;
-    if (!fgets(line, sizeof line, f) || strncmp(line, "step,train_loss", 15) != 0)
+    if (!fgets(line, sizeof line, f) || strncmp(line, LOG_HEADER, strlen(LOG_HEADER)) != 0)
         fatal("'%s' is not a --log file (no header)", path);
-    while (fgets(line, sizeof line, f)) {
-        long step;
-        double l;
-        if (sscanf(line, "%ld,%lf", &step, &l) != 2) fatal("'%s': bad line '%s'", path, line);
+    for (long line_no = 2; fgets(line, sizeof line, f); line_no++) {
+        char *end, *after = NULL;
+        errno = 0;
+        long step = strtol(line, &end, 10);
+        double l = end > line && *end == ',' ? strtod(end + 1, &after) : 0;
+        if (!strchr(line, '\n'))
+            fatal("'%s':%ld: the line %s", path, line_no, feof(f) ? "has no end: the log is cut short" : "is too long");
+        if (end == line || *end != ',' || after == end + 1 || *after != ',' || errno || step < 0)
+            fatal("'%s':%ld: not a line of a --log file: '%.*s'", path, line_no, (int)strcspn(line, "\n"), line);
         if (*n == 0) *first = step;
-        if (step != *first + *n) fatal("'%s': step %ld out of order", path, step);
+        if (step != *first + *n) fatal("'%s':%ld: step %ld out of order", path, line_no, step);
         if (*n == cap) {
             cap *= 2;
             loss = reallocCheck(loss, cap * sizeof(double));
         }
         loss[(*n)++] = l;
     }
+    if (ferror(f)) fatal("cannot read log '%s': %s", path, strerror(errno));
     fclose(f);
     return loss;
 }
 
 static float* read_ckpt(const char* path, CkptHeader* h, long* n) {
-    FILE* f = fopen(path, "rb");
-    if (!f) fatal("cannot open checkpoint '%s': %s", path, strerror(errno));
-    ckpt_read_header(f, path, h); // refuses a header that claims more than the file holds
+    FILE* f = open_input(path, "checkpoint");
+    uint64_t sum = FNV_START;
+    ckpt_read_header(f, path, h, &sum); // refuses a header that claims more than the file holds
+    ckpt_header_free(h);
     *n = ckpt_floats(h);
     float* x = mallocCheck((size_t)*n * sizeof(float));
     if (fread(x, sizeof(float), (size_t)*n, f) != (size_t)*n) fatal("checkpoint '%s' is truncated", path);
@@ -52,16 +62,25 @@ static float* read_ckpt(const char* path, CkptHeader* h, long* n) {
     return x;
 }
 
+#ifndef COMPARE_NO_MAIN // tests/fuzz.c takes the readers above, not what follows
 static double rel(double a, double b) {
     double d = fabs(a - b), s = fabs(a) > fabs(b) ? fabs(a) : fabs(b);
     return d == 0 ? 0 : d / (s > 1e-30 ? s : 1e-30);
 }
 
+// A file that cannot be read is not "the runs differ": exit 2.
+static void fatal_exit_2(const char* message) {
+    fprintf(stderr, "tools/compare: %s\n", message);
+    exit(2);
+}
+
 int main(int argc, char** argv) {
-    double tol = 0;
+    fatal_end = fatal_exit_2;
+    float tol = 0;
     int a = 1;
-    if (argc > 2 && !strcmp(argv[1], "--tolerance")) {
-        tol = atof(argv[2]);
+    if (argc > 1 && !strcmp(argv[1], "--tolerance")) {
+        const char* err = argc > 2 ? cli_float("tolerance", argv[2], 0.0, 1.0, 0, &tol) : "--tolerance needs a value";
+        if (err) fatal("%s", err);
         a = 3;
     }
     if (argc - a != 4) {
@@ -104,3 +123,4 @@ int main(int argc, char** argv) {
            "the largest\n", first, loss_rel, differ, pa, param_rel);
     return (loss_rel < tol && param_rel < tol) ? 0 : 1;
 }
+#endif

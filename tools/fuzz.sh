@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/fuzz.sh: `make fuzz`. The readers of outside input (tests/fuzz.c: the data loader,
-# the checkpoint reader, the flag parser) and the tools' parsers (tools/costmodel's cluster
-# files, tools/schedules' command line and traces) under libFuzzer with AddressSanitizer and
-# UBSan, each for RUNS inputs (default 1 million) or at most SECONDS seconds (default 900).
+# the checkpoint reader, the flag parser) and the tools' parsers (tools/compare's logs and
+# checkpoints, tools/costmodel's cluster files, tools/schedules' command line and traces)
+# under libFuzzer with AddressSanitizer and UBSan, each for RUNS inputs (default 1 million)
+# or at most SECONDS seconds (default 900).
 # Prints executions, time and findings per target; an input that crashes is copied to
 # tests/fuzz/<target>/, where make test replays it from then on, and the run fails.
 #
@@ -46,10 +47,20 @@ printf '\0interleaved\0%s\0%s\0%s\0--i\0%s\0--w\0%s' 2 3 6 2 0.5 >"$dir/schedule
 done; } >"$dir/schedules/trace"
 cp tests/fuzz/schedules/* "$dir/schedules/" 2>/dev/null
 
+# tools/compare: logs (whole, cut short, of a mixture of experts) and checkpoints of both formats
+mkdir -p "$dir/compare"
+printf 'Jos\xc3\xa9\nZo\xc3\xab\n\xce\x95\xce\xbb\xce\xad\xce\xbd\xce\xb7\n\xe6\x9d\x8e\n\xd9\x85\xd8\xad\n' >"$dir/data/utf8"
+./train --data "$dir/ten.txt" --context 3 --emb 2 --hidden 4 --batch 8 --steps 12 --eval-every 5 --samples 0 --quiet \
+    --log "$dir/compare/log" --experts 2 >/dev/null || { echo "cannot make the seed logs"; exit 1; }
+head -c -5 "$dir/compare/log" >"$dir/compare/cut"
+cp "$dir/ckpt/adamw" "$dir/compare/ckpt"
+cp tests/old/format3_adamw.ckpt "$dir/compare/ckpt3"
+cp tests/old/format3_experts.ckpt "$dir/ckpt/format3"
+cp tests/fuzz/compare/* "$dir/compare/" 2>/dev/null
 
 failed=0
 printf '%-9s %12s %8s %10s  %s\n' target executions seconds per-second findings
-for t in ${TARGETS:-data ckpt cli cluster schedules}; do
+for t in ${TARGETS:-data ckpt cli compare cluster schedules}; do
     clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTARGET_$t \
         tests/fuzz.c -o "$dir/fuzz_$t" -lm || exit 1
     mkdir -p "$dir/found_$t"

@@ -9,7 +9,7 @@
 #include "../util.h"
 
 #define MAX_RANKS 256
-#define MAX_NAMES 64
+#define MAX_NAMES 1000 // --samples' most
 
 typedef struct {
     char program[64], layout[200];
@@ -20,16 +20,17 @@ typedef struct {
     double sent[MAX_RANKS], sent_formula[MAX_RANKS], mem[MAX_RANKS], mem_formula[MAX_RANKS], bubble[MAX_RANKS];
     double messages[MAX_RANKS];
     double axis[MAX_RANKS][5]; // train_3d.c: sent on the tensor, data, pipeline, context, expert axes
-    char names[MAX_NAMES][64];
+    char* names[MAX_NAMES]; // as the run wrote them: UTF-8, any length
 } Summary;
 
 static void summary_read(Summary* r, const char* path) {
     memset(r, 0, sizeof *r);
     FILE* f = fopen(path, "r");
     if (!f) fatal("cannot open '%s': %s (did the run finish?)", path, strerror(errno));
-    char line[1024];
+    char* line = NULL; // any length: a name may be long
+    size_t cap = 0;
     int q = 0;
-    while (fgets(line, sizeof line, f)) {
+    while (getline(&line, &cap, f) >= 0) {
         line[strcspn(line, "\n")] = 0;
         if (!strncmp(line, "program=", 8)) snprintf(r->program, sizeof r->program, "%.63s", line + 8);
         else if (!strncmp(line, "layout=", 7)) snprintf(r->layout, sizeof r->layout, "%.199s", line + 7);
@@ -38,8 +39,10 @@ static void summary_read(Summary* r, const char* path) {
         else if (!strncmp(line, "seconds=", 8)) r->seconds = atof(line + 8);
         else if (!strncmp(line, "steps=", 6)) r->steps = atof(line + 6);
         else if (!strncmp(line, "batch=", 6)) r->batch = atof(line + 6);
-        else if (!strncmp(line, "name=", 5) && r->n_names < MAX_NAMES)
-            snprintf(r->names[r->n_names++], 64, "%.63s", line + 5);
+        else if (!strncmp(line, "name=", 5) && r->n_names < MAX_NAMES) {
+            r->names[r->n_names] = mallocCheck(strlen(line + 5) + 1);
+            strcpy(r->names[r->n_names++], line + 5);
+        }
         else if (!strncmp(line, "rank=", 5) && q < MAX_RANKS) {
             double params = 0, grads = 0, optim = 0, acts = 0;
             for (char* tok = strtok(line, " "); tok; tok = strtok(NULL, " ")) {
@@ -65,6 +68,7 @@ static void summary_read(Summary* r, const char* path) {
             r->mem[q++] = params + grads + optim + acts;
         }
     }
+    free(line);
     fclose(f);
     if (!r->program[0] || r->ranks < 1) fatal("'%s' is not a --summary file", path);
     if (q != r->ranks) fatal("'%s': %d ranks listed, %d expected", path, q, r->ranks);
