@@ -1311,14 +1311,16 @@ section_run() {
     run "$TMP/run.out" env QUICK=1 OUT="$TMP/out" bash tools/run_all.sh
     local rows
     rows=$(grep -c '^| train' "$TMP/run.out")
-    check "run: make run QUICK=1 prints 8 rows, each the same as train.c, or train.c --experts 4 its reference ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
-        bash -c "test $rows = 8 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 7 && grep -q '^| train.c | 1 process, 4 experts a layer, top-1 | 1 | .* | reference of the rows below |' '$TMP/run.out'"
+    check "run: make run QUICK=1 prints 12 rows, each the same as train.c, or as its reference train.c --experts 4 or --model gpt ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
+        bash -c "test $rows = 12 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 10 && grep -q '^| train.c | 1 process, 4 experts a layer, top-1 | 1 | .* | reference of the rows below |' '$TMP/run.out' && grep -q '^| train.c | 1 process | 1 | .* | reference of the rows below |' '$TMP/run.out'"
+    check "run: the GPT's rows (train_tp.c --sp, train_cp.c, the 4D grid) are the same as train.c --model gpt" \
+        bash -c "test \$(grep -E '^\| train_(tp|cp|3d).c .*(sequence parallel|context parallel|context x)' '$TMP/run.out' | grep -c '| yes |') = 3"
     check "run: train_ep.c's row, compared with train.c --experts 4, is the same" \
         bash -c "grep '^| train_ep.c' '$TMP/run.out' | grep -q '| yes |' && grep -q 'compared with train.c --experts 4: identical' '$TMP/run.out'"
     check "run: the table shows measured and formula bytes and memory, and the bubble of the pipelines" \
         bash -c "grep '^| train_pp.c' '$TMP/run.out' | grep -Eq '\| [0-9.]+ (B|KB|MB) \([0-9.]+ (B|KB|MB)\) \| .* \| [0-9.]+ \(' "
     check "run: loss.svg is well-formed XML with one curve per run" \
-        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 8"
+        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 12"
     check "run: pipeline.svg is well-formed XML with a forward and a backward pass of every microbatch on every stage" \
         bash -c "xmllint --noout '$TMP/out/pipeline.svg' && test \$(grep -c 'class=\"pass\"' '$TMP/out/pipeline.svg') = 16"
     check "run: the schedules table has a row for each of the 6 schedules, each the same as train.c" \
@@ -1336,7 +1338,8 @@ section_run() {
 # final parameters and optimizer state, the validation loss and the names.
 BUILD_FLAGS="--steps 30 --eval-every 15 --layers 2 --hidden 48 --batch 24 --optimizer adamw --clip 0.5 --samples 3"
 MOE_FLAGS="--experts 4 --top-k 2 --capacity 1"
-PROGRAMS="train train_dp train_fsdp train_tp train_pp train_3d train_ep"
+GPT_FLAGS="--model gpt --emb 16 --heads 4 --layers 2 --steps 10 --eval-every 5 --batch 8 --samples 3 --clip 0.5"
+PROGRAMS="train train_dp train_fsdp train_tp train_pp train_3d train_ep train_cp"
 # build_all DIR CC FLAGS...: the six programs into DIR, two compilers at a time; the MPI ones
 # through $BUILD_MPICC (default mpicc), told to use CC
 build_all() {
@@ -1359,10 +1362,13 @@ same_builds() {
     same_as builds "builds: $label: train_3d.c, 2 x 1 x 2" $mpirun -n 4 "$dir/train_3d" $BUILD_FLAGS --tp 2 --dp 1 --pp 2 --microbatches 2
     same_as builds_moe "builds: $label: train.c --experts 4 --top-k 2" "$dir/train" $BUILD_FLAGS $MOE_FLAGS
     same_as builds_moe "builds: $label: train_ep.c, 4 experts on 2 ranks" $mpirun -n 2 "$dir/train_ep" $BUILD_FLAGS $MOE_FLAGS
+    same_as builds_gpt "builds: $label: train.c --model gpt" "$dir/train" $GPT_FLAGS
+    same_as builds_gpt "builds: $label: train_cp.c --model gpt, 2 ranks" $mpirun -n 2 "$dir/train_cp" $GPT_FLAGS
 }
 section_builds() {
     reference builds $BUILD_FLAGS
     reference builds_moe $BUILD_FLAGS $MOE_FLAGS
+    reference builds_gpt $GPT_FLAGS
     local big="--steps 4 --eval-every 0 --hidden 512 --batch 256 --samples 2"
     reference big $big
     local compilers=gcc i=0 o2
@@ -1379,6 +1385,8 @@ section_builds() {
             same_as builds "builds: $cc -O2 with KERNEL_ISA=avx2: train.c" env KERNEL_ISA=avx2 "$o2/train" $BUILD_FLAGS
             same_as builds "builds: $cc -O2 with KERNEL_ISA=any: train.c" env KERNEL_ISA=any "$o2/train" $BUILD_FLAGS
             same_as builds_moe "builds: $cc -O2 with KERNEL_ISA=avx2: train.c --experts 4 --top-k 2" env KERNEL_ISA=avx2 "$o2/train" $BUILD_FLAGS $MOE_FLAGS
+            same_as builds_gpt "builds: $cc -O2 with KERNEL_ISA=avx2: train.c --model gpt" env KERNEL_ISA=avx2 "$o2/train" $GPT_FLAGS
+            same_as builds_gpt "builds: $cc -O2 with KERNEL_ISA=any: train.c --model gpt" env KERNEL_ISA=any "$o2/train" $GPT_FLAGS
         fi
         # OpenMP threads splitting the kernels of a model large enough to enter them
         same_as big "builds: $cc -O2 -fopenmp: train.c on 2 threads, hidden 512, batch 256" env OMP_NUM_THREADS=2 "$TMP/b$i/train" $big
@@ -1392,7 +1400,7 @@ section_builds() {
     if command -v mpicc.mpich >/dev/null 2>&1 && command -v mpirun.mpich >/dev/null 2>&1; then
         BUILD_MPICC=mpicc.mpich build_all "$TMP/mpich" gcc -O2
         check "builds: MPICH's mpicc -Wall -Wextra builds every program without a warning" \
-            bash -c "for p in train_dp train_fsdp train_tp train_pp train_3d train_ep; do mpicc.mpich -O2 -Wall -Wextra \$p.c -o $TMP/w -lm 2>&1; done | grep -q . && exit 1 || exit 0"
+            bash -c "for p in train_dp train_fsdp train_tp train_pp train_3d train_ep train_cp; do mpicc.mpich -O2 -Wall -Wextra \$p.c -o $TMP/w -lm 2>&1; done | grep -q . && exit 1 || exit 0"
         same_builds "$TMP/mpich" "MPICH, mpicc.mpich -O2" "env MPIEXEC=mpirun.mpich tools/mpirun"
         # MPICH's waiting ranks spin, so make run sizes its 3D row and schedules table with
         # tools/mpirun --ranks (no more ranks than cores under MPICH): such a job must run at
@@ -1415,6 +1423,7 @@ section_builds() {
         aarch64-linux-gnu-gcc -O2 -static train.c -o "$TMP/train_arm" -lm 2>"$TMP/arm.log"
         same_as builds "builds: aarch64 (gcc cross compiler, run under qemu-aarch64): train.c" qemu-aarch64 "$TMP/train_arm" $BUILD_FLAGS
         same_as builds_moe "builds: aarch64 under qemu: train.c --experts 4 --top-k 2" qemu-aarch64 "$TMP/train_arm" $BUILD_FLAGS $MOE_FLAGS
+        same_as builds_gpt "builds: aarch64 under qemu: train.c --model gpt" qemu-aarch64 "$TMP/train_arm" $GPT_FLAGS
     else
         skip "builds: no aarch64 cross compiler and qemu-aarch64 (apt-get install gcc-aarch64-linux-gnu qemu-user)"
     fi

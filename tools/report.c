@@ -3,14 +3,16 @@
  * makes the runs, then calls this).
  *
  *   tools/report OUT RUN...      # RUN: a name under OUT/runs/, the first one train.c's;
- *                                # NAME@REF: compared with run REF instead (train.c --experts X)
+ *                                # NAME@REF: compared with run REF instead (train.c with
+ *                                # another model: --experts X, --model gpt)
  *
  * For every run it reads OUT/runs/RUN.sum (--summary), RUN.csv (--log) and RUN.cmp (what
  * tools/compare said of it against the first run), and prints one table row: program,
  * layout, ranks, validation loss, whether it is the same as train.c, time, tokens/s,
  * bytes sent per step per rank and memory per rank (each measured, with the formula's
  * prediction beside it), pipeline bubble. Then train.c's names, and a note for any run
- * whose names differ. It writes OUT/loss.svg (every run's training loss, overlaid) and,
+ * whose names differ. It writes OUT/loss.svg (every run's training loss, overlaid, a panel a
+ * model) and,
  * from the first run with a trace (RUN.json, --trace), OUT/pipeline.svg (one step of the
  * pipeline, measured).
  */
@@ -69,49 +71,60 @@ static void same_text(char* out, size_t n, const Run* r, const Run* ref) {
 
 static const char* colours[] = {"#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
 
-static void write_loss_svg(const char* path, Run* runs, int n) {
-    FILE* f = fopen(path, "w");
-    if (!f) fatal("cannot create '%s': %s", path, strerror(errno));
-    long steps = runs[0].n_loss;
-    int points = steps < 100 ? (int)steps : 100;
-    long window = (steps + points - 1) / points;
-    double lo = INFINITY, hi = -INFINITY;
+// One panel per model (a reference run and the runs compared with it), stacked: each its own
+// step axis and range, its runs overlaid, the first widest, underneath, so that identical
+// curves show as one striped line and a run that drifted would separate at once.
+static void loss_panel(FILE* f, Run* runs, int n, int group, double y0, double pw, double ph, double x0) {
+    long steps = runs[group].n_loss;
+    int points = steps < 100 ? (int)steps : 100, members[MAX_RUNS], m = 0;
+    long window = steps > 0 ? (steps + points - 1) / points : 1;
     for (int k = 0; k < n; k++)
-        for (long i = 0; i + window <= runs[k].n_loss; i += window) {
+        if (k == group || (!runs[k].is_ref && runs[k].ref == group)) members[m++] = k;
+    double lo = INFINITY, hi = -INFINITY;
+    for (int j = 0; j < m; j++)
+        for (long i = 0; i + window <= runs[members[j]].n_loss; i += window) {
             double s = 0;
-            for (long j = i; j < i + window; j++) s += runs[k].loss[j];
-            lo = s / window < lo ? s / window : lo;
-            hi = s / window > hi ? s / window : hi;
+            for (long t = i; t < i + window; t++) s += runs[members[j]].loss[t];
+            lo = s / window < lo ? s / window : lo, hi = s / window > hi ? s / window : hi;
         }
     if (!(hi > lo)) hi = lo + 1;
-    double W = 820, H = 440, x0 = 60, y0 = 40, pw = 560, ph = 340;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n", W, H);
-    fprintf(f, "<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H);
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Training loss of every run (mean over %ld steps): the "
-               "curves lie on top of each other</text>\n", x0, window);
-    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#999\"/>\n", x0, y0,
-            pw, ph);
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"13\">%s (%s): mean over %ld steps</text>\n", x0, y0 - 8,
+            runs[group].s.program, runs[group].s.layout, window);
+    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#999\"/>\n", x0, y0, pw, ph);
     for (int t = 0; t <= 4; t++) { // axes: 5 ticks each
-        double v = lo + (hi - lo) * t / 4, y = y0 + ph - ph * t / 4, s = (double)steps * t / 4, x = x0 + pw * t / 4;
+        double v = lo + (hi - lo) * t / 4, y = y0 + ph - ph * t / 4, st = (double)steps * t / 4, x = x0 + pw * t / 4;
         fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.2f</text>\n", x0 - 6, y + 4, v);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n", x, y0 + ph + 16, s);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n", x, y0 + ph + 16, st);
     }
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">step</text>\n", x0 + pw / 2, y0 + ph + 34);
-    for (int k = 0; k < n; k++) { // the first run widest, underneath: identical curves stay visible
+    for (int j = 0; j < m; j++) {
+        const Run* r = &runs[members[j]];
         fprintf(f, "<polyline class=\"curve\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" points=\"",
-                colours[k % 8], 1.0 + 1.6 * (n - 1 - k));
-        for (long i = 0; i + window <= runs[k].n_loss; i += window) {
+                colours[j % 8], 1.0 + 1.6 * (m - 1 - j));
+        for (long i = 0; i + window <= r->n_loss && steps > 0; i += window) {
             double s = 0;
-            for (long j = i; j < i + window; j++) s += runs[k].loss[j];
+            for (long t = i; t < i + window; t++) s += r->loss[t];
             fprintf(f, "%.1f,%.1f ", x0 + pw * (i + window / 2.0) / steps, y0 + ph - ph * (s / window - lo) / (hi - lo));
         }
         fprintf(f, "\"/>\n");
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
-                x0 + pw + 20, y0 + 10 + 20.0 * k, x0 + pw + 40, y0 + 10 + 20.0 * k, colours[k % 8]);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s, %d rank%s</text>\n", x0 + pw + 46, y0 + 14 + 20.0 * k,
-                runs[k].s.program, runs[k].s.ranks, runs[k].s.ranks > 1 ? "s" : "");
+                x0 + pw + 20, y0 + 10 + 20.0 * j, x0 + pw + 40, y0 + 10 + 20.0 * j, colours[j % 8]);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s, %d rank%s</text>\n", x0 + pw + 46, y0 + 14 + 20.0 * j,
+                r->s.program, r->s.ranks, r->s.ranks > 1 ? "s" : "");
     }
+}
+static void write_loss_svg(const char* path, Run* runs, int n) {
+    FILE* f = fopen(path, "w");
+    if (!f) fatal("cannot create '%s': %s", path, strerror(errno));
+    int groups[MAX_RUNS], g = 0;
+    for (int k = 0; k < n; k++)
+        if (k == 0 || runs[k].is_ref) groups[g++] = k;
+    double x0 = 60, pw = 560, ph = 220, gap = 70, W = 860, H = 40 + g * (ph + gap);
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n", W, H);
+    fprintf(f, "<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Training loss of every run against its steps, one panel a "
+               "model: the curves lie on top of each other</text>\n", x0);
+    for (int i = 0; i < g; i++) loss_panel(f, runs, n, groups[i], 60 + i * (ph + gap), pw, ph, x0);
     fprintf(f, "</svg>\n");
     if (fclose(f) != 0) fatal("cannot write '%s'", path);
 }
@@ -251,8 +264,8 @@ int main(int argc, char** argv) {
             printf("\n");
         }
     }
-    if (all_same) printf("every run generated the same names, and is the same as train.c bit for bit (the mixture of "
-                         "experts as train.c --experts).\n");
+    if (all_same) printf("every run generated the same names, and is the same as train.c bit for bit (each run as "
+                         "train.c's run of the same model: the MLP, its mixture of experts, the GPT).\n");
     snprintf(path, sizeof path, "%s/loss.svg", out);
     write_loss_svg(path, runs, n);
     for (int k = 0; k < n; k++) {
