@@ -42,7 +42,7 @@ static int world_rank, world_size;
 typedef struct {
     MPI_Comm comm;
     int rank, size;
-    const char* name;   // "dp", "tp", "pp"
+    const char* name;   // "tp", "dp", "pp", "cp", "ep", "world"
     double sent;        // bytes this rank has sent in this group (see the top of this file)
     double received;    // and received: over all ranks of a group, the two totals are equal
 } Group;

@@ -65,8 +65,10 @@
 // all-reduce it with MPI_SUM on MPI_INT64_T in any order. It is rounded to float once.
 //
 // Exact sums: every sum over the batch (weight, bias and embedding gradients, the loss),
-// the forward of even linear layers, the input gradient of odd linear layers, the softmax
-// denominator and the gradient norm. All other sums are float chains in a fixed order.
+// the forward of row-parallel linear layers (the MLP's even ones, the GPT's proj and fc2),
+// the input gradient of column-parallel ones (the MLP's odd ones, the GPT's qkv, fc and
+// lm_head), the softmax denominator, attention's sums over keys (transformer.h) and the
+// gradient norm. All other sums are float chains in a fixed order.
 //
 // Range: a term must satisfy |term| < 2^11 (so the fast conversion below applies) and a
 // whole sum must stay below 2^23 (int64 holds 2^63 units of 2^-40), so a sum of n terms

@@ -1,7 +1,10 @@
 /*
- * model.h: the character-level MLP language model that every program trains.
+ * model.h: the character-level language models every program trains: the MLP (the default)
+ * and, with --model gpt, makemore's GPT (its layers are transformer.h's).
  *
- *   embedding (V x E) -> flatten (T*E) -> [Linear -> ReLU] x L -> Linear (-> V) -> softmax cross-entropy
+ *   MLP: embedding (V x E) -> flatten (T*E) -> [Linear -> ReLU] x L -> Linear (-> V) -> softmax cross-entropy
+ *   GPT: token + position embedding (V x C, T x C) -> [block: attention, MLP] x L -> LayerNorm -> Linear (-> V)
+ *        -> softmax cross-entropy at every position
  *
  * Read top to bottom: configuration; ops (each with a forward and a backward taking the
  * same arguments in the same order: outputs first, then inputs, then dims); the mixture of
@@ -17,7 +20,8 @@
  *
  * Units: the model is a list of L+2 units, the granularity at which a pipeline splits it
  * into stages and at which FSDP gathers it: unit 0 is the embedding, unit l (1 <= l <= L+1)
- * is linear layer l, followed by its ReLU (l <= L) or by the loss (l = L+1).
+ * is linear layer l, followed by its ReLU (l <= L) or by the loss (l = L+1). The GPT's:
+ * unit 0 the embeddings, units 1..L its blocks, unit L+1 the head (ln_f, lm_head, the loss).
  */
 #ifndef MODEL_H
 #define MODEL_H
@@ -925,6 +929,7 @@ typedef struct {
     int* targets;               // [rows][targets_per_row]: a token, or -1 for none (the GPT's padding)
     float* out[MAX_LAYERS + 2]; // out[u]: unit u's output [rows][unit_width(u)]; out[L+1] holds the probs
     float* saved[MAX_LAYERS + 2]; // the GPT: what unit u keeps for its backward besides its output
+    int head_tokens;            // the GPT: positions a row of the head's LayerNorm keeps in saved
     float* rowmax;              // [rows][targets_per_row] softmax workspace
     float* tlogit;              // [rows][targets_per_row]
     int64_t* expsum;            // [rows][targets_per_row]
@@ -935,9 +940,6 @@ typedef struct {
     int64_t aux;                // exact sum of the rows' load-balancing terms of the last forward
 } Acts;
 
-// Activations of units [u_lo, u_hi) and of the input to u_lo (a pipeline stage keeps only
-// its own); pass 0, n_units for the whole model. `width` gives each unit's output width on
-// this rank (a tensor-parallel slice is narrower), NULL for the whole unit_width.
 // What unit u of the GPT keeps per row besides its output: a block's BlockActs, the head's
 // LayerNorm output and statistics; the embedding nothing.
 // (A block with experts keeps its attention half's: its experts keep their own, in its MoeLayer.)
@@ -946,16 +948,30 @@ static long gpt_saved_per_row(const Config* c, int u) {
     BlockDims d = gpt_block_dims(c, u, 1);
     return u <= c->layers ? block_acts_per_row(&d) : (long)c->context * (c->emb + 2);
 }
-static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const int* width) {
+// What a rank's units hold per row when it holds less than the whole model does (a
+// tensor-parallel slice of the heads or of F, a context-parallel share of the positions,
+// sequence parallelism's share of the tokens): each unit's output, what it keeps for its
+// backward, and what its input half leaves for its weight half (a pipeline's stash), in
+// floats. NULL where a program takes these: the whole model's.
+typedef struct {
+    int out[MAX_LAYERS + 2];
+    long saved[MAX_LAYERS + 2];
+    long stash[MAX_LAYERS + 2];
+} UnitSizes;
+static int unit_out(const Config* c, const UnitSizes* sz, int u) { return sz ? sz->out[u] : unit_width(c, u); }
+static long unit_saved(const Config* c, const UnitSizes* sz, int u) { return sz ? sz->saved[u] : gpt_saved_per_row(c, u); }
+// Activations of units [u_lo, u_hi) and of the input to u_lo (a pipeline stage keeps only
+// its own); pass 0, n_units for the whole model, and sz as above.
+static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const UnitSizes* sz) {
     memset(a, 0, sizeof(*a));
     a->rows = rows;
     int per_row = targets_per_row(c);
     a->tokens = mallocCheck((size_t)rows * c->context * sizeof(int));
     a->targets = mallocCheck((size_t)rows * per_row * sizeof(int));
-    for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++)
-        a->out[u] = mallocCheck((size_t)rows * (width ? width[u] : unit_width(c, u)) * sizeof(float));
+    for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) a->out[u] = mallocCheck((size_t)rows * unit_out(c, sz, u) * sizeof(float));
     for (int u = u_lo; u < u_hi; u++)
-        if (gpt_saved_per_row(c, u) > 0) a->saved[u] = mallocCheck((size_t)rows * gpt_saved_per_row(c, u) * sizeof(float));
+        if (unit_saved(c, sz, u) > 0) a->saved[u] = mallocCheck((size_t)rows * unit_saved(c, sz, u) * sizeof(float));
+    if (is_gpt(c)) a->head_tokens = (int)(unit_saved(c, sz, c->layers + 1) / (c->emb + 2));
     a->rowmax = mallocCheck((size_t)rows * per_row * sizeof(float));
     a->tlogit = mallocCheck((size_t)rows * per_row * sizeof(float));
     a->expsum = mallocCheck((size_t)rows * per_row * sizeof(int64_t));
@@ -983,11 +999,11 @@ static void acts_free(Acts* a) {
         if (a->moe[u].rows) moe_layer_free(&a->moe[u]);
     free(a->moe);
 }
-// bytes of activations held per row for units [u_lo, u_hi) (width: as for acts_init)
-static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const int* width) {
+// bytes of activations held per row for units [u_lo, u_hi) (sz: as for acts_init)
+static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const UnitSizes* sz) {
     long b = (long)c->context * sizeof(int) + (long)targets_per_row(c) * sizeof(int);
-    for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) b += (long)(width ? width[u] : unit_width(c, u)) * sizeof(float);
-    for (int u = u_lo; u < u_hi; u++) b += gpt_saved_per_row(c, u) * (long)sizeof(float);
+    for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) b += (long)unit_out(c, sz, u) * sizeof(float);
+    for (int u = u_lo; u < u_hi; u++) b += unit_saved(c, sz, u) * (long)sizeof(float);
     for (int u = u_lo; u < u_hi; u++) // an MoE unit's router state, and its k tokens' rows both
         if (is_moe(c, u)) {           // sent and (with an even load) received, with their gradients
             Expert e = moe_expert(c, u);   // and what the experts keep; the GPT's gather besides
@@ -1049,8 +1065,8 @@ typedef struct {
     Scratch scratch;
     Workspace ws;
 } Work;
-static void work_init(Work* w, const Config* c, int rows, const int* width) {
-    acts_init(&w->acts, c, rows, 0, n_units(c), width);
+static void work_init(Work* w, const Config* c, int rows, const UnitSizes* sz) {
+    acts_init(&w->acts, c, rows, 0, n_units(c), sz);
     scratch_init(&w->scratch, c, rows);
     workspace_init(&w->ws, rows, max_width(c), max_linear_weight(c));
 }
@@ -1070,9 +1086,9 @@ static void work_free(Work* w) {
 
 // The head over the tokens of d (R rows of its Tq positions): ln_f, lm_head (column-parallel:
 // by vocabulary), the loss, the exact sum over the tokens' valid targets [R][Tq]. Its
-// LayerNorm's output and statistics are kept in a->saved (`rows` rows of T positions).
+// LayerNorm's output and statistics are kept in a->saved (`rows` rows of head_tokens positions).
 static float* gpt_head_saved(const Config* c, const Acts* a, int which) { // 0 ln_f's output, 1 mean, 2 rstd
-    long n = (long)a->rows * c->context;
+    long n = (long)a->rows * a->head_tokens;
     return a->saved[c->layers + 1] + (which == 0 ? 0 : n * c->emb + (which - 1) * n);
 }
 static int64_t gpt_head_forward(const Config* c, const float* w, Acts* a, const int* targets, const BlockDims* d,
@@ -1276,6 +1292,20 @@ static float* unit_stash(const Config* c, int u, Scratch* s) { return is_gpt(c) 
 static long unit_stash_width(const Config* c, int u) {
     return is_gpt(c) && u > 0 ? gpt_stash_per_row(c, u) : unit_width(c, u);
 }
+static long unit_stash_at(const Config* c, const UnitSizes* sz, int u) { return sz ? sz->stash[u] : unit_stash_width(c, u); }
+// The GPT's UnitSizes on a rank whose blocks are d (its heads and slice of F at Tq of each
+// row's positions), whose head holds vs of the vocabulary's logits, and whose per-token
+// tensors (the residual stream, the LayerNorms) hold h positions a row: Tq, or with
+// sequence parallelism its share.
+static void gpt_unit_sizes(const Config* c, const BlockDims* d, int vs, int h, UnitSizes* sz) {
+    int C = c->emb, head = c->layers + 1;
+    for (int u = 0; u < head; u++) {
+        sz->out[u] = h * C;
+        sz->saved[u] = u == 0 ? 0 : block_acts_held(d, h);
+        sz->stash[u] = u == 0 ? sz->out[0] : block_stash_per_row(d);
+    }
+    sz->out[head] = d->Tq * vs, sz->saved[head] = (long)h * (C + 2), sz->stash[head] = (long)d->Tq * vs + (long)h * C;
+}
 
 // The work of unit u per row, in multiply-adds (a pipeline balances its stages by it): the
 // MLP's embedding T E (copies), a linear layer K J; the GPT's embedding T C, a block T (12 C^2
@@ -1286,6 +1316,14 @@ static double unit_cost(const Config* c, int u) {
     return u == 0 ? (double)c->context * c->emb : (double)linear_in(c, u) * linear_out(c, u);
 }
 
+// The model's units in words, for messages: "the embedding and 3 linear layers", or the
+// GPT's "the embedding, 4 blocks and the head".
+static const char* units_in_words(const Config* c) {
+    static char words[64];
+    if (is_gpt(c)) snprintf(words, sizeof words, "the embedding, %d blocks and the head", c->layers);
+    else snprintf(words, sizeof words, "the embedding and %d linear layers", c->layers + 1);
+    return words;
+}
 // The name of unit u, for traces and tables.
 static const char* unit_name(const Config* c, int u) {
     static char name[32];

@@ -75,7 +75,7 @@ typedef struct {
     Pp pipe;              // this stage of the pipeline
     Cp context;           // its positions, and attention across the context axis
     int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
-    int width[MAX_LAYERS + 2]; // each unit's activation width on this rank
+    UnitSizes sizes;           // what each unit holds per row on this rank (train_tp.c's tp_sizes)
     Workspace ws;
     Holding mine;   // what this rank holds of the model, for checkpoints
 } Run;
@@ -89,7 +89,7 @@ static void run_free(Run* r) {
 // the strategy: a grid of groups
 //
 // World rank = ((dp * P + pp) * C + cp) * T + tp: tensor-parallel ranks are adjacent (they
-// talk the most: every layer, twice a step), then context-parallel (K and V, every layer),
+// talk the most: every layer, forward and backward), then context-parallel (K and V, every layer),
 // then pipeline, then data-parallel (once a step), Llama 3's order. MPI_Comm_split gives
 // each rank its groups: the ranks that share every other coordinate (the T ranks with its
 // (cp, pp, dp), the C with its (tp, pp, dp), the P with its (tp, cp, dp)), and for ZeRO,
@@ -152,7 +152,7 @@ static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const*
     for (int u = hi - 1; u >= lo; u--) {
         tp_unit_backward_input(&r->tensor, &r->cfg, u, fsdp_unit_params(&r->fsdp, u, u - 1 >= lo ? u - 1 : -1), a, sc,
                                R, &r->ws);
-        if (stash) memcpy(stash[u], unit_stash(&r->cfg, u, sc), (size_t)R * pp_stash_width(&r->cfg, r->width, u) * sizeof(float)); // for W
+        if (stash) memcpy(stash[u], unit_stash(&r->cfg, u, sc), (size_t)R * unit_stash_at(&r->cfg, &r->sizes, u) * sizeof(float)); // for W
         else unit_weight(r, u, a, unit_stash(&r->cfg, u, sc), R, batch);
         scratch_step_down(sc);
     }
@@ -262,7 +262,7 @@ static const char* grid_flag(void* ctx, int index, const char* value) {
     }
 }
 
-// The grid T x D x P must be the world size; an axis not given is 1, or, if it is the only
+// The grid T x C x P x D must be the world size; an axis not given is 1, or, if it is the only
 // one missing, whatever the world size leaves for it. And the model must fit it.
 static void grid_resolve(Run* r, const Options* o) {
     r->Cp = r->Cp > 0 ? r->Cp : 1; // the context axis is 1 unless given
@@ -296,11 +296,11 @@ static void grid_resolve(Run* r, const Options* o) {
     char err[300];
     if (r->V > 0 && r->sched != SCHEDULE_INTERLEAVED) dist_exit(2, RUN_LINE, "--virtual applies to --schedule interleaved only");
     if (r->P * chunks > mc->layers + 2 && chunks == 1)
-        dist_exit(2, RUN_LINE, "--pp %d but the model has only %d units (the embedding and %d linear layers): raise "
-                  "--layers", r->P, mc->layers + 2, mc->layers + 1);
+        dist_exit(2, RUN_LINE, "--pp %d but the model has only %d units (%s): raise --layers", r->P, mc->layers + 2,
+                  units_in_words(mc));
     if (r->P * chunks > mc->layers + 2)
-        dist_exit(2, RUN_LINE, "--pp %d x %d chunks = %d chunks but the model has only %d units (the embedding and %d "
-                  "linear layers): raise --layers", r->P, chunks, r->P * chunks, mc->layers + 2, mc->layers + 1);
+        dist_exit(2, RUN_LINE, "--pp %d x %d chunks = %d chunks but the model has only %d units (%s): raise --layers",
+                  r->P, chunks, r->P * chunks, mc->layers + 2, units_in_words(mc));
     if (o->batch / r->D < r->M)
         dist_exit(2, RUN_LINE, "a batch of %d rows on %d data-parallel ranks leaves %d rows for %d microbatches "
                   "(raise --batch, or lower --dp or --microbatches)", o->batch, r->D, o->batch / r->D, r->M);
@@ -342,7 +342,7 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, l
     Figures f = {.sent_axis = {per_step(pr, r->tp_group.sent), per_step(pr, r->dp_group.sent),
                                per_step(pr, r->pp_group.sent), per_step(pr, r->cp_group.sent)},
                  .params = r->fsdp.bytes_params, .grads = r->fsdp.bytes_grads, .optim = r->fsdp.bytes_opt,
-                 .acts = pp_acts_bytes(&r->pipe, c, r->width, mb_rows), .bubble = r->P > 1 ? pp_bubble(&r->pipe) : -1};
+                 .acts = pp_acts_bytes(&r->pipe, c, &r->sizes, mb_rows), .bubble = r->P > 1 ? pp_bubble(&r->pipe) : -1};
     f.sent = f.sent_axis[0] + f.sent_axis[1] + f.sent_axis[2] + f.sent_axis[3] + per_step(pr, r->world_group.sent);
     f.received = per_step(pr, r->tp_group.received + r->dp_group.received + r->pp_group.received +
                                   r->cp_group.received + r->world_group.received);
@@ -364,7 +364,7 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, l
                      pp_sent_formula(&r->pipe) - (loss_relayed ? 8 : 0) +
                      (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, world_size) : 0);
     f.mem_formula =
-        fsdp_mem_formula(&r->fsdp, slices, biggest, opt->adamw) + pp_acts_formula(&r->pipe, c, r->width, mb_rows);
+        fsdp_mem_formula(&r->fsdp, slices, biggest, opt->adamw) + pp_acts_formula(&r->pipe, c, &r->sizes, mb_rows);
     return f;
 }
 // The bytes every rank sent per step on each axis (rank 0, from every rank's figures).
@@ -419,7 +419,7 @@ int main(int argc, char** argv) {
         run.tensor.dims.Tq = run.context.Tq, run.tensor.dims.pos = run.context.dims.pos;
         run.tensor.attend = grid_attend, run.tensor.attend_backward = grid_attend_backward, run.tensor.attend_ctx = &run;
     }
-    tp_widths(&run.tensor, cfg, run.width);
+    tp_sizes(&run.tensor, cfg, &run.sizes);
     long slice_size[MAX_LAYERS + 2] = {0}; // FSDP shards the slices of this rank's chunks; other units are empty
     for (int v = 0; v < run.V; v++)
         for (int k = chunk_global(run.sched, run.P, run.pp_group.rank, v), u = run.first[k]; u < run.first[k + 1]; u++)
@@ -429,12 +429,12 @@ int main(int argc, char** argv) {
     run.mine.canonical = canonical, run.mine.ctx = &run;
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
     fsdp_gather_params(&run.fsdp);
-    pp_init(&run.pipe, &run.pp_group, cfg, run.M, run.sched, run.V, run.first, (int)(hi - lo), o.batch, rows, run.width,
+    pp_init(&run.pipe, &run.pp_group, cfg, run.M, run.sched, run.V, run.first, (int)(hi - lo), o.batch, rows, &run.sizes,
             (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
-    snprintf(layout, sizeof layout, "grid of %d tensor x %d data x %d pipeline = %d ranks; ZeRO stage %d; %d "
-             "microbatches, %s%s", run.T, run.D, run.P, world_size, run.zero, run.M, schedule_names[run.sched],
+    snprintf(layout, sizeof layout, "grid of %d tensor x %d pipeline x %d data = %d ranks; ZeRO stage %d; %d "
+             "microbatches, %s%s", run.T, run.P, run.D, world_size, run.zero, run.M, schedule_names[run.sched],
              run.sp ? "; sequence parallel" : "");
     if (run.Cp > 1)
         snprintf(layout, sizeof layout, "grid of %d tensor x %d context x %d pipeline x %d data = %d ranks; ZeRO stage "

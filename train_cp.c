@@ -269,16 +269,16 @@ static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty,
         int b = 0;
         for (int h = 0; h < N; h++, b ^= 1) {
             MPI_Request req[8];
-            int q = (me - h + N) % N;
+            int q = (me - h + N) % N, kv = h < N - 1 ? 4 : 0; // K and V's requests: none after the last block
+            if (kv) cp_hop_start(p, p->k[b], p->k[b ^ 1], n, MPI_FLOAT, 4, req);     // K onward, during the block
+            if (kv) cp_hop_start(p, p->v[b], p->v[b ^ 1], n, MPI_FLOAT, 5, req + 2); // V onward
             double t = trace_clock();
             attention_backward_block(p->dq, p->dk[b], p->dv[b], a->att, p->D, a->qkv, 3 * C, p->k[b], C, p->v[b], C,
                                      datty, C, cp_pos_of(p, q), p->Tq, d, p->kT, d->T);
             trace_event("compute", t, trace_clock(), 0, "backward block %d", q);
-            cp_hop_start(p, p->dk[b], p->dk[b ^ 1], n, MPI_INT64_T, 2, req);         // dK onward
-            cp_hop_start(p, p->dv[b], p->dv[b ^ 1], n, MPI_INT64_T, 3, req + 2);     // dV onward
-            if (h < N - 1) cp_hop_start(p, p->k[b], p->k[b ^ 1], n, MPI_FLOAT, 4, req + 4); // K onward
-            if (h < N - 1) cp_hop_start(p, p->v[b], p->v[b ^ 1], n, MPI_FLOAT, 5, req + 6); // V onward
-            cp_hop_wait(req, h < N - 1 ? 8 : 4);
+            cp_hop_start(p, p->dk[b], p->dk[b ^ 1], n, MPI_INT64_T, 2, req + kv);     // dK onward, once added to
+            cp_hop_start(p, p->dv[b], p->dv[b ^ 1], n, MPI_INT64_T, 3, req + kv + 2); // dV onward
+            cp_hop_wait(req, kv + 4);
         }
         memcpy(p->dk_mine, p->dk[b], n * sizeof(int64_t)), memcpy(p->dv_mine, p->dv[b], n * sizeof(int64_t));
     }
@@ -377,6 +377,7 @@ typedef struct {
     Config cfg;
     Dataset ds;     // the data
     State st;       // a whole replica, identical on every rank; its gradients are exact sums
+    UnitSizes sizes; // what each unit holds per row: its tensors at this rank's positions
     Work work;      // activations of every row at this rank's positions
     Cp p;
     Group cp;       // every rank
@@ -433,11 +434,10 @@ static Figures figures(const Run* r, const Progress* pr, int B) {
     const Config* c = &r->cfg;
     long np = r->st.n;
     double opt_bytes = r->st.m ? 8.0 : 0.0, attn = cp_attention_bytes(&r->p, c, B), T = c->context, Tq = r->p.Tq;
-    // held, tensor by tensor: every row's tokens and targets (loaded whole), the targets at
-    // this rank's positions, and at those positions the embedding's output, each block's
-    // output and BlockActs, the head's LayerNorm and probabilities
-    double block = (double)block_acts_per_row(&r->p.dims), C = c->emb;
-    double held = B * (8 * T + 4 * Tq + 4 * (Tq * C + c->layers * (Tq * C + block) + Tq * (C + 2) + Tq * c->vocab));
+    // held, as allocated: every row's tokens and targets (loaded whole), and at this rank's
+    // positions the embedding's output, each block's output and BlockActs, the head's
+    // LayerNorm and probabilities (sizes); and the targets at those positions
+    double held = B * (acts_bytes_per_row(c, 0, n_units(c), &r->sizes) + 4 * Tq);
     // the formula: train.c's activations of B rows, every per-token tensor (attention's
     // probabilities among them, T/N rows of T) over N; but the rows' tokens and targets, whole
     double formula = B * (acts_bytes_per_row(c, 0, n_units(c), NULL) / r->cp.size + (1 - 1.0 / r->cp.size) * 8 * T + 4 * Tq);
@@ -539,8 +539,9 @@ int main(int argc, char** argv) {
     run.st = state_alloc(np, o.opt.adamw);
     long start = state_load(&run.st, &o, &run.ds, cfg);
     int rows = pass_rows(&o, o.batch);
-    work_init(&run.work, cfg, rows, NULL);
     cp_init(&run.p, &run.cp, cfg, rows, run.ring, run.zigzag, run.online);
+    gpt_unit_sizes(cfg, &run.p.dims, cfg->vocab, run.p.Tq, &run.sizes);
+    work_init(&run.work, cfg, rows, &run.sizes);
     char layout[160];
     snprintf(layout, sizeof layout, "context parallel over %d ranks: %d of %d positions each (%s), attention by %s%s", N,
              run.p.Tq, T, run.zigzag ? "zigzag" : "contiguous", run.ring ? "ring" : "all-gather",

@@ -45,9 +45,10 @@
 // travel. Each rank adds the gradients of all M microbatches into one exact sum, so the
 // gradient is the mean over the whole batch, as in train.c, whatever M or schedule.
 
-// Splits the units into n contiguous, non-empty chunks, balancing the work (a unit's cost:
-// the multiply-adds per row of its linear layer, T*E for the embedding): the split whose
-// most expensive chunk is cheapest. first[k] is chunk k's first unit; first[n] = n_units.
+// Splits the units into n contiguous, non-empty chunks, balancing the work (model.h's
+// unit_cost, multiply-adds a row: a linear layer's K J, a GPT block's, T*E for the MLP's
+// embedding): the split whose most expensive chunk is cheapest. first[k] is chunk k's first
+// unit; first[n] = n_units.
 static void pp_split(const Config* c, int n_chunks, int* first) {
     int n = n_units(c);
     double cost[MAX_LAYERS + 3] = {0}, best[MAX_LAYERS + 3][MAX_LAYERS + 3];
@@ -69,14 +70,6 @@ static void pp_split(const Config* c, int n_chunks, int* first) {
 // The units of chunk k, as the configuration table prints them.
 static void pp_print_units(const Config* c, const int* first, int k) {
     for (int u = first[k]; u < first[k + 1]; u++) printf(" %s", unit_name(c, u));
-}
-
-// What the I/W split keeps of unit u per row from its input half for its weight half:
-// the MLP's output gradient, at the width of this rank's slice (train_3d.c's tensor
-// parallelism); the GPT's stash (model.h's unit_stash_width: the whole block's, which bounds
-// a tensor-parallel slice's).
-static long pp_stash_width(const Config* c, const int* width, int u) {
-    return is_gpt(c) || !width ? unit_stash_width(c, u) : width[u];
 }
 
 // What a rank computes on a microbatch through one of its chunks (train_pp.c: the chunk's
@@ -125,7 +118,7 @@ typedef struct {
     int split;         // whether the list runs I and W apart (then W needs what I stashed)
     // the executor's buffers (the plumbing section below)
     const Config* c;
-    const int* width;  // each unit's width on this rank (train_3d.c's tensor-parallel slices), or NULL
+    const UnitSizes* sizes; // what each unit holds on this rank (train_3d.c's slices and shares), or NULL
     int mb_rows;       // the largest microbatch
     Held* held;        // [room] the activations in flight
     int room, n_held, most_held, held_at_most[4]; // the list's peak; held now, at most, and of each chunk then
@@ -153,23 +146,23 @@ static int pp_list_peak(const Action* a, int n) {
 
 // This rank's part of a pipeline of S V chunks cut at `first`, streaming `rows` rows per
 // step (of a global batch of B). `extra_rows`: forward-only passes (validation, sampling)
-// of up to that many rows. `width`: the width of each unit's activations on this rank
-// (acts_init), or NULL.
+// of up to that many rows. `sizes`: what each unit holds per row on this rank (model.h's
+// UnitSizes), or NULL.
 static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int V, const int* first, int rows, int B,
-                    int extra_rows, const int* width, StageWork work) {
+                    int extra_rows, const UnitSizes* sizes, StageWork work) {
     *p = (Pp){.pp = pp, .S = pp->size, .s = pp->rank, .V = V, .K = pp->size * V, .M = M, .sched = sched,
-              .rows = rows, .B = B, .context = c->context, .work = work, .c = c, .width = width,
+              .rows = rows, .B = B, .context = c->context, .work = work, .c = c, .sizes = sizes,
               .mb_rows = (rows + M - 1) / M};
     int most = 0, pass_rows = extra_rows > p->mb_rows ? extra_rows : p->mb_rows;
     for (int v = 0; v < V; v++) {
         int k = p->k[v] = chunk_global(sched, p->S, p->s, v);
         p->u_lo[v] = first[k], p->u_hi[v] = first[k + 1];
         int lo = p->u_lo[v], hi = p->u_hi[v];
-        p->in_width[v] = lo > 0 ? (width ? width[lo - 1] : unit_width(c, lo - 1)) : 0;
-        p->out_width[v] = width ? width[hi - 1] : unit_width(c, hi - 1);
+        p->in_width[v] = lo > 0 ? unit_out(c, sizes, lo - 1) : 0;
+        p->out_width[v] = unit_out(c, sizes, hi - 1);
         most = p->in_width[v] > most ? p->in_width[v] : most;
         most = p->out_width[v] > most ? p->out_width[v] : most;
-        acts_init(&p->pass[v], c, pass_rows, lo, hi, width);
+        acts_init(&p->pass[v], c, pass_rows, lo, hi, sizes);
     }
     // the schedule, built once: this rank's list, and on rank 0 every rank's, for the report
     p->lists = mallocCheck(sizeof(Action*) * p->S);
@@ -304,9 +297,9 @@ static void pp_outbox_empty(Pp* p) {
 static Held* pp_hold(Pp* p, int v, int m) {
     Held* h = p->held;
     while (h->mb >= 0) h++; // there is room: room is the list's peak
-    acts_init(&h->acts, p->c, p->mb_rows, p->u_lo[v], p->u_hi[v], p->width);
+    acts_init(&h->acts, p->c, p->mb_rows, p->u_lo[v], p->u_hi[v], p->sizes);
     for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++)
-        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * pp_stash_width(p->c, p->width, u));
+        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * unit_stash_at(p->c, p->sizes, u));
     h->chunk = v, h->mb = m;
     if (++p->n_held > p->most_held) {
         p->most_held = p->n_held;
@@ -472,21 +465,21 @@ static double pp_sent_formula(const Pp* p) {
 }
 // The activations a rank held at its peak, in bytes: what the executor held of each chunk
 // when it held the most (with what W needs, for I/W schedules), rows of `mb_rows`.
-static double pp_chunk_bytes(const Pp* p, const Config* c, const int* width, int mb_rows, int v) {
-    double row = acts_bytes_per_row(c, p->u_lo[v], p->u_hi[v], width);
-    for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++) row += 4.0 * pp_stash_width(c, width, u);
+static double pp_chunk_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows, int v) {
+    double row = acts_bytes_per_row(c, p->u_lo[v], p->u_hi[v], sizes);
+    for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++) row += 4.0 * unit_stash_at(c, sizes, u);
     return (double)mb_rows * row;
 }
-static double pp_acts_bytes(const Pp* p, const Config* c, const int* width, int mb_rows) {
+static double pp_acts_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
     double bytes = 0;
-    for (int v = 0; v < p->V; v++) bytes += p->held_at_most[v] * pp_chunk_bytes(p, c, width, mb_rows, v);
+    for (int v = 0; v < p->V; v++) bytes += p->held_at_most[v] * pp_chunk_bytes(p, c, sizes, mb_rows, v);
     return bytes;
 }
 // The same by the schedule's formula (schedules.h) with one chunk per rank; with more, whose
 // sizes differ, as the executor held them.
-static double pp_acts_formula(const Pp* p, const Config* c, const int* width, int mb_rows) {
-    if (p->V > 1) return pp_acts_bytes(p, c, width, mb_rows);
-    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->s) * pp_chunk_bytes(p, c, width, mb_rows, 0);
+static double pp_acts_formula(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
+    if (p->V > 1) return pp_acts_bytes(p, c, sizes, mb_rows);
+    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->s) * pp_chunk_bytes(p, c, sizes, mb_rows, 0);
 }
 
 // The end of the report (rank 0 of the pipeline): the bubble every rank measured beside
@@ -636,11 +629,11 @@ static void pp_check_layout(const Options* o, int sched, int S, int V, int M, in
     char err[300];
     if (virtual_given && sched != SCHEDULE_INTERLEAVED) dist_exit(2, run_line, "--virtual applies to --schedule interleaved only");
     if (chunks > units && chunks == S)
-        dist_exit(2, run_line, "%d stages but the model has only %d units (the embedding and %d linear layers): raise "
-                  "--layers or use fewer ranks", S, units, units - 1);
+        dist_exit(2, run_line, "%d stages but the model has only %d units (%s): raise --layers or use fewer ranks", S,
+                  units, units_in_words(&o->model));
     if (chunks > units)
-        dist_exit(2, run_line, "%d stages x %d chunks = %d chunks but the model has only %d units (the embedding and %d "
-                  "linear layers): raise --layers or use fewer ranks or chunks", S, chunks / S, chunks, units, units - 1);
+        dist_exit(2, run_line, "%d stages x %d chunks = %d chunks but the model has only %d units (%s): raise --layers "
+                  "or use fewer ranks or chunks", S, chunks / S, chunks, units, units_in_words(&o->model));
     if (o->batch < M)
         dist_exit(2, run_line, "a batch of %d rows cannot be cut into %d microbatches (raise --batch or lower "
                   "--microbatches)", o->batch, M);

@@ -14,20 +14,42 @@
  *   input gradient of a column-parallel layer is a partial sum on each rank), g the
  *   reverse (the output of a row-parallel layer is). One all-reduce each way per pair.
  *
+ * The GPT (--model gpt) is split by heads: in each block, attention's q k v projection is
+ * column-parallel (rank r computes the q, k and v of its heads), attention runs on those
+ * heads alone, the output projection is row-parallel; the MLP is split the same way by
+ * slices of its 4C hidden units. Two f and two g a block:
+ *
+ *   x -> ln1 -> f -> qkv (its heads) -> attention (its heads) -> proj (partial) -> g -> + x = x1
+ *   x1 -> ln2 -> f -> fc (its slice of 4C) -> GELU -> fc2 (partial) -> g -> + x1
+ *
+ * --sp, sequence parallelism: what the above leaves replicated (LayerNorms, residuals) is
+ * split by tokens; f becomes an all-gather of the tokens, g a reduce-scatter:
+ *
+ *   x[its tokens] -> ln1 -> f: all-gather -> qkv ... proj -> g: reduce-scatter -> + x -> x1[its tokens]
+ *
  * Per rank and step, N ranks, batch B (every rank takes every row; exact sums travel as 8 B):
  *   sent    2(N-1)/N x (4 B x B x T x E for the embedding
  *                       + 8 B x B x (each row-parallel layer's outputs + each column-parallel layer's inputs)
  *                       + 16 B x B when the loss is split by vocabulary)
- *   memory  (4 + 8, + 8 with AdamW) B x (P/N + the row-parallel biases, held whole) + activations
+ *           the GPT, B T tokens of width C: 2(N-1)/N x 8 B x B T C for each of a block's 4
+ *           all-reduces; with --sp each becomes a reduce-scatter (8 B) and an all-gather
+ *           (4 B) of (N-1)/N of it (tp_gpt_sent_formula has every term)
+ *   memory  (4 + 8, + 8 with AdamW) B x (P/N + the row-parallel biases, held whole) + activations;
+ *           the GPT's activations a block, by Korthikanti et al. for 4-byte floats:
+ *           sbh(16 + 48/N + 4as/(hN)), with --sp sbh/N (64 + 4as/h) (tp_gpt_acts_formula)
  *
  *   make train_tp && mpirun -n 2 ./train_tp              # --oversubscribe for more ranks than cores
  *   mpirun -n 3 ./train_tp --layers 2                    # the logits split by vocabulary too
+ *   mpirun -n 2 ./train_tp --model gpt                   # the GPT, 2 of its 4 heads a rank
+ *   mpirun -n 2 ./train_tp --model gpt --sp              # and sequence parallel
  *
- * Compare with ./train: the same losses, names and final checkpoint, whatever N.
+ * Compare with ./train (--model gpt for the GPT): the same losses, names and final
+ * checkpoint, whatever N.
  *
  * Sections: the strategy (slices; f and g; column- and row-parallel linear layers;
- * vocabulary-parallel embedding and loss; the model's units); the state of one run; the
- * forward and backward passes, and the figures; main.
+ * vocabulary-parallel embedding and loss); the strategy, the GPT (f and g with and without
+ * --sp; a block, the embedding and the head); the model's units; the figures; then the
+ * program: the state of one run, the passes, options, main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -64,18 +86,17 @@ typedef struct {
     // the GPT (the section "the strategy, the GPT" below)
     int sp;                         // --sp: sequence parallelism
     BlockDims dims;                 // a block on this rank: its heads, its slice of F (R set by each pass)
-    float* whole;                   // [rows T + t][C] every token's activations (f, with --sp), or the embedding's
-    int64_t* sum;                   // [rows T + t][max(C, V)] exact partial sums over this rank's heads or slice
+    float* whole;                   // [rows T + t][max(C, vs)] every token's activations (f, with --sp), the embedding's
+    int64_t* sum;                   // [rows T + t][max(C, vs)] exact partial sums over this rank's heads or slice
     int64_t* by_token;              // [rows T + t][C] --sp: an input gradient's partial sums, by token
     int64_t* mine_sum;              // [rows T / t + 1][C] --sp: the sums of this rank's tokens
     float* dx1_mine;                // [rows T][C] the gradient between a block's two halves, this rank's tokens
     int64_t* ln_grad;               // [2][C] a LayerNorm's gradient of one pass
     // train_3d.c's context-parallel axis: attention over every rank's positions (train_cp.c),
-    // its ranks' targets at this rank's positions; NULL here: attention over the positions held
+    // NULL here: attention over the positions held
     void (*attend)(void* ctx, BlockActs* a);
     void (*attend_backward)(void* ctx, const BlockActs* a, const float* datty, float* dqkv);
     void* attend_ctx;
-    const int* targets;
 } Tp;
 
 static int tp_column(int l) { return linear_kind(l) == COLUMN_PARALLEL; }
@@ -112,12 +133,22 @@ static void tp_init(Tp* t, Group* tp, const Config* c, int rows, int sp) {
     t->probs = mallocCheck((size_t)rows * c->vocab * sizeof(float));
     t->gathered = mallocCheck((size_t)tp->size * rows * t->vs * sizeof(float));
 }
-// Width of unit u's output on this rank: a column-parallel layer's is its slice; the GPT's
-// head's the logits of its slice of the vocabulary at every position.
-static void tp_widths(const Tp* t, const Config* c, int* width) {
+// Positions of a row this rank keeps of the per-token tensors (the residual stream, the
+// LayerNorms): every one held, or with --sp its share, ceil(Tq / t) (R rows of them cover
+// the ceil(R Tq / t) tokens of its shard of a pass).
+static int tp_token_share(const Tp* t) { return t->sp ? (t->dims.Tq + t->tp->size - 1) / t->tp->size : t->dims.Tq; }
+// What each unit holds per row on this rank (model.h's UnitSizes, which size its
+// activations and a pipeline's sends and stash): a column-parallel layer's output is its
+// slice; the GPT's blocks keep their heads' and slice of F's tensors, the per-token ones
+// at tp_token_share positions, and the head the logits of its slice of the vocabulary.
+static void tp_sizes(const Tp* t, const Config* c, UnitSizes* sz) {
+    if (is_gpt(c)) {
+        gpt_unit_sizes(c, &t->dims, t->vs, tp_token_share(t), sz);
+        return;
+    }
     for (int u = 0; u < n_units(c); u++) {
-        width[u] = u == 0 ? unit_width(c, 0) : (tp_column(u) ? t->j[u] : linear_out(c, u));
-        if (is_gpt(c)) width[u] = t->dims.Tq * (u == c->layers + 1 ? t->vs : c->emb); // the positions held
+        sz->out[u] = u == 0 ? unit_width(c, 0) : (tp_column(u) ? t->j[u] : linear_out(c, u));
+        sz->saved[u] = 0, sz->stash[u] = sz->out[u];
     }
 }
 static void tp_free(Tp* t) {
@@ -193,7 +224,8 @@ static long tp_counted(const Tp* t, const Config* c, int u) {
 //   g: in forward an all-reduce of the output, which each rank computed as a partial sum
 //      over its own slice of inputs; identity in backward
 // Both all-reduce exact partial sums (int64, kernels.h), so the sum has the same bits in
-// any order: they are the two group_allreduce lines below.
+// any order. For the MLP they are the group_allreduce lines in column_parallel_backward_input
+// (f) and row_parallel_forward (g); for the GPT, tp_f_forward ... tp_f_backward below.
 
 // Column-parallel linear layer u: this rank's outputs Y[:, slice] = X W[:, slice] + b[slice],
 // whole sums from the whole input (f's forward is the identity). Backward: the input
@@ -361,9 +393,11 @@ static void tp_sp_layernorm_grads(Tp* t, int64_t* dg, int64_t* db, const float* 
     for (int x = 0; x < C; x++) dg[x] += mine[x], db[x] += mine[C + x];
 }
 
-// A block's activations on this rank: the BlockActs of its heads and slice of F, over every
-// token, but with --sp its LayerNorm outputs and statistics and x1 are its own tokens'.
-static BlockActs tp_block_acts(Tp* t, const Acts* a, int u) { return block_acts(a->saved[u], &t->dims, a->rows); }
+// A block's activations on this rank: the BlockActs of its heads and slice of F over every
+// token, but with --sp its LayerNorm outputs and statistics and x1 over its own tokens only.
+static BlockActs tp_block_acts(Tp* t, const Acts* a, int u) {
+    return block_acts_tokens(a->saved[u], &t->dims, a->rows, tp_token_share(t));
+}
 
 static void tp_block_forward(Tp* t, const float* w, Acts* a, int u, Scratch* s, TpTokens k, Workspace* ws) {
     const BlockDims* d = &t->dims;
@@ -467,18 +501,18 @@ static void tp_gpt_embedding_backward_weight(Tp* t, const Config* c, int64_t* g,
 static void tp_gpt_head_forward(Tp* t, const Config* c, const float* w, Acts* a, long rows_total, TpTokens k,
                                 Workspace* ws) {
     int C = c->emb, u = c->layers + 1, N = (int)k.N;
-    float *ln = a->saved[u], *mean = ln + (long)a->rows * c->context * C, *rstd = mean + (long)a->rows * c->context;
+    float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
     layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * t->vs, w + (long)C * t->vs + C, k.n, C);
     const float* y = tp_f_forward(t, ln, t->whole, k);                      // f
     linear_forward(a->out[u], y, w, NULL, N, C, t->vs, ws);                  // column-parallel: its slice of V
-    vocab_parallel_cross_entropy(t, c, u, a, t->targets ? t->targets : a->targets, N, rows_total * c->context);
+    vocab_parallel_cross_entropy(t, c, u, a, a->targets, N, rows_total * c->context);
 }
 static void tp_gpt_head_backward_input(Tp* t, const Config* c, const float* w, Acts* a, Scratch* s, TpTokens k,
                                        Workspace* ws) {
     int C = c->emb, u = c->layers + 1, N = (int)k.N;
-    float *mean = a->saved[u] + (long)a->rows * c->context * C, *rstd = mean + (long)a->rows * c->context;
+    float *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
     float *dlogits = s->stash, *dln = s->stash + (long)N * t->vs;
-    xent_backward(dlogits, a->out[u], t->targets ? t->targets : a->targets, N, t->vs, tp_v_lo(t));
+    xent_backward(dlogits, a->out[u], a->targets, N, t->vs, tp_v_lo(t));
     linear_backward_input_partial(t->sum, dlogits, w, N, C, t->vs, c->vocab, ws); // column-parallel: partial
     tp_f_backward(t, t->sum, dln, k);                                             // f backward
     layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, w + (long)C * t->vs, k.n, C);
@@ -486,12 +520,16 @@ static void tp_gpt_head_backward_input(Tp* t, const Config* c, const float* w, A
 static void tp_gpt_head_backward_weight(Tp* t, const Config* c, int64_t* g, const Acts* a, const float* stash,
                                         TpTokens k, long terms, Workspace* ws) {
     int C = c->emb, u = c->layers + 1, N = (int)k.N;
-    float *ln = a->saved[u], *mean = ln + (long)a->rows * c->context * C, *rstd = mean + (long)a->rows * c->context;
+    float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
     const float *dlogits = stash, *dln = stash + (long)N * t->vs;
     const float* y = tp_f_forward(t, ln, t->whole, k); // --sp: gathered again
     linear_backward_weight(g, NULL, y, dlogits, N, C, t->vs, terms, ws);
     tp_sp_layernorm_grads(t, g + (long)C * t->vs, g + (long)C * t->vs + C, dln, a->out[u - 1], mean, rstd, k.n, terms);
 }
+
+// ----------------------------------------------------------------------------
+// the model's units on this rank's slices: the MLP's layers or the GPT's embedding, blocks
+// and head (train_3d.c runs these on its pipeline stages)
 
 // Forward of unit u over R rows, with this rank's slice of its parameters at w.
 static void tp_unit_forward(Tp* t, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
@@ -577,6 +615,9 @@ static const float* tp_probs(Tp* t, const Config* c, const Acts* a, int R, int a
     return t->probs;
 }
 
+// ----------------------------------------------------------------------------
+// the figures: what a rank sends and holds, by the textbook
+
 // What tensor parallelism sends per step from each rank, by the textbook ring formula, for
 // R rows through units [u_lo, u_hi): an all-reduce of the embedding (4 B per element), of
 // every row-parallel layer's output and every column-parallel layer's input gradient
@@ -635,19 +676,14 @@ static double tp_gpt_sent_formula(const Tp* t, const Config* c, int u_lo, int u_
     }
     return bytes;
 }
-// The activations a rank holds for R rows of the GPT, in bytes, tensor by tensor as the
-// passes above lay them out (transformer.h's BlockActs at this rank's widths; with --sp
-// the per-token tensors of the sequence-parallel regions hold its n tokens only): the
-// tokens and targets; the embedding's output; each block's input... output; the head's
-// LayerNorm and its slice of the probabilities.
-static double tp_gpt_acts_held(const Tp* t, const Config* c, int R, double* per_block) {
-    Tp u = *t;
-    u.dims.R = R;
-    TpTokens k = tp_tokens(&u, R);
-    double N = (double)k.N, n = (double)k.n, C = c->emb, A = t->dims.A, F = t->dims.F;
-    double block = 4 * (n * (3 * C + 4) + N * (3 * A + A + 2 * F) + (double)R * t->dims.NH * c->context * c->context);
-    *per_block = block + 4 * n * C; // with its output (the next block's input)
-    return 8 * N + 4 * n * C + c->layers * (block + 4 * n * C) + 4 * (n * (C + 2) + N * t->vs);
+// The activations a rank holds for R rows of the GPT, in bytes, as tp_sizes lays them out
+// (acts_init allocates them so): the tokens and targets; the embedding's output; each
+// block's BlockActs at this rank's widths (with --sp the per-token tensors at its share of
+// the tokens) and its output; the head's LayerNorm and its slice of the logits. *per_block:
+// one block's, with its output.
+static double tp_gpt_acts_held(const Config* c, const UnitSizes* sz, int R, double* per_block) {
+    *per_block = 4.0 * R * (sz->saved[1] + sz->out[1]);
+    return (double)R * acts_bytes_per_row(c, 0, n_units(c), sz);
 }
 // The same per block by Korthikanti et al.'s closed forms (s positions, b rows, h = C, a
 // heads, t ranks), which count 2-byte activations with dropout: sbh(34 + 5as/h) on one
@@ -675,6 +711,7 @@ typedef struct {
     Dataset ds;     // the data
     Tp t;
     State st;       // this rank's slices of every unit (tp_canonical maps them), their state
+    UnitSizes sizes; // what each unit holds per row on this rank (tp_sizes)
     Work work;
     Group tp;       // every rank
     Holding mine;   // what this rank holds of the model, for checkpoints
@@ -726,16 +763,16 @@ static const char gpt_mem_words[] = "(4 + 8 + 8 AdamW) B x (P split / N + P repl
 // What this rank sent and holds, each beside its formula: every rank takes every row,
 // and a column-parallel layer's activations are its slice. The GPT's activations: the
 // blocks' by Korthikanti et al.'s form (tp_gpt_acts_formula), the rest as held.
-static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, const int* width, int B) {
+static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int B) {
     const Config* c = &r->cfg;
     long np = r->st.n;
-    double acts_row = acts_bytes_per_row(c, 0, n_units(c), width), opt_bytes = opt->adamw ? 8.0 : 0.0;
+    double acts_row = acts_bytes_per_row(c, 0, n_units(c), &r->sizes), opt_bytes = opt->adamw ? 8.0 : 0.0;
     Figures f = {.sent = per_step(pr, r->tp.sent), .received = per_step(pr, r->tp.received), .params = 4.0 * np,
                  .grads = 8.0 * np, .optim = opt_bytes * np, .acts = B * acts_row, .bubble = -1};
     double acts_formula = B * acts_row;
     if (is_gpt(c)) {
         double block;
-        f.acts = tp_gpt_acts_held(&r->t, c, B, &block);
+        tp_gpt_acts_held(c, &r->sizes, B, &block);
         acts_formula = f.acts - c->layers * block + c->layers * tp_gpt_acts_formula(&r->t, c, B);
     }
     f.sent_formula = tp_sent_formula(&r->t, c, 0, n_units(c), B) + (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->tp.size) : 0);
@@ -748,7 +785,7 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, c
 static void print_block_activations(const Run* r, int B) {
     const Config* c = &r->cfg;
     double block;
-    tp_gpt_acts_held(&r->t, c, B, &block);
+    tp_gpt_acts_held(c, &r->sizes, B, &block);
     printf("activations of one block per rank (s %d positions, b %d rows, h %d, a %d heads, t %d%s): %.0f B held; "
            "Korthikanti et al.'s form for 4-byte floats without dropout, %s: %.0f B\n", c->context, B, c->emb,
            c->heads, r->tp.size, r->t.sp ? ", --sp" : "", block,
@@ -818,9 +855,8 @@ int main(int argc, char** argv) {
         spans[u] = (GradSpan){run.st.grads + off, tp_counted(&run.t, cfg, u)};
     }
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
-    int width[MAX_LAYERS + 2];
-    tp_widths(&run.t, cfg, width);
-    work_init(&run.work, cfg, rows, width);
+    tp_sizes(&run.t, cfg, &run.sizes);
+    work_init(&run.work, cfg, rows, &run.sizes);
     char layout[160];
     snprintf(layout, sizeof layout, "tensor parallel over %d ranks: hidden slices of %d%s, vocabulary slices of %d",
              run.tp.size, run.t.hs, run.t.hs * run.tp.size > cfg->hidden ? " (padded)" : "", run.t.vs);
@@ -848,7 +884,7 @@ int main(int argc, char** argv) {
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);
-    Figures fig = figures(&run, &progress, &o.opt, width, B);
+    Figures fig = figures(&run, &progress, &o.opt, B);
     Report rep = {"train_tp.c", layout, is_gpt(cfg) ? gpt_sent_words : sent_words, is_gpt(cfg) ? gpt_mem_words : mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
     if (is_gpt(cfg) && !o.quiet && world_rank == 0) print_block_activations(&run, B);

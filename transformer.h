@@ -17,7 +17,7 @@
  * tensor-parallel rank holds a share of the heads and of F (train_tp.c), a
  * context-parallel rank a share of the positions (train_cp.c).
  *
- * Exact where some layout splits a sum (kernels.h's fixed point; DESIGN.md):
+ * Exact where some layout splits a sum (kernels.h's fixed point):
  *  - the softmax over keys, in two passes: the row max first (a max is exact in any
  *    order), then the exact sums of exp(s - max) and of exp(s - max) v over keys. The
  *    one-pass "online" softmax (FlashAttention, ring attention as usually written) rescales
@@ -197,21 +197,25 @@ typedef struct {
     float* fc;                        // [Tq][F]: before GELU
     float* gelu;                      // [Tq][F]: after, fc2's input
 } BlockActs;
-static long block_acts_per_row(const BlockDims* d) {
+// Floats a row: with sequence parallelism (train_tp.c --sp) the per-token tensors (ln1, x1,
+// ln2 and the statistics) hold h of a row's positions, the rest every position held, Tq.
+static long block_acts_held(const BlockDims* d, int h) {
     long Tq = d->Tq;
-    return Tq * (3L * d->C + 4 + 3L * d->A + d->A + 2L * d->F) + (long)d->NH * Tq * d->T;
+    return h * (3L * d->C + 4) + Tq * (3L * d->A + d->A + 2L * d->F) + (long)d->NH * Tq * d->T;
 }
-static BlockActs block_acts(float* base, const BlockDims* d, int rows) {
+static long block_acts_per_row(const BlockDims* d) { return block_acts_held(d, d->Tq); }
+static BlockActs block_acts_tokens(float* base, const BlockDims* d, int rows, int h) {
     BlockActs a;
-    long n = (long)rows * d->Tq;
+    long n = (long)rows * d->Tq, m = (long)rows * h;
     float* at = base;
 #define TAKE(field, count) (a.field = at, at += (count))
-    TAKE(ln1, n * d->C), TAKE(ln1_mean, n), TAKE(ln1_rstd, n), TAKE(qkv, n * 3 * d->A);
-    TAKE(att, n * d->NH * d->T), TAKE(atty, n * d->A), TAKE(x1, n * d->C);
-    TAKE(ln2, n * d->C), TAKE(ln2_mean, n), TAKE(ln2_rstd, n), TAKE(fc, n * d->F), TAKE(gelu, n * d->F);
+    TAKE(ln1, m * d->C), TAKE(ln1_mean, m), TAKE(ln1_rstd, m), TAKE(qkv, n * 3 * d->A);
+    TAKE(att, n * d->NH * d->T), TAKE(atty, n * d->A), TAKE(x1, m * d->C);
+    TAKE(ln2, m * d->C), TAKE(ln2_mean, m), TAKE(ln2_rstd, m), TAKE(fc, n * d->F), TAKE(gelu, n * d->F);
 #undef TAKE
     return a;
 }
+static BlockActs block_acts(float* base, const BlockDims* d, int rows) { return block_acts_tokens(base, d, rows, d->Tq); }
 // What a block's backward hands from its input half to its weight half (zero-bubble
 // schedules run them apart), each [rows][Tq][...]: the gradients the weight gradients need.
 typedef struct {
@@ -662,7 +666,5 @@ static void gpt_embedding_backward(int64_t* dwte, int64_t* dwpe, const int* toke
         }
 }
 
-// The head's parameters: lm_head [C][V] (split by vocabulary in tensor parallelism), then
-// ln_f's gain and bias [C] (replicated).
 #pragma GCC diagnostic pop
 #endif // TRANSFORMER_H

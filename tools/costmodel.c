@@ -94,8 +94,9 @@ static double step_seconds(const Options* o, const Config* c, int R) {
 
 // What the model needs of a run: its program and layout, and what the rank that sends the
 // most sends per step (the formula's bytes, of them on each axis of the grid, and its
-// messages). Axes in the grid's order, fastest first: tensor, context, data, pipeline.
-enum { AXIS_TP, AXIS_CP, AXIS_DP, AXIS_PP, AXES };
+// messages). Axes in the grid's order of ranks (train_3d.c), fastest first: tensor,
+// context, pipeline, data.
+enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXES };
 typedef struct {
     char program[64], layout[200];
     int ranks, batch;
@@ -110,8 +111,9 @@ static Run run_of(const Summary* m) {
     for (int q = 0; q < m->ranks; q++) {
         if (m->sent_formula[q] > r.sent) {
             r.sent = m->sent_formula[q];
-            // summary.h's axes: tensor, data, pipeline (a 4D grid's context axis is not recorded yet)
+            // summary.h's axes: tensor, data, pipeline, context (experts: not modelled)
             r.axis[AXIS_TP] = m->axis[q][0], r.axis[AXIS_DP] = m->axis[q][1], r.axis[AXIS_PP] = m->axis[q][2];
+            r.axis[AXIS_CP] = m->axis[q][3];
         }
         r.messages = m->messages[q] > r.messages ? m->messages[q] : r.messages;
     }
@@ -143,8 +145,8 @@ static double layout_bubble(const char* layout, int* S, int* M) {
 }
 
 // The degrees of a run's axes: a one-strategy program's ranks all on its axis; a grid's from
-// its words ("grid of 2 tensor x 2 data x 2 pipeline = 8 ranks"; a 4D grid: "... x 2 context
-// x ...").
+// its words ("grid of 2 tensor x 2 pipeline x 2 data = 8 ranks"; a 4D grid: "2 tensor x 2
+// context x ...").
 static void run_degrees(const Run* r, int S, int deg[AXES]) {
     const char* p = r->program;
     int N = r->ranks;
@@ -155,7 +157,7 @@ static void run_degrees(const Run* r, int S, int deg[AXES]) {
     else if (!strcmp(p, "train_cp.c")) deg[AXIS_CP] = N;
     else if (!strcmp(p, "train_pp.c")) deg[AXIS_PP] = S;
     else if (!strcmp(p, "train_3d.c")) {
-        static const char* const words[AXES] = {" tensor", " context", " data", " pipeline"};
+        static const char* const words[AXES] = {" tensor", " context", " pipeline", " data"};
         for (int a = 0; a < AXES; a++) deg[a] = layout_count(r->layout, words[a]) > 0 ? layout_count(r->layout, words[a]) : 1;
         if (deg[0] * deg[1] * deg[2] * deg[3] != N) fatal("cannot read the grid of '%s' (%d ranks)", r->layout, N);
     } else {
@@ -171,8 +173,8 @@ typedef struct {
 } Links;
 
 // Seconds of one step of run r: compute from `t_rows` (train.c's step time by rows).
-// Ranks fill the hosts in order, so in a grid (tensor fastest, then context, data and
-// pipeline) an axis stays inside a host when the product of it and the faster axes fits.
+// Ranks fill the hosts in order, so in a grid (tensor fastest, then context, pipeline and
+// data) an axis stays inside a host when the product of it and the faster axes fits.
 static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), void* ctx, int cores, Links k,
                           double* compute_out) {
     int N = r->ranks, S, M, deg[AXES];
@@ -730,16 +732,16 @@ static int selftest(void) {
     Run cpr = {"train_cp.c", "context parallel over 4 ranks", 4, 32, 1e5, 10, {0}};
     near("replay: cp on 4 ranks", predict_run(&cpr, flat, &ms, 4, k, &compute), 0.008 + 1e-4 + 1e5 / 1e8);
     // 8 ranks on 2 cores: compute takes 4 times as long
-    Run g = {"train_3d.c", "grid of 2 tensor x 2 data x 2 pipeline = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", 8, 32, 0, 0, {0}};
+    Run g = {"train_3d.c", "grid of 2 tensor x 2 pipeline x 2 data = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", 8, 32, 0, 0, {0}};
     near("replay: 3d 2x2x2 on 2 cores", predict_run(&g, flat, &ms, 2, (Links){0, 1, 0, 1, 2}, &compute), 16e-3 / 2 / 2 / 0.8 * 4);
-    // on 2 hosts of 4 ranks: tensor and data axes inside a host, the pipeline across; 10
-    // messages shared out as the bytes: 1000 tp, 3000 dp, 1000 pp
+    // on 2 hosts of 4 ranks: tensor and pipeline axes inside a host (ranks tp fastest, then
+    // pp), the data axis across; 10 messages shared out as the bytes: 1000 tp, 3000 dp, 1000 pp
     g.sent = 5000, g.messages = 10, g.axis[AXIS_TP] = 1000, g.axis[AXIS_DP] = 3000, g.axis[AXIS_PP] = 1000;
-    near("replay: 3d 2x2x2 on 2 hosts: only the pipeline axis crosses",
-         predict_run(&g, flat, &ms, 2, k, &compute) - compute, 8 * 1e-6 + 4000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
+    near("replay: 3d 2x2x2 on 2 hosts: only the data axis crosses",
+         predict_run(&g, flat, &ms, 2, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 3000 / 1e8);
     // a 4D grid 2 x 2 x 1 x 2 on 2 hosts: tensor and context inside (4 ranks), pipeline across
-    Run g4 = {"train_3d.c", "grid of 2 tensor x 2 context x 1 data x 2 pipeline = 8 ranks; 4 microbatches, 1f1b", 8, 32,
-              4000, 8, {1000, 2000, 0, 1000}};
+    Run g4 = {"train_3d.c", "grid of 2 tensor x 2 context x 2 pipeline x 1 data = 8 ranks; 4 microbatches, 1f1b", 8, 32,
+              4000, 8, {1000, 2000, 1000, 0}};
     near("replay: 4D grid 2x2x1x2: compute 32 ms / 2 / 2 / 2 / (1 - 1/5), context axis inside a host",
          predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
 
