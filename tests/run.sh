@@ -167,7 +167,7 @@ costmodel_inputs() {
     check "costmodel: replay of train.c's summary predicts its compute from the table (32 rows: 0.01 + 31/63 x 0.49 ms)" \
         bash -c "tools/costmodel replay '$TMP/cm.sum' 1e-5 1e8 '$TMP/cm.compute' | grep -q '^predicted_ms=0.2511 '"
     # the published runs: each projection (its layout's rank and its figure) as recorded in
-    # tools/costmodel.c and notes/costmodel.md; a change of the model that moves one fails here
+    # tools/costmodel.c and docs/cluster.md; a change of the model that moves one fails here
     run "$TMP/published" tools/costmodel published --check
     if [ $? = 0 ] && [ "$(grep -c '^| \(Llama\|DeepSeek\)' "$TMP/published")" = 4 ]; then
         pass "costmodel: the published runs (Llama 3 405B x 3, DeepSeek-V3) project as recorded: $(grep -o '[0-9]* of [0-9]* | [^|]* |' "$TMP/published" | tr '\n' ' ')"

@@ -459,7 +459,7 @@ typedef struct {
     int mfu;     // the figure compared: 1 MFU, 0 GPU-hours per trillion tokens
     double published, tolerance; // its published value; the goal's relative tolerance
     const char* source;
-    double recorded;   // what the model predicted when the record was last made (notes/costmodel.md)
+    double recorded;   // what the model predicted when the record was last made (docs/cluster.md)
     int recorded_rank;
 } Published;
 
