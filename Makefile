@@ -4,7 +4,7 @@
 #   make run          the main job: train.c and every strategy, compared (QUICK=1: fewer steps)
 #   make test         every test; the last line says "N passed, N failed"
 #   make check        every program built with AddressSanitizer and UBSan, and a fast subset of the tests
-#   make fuzz         the data loader, checkpoint reader and flag parser under libFuzzer (clang)
+#   make fuzz         every reader of outside input (data, checkpoints, flags, the tools' files) under libFuzzer (clang)
 #   make zoo          the bug zoo: 15 classic bugs of distributed training, each caught by a test
 #   make cluster      make run's comparison across emulated hosts (root), with a cost model's predictions
 #                     (HOSTS=2 or 4, LINK="1gbit 100mbit", QUICK=1)

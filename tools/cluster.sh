@@ -47,6 +47,7 @@ while [ $# -gt 0 ]; do
         --link) link=$2; shift 2 ;;
         --timeout) limit=$2; shift 2 ;;
         --) shift; break ;;
+        -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown flag '$1' (usage: tools/cluster.sh [--hosts N] [--link RATE] [--timeout S] -- MPIRUN-ARGS...)" ;;
     esac
 done

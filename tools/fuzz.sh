@@ -3,7 +3,7 @@
 # the checkpoint reader, the flag parser) and the tools' parsers (tools/compare's logs and
 # checkpoints, tools/costmodel's cluster files, tools/schedules' command line and traces)
 # under libFuzzer with AddressSanitizer and UBSan, each for RUNS inputs (default 1 million)
-# or at most SECONDS seconds (default 900).
+# or at most FUZZ_SECONDS seconds each (default 900).
 # Prints executions, time and findings per target; an input that crashes is copied to
 # tests/fuzz/<target>/, where make test replays it from then on, and the run fails.
 #
@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-1000000}
-SECONDS_MAX=${SECONDS:-900}
+SECONDS_MAX=${FUZZ_SECONDS:-900} # (not SECONDS: bash's own counter)
 tools/need.sh clang clang || exit 1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
