@@ -219,7 +219,8 @@ static void grid_plan(void* ctx, const Config* c, MoeLayer* m, int n, int traini
         ep_plan(&r->experts, c, m, n, training, aux); // the EP group's counts (nothing dropped: grid_resolve)
         return;
     }
-    int k = c->top_k, X = c->experts, Tq = r->tensor.dims.Tq, Cp = r->Cp, E = r->E, me = r->dp_group.rank;
+    int k = c->top_k, X = c->experts, Tq = r->tensor.dims.Tq, Cp = r->Cp, me = r->dp_group.rank;
+    int E = r->experts.ep->size, ep = r->experts.ep->rank; // its EP group: replicas me / Cp / E * E + q
     long share = (long)r->rows_max * Tq * k; // [rows_max][Tq][k] a rank: -1 where no token
     int* all = r->choices;
     int* mine = all + me * share;
@@ -252,12 +253,12 @@ static void grid_plan(void* ctx, const Config* c, MoeLayer* m, int n, int traini
     }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < k; j++) m->slot[(long)i * k + j] = r->keep[me * share + (long)m->token[i] * k + j] ? 0 : -1;
-    moe_dispatch(c, m, r->ep_group.rank, n);
+    moe_dispatch(c, m, ep, n);
     // the load-balancing loss, f_x over the whole batch (its counts, summed as one rank's)
     memset(place, 0, sizeof(int) * k * X);
     for (long i = 0; i < (long)r->D * Cp * share; i++)
         if (all[i] >= 0) place[i % k * X + all[i]]++;
-    moe_balance(c, m, place, 1, r->ep_group.rank, n, n_total, C, aux);
+    moe_balance(c, m, place, 1, ep, n, n_total, C, aux);
 }
 
 // Forward of block u with experts: w its dense part (this rank's heads, LayerNorms, router:
@@ -278,7 +279,7 @@ static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Act
     ep_moe_forward(&r->experts, c, w + l.router_w, we, m, m->in, s->tmp, m->n, a->training, &r->aux, &r->ws);
     gpt_moe_residual(a->out[u], ba.x1, m, s->tmp, k.N, c->emb);
     if (a->training) { // for the all-to-all's formula
-        int me = r->ep_group.rank;
+        int me = r->experts.ep->rank;
         r->routed[u] += (double)(m->n_sent - m->send_rows[me]) + (double)(m->n_recv - m->recv_rows[me]);
     }
     trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
