@@ -320,13 +320,16 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
 // experts too); each unit's weight gradient, whenever the schedule runs it, is
 // reduce-scattered at once. With --cp, the head's targets are those of this rank's
 // positions.
+// (Unit u if it is a block with experts of the chunk [lo, hi), else -1: the next unit whose
+// experts FSDP may prefetch.)
 static int next_moe(const Run* r, int u, int lo, int hi) { return u >= lo && u < hi && is_moe(&r->cfg, u) ? u : -1; }
 static void stage_forward(void* ctx, int v, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
     int lo = r->pipe.u_lo[v], hi = r->pipe.u_hi[v], T = r->cfg.context, Tq = r->context.Tq;
     a->training = r->training;
     for (int u = lo; u < hi; u++) {
-        if (r->Cp > 1 && u == n_units(&r->cfg) - 1) // in place: each lands at or before where it is read
+        if (r->Cp > 1 && u == n_units(&r->cfg) - 1) // the head's, after the blocks (whose tokens are read from the
+                                                     // rows' targets); in place: each lands at or before where it is read
             for (int row = 0; row < R; row++)
                 for (int i = 0; i < Tq; i++) a->targets[row * Tq + i] = a->targets[row * T + r->tensor.dims.pos[i]];
         const float* w = fsdp_unit_params(&r->fsdp, u, u + 1 < hi ? u + 1 : -1);

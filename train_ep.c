@@ -69,7 +69,7 @@
 typedef struct {
     Group* ep;        // the N ranks the experts are split over: the all-to-alls
     Group* counts_to; // the same ranks, where the plan's counts are all-gathered (train_ep.c:
-                      // counted with the all-reduce of the replicated gradients)
+                      // its group of the all-reduce, whose bytes count them; train_3d.c: ep)
     int x_lo, x_hi;   // this rank's experts [x_lo, x_hi) of every MoE layer
     int* counts;      // [N][k][X]: every rank's choices in an MoE layer, by slot and expert
     int* a2a;         // [4][N]: an all-to-all's counts and displacements
