@@ -98,7 +98,7 @@ static double step_seconds(const Options* o, const Config* c, int R) {
 // context, pipeline, data.
 enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXES };
 typedef struct {
-    char program[64], layout[200];
+    char program[64], layout[320];
     int ranks, batch;
     double sent, messages;
     double axis[AXES];
@@ -134,7 +134,7 @@ static int layout_count(const char* layout, const char* word) {
 static double layout_bubble(const char* layout, int* S, int* M) {
     *S = layout_count(layout, " stages");
     if (!*S) *S = layout_count(layout, " pipeline");
-    *M = layout_count(layout, " microbatches");
+    *M = layout_count(layout, " microbatch");
     int V = layout_count(layout, " chunks"), sched = SCHEDULE_1F1B;
     *S = *S > 0 ? *S : 1, *M = *M > 0 ? *M : 1, V = V > 0 ? V : 1;
     for (int k = 0; k < N_SCHEDULES; k++)
