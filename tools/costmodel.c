@@ -481,7 +481,7 @@ static Published published_runs(int i) {
          {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.38, 0.20, llama, 0.4654, 1},
         {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4},
          {1, 1, 16, 128, 64, 1, -1, -1, -1, -1, 120}, 0, 180e3, 0.25, "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3",
-         1.062e5, 23},
+         1.173e5, 28},
     };
     return runs[i];
 }
