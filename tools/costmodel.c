@@ -419,19 +419,19 @@ static void print_model(const Cluster* c, const Shape* m, const Practice* pr, in
 
 static void print_table_head(void) {
     printf("| rank | TP | CP | PP | DP | EP | ZeRO | SP | recompute | schedule | M | step (s) | MFU | memory (GB) | compute "
-           "| bubble | TP (s) | CP (s) | EP (s) | PP (s) | DP (s) | largest loss |\n");
+           "| of it memory-bound | bubble | TP (s) | CP (s) | EP (s) | PP (s) | DP (s) | largest loss |\n");
     printf("| ---: | --: | --: | --: | --: | --: | --: | --: | --- | --- | --: | --: | --: | --: | --: | --: | --: | --: | --: "
-           "| --: | --: | --- |\n");
+           "| --: | --: | --: | --- |\n");
 }
 static void print_row(int rank, const Shape* m, const Practice* pr, const Candidate* x) {
     const Layout* l = &x->l;
     const Cost* k = &x->k;
     char sched[32];
     layout_words(l, sched, sizeof sched);
-    printf("| %d | %d | %d | %d | %d | %d | %d | %s | %s | %s | %d | %.2f | %.1f%% | %.1f%s | %.2f | %.3f | %.2f | %.2f | "
+    printf("| %d | %d | %d | %d | %d | %d | %d | %s | %s | %s | %d | %.2f | %.1f%% | %.1f%s | %.2f | %.2f | %.3f | %.2f | %.2f | "
            "%.2f | %.2f | %.2f | %s |\n", rank, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero, l->sp ? "yes" : "no",
            recompute_names[l->recompute], sched, l->M, k->step, 100 * k->mfu, k->memory / 1e9, k->fits ? "" : " (no fit)",
-           k->compute, k->bubble, k->tp, k->cp, k->ep, k->pp, k->dp, k->fits ? largest_loss(m, pr, x) : "memory");
+           k->compute, k->membound, k->bubble, k->tp, k->cp, k->ep, k->pp, k->dp, k->fits ? largest_loss(m, pr, x) : "memory");
 }
 
 // The rank of the layout with the marked degrees among those that fit (0: it does not fit).
@@ -474,14 +474,14 @@ static Published published_runs(int i) {
     const char* llama = "The Llama 3 Herd of Models (2024), Table 4";
     Published runs[] = {
         {"Llama 3 405B, 8,192 H100s", "cluster/h100-16k.txt", 8192, llama3_405b, {0},
-         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, 1, 0.43, 0.20, llama, 0.5572, 35},
+         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, 1, 0.43, 0.20, llama, 0.5492, 35},
         {"Llama 3 405B, 16,384 H100s", "cluster/h100-16k.txt", 16384, llama3_405b, {0},
-         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.41, 0.20, llama, 0.5223, 28},
+         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.41, 0.20, llama, 0.5149, 28},
         {"Llama 3 405B, 16,384 H100s, sequence 131,072", "cluster/h100-16k.txt", 16384, long_context, {0},
          {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.38, 0.20, llama, 0.4654, 1},
         {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4},
          {1, 1, 16, 128, 64, 1, -1, -1, -1, -1, 120}, 0, 180e3, 0.25, "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3",
-         1.173e5, 28},
+         1.341e5, 41},
     };
     return runs[i];
 }
@@ -684,10 +684,10 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
 }
 
 static void print_cost_line(const Layout* l, const Cost* k) {
-    printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
+    printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g membound_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
            "ep_s=%.4g pp_s=%.4g dp_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
            "layout=tp%d.cp%d.pp%d.dp%d.ep%d zero=%d sp=%s recompute=%s schedule=%s virtual=%d microbatches=%d\n",
-           k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->bubble,
+           k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->membound, k->bubble,
            (k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
            k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
            l->sp ? "yes" : "no", recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
@@ -809,6 +809,37 @@ static int selftest(void) {
     l.recompute = RECOMPUTE_SELECTIVE, l.sched = SCHEDULE_INTERLEAVED, l.V = 2;
     near("activations, interleaved V 2 on 4 stages: (2 x 3 + 4 + 1) / 2 = 5.5 microbatches of a stage",
          activation_bytes(&big, &l, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    // memory-bound bytes of a layer per token (2 bytes a value): GQA + SwiGLU (h 128, Q 8 and
+    // K 2 heads of 16, f 352): norms 4h + 6h back, residuals 6h + 6h, RoPE 2 x (128 + 32) each
+    // way, SwiGLU 3f + 5f
+    near("memory-bound bytes of a layer: norms, residuals, RoPE, SwiGLU", layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_NONE, 0),
+         2 * (10 * 128 + 12 * 128 + 4 * (128 + 32) + 8 * 352));
+    near("memory-bound bytes, TP 2 without SP: the h-wide work whole on each device",
+         layer_membound_bytes(&gqa, 0, 2, 0, RECOMPUTE_NONE, 0), 2 * (22 * 128) + 2 * (4 * (128 + 32) + 8 * 352) / 2);
+    near("memory-bound bytes, TP 2 with SP: all of it split", layer_membound_bytes(&gqa, 0, 2, 1, RECOMPUTE_NONE, 0),
+         2 * (10 * 128 + 12 * 128 + 4 * (128 + 32) + 8 * 352) / 2);
+    near("memory-bound bytes, full recomputation: the forward's again", layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_FULL, 0),
+         2 * (20 * 128 + 12 * 128 + 6 * (128 + 32) + 11 * 352));
+    // an MoE layer (8 experts, top-2 and a shared one of 64): the router 2E each way, the
+    // gather 2kh and combine (k + 1)h forward, (2k + 1)h and (k + 1)h backward, SwiGLU on 3 x 64
+    near("memory-bound bytes of an MoE layer: the router, the copies gathered and combined",
+         layer_membound_bytes(&moe, 1, 1, 0, RECOMPUTE_NONE, 0),
+         2 * (10 * 128 + 12 * 128 + 4 * 8 + (4 + 3) * 128 + (5 + 3) * 128 + 4 * (128 + 32) + 8 * 192));
+    // FP8: the products' inputs (norm output, attention output, norm output, SwiGLU output:
+    // 3 x 128 + 352) quantized forward and for the weight gradient, their outputs' gradients
+    // (QKV 192, O 128, gate and up 704, down 128) for the input gradient, 3 bytes each
+    near("memory-bound bytes under FP8: each product's input quantized twice, its output gradient once",
+         layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_NONE, 1) - layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_NONE, 0),
+         3 * (2 * (3 * 128 + 352) + (192 + 128 + 704 + 128)));
+    // MLA (h 7168, 128 heads, latents 1536 and 512, RoPE 64; a GELU MLP of width 1): the
+    // latents' norms, RoPE on 128 x 64 of Q and 64 of K; under FP8 the inputs h, 1536, 512,
+    // 16384 (O), h, 1 and the outputs 1536 + 24576 (Q), 512 + 64 (KV down), 2 x 16384 (K, V
+    // up), h (O), 1 and h (MLP)
+    near("memory-bound bytes of an MLA layer", layer_membound_bytes(&mla, 0, 1, 0, RECOMPUTE_NONE, 0),
+         2 * (22 * 7168.0 + 5 * 2048 + 4 * (128 * 64 + 64) + 5 * 1));
+    near("memory-bound bytes of an MLA layer under FP8: its products' inputs and outputs",
+         layer_membound_bytes(&mla, 0, 1, 0, RECOMPUTE_NONE, 1) - layer_membound_bytes(&mla, 0, 1, 0, RECOMPUTE_NONE, 0),
+         3 * (2 * (7168 + 1536 + 512 + 16384 + 7168 + 1) + (1536 + 24576 + 512 + 64 + 2 * 16384 + 7168 + 1 + 7168)));
     // ZeRO: 16 bytes per parameter; stage 1 shards the 12 of the optimizer, 2 the gradients, 3 the weights
     near("ZeRO-0, 1e9 params", state_bytes(1e9, 0, 8), 16e9);
     near("ZeRO-1 over 8", state_bytes(1e9, 1, 8), 4e9 + 1.5e9);
@@ -816,15 +847,18 @@ static int selftest(void) {
     near("ZeRO-3 over 8", state_bytes(1e9, 3, 8), 16e9 / 8);
 
     // the time terms, on a cluster whose numbers are easy: 2 nodes of 4, 1e15 FLOP/s at 50%
-    // (attention at 25%), links 1e-6 s, 1e11 B/s inside a node; 1e-5 s, 1e10 B/s between
+    // (attention at 25%), HBM 1e12 B/s, links 1e-6 s, 1e11 B/s inside a node; 1e-5 s, 1e10 B/s between
     Cluster c = {.name = "test", .nodes = 2, .per_node = 4, .flops = 1e15, .efficiency = 0.5, .attention_efficiency = 0.25, .fp8_flops = 2e15,
-                 .fp8_efficiency = 0.25, .memory = 1e12, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10};
+                 .fp8_efficiency = 0.25, .memory = 1e12, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10,
+                 .hbm = 1e12};
     Practice pr = {0};
     Layout dp8 = {.tp = 1, .cp = 1, .pp = 1, .dp = 8, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 2};
     Cost kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
     double F = hardware_flops(&big, RECOMPUTE_NONE, &f8, 0), A = 3 * attention_core(&big);
-    near("compute: tokens / devices x hardware FLOPs / (peak x efficiency), attention at its own",
-         kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14));
+    double mb = big.tokens / 8 * 8 * layer_membound_bytes(&big, 0, 1, 0, RECOMPUTE_NONE, 0) / 1e12;
+    near("memory-bound time: a replica's tokens x 8 layers x their bytes / HBM's rate", kk.membound, mb);
+    near("compute: tokens / devices x hardware FLOPs / (peak x efficiency), attention at its own, and the memory-bound work",
+         kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14) + mb);
     double P = params_total(&big);
     near("DP 8 across 2 nodes: an all-reduce of 2-byte gradients between nodes", kk.dp, t_allreduce(2 * P, 8, 1e-5, 1e10));
     near("step = compute + DP", kk.step, kk.compute + kk.dp);
@@ -893,7 +927,8 @@ static int selftest(void) {
          fmax(0, 8 * 2 * (t_alltoall(&c, copies / 2, 4, 1, 1) + 3 * t_alltoall(&c, copies, 4, 1, 1)) - kk.compute));
     double F8, F16 = hardware_flops(&mbig, RECOMPUTE_NONE, &F8, 1) - F8;
     double A8 = 3 * attention_core(&mbig);
-    near("compute under FP8: the blocks at the FP8 rate", kk.compute, mbig.tokens / 8 * ((F16 - A8) / 5e14 + A8 / 2.5e14 + F8 / 5e14));
+    near("compute under FP8: the blocks at the FP8 rate", kk.compute, mbig.tokens / 8 * ((F16 - A8) / 5e14 + A8 / 2.5e14 + F8 / 5e14) +
+         mbig.tokens / 8 * 8 * layer_membound_bytes(&mbig, 1, 1, 0, RECOMPUTE_NONE, 1) / 1e12);
     near("expert weights per device: routed experts / EP", state_bytes(expert_params_per_device(&mbig, &e4), 0, 2),
          16 * params_experts(&mbig) / 4);
     printf("%d passed, %d failed\n", checks - failures, failures);

@@ -80,6 +80,7 @@ typedef struct {
 
 typedef struct {
     double step, compute, bubble, tp, cp, ep, pp, dp; // seconds (tp, cp, ep, dp: the exposed part)
+    double membound;                                   // seconds of memory-bound work (part of compute)
     double weights, acts, memory;                      // bytes per device: weights, gradients and optimizer state; activations; their sum
     double mfu, gpu_hours_per_t;                       // model FLOPs / (step x devices x peak); GPU-hours per trillion tokens
     int fits;
@@ -129,6 +130,60 @@ static double hardware_flops(const Shape* m, int recompute, double* fp8_part, in
     double core = 3 * attention_core(m) + (recompute >= RECOMPUTE_SELECTIVE ? attention_core(m) : 0);
     *fp8_part = fp8 ? 2 * passes * linear : 0;
     return 2 * passes * linear + 6.0 * m->width * m->vocab + core;
+}
+
+// ----------------------------------------------------------------------------
+// memory-bound work: what a layer moves through HBM outside its matrix products
+
+// Bytes one layer moves between a device and its HBM per token outside its matrix products
+// and attention's fused kernel: each elementwise operator reads its inputs and writes its
+// outputs once, 2 bytes a value, forward, backward, and forward again under full
+// recomputation. In values per token:
+//   RMSNorm (2)          forward x in, y out (2h); backward x and dy in, dx out (3h)
+//   residual add (2)     forward 2h in, h out; backward the two paths' gradients summed (3h)
+//   RoPE                 Q's and K's rotary parts in and out, forward and backward
+//   SwiGLU               forward gate and up in, their product out (3f); backward dy, gate and
+//                        up in, both gradients out (5f); GELU 2f and 3f
+//   MoE                  the router's E scores (2E each way); the token's k copies gathered
+//                        for the experts (kh in, kh out) and combined (kh in, h out); backward
+//                        the combine's (h and the k outputs in, kh out) and the gather's (kh
+//                        in, h out)
+//   MLA                  the two latents' RMSNorms (q_lora, kv_lora)
+//   FP8 (--fp8)          every value entering an FP8 matrix product quantized from BF16 (2
+//                        bytes in, 1 out: DeepSeek-V3's report, section 3.5.2, describes the
+//                        round trip): forward, again for the weight gradient (tiles along the
+//                        other axis), and each output gradient for the input gradient
+// Without SP the h-wide work (norms, residuals, the MoE's copies, MLA's latents) is done
+// whole on every TP device; with SP it is split, and the head-split work (RoPE, the MLP,
+// the quantization) always is. Dropout's masks (Korthikanti's GPT) are not counted.
+static double layer_membound_bytes(const Shape* m, int moe, int tp, int sp, int recompute, int fp8) {
+    double h = m->width, t = tp, again = recompute == RECOMPUTE_FULL, mla = m->kv_lora > 0;
+    double k = moe ? m->top_k : 0, E = moe ? m->experts : 0, f = moe ? m->expert_ffn * (double)(m->top_k + m->shared) : m->ffn;
+    double latents = mla ? (double)m->q_lora + m->kv_lora : 0;
+    double wide_fwd = 4 * h + 6 * h + 2 * latents + (moe ? 2 * E + 2 * k * h + (k + 1) * h : 0);
+    double wide_bwd = 6 * h + 6 * h + 3 * latents + (moe ? 2 * E + (2 * k + 1) * h + (k + 1) * h : 0);
+    double rope = mla ? m->heads * (double)m->rope + m->rope : (m->heads + m->kv_heads) * head_dim(m);
+    double split_fwd = 2 * rope + (m->swiglu ? 3 : 2) * f, split_bwd = 2 * rope + (m->swiglu ? 5 : 3) * f;
+    double bytes = 2 * ((1 + again) * wide_fwd + wide_bwd) / (sp ? t : 1) + 2 * ((1 + again) * split_fwd + split_bwd) / t;
+    if (fp8) { // the FP8 products' inputs (each quantized once) and outputs, per token
+        double in, out, up = m->swiglu ? 2 : 1;
+        if (mla) {
+            double q = m->q_lora > 0 ? m->q_lora : 0;
+            in = h + q + m->kv_lora + d_v(m);
+            out = (q > 0 ? q + d_qk(m) : d_qk(m)) + m->kv_lora + m->rope + 2.0 * m->heads * head_dim(m) + h;
+        } else {
+            in = h + m->heads * head_dim(m);
+            out = (m->heads + 2.0 * m->kv_heads) * head_dim(m) + h;
+        }
+        double n = moe ? m->top_k + m->shared : 1, fe = moe ? m->expert_ffn : m->ffn;
+        in += h + n * fe, out += n * (up * fe + h);
+        bytes += 3 * ((2 + again) * in + out) / t;
+    }
+    return bytes;
+}
+static double layer_membound(const Shape* m, int tp, int sp, int recompute, int fp8) { // averaged over dense and MoE layers
+    double moe = (double)moe_layers(m) / m->layers;
+    return (1 - moe) * layer_membound_bytes(m, 0, tp, sp, recompute, fp8) + moe * layer_membound_bytes(m, 1, tp, sp, recompute, fp8);
 }
 
 // ----------------------------------------------------------------------------
@@ -260,6 +315,9 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     double core = per_device * imbalance * attention / (c->flops * c->attention_efficiency);
     k.compute = core + per_device * imbalance * ((flops - fp8_flops - attention) / (c->flops * c->efficiency) +
                                                  (fp8_flops > 0 ? fp8_flops / (c->fp8_flops * c->fp8_efficiency) : 0));
+    // memory-bound work: each of the stage's layers, for the tokens its TP group holds
+    k.membound = m->tokens / l->dp / l->cp * per_stage * layer_membound(m, l->tp, l->sp, l->recompute, pr->fp8) / c->hbm;
+    k.compute += k.membound;
     double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp, h = m->width;
     double alpha, beta;
     // TP: 2 all-reduces of a microbatch's activations per layer forward, 2 backward, 2 more
