@@ -394,10 +394,10 @@ static const char* largest_loss(const Shape* m, const Practice* pr, const Candid
     const Cost* k = &x->k;
     double f8, plain = hardware_flops(m, RECOMPUTE_NONE, &f8, pr->fp8), f8r, again = hardware_flops(m, x->l.recompute, &f8r, pr->fp8);
     double losses[] = {(k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
-                       k->compute * (1 - plain / again)};
-    static const char* const names_[] = {"bubble", "TP", "CP", "EP", "PP sends", "DP", "recompute"};
+                       (k->compute - k->membound) * (1 - plain / again), k->membound, k->optimizer};
+    static const char* const names_[] = {"bubble", "TP", "CP", "EP", "PP sends", "DP", "recompute", "memory-bound", "optimizer"};
     int best = 0;
-    for (int i = 1; i < 7; i++)
+    for (int i = 1; i < 9; i++)
         if (losses[i] > losses[best]) best = i;
     return losses[best] > 0 ? names_[best] : "-";
 }
@@ -419,9 +419,9 @@ static void print_model(const Cluster* c, const Shape* m, const Practice* pr, in
 
 static void print_table_head(void) {
     printf("| rank | TP | CP | PP | DP | EP | ZeRO | SP | recompute | schedule | M | step (s) | MFU | memory (GB) | compute "
-           "| of it memory-bound | bubble | TP (s) | CP (s) | EP (s) | PP (s) | DP (s) | largest loss |\n");
+           "| of it memory-bound | bubble | TP (s) | CP (s) | EP (s) | PP (s) | DP (s) | optimizer (s) | largest loss |\n");
     printf("| ---: | --: | --: | --: | --: | --: | --: | --: | --- | --- | --: | --: | --: | --: | --: | --: | --: | --: | --: "
-           "| --: | --: | --: | --- |\n");
+           "| --: | --: | --: | --: | --- |\n");
 }
 static void print_row(int rank, const Shape* m, const Practice* pr, const Candidate* x) {
     const Layout* l = &x->l;
@@ -429,9 +429,9 @@ static void print_row(int rank, const Shape* m, const Practice* pr, const Candid
     char sched[32];
     layout_words(l, sched, sizeof sched);
     printf("| %d | %d | %d | %d | %d | %d | %d | %s | %s | %s | %d | %.2f | %.1f%% | %.1f%s | %.2f | %.2f | %.3f | %.2f | %.2f | "
-           "%.2f | %.2f | %.2f | %s |\n", rank, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero, l->sp ? "yes" : "no",
+           "%.2f | %.2f | %.2f | %.2f | %s |\n", rank, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero, l->sp ? "yes" : "no",
            recompute_names[l->recompute], sched, l->M, k->step, 100 * k->mfu, k->memory / 1e9, k->fits ? "" : " (no fit)",
-           k->compute, k->membound, k->bubble, k->tp, k->cp, k->ep, k->pp, k->dp, k->fits ? largest_loss(m, pr, x) : "memory");
+           k->compute, k->membound, k->bubble, k->tp, k->cp, k->ep, k->pp, k->dp, k->optimizer, k->fits ? largest_loss(m, pr, x) : "memory");
 }
 
 // The rank of the layout with the marked degrees among those that fit (0: it does not fit).
@@ -685,11 +685,11 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
 
 static void print_cost_line(const Layout* l, const Cost* k) {
     printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g membound_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
-           "ep_s=%.4g pp_s=%.4g dp_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
+           "ep_s=%.4g pp_s=%.4g dp_s=%.4g optimizer_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
            "layout=tp%d.cp%d.pp%d.dp%d.ep%d zero=%d sp=%s recompute=%s schedule=%s virtual=%d microbatches=%d\n",
            k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->membound, k->bubble,
            (k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
-           k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
+           k->optimizer, k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
            l->sp ? "yes" : "no", recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
            l->pp > 1 ? schedule_chunks(l->sched, l->V) : 1, l->M);
 }
@@ -861,7 +861,8 @@ static int selftest(void) {
          kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14) + mb);
     double P = params_total(&big);
     near("DP 8 across 2 nodes: an all-reduce of 2-byte gradients between nodes", kk.dp, t_allreduce(2 * P, 8, 1e-5, 1e10));
-    near("step = compute + DP", kk.step, kk.compute + kk.dp);
+    near("the optimizer's step, ZeRO-0: 28 bytes of every parameter through HBM", kk.optimizer, 28 * P / 1e12);
+    near("step = compute + DP + the optimizer's step", kk.step, kk.compute + kk.dp + kk.optimizer);
     near("MFU = tokens x model FLOPs / (step x devices x peak)", kk.mfu, big.tokens * model_flops(&big) / (kk.step * 8 * 1e15));
     near("GPU-hours per trillion tokens", kk.gpu_hours_per_t, kk.step * 8 / 3600 * 1e12 / big.tokens);
     pr.dp_overlap = 0.1;
@@ -874,6 +875,7 @@ static int selftest(void) {
     pr.dp_overlap = 0;
     dp8.zero = 3;
     near("ZeRO-3: 1.5 times the traffic", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).dp, 1.5 * t_allreduce(2 * P, 8, 1e-5, 1e10));
+    near("the optimizer's step under ZeRO: the device's shard, 1/8", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).optimizer, 28 * P / 8 / 1e12);
     // TP 4 inside a node, DP 2 across: per layer and microbatch 4 all-reduces of the
     // microbatch's activations (one sequence: 2048 x 1024 x 2 bytes) over TP's links
     Layout t4 = {.tp = 4, .cp = 1, .pp = 1, .dp = 2, .ep = 1, .sp = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
@@ -900,7 +902,7 @@ static int selftest(void) {
     near("PP 4, 1F1B, M 8: bubble 3/11", kk.bubble, 3.0 / 11);
     near("PP sends: 2 (V M + S - 2) of a microbatch's activations", kk.pp, 2 * (8 + 2) * t_p2p(2 * 2048.0 * 1024, 1e-5, 1e10));
     near("step with a pipeline: (compute + ...) / (1 - bubble) + sends + DP", kk.step,
-         kk.compute / (1 - 3.0 / 11) + kk.pp + kk.dp);
+         kk.compute / (1 - 3.0 / 11) + kk.pp + kk.dp + kk.optimizer);
     p4.sched = SCHEDULE_ZB1;
     near("zb1's bubble on 4 stages, M 8: 3 / (3 x 8 + 3)", layout_cost(&c, &big, &pr, &p4, 8, 0, 0).bubble, 3.0 / 27);
     double zb, zp;

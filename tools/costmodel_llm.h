@@ -8,7 +8,7 @@
  * The model, per device (devices work in parallel; ranks are ordered TP fastest, then CP,
  * then DP with EP's groups inside it, then PP, as train_3d.c orders its grid):
  *
- *   step = (compute + TP + CP + EP exposed) / (1 - bubble) + PP sends + DP exposed
+ *   step = (compute + TP + CP + EP exposed) / (1 - bubble) + PP sends + DP exposed + optimizer
  *
  *   compute   the device's share of the FLOPs (plus what recomputation repeats), at the
  *             cluster's rates: peak x the fraction large matrix products reach (FP8 layers
@@ -80,7 +80,7 @@ typedef struct {
 
 typedef struct {
     double step, compute, bubble, tp, cp, ep, pp, dp; // seconds (tp, cp, ep, dp: the exposed part)
-    double membound;                                   // seconds of memory-bound work (part of compute)
+    double membound, optimizer;                        // seconds of memory-bound work (part of compute); of the optimizer's step
     double weights, acts, memory;                      // bytes per device: weights, gradients and optimizer state; activations; their sum
     double mfu, gpu_hours_per_t;                       // model FLOPs / (step x devices x peak); GPU-hours per trillion tokens
     int fits;
@@ -241,6 +241,11 @@ static double activation_bytes(const Shape* m, const Layout* l, double zbv_peak)
 static double state_bytes(double params, int zero, double shards) {
     return params * ((zero >= 3 ? 2 / shards : 2) + (zero >= 2 ? 2 / shards : 2) + (zero >= 1 ? 12 / shards : 12));
 }
+// The optimizer's step over the parameters a device updates (its ZeRO shard, or all it holds):
+// Adam reads the FP32 master weight, m, v and the 2-byte gradient and writes the three and
+// the 2-byte weight, 28 bytes a parameter, memory-bound.
+enum { OPTIMIZER_BYTES = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2 };
+static double optimizer_params(double params, int zero, double shards) { return zero >= 1 ? params / shards : params; }
 static double dense_params_per_device(const Shape* m, const Layout* l) {
     return (params_total(m) - params_experts(m)) / l->tp / l->pp;
 }
@@ -358,7 +363,10 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     if (m->experts > 0) dp += t_allreduce(2 * expert_params_per_device(m, l), l->dp / l->ep * l->cp, alpha, beta);
     dp *= l->zero == 3 ? 1.5 : 1;
     k.dp = dp - hidden(pr->dp_overlap, dp, k.compute);
-    k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp;
+    // the optimizer's step, after the last gradient
+    k.optimizer = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense_params_per_device(m, l), l->zero, (double)l->dp * l->cp) +
+                                              optimizer_params(expert_params_per_device(m, l), l->zero, (double)l->dp / l->ep * l->cp));
+    k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
     k.weights = state_bytes(dense_params_per_device(m, l), l->zero, (double)l->dp * l->cp) +
                 state_bytes(expert_params_per_device(m, l), l->zero, (double)l->dp / l->ep * l->cp);
     k.acts = activation_bytes(m, l, zbv_peak);
