@@ -481,7 +481,7 @@ static Published published_runs(int i) {
          {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.38, 0.20, llama, 0.4654, 1},
         {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4},
          {1, 1, 16, 128, 64, 1, -1, -1, -1, -1, 120}, 0, 180e3, 0.25, "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3",
-         1.341e5, 41},
+         1.324e5, 41},
     };
     return runs[i];
 }
@@ -800,15 +800,18 @@ static int selftest(void) {
                 .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
     Shape big = {.layers = 8, .width = 1024, .heads = 16, .kv_heads = 16, .ffn = 4096, .vocab = 1000, .seq = 2048, .tokens = 2048.0 * 16};
     double tok = 2048 / 2.0; // a microbatch: one sequence, half of it on this device
+    int two[4] = {2, 2, 2, 2}; // layers of each stage
     near("activations of a device: 1F1B rank 0, 4 microbatches x 2 layers, CP 2, TP 2 + SP",
-         activation_bytes(&big, &l, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
     l.recompute = RECOMPUTE_FULL;
-    near("activations, full recomputation: layer inputs, one layer's set, the logits (last stage)",
-         activation_bytes(&big, &l, 0), fmax(4 * 2 * tok * 2 * 1024 / 2, 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2) +
-                                            tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    near("activations, full recomputation, rank 0: 4 microbatches of the layers' inputs, one layer's set",
+         stage_activation_bytes(&big, &l, two, 0, 0), 4 * 2 * tok * 2 * 1024 / 2 + tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    near("activations, full recomputation, the last stage: 1 microbatch's inputs, one layer's set, the FP32 logits",
+         stage_activation_bytes(&big, &l, two, 3, 0), 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2 +
+                                                      tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
     l.recompute = RECOMPUTE_SELECTIVE, l.sched = SCHEDULE_INTERLEAVED, l.V = 2;
     near("activations, interleaved V 2 on 4 stages: (2 x 3 + 4 + 1) / 2 = 5.5 microbatches of a stage",
-         activation_bytes(&big, &l, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
     // memory-bound bytes of a layer per token (2 bytes a value): GQA + SwiGLU (h 128, Q 8 and
     // K 2 heads of 16, f 352): norms 4h + 6h back, residuals 6h + 6h, RoPE 2 x (128 + 32) each
     // way, SwiGLU 3f + 5f
@@ -840,6 +843,35 @@ static int selftest(void) {
     near("memory-bound bytes of an MLA layer under FP8: its products' inputs and outputs",
          layer_membound_bytes(&mla, 0, 1, 0, RECOMPUTE_NONE, 1) - layer_membound_bytes(&mla, 0, 1, 0, RECOMPUTE_NONE, 0),
          3 * (2 * (7168 + 1536 + 512 + 16384 + 7168 + 1) + (1536 + 24576 + 512 + 64 + 2 * 16384 + 7168 + 1 + 7168)));
+    // the ends: the embedding's row gathered and its gradient added (5h values, whole on each
+    // TP device); the final norm (5h, split under SP) and the loss (20 bytes a logit, split)
+    near("memory-bound bytes of the embedding: 5h values", embedding_membound_bytes(&big), 2 * 5 * 1024);
+    near("memory-bound bytes of the head, TP 2 with SP: the norm's 5h and the loss's 20V, halved",
+         head_membound_bytes(&big, 2, 1), (2 * 5 * 1024 + 20 * 1000) / 2.0);
+    near("memory-bound bytes of the head, TP 2 without SP: the norm whole", head_membound_bytes(&big, 2, 0), 2 * 5 * 1024 + 20 * 1000 / 2.0);
+    // the stages: Llama 3 405B's 126 layers on 16, the embedding worth 0.01 of a layer, the
+    // head and loss 0.7: a layer off the first and the last stage (7, 8 x 14, 7), pace 8
+    int st[16];
+    near("stages, Llama 3 405B on 16: pace 8 layers", stage_layers(126, 16, 0.01, 0.7, 0, st), 8);
+    near("stages, Llama 3 405B on 16: 7 layers first and last, 8 between", st[0] * 1000 + st[1] * 100 + st[14] * 10 + st[15], 7887);
+    // the head worth 1.15 layers (DeepSeek-V3's: a 129,280 vocabulary on a narrow width): 61
+    // layers on 16 take 3, 4 x 14, 2
+    near("stages, a head worth 1.15 layers: pace 4", stage_layers(61, 16, 0.003, 1.15, 0, st), 4);
+    near("stages, a head worth 1.15 layers: 3, 4 x 14, 2", st[0] * 1000 + st[1] * 100 + st[14] * 10 + st[15], 3442);
+    // zbv: device 0 holds both ends (0.71): P 8 covers 7 + 15 x 8 = 127, one too many, taken
+    // from the earliest full device
+    near("stages under zbv: both ends on device 0, pace 8", stage_layers(126, 16, 0.01, 0.7, 1, st), 8);
+    near("stages under zbv: 7, 7, 8 ...", st[0] * 100 + st[1] * 10 + st[2], 778);
+    near("one stage: every layer and both ends", stage_layers(8, 1, 0.01, 0.7, 1, st), 8.71);
+    near("8 layers on 4 stages, no slack: pace 2 + the head's 0.08", stage_layers(8, 4, 0.01, 0.08, 0, st), 2.08);
+    // parameters of a stage: its layers' share of all but the ends, the embedding on the
+    // first, the head and final norm on the last; split by TP
+    Layout t2 = {.tp = 2, .cp = 1, .pp = 4, .dp = 1, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 4};
+    double per_layer = (params_total(&big) - 1024 - 2 * 1000.0 * 1024) / 8, dpar, epar;
+    stage_params(&big, &t2, 2, 1, 0, &dpar, &epar);
+    near("parameters of the first stage: 2 layers and the embedding, over TP 2", dpar, (2 * per_layer + 1000.0 * 1024) / 2);
+    stage_params(&big, &t2, 2, 0, 1, &dpar, &epar);
+    near("parameters of the last stage: 2 layers, the head and the final norm, over TP 2", dpar, (2 * per_layer + 1000.0 * 1024 + 1024) / 2);
     // ZeRO: 16 bytes per parameter; stage 1 shards the 12 of the optimizer, 2 the gradients, 3 the weights
     near("ZeRO-0, 1e9 params", state_bytes(1e9, 0, 8), 16e9);
     near("ZeRO-1 over 8", state_bytes(1e9, 1, 8), 4e9 + 1.5e9);
@@ -857,8 +889,10 @@ static int selftest(void) {
     double F = hardware_flops(&big, RECOMPUTE_NONE, &f8, 0), A = 3 * attention_core(&big);
     double mb = big.tokens / 8 * 8 * layer_membound_bytes(&big, 0, 1, 0, RECOMPUTE_NONE, 0) / 1e12;
     near("memory-bound time: a replica's tokens x 8 layers x their bytes / HBM's rate", kk.membound, mb);
+    // one stage: the 8 layers, the head's product (in F) and the loss, the embedding's lookup
+    // (10h + 10h + 20V bytes a token)
     near("compute: tokens / devices x hardware FLOPs / (peak x efficiency), attention at its own, and the memory-bound work",
-         kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14) + mb);
+         kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14) + mb + big.tokens / 8 * (20 * 1024 + 20 * 1000.0) / 1e12);
     double P = params_total(&big);
     near("DP 8 across 2 nodes: an all-reduce of 2-byte gradients between nodes", kk.dp, t_allreduce(2 * P, 8, 1e-5, 1e10));
     near("the optimizer's step, ZeRO-0: 28 bytes of every parameter through HBM", kk.optimizer, 28 * P / 1e12);
@@ -900,6 +934,10 @@ static int selftest(void) {
     Layout p4 = {.tp = 1, .cp = 1, .pp = 4, .dp = 2, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
     kk = layout_cost(&c, &big, &pr, &p4, 8, 0, 0);
     near("PP 4, 1F1B, M 8: bubble 3/11", kk.bubble, 3.0 / 11);
+    // 2 layers on each stage: the last, with the head's product and the loss, sets the pace
+    double layer_t = ((F - A - 6 * 1024.0 * 1000) / 5e14 + A / 2.5e14) / 8 + layer_membound_bytes(&big, 0, 1, 0, RECOMPUTE_NONE, 0) / 1e12;
+    near("PP 4: compute at the last stage's pace, 2 layers, the head and the loss, for a replica's tokens", kk.compute,
+         big.tokens / 2 * (2 * layer_t + 6 * 1024.0 * 1000 / 5e14 + (10 * 1024 + 20 * 1000.0) / 1e12));
     near("PP sends: 2 (V M + S - 2) of a microbatch's activations", kk.pp, 2 * (8 + 2) * t_p2p(2 * 2048.0 * 1024, 1e-5, 1e10));
     near("step with a pipeline: (compute + ...) / (1 - bubble) + sends + DP", kk.step,
          kk.compute / (1 - 3.0 / 11) + kk.pp + kk.dp + kk.optimizer);
@@ -930,9 +968,11 @@ static int selftest(void) {
     double F8, F16 = hardware_flops(&mbig, RECOMPUTE_NONE, &F8, 1) - F8;
     double A8 = 3 * attention_core(&mbig);
     near("compute under FP8: the blocks at the FP8 rate", kk.compute, mbig.tokens / 8 * ((F16 - A8) / 5e14 + A8 / 2.5e14 + F8 / 5e14) +
-         mbig.tokens / 8 * 8 * layer_membound_bytes(&mbig, 1, 1, 0, RECOMPUTE_NONE, 1) / 1e12);
-    near("expert weights per device: routed experts / EP", state_bytes(expert_params_per_device(&mbig, &e4), 0, 2),
-         16 * params_experts(&mbig) / 4);
+         mbig.tokens / 8 * (8 * layer_membound_bytes(&mbig, 1, 1, 0, RECOMPUTE_NONE, 1) + 20 * 1024 + 20 * 1000.0) / 1e12);
+    double dense_p, expert_p;
+    stage_params(&mbig, &e4, 8, 1, 1, &dense_p, &expert_p);
+    near("expert weights per device: routed experts / EP", state_bytes(expert_p, 0, 2), 16 * params_experts(&mbig) / 4);
+    near("dense weights per device: all but the routed experts", dense_p, params_total(&mbig) - params_experts(&mbig));
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures > 0;
 }

@@ -213,26 +213,22 @@ static double layer_acts(const Shape* m, int tp, int sp, int recompute) { // per
            moe * layer_acts_per_token(m, 1, tp, sp, recompute, m->seq);
 }
 
-// Activations one device holds at its peak, in bytes: per microbatch and layer, times the
-// layers of its stage and the microbatches its schedule keeps (schedules.h; zbv: the
-// checker's, passed as zbv_peak); the last stage's FP32 logits (rank 0's under zbv). Full
-// recomputation keeps each layer's input only, and the working set of the one layer that
-// backward recomputes.
-static double activation_bytes(const Shape* m, const Layout* l, double zbv_peak) {
+// Activations device r of the pipeline holds at its peak, in bytes: per microbatch and
+// layer, times the layers of its stage (n[r]) and the microbatches its schedule keeps
+// (schedules.h; zbv: the checker's, passed as zbv_peak); the FP32 logits on the device with
+// the head (the last; zbv: device 0). Full recomputation keeps each layer's input only, and
+// the working set of the one layer that backward recomputes.
+static double stage_activation_bytes(const Shape* m, const Layout* l, const int* n, int r, double zbv_peak) {
     double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp;
-    int S = l->pp, per_stage = (m->layers + S - 1) / S;
+    int S = l->pp;
     double layer = tokens * layer_acts(m, l->tp, l->sp, l->recompute), logits = 4.0 * tokens * m->vocab / l->tp, once = 0;
     if (l->recompute == RECOMPUTE_FULL) {
         layer = tokens * 2.0 * m->width / (l->sp ? l->tp : 1);
         once = tokens * layer_acts(m, l->tp, l->sp, RECOMPUTE_SELECTIVE);
     }
-    double peak = 0;
-    for (int r = 0; r < S; r++) {
-        double held = S == 1 ? 1 : l->sched == SCHEDULE_ZBV ? zbv_peak : schedule_peak_formula(l->sched, S, l->V, l->M, r);
-        int last = l->sched == SCHEDULE_ZBV ? r == 0 : r == S - 1;
-        peak = fmax(peak, held * per_stage * layer + once + (last ? logits : 0));
-    }
-    return peak;
+    double held = S == 1 ? 1 : l->sched == SCHEDULE_ZBV ? zbv_peak : schedule_peak_formula(l->sched, S, l->V, l->M, r);
+    int last = l->sched == SCHEDULE_ZBV ? r == 0 : r == S - 1;
+    return held * n[r] * layer + once + (last ? logits : 0);
 }
 
 // Weights, gradients and optimizer state on one device: 2 + 2 + 12 bytes per parameter,
@@ -246,11 +242,68 @@ static double state_bytes(double params, int zero, double shards) {
 // the 2-byte weight, 28 bytes a parameter, memory-bound.
 enum { OPTIMIZER_BYTES = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2 };
 static double optimizer_params(double params, int zero, double shards) { return zero >= 1 ? params / shards : params; }
-static double dense_params_per_device(const Shape* m, const Layout* l) {
-    return (params_total(m) - params_experts(m)) / l->tp / l->pp;
+// The parameters on one device of a stage of n layers (the layers' average: the dense ones
+// apart from the routed experts, which EP shares out), with the embedding on the first
+// device and the head and final norm on the last (zbv: both on device 0).
+static void stage_params(const Shape* m, const Layout* l, int n, int embedding, int head, double* dense, double* experts) {
+    double h = m->width, ends = h + 2.0 * m->vocab * h;
+    *dense = (n * (params_total(m) - params_experts(m) - ends) / m->layers + (embedding ? m->vocab * h : 0) +
+              (head ? m->vocab * h + h : 0)) / l->tp;
+    *experts = n * params_experts(m) / m->layers / l->tp / l->ep;
 }
-static double expert_params_per_device(const Shape* m, const Layout* l) {
-    return params_experts(m) / l->tp / l->pp / l->ep;
+
+// ----------------------------------------------------------------------------
+// the pipeline's stages
+
+// How many layers each device of the pipeline holds (n[S]), balanced by their time: the
+// first device also does the embedding's work (e, in layers' time), the last the head's and
+// the loss's (hh); under zbv device 0 holds both ends (`together`). The pipeline runs at
+// its slowest device's pace, which is returned, in layers' time. Meta took a layer off the
+// first and last of Llama 3 405B's 16 stages for this (7, 8 x 14, 7 of its 126); any
+// implementation may split unevenly (Megatron's first- and last-stage layer counts).
+static double stage_layers(int L, int S, double e, double hh, int together, int* n) {
+    double extra_first = together || S == 1 ? e + hh : e, extra_last = together ? 0 : hh;
+    double pace = -1;
+    // the smallest pace at which whole layers cover L: it is an integer plus one of the ends
+    const double offsets[] = {0, e, hh, e + hh};
+    for (int k = (int)fmax(0, floor((double)L / S - e - hh)); pace < 0 || k <= pace; k++)
+        for (int i = 0; i < 4; i++) {
+            double P = k + offsets[i];
+            long cover = 0;
+            for (int r = 0; r < S; r++) {
+                double extra = r == 0 ? extra_first : r == S - 1 ? extra_last : 0;
+                cover += (long)fmax(0, floor(P - extra + 1e-9));
+            }
+            if (cover >= L && (pace < 0 || P < pace)) pace = P;
+        }
+    // whole layers at that pace, the surplus taken from the fullest devices, earliest first
+    // (the early stages hold the most microbatches)
+    long total = 0;
+    for (int r = 0; r < S; r++) {
+        double extra = r == 0 ? extra_first : r == S - 1 ? extra_last : 0;
+        n[r] = (int)fmax(0, floor(pace - extra + 1e-9)), total += n[r];
+    }
+    for (; total > L; total--) {
+        int most = 0;
+        for (int r = 1; r < S; r++)
+            if (n[r] > n[most]) most = r;
+        n[most]--;
+    }
+    pace = 0;
+    for (int r = 0; r < S; r++) pace = fmax(pace, n[r] + (r == 0 ? extra_first : r == S - 1 ? extra_last : 0));
+    return pace;
+}
+
+// Memory-bound bytes per token of the two ends, on one device. The embedding: its row
+// gathered (h in, h out) and, backward, the gradient added into the row's (dy, the row's
+// gradient in, it out), whole on every TP device (each looks up its part of the vocabulary
+// and writes the whole width). The head: the final RMSNorm (as a layer's), and the loss over
+// the vocabulary (split across TP): the BF16 logits cast to FP32 (2V in, 4V out), their
+// maximum (4V in) and the exponentials' sum (4V in); backward, the softmax less the target
+// from the kept FP32 logits (4V in) written as the BF16 gradient (2V out).
+static double embedding_membound_bytes(const Shape* m) { return 2 * 5.0 * m->width; }
+static double head_membound_bytes(const Shape* m, int tp, int sp) {
+    return 2 * 5.0 * m->width / (sp ? tp : 1) + 20.0 * m->vocab / tp;
 }
 
 // ----------------------------------------------------------------------------
@@ -312,17 +365,27 @@ static double hidden(double overlap, double traffic, double compute) { return fm
 static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, const Layout* l, int devices,
                         double zbv_bubble, double zbv_peak) {
     Cost k = {0};
-    double fp8_flops, flops = hardware_flops(m, l->recompute, &fp8_flops, pr->fp8);
-    double per_device = m->tokens / devices;
-    int per_stage = (m->layers + l->pp - 1) / l->pp;
-    double imbalance = per_stage * (double)l->pp / m->layers; // the fullest stage sets the pace
-    double attention = (3 + (l->recompute >= RECOMPUTE_SELECTIVE)) * attention_core(m); // at attention kernels' rate
-    double core = per_device * imbalance * attention / (c->flops * c->attention_efficiency);
-    k.compute = core + per_device * imbalance * ((flops - fp8_flops - attention) / (c->flops * c->efficiency) +
-                                                 (fp8_flops > 0 ? fp8_flops / (c->fp8_flops * c->fp8_efficiency) : 0));
-    // memory-bound work: each of the stage's layers, for the tokens its TP group holds
-    k.membound = m->tokens / l->dp / l->cp * per_stage * layer_membound(m, l->tp, l->sp, l->recompute, pr->fp8) / c->hbm;
-    k.compute += k.membound;
+    // compute, per token on one device: a layer's products (the blocks' in FP8 under --fp8),
+    // attention's core at its kernels' rate and the layer's memory-bound work; the head's
+    // product (BF16) and the loss; the embedding's lookup
+    double f8, flops = hardware_flops(m, l->recompute, &f8, pr->fp8), head = 6.0 * m->width * m->vocab;
+    double attention = (3 + (l->recompute >= RECOMPUTE_SELECTIVE)) * attention_core(m);
+    double att_s = attention / m->layers / l->tp / (c->flops * c->attention_efficiency);
+    double mb_s = layer_membound(m, l->tp, l->sp, l->recompute, pr->fp8) / c->hbm;
+    double layer_s = att_s + mb_s + ((flops - f8 - attention - head) / (c->flops * c->efficiency) +
+                                     (f8 > 0 ? f8 / (c->fp8_flops * c->fp8_efficiency) : 0)) / m->layers / l->tp;
+    double head_s = head / l->tp / (c->flops * c->efficiency) + head_membound_bytes(m, l->tp, l->sp) / c->hbm;
+    double embedding_s = embedding_membound_bytes(m) / c->hbm;
+    // the stages, balanced; the pipeline at the slowest one's pace, for the tokens of a TP group
+    int n[128], together = l->pp == 1 || l->sched == SCHEDULE_ZBV, fullest = 0;
+    if (l->pp > 128) fatal("internal: %d pipeline stages, more than the model takes", l->pp);
+    double pace = stage_layers(m->layers, l->pp, embedding_s / layer_s, head_s / layer_s, together, n);
+    for (int r = 0; r < l->pp; r++) fullest = n[r] > fullest ? n[r] : fullest;
+    double group_tokens = m->tokens / l->dp / l->cp;
+    k.compute = group_tokens * pace * layer_s;
+    k.membound = group_tokens * fullest * mb_s;
+    double core = group_tokens * fullest * att_s;
+    int per_stage = fullest; // the layers whose communication sets the pace
     double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp, h = m->width;
     double alpha, beta;
     // TP: 2 all-reduces of a microbatch's activations per layer forward, 2 backward, 2 more
@@ -357,20 +420,27 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     int V = l->pp > 1 ? schedule_chunks(l->sched, l->V) : 0;
     k.pp = l->pp > 1 ? 2.0 * (V * l->M + l->pp - 2) * t_p2p(2 * tokens * h / (l->sp ? l->tp : 1), alpha, beta) : 0;
     // DP: an all-reduce's time for the gradients (reduce-scatter, then all-gather of the
-    // weights), 1.5 times under ZeRO-3; dense weights over DP x CP, experts over DP x CP / EP
+    // weights), 1.5 times under ZeRO-3; dense weights over DP x CP, experts over DP x CP / EP;
+    // then the optimizer's step. Each stage's own, the slowest sets the step's end.
     links(c, l->tp * l->cp * l->dp, &alpha, &beta);
-    double dp = t_allreduce(2 * dense_params_per_device(m, l), l->dp * l->cp, alpha, beta);
-    if (m->experts > 0) dp += t_allreduce(2 * expert_params_per_device(m, l), l->dp / l->ep * l->cp, alpha, beta);
-    dp *= l->zero == 3 ? 1.5 : 1;
+    double shards = (double)l->dp * l->cp, expert_shards = (double)l->dp / l->ep * l->cp, dp = 0;
+    for (int r = 0; r < l->pp; r++) {
+        double dense, experts, t;
+        stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
+        t = t_allreduce(2 * dense, l->dp * l->cp, alpha, beta) + (m->experts > 0 ? t_allreduce(2 * experts, l->dp / l->ep * l->cp, alpha, beta) : 0);
+        t *= l->zero == 3 ? 1.5 : 1;
+        double opt = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
+        if (t + opt > dp + k.optimizer) dp = t, k.optimizer = opt;
+    }
     k.dp = dp - hidden(pr->dp_overlap, dp, k.compute);
-    // the optimizer's step, after the last gradient
-    k.optimizer = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense_params_per_device(m, l), l->zero, (double)l->dp * l->cp) +
-                                              optimizer_params(expert_params_per_device(m, l), l->zero, (double)l->dp / l->ep * l->cp));
     k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
-    k.weights = state_bytes(dense_params_per_device(m, l), l->zero, (double)l->dp * l->cp) +
-                state_bytes(expert_params_per_device(m, l), l->zero, (double)l->dp / l->ep * l->cp);
-    k.acts = activation_bytes(m, l, zbv_peak);
-    k.memory = k.weights + k.acts;
+    // memory: the device that holds the most, its stage's weights and activations
+    for (int r = 0; r < l->pp; r++) {
+        double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak);
+        stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
+        double weights = state_bytes(dense, l->zero, shards) + state_bytes(experts, l->zero, expert_shards);
+        if (weights + acts > k.memory) k.memory = weights + acts, k.weights = weights, k.acts = acts;
+    }
     k.fits = k.memory <= c->memory;
     k.mfu = m->tokens * model_flops(m) / (k.step * devices * c->flops);
     k.gpu_hours_per_t = k.step * devices / 3600 * (1e12 / m->tokens);
