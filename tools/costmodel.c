@@ -479,9 +479,9 @@ static Published published_runs(int i) {
          {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.41, 0.20, llama, 0.5149, 28},
         {"Llama 3 405B, 16,384 H100s, sequence 131,072", "cluster/h100-16k.txt", 16384, long_context, {0},
          {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.38, 0.20, llama, 0.4654, 1},
-        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4},
+        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4, .comm_sms = 20},
          {1, 1, 16, 128, 64, 1, -1, -1, -1, -1, 120}, 0, 180e3, 0.25, "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3",
-         1.324e5, 41},
+         1.479e5, 74},
     };
     return runs[i];
 }
@@ -557,7 +557,7 @@ static const Flag llm_flags[] = {
     {"vocab", 'n', 1, 1 << 24, 1}, {"seq", 'n', 2, 1 << 24, 1}, {"tokens", 'n', 1, 1e12, 1}, {"mlp", 'w', 0, 0, 0},
     {"experts", 'n', 0, 65536, 1}, {"top-k", 'n', 1, 65536, 1}, {"expert-ffn", 'n', 1, 1 << 24, 1},
     {"shared-experts", 'n', 0, 64, 1}, {"dense-layers", 'n', 0, 100000, 1}, {"q-lora", 'n', 1, 1 << 20, 1},
-    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1},
+    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
     {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
     {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
     {"pp", 'n', 1, 1 << 20, 1}, {"dp", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"ep", 'n', 1, 65536, 1}, {"zero", 'n', 0, 3, 1},
@@ -631,6 +631,9 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (q.pr.fp8 && !(c->fp8_flops > 0)) usage_error("--fp8: the cluster file gives no fp8_flops and fp8_efficiency");
     q.pr.dp_overlap = VAL("dp-overlap"), q.pr.ep_overlap = VAL("ep-overlap"), q.pr.route_nodes = (int)VAL("route-nodes");
     if ((GIVEN(&q, "ep-overlap") || GIVEN(&q, "route-nodes")) && !m->experts) usage_error("--ep-overlap and --route-nodes apply with --experts only");
+    q.pr.comm_sms = (int)VAL("comm-sms");
+    if (q.pr.comm_sms && !c->sms) usage_error("--comm-sms: the cluster file gives no sms (the SMs of a device)");
+    if (q.pr.comm_sms >= c->sms && c->sms) usage_error("--comm-sms %d: a device has %d SMs, and compute needs some", q.pr.comm_sms, c->sms);
     if (word[flag_index("cp-exchange")]) {
         const char* s = word[flag_index("cp-exchange")];
         if (strcmp(s, "ring") && strcmp(s, "allgather")) usage_error("--cp-exchange must be ring or allgather, got '%s'", s);
@@ -685,11 +688,11 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
 
 static void print_cost_line(const Layout* l, const Cost* k) {
     printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g membound_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
-           "ep_s=%.4g pp_s=%.4g dp_s=%.4g optimizer_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
+           "ep_s=%.4g pp_s=%.4g dp_s=%.4g optimizer_s=%.4g overlap_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
            "layout=tp%d.cp%d.pp%d.dp%d.ep%d zero=%d sp=%s recompute=%s schedule=%s virtual=%d microbatches=%d\n",
            k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->membound, k->bubble,
            (k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
-           k->optimizer, k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
+           k->optimizer, k->overlap, k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
            l->sp ? "yes" : "no", recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
            l->pp > 1 ? schedule_chunks(l->sched, l->V) : 1, l->M);
 }
@@ -882,7 +885,7 @@ static int selftest(void) {
     // (attention at 25%), HBM 1e12 B/s, links 1e-6 s, 1e11 B/s inside a node; 1e-5 s, 1e10 B/s between
     Cluster c = {.name = "test", .nodes = 2, .per_node = 4, .flops = 1e15, .efficiency = 0.5, .attention_efficiency = 0.25, .fp8_flops = 2e15,
                  .fp8_efficiency = 0.25, .memory = 1e12, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10,
-                 .hbm = 1e12};
+                 .hbm = 1e12, .sms = 100};
     Practice pr = {0};
     Layout dp8 = {.tp = 1, .cp = 1, .pp = 1, .dp = 8, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 2};
     Cost kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
@@ -965,6 +968,12 @@ static int selftest(void) {
     kk = layout_cost(&c, &mbig, &pr, &e4, 8, 0, 0);
     near("EP under --ep-overlap 1: hidden while compute lasts", kk.ep,
          fmax(0, 8 * 2 * (t_alltoall(&c, copies / 2, 4, 1, 1) + 3 * t_alltoall(&c, copies, 4, 1, 1)) - kk.compute));
+    double a2a_all = 8 * 2 * (t_alltoall(&c, copies / 2, 4, 1, 1) + 3 * t_alltoall(&c, copies, 4, 1, 1));
+    pr.comm_sms = 20;
+    Cost taxed = layout_cost(&c, &mbig, &pr, &e4, 8, 0, 0);
+    near("hidden all-to-alls on 20 of 100 SMs: compute loses a fifth of their time", taxed.overlap, 0.2 * fmin(a2a_all, kk.compute));
+    near("... and is that much longer", taxed.compute, kk.compute + taxed.overlap);
+    pr.comm_sms = 0;
     double F8, F16 = hardware_flops(&mbig, RECOMPUTE_NONE, &F8, 1) - F8;
     double A8 = 3 * attention_core(&mbig);
     near("compute under FP8: the blocks at the FP8 rate", kk.compute, mbig.tokens / 8 * ((F16 - A8) / 5e14 + A8 / 2.5e14 + F8 / 5e14) +
@@ -991,7 +1000,7 @@ static void usage(void) {
             "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout]\n"
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full\n"
             "          --schedule gpipe|1f1b|interleaved|zb1|zbv --virtual V --microbatches M (rank: fixed for all)\n"
-            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --route-nodes R --cp-exchange allgather|ring --devices N\n");
+            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N --devices N\n");
 }
 
 int main(int argc, char** argv) {

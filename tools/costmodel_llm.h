@@ -68,6 +68,7 @@ typedef struct {
     double dp_overlap, ep_overlap; // fraction of DP's and EP's traffic hidden behind compute
     int cp_ring;                   // CP passes K and V round a ring (overlapping attention), else all-gathers them
     int route_nodes;               // MoE: node-limited routing, each token to at most this many nodes (0: none)
+    int comm_sms;                  // SMs the communication kernels take while they run beside compute (0: none)
 } Practice;
 
 enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
@@ -81,6 +82,7 @@ typedef struct {
 typedef struct {
     double step, compute, bubble, tp, cp, ep, pp, dp; // seconds (tp, cp, ep, dp: the exposed part)
     double membound, optimizer;                        // seconds of memory-bound work (part of compute); of the optimizer's step
+    double overlap;                                    // seconds compute loses to the SMs of hidden communication (part of compute)
     double weights, acts, memory;                      // bytes per device: weights, gradients and optimizer state; activations; their sum
     double mfu, gpu_hours_per_t;                       // model FLOPs / (step x devices x peak); GPU-hours per trillion tokens
     int fits;
@@ -401,7 +403,8 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
                 : m->kv_heads >= l->tp ? 2.0 * m->kv_heads * head_dim(m) / l->tp : 2 * head_dim(m);
     double kv_bytes = 2 * seqs_mb * m->seq * kv;
     double cp = per_stage * l->M * (3 + (l->recompute == RECOMPUTE_FULL)) * t_half(kv_bytes, l->cp, alpha, beta);
-    if (pr->cp_ring) cp = fmax(0, cp - core);
+    double cp_hidden = pr->cp_ring ? fmin(cp, core) : 0;
+    cp -= cp_hidden;
     // EP: per MoE layer and microbatch, dispatch (FP8 under --fp8) and combine forward, and
     // their gradients backward: each device sends its tokens' copies, top-k per token
     double moe_per_stage = per_stage * (double)moe_layers(m) / m->layers;
@@ -410,9 +413,8 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     double far = route_scale(c, m, l->ep, stride, pr->route_nodes);
     double dispatch = t_alltoall(c, copies * (pr->fp8 ? 1 : 2), l->ep, stride, far), other = t_alltoall(c, copies * 2, l->ep, stride, far);
     double a2a = dispatch + 3 * other + (l->recompute == RECOMPUTE_FULL ? dispatch + other : 0);
-    double ep = moe_per_stage * l->M * a2a;
-    ep -= hidden(pr->ep_overlap, ep, k.compute);
-    k.tp = tp, k.cp = cp, k.ep = ep;
+    double ep = moe_per_stage * l->M * a2a, ep_hidden = hidden(pr->ep_overlap, ep, k.compute);
+    k.tp = tp, k.cp = cp, k.ep = ep - ep_hidden;
     k.bubble = pipeline_bubble(l, zbv_bubble);
     // PP: a microbatch's activations (scattered across TP under SP) over each boundary,
     // forward and back: the sends of one device's chunks and of the fill on the critical path
@@ -432,7 +434,14 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
         double opt = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
         if (t + opt > dp + k.optimizer) dp = t, k.optimizer = opt;
     }
-    k.dp = dp - hidden(pr->dp_overlap, dp, k.compute);
+    double dp_hidden = hidden(pr->dp_overlap, dp, k.compute);
+    k.dp = dp - dp_hidden;
+    // hidden traffic is not free: its kernels take SMs from compute while they run (DeepSeek-
+    // V3 gives 20 of an H800's 132 to its all-to-alls), and compute there runs on the rest
+    if (pr->comm_sms > 0) {
+        k.overlap = (cp_hidden + ep_hidden + dp_hidden) * pr->comm_sms / c->sms;
+        k.compute += k.overlap;
+    }
     k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
     // memory: the device that holds the most, its stage's weights and activations
     for (int r = 0; r < l->pp; r++) {
