@@ -525,7 +525,7 @@ static Projection project_published(const Published* p) {
 // recorded (its rank, or its figure by more than 1%), so that a change of the model that
 // moves them updates the record, and the notes that quote it, on purpose.
 static int published(int check) {
-    printf("| run | layout | rank (goal: 10 or better) | rank, all on its schedule | predicted | published | off (goal) | as the model runs it |\n");
+    printf("| run | layout | rank (goal: 10 or better) | rank, every layout on its schedule | predicted | published | off (goal) | as the model runs it |\n");
     printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
     int drifted = 0;
     for (int i = 0; i < N_PUBLISHED; i++) {
