@@ -147,6 +147,11 @@ costmodel_inputs() {
     expect_error 2 "--tokens 1000 is not a whole number of sequences of --seq 256" "costmodel: a step of part of a sequence is refused" \
         -- $C $good ${shape/65536/1000}
     expect_error 2 "the model needs --heads" "costmodel: a shape without its heads is refused" -- $C $good ${shape/--heads 8/}
+    sed '/^sms /d' "$good" >"$bad"
+    expect_error 2 "--comm-sms: the cluster file gives no sms" "costmodel: --comm-sms on a cluster without its SMs is refused" \
+        -- $C "$bad" $shape --comm-sms 20
+    expect_error 2 "--comm-sms 132: a device has 132 SMs" "costmodel: --comm-sms as many as a device's SMs is refused" \
+        -- $C $good $shape --comm-sms 132
     expect_error 2 "--fp8: the cluster file gives no fp8_flops" "costmodel: --fp8 on a cluster without FP8 figures is refused" \
         -- $C cluster/nvlink-node.txt $shape --fp8
     # make cluster's predictions (replay): a run's summary, the links' alpha and beta as numbers,
@@ -170,7 +175,7 @@ costmodel_inputs() {
     # tools/costmodel.c and docs/cluster.md; a change of the model that moves one fails here
     run "$TMP/published" tools/costmodel published --check
     if [ $? = 0 ] && [ "$(grep -c '^| \(Llama\|DeepSeek\)' "$TMP/published")" = 4 ]; then
-        pass "costmodel: the published runs (Llama 3 405B x 3, DeepSeek-V3) project as recorded: $(grep -o '[0-9]* of [0-9]* | [^|]* |' "$TMP/published" | tr '\n' ' ')"
+        pass "costmodel: the published runs (Llama 3 405B x 3, DeepSeek-V3) project as recorded: $(grep -o '[0-9]* of [0-9]* | [0-9]* of [0-9]* | [^|]* |' "$TMP/published" | tr '\n' ' ')"
     else
         fail "costmodel: the published runs drifted from their record: $(head -c 400 "$TMP/published" | tr '\n' '|')"
     fi
