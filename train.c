@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
     double val_loss = validation_loss(&run);
     Figures fig = figures(&run, B);
     char layout[64] = "1 process";
-    if (cfg->experts) snprintf(layout, sizeof layout, "1 process, %d experts a layer, top-%d", cfg->experts, cfg->top_k);
+    if (cfg->experts) snprintf(layout, sizeof layout, "1 process, %d experts a %s, top-%d", cfg->experts,
+                                  cfg->model == MODEL_GPT ? "block" : "layer", cfg->top_k);
     Report rep = {"train.c", layout, "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations"};
     report_end(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run);
     if (!o.quiet) moe_print_load(cfg, &run.work.acts, &progress);

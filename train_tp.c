@@ -914,8 +914,8 @@ int main(int argc, char** argv) {
     snprintf(layout, sizeof layout, "tensor parallel over %d ranks: hidden slices of %d%s, vocabulary slices of %d",
              run.tp.size, run.t.hs, run.t.hs * run.tp.size > cfg->hidden ? " (padded)" : "", run.t.vs);
     if (is_gpt(cfg))
-        snprintf(layout, sizeof layout, "tensor parallel over %d ranks: %d heads and %d of the MLP's %d a rank, "
-                 "vocabulary slices of %d%s", run.tp.size, run.t.dims.NH, run.t.dims.F, 4 * cfg->emb, run.t.vs,
+        snprintf(layout, sizeof layout, "tensor parallel over %d ranks: %d head%s and %d of the MLP's %d a rank, "
+                 "vocabulary slices of %d%s", run.tp.size, run.t.dims.NH, run.t.dims.NH > 1 ? "s" : "", run.t.dims.F, 4 * cfg->emb, run.t.vs,
                  sp ? "; sequence parallel" : "");
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 

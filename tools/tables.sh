@@ -276,6 +276,26 @@ table_cp() {
     for r in cp2-ring cp2-ring-contiguous; do
         echo "- $r: $(grep '^  rank [0-9]* *positions' "$OUT/runs/$r.out" | sed 's/^ *//' | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
     done
+    # What exactness costs: the ring's two-pass softmax against the one-pass online softmax
+    # (--cp-softmax online, not train.c's bits), the same runs otherwise, alternated so that
+    # the machine's load falls on both; ms a step from each run's --summary, median of 3.
+    echo
+    echo "two passes (exact) against one (online), ring, ms a step, median of 3 alternating runs of 300 steps:"
+    local sm rep ms ms_exact ms_online
+    for n in 2 4; do
+        for rep in 1 2 3; do
+            for sm in exact online; do
+                $MPIRUN -n $n ./train_cp --model gpt --steps 300 --eval-every 0 --samples 0 --quiet --cp-softmax $sm \
+                    --summary "$OUT/runs/sm-$n-$sm-$rep.sum" </dev/null >/dev/null 2>&1
+            done
+        done
+        for sm in exact online; do
+            ms=$(for rep in 1 2 3; do sed -n 's/^seconds=//p' "$OUT/runs/sm-$n-$sm-$rep.sum"; done |
+                sort -g | sed -n 2p | awk '{printf "%.2f", $1 * 1000 / 300}')
+            eval "ms_$sm=$ms"
+        done
+        echo "- $n ranks: exact $ms_exact ms, online $ms_online ms: the two passes cost $(awk -v a="$ms_exact" -v b="$ms_online" 'BEGIN { printf "%+.0f%%", (a / b - 1) * 100 }')"
+    done
 }
 
 for t in ${*:-dp fsdp tp pp 3d nd ep schedules gpt_tp cp}; do
