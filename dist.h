@@ -87,8 +87,9 @@ static void* ring_scratch(long bytes) {
 }
 
 // dst[i] = dst[i] op src[i]: the reductions the programs use. Integer sums are exact in
-// any order, a maximum is exact, and the only float sum (the tensor-parallel embedding)
-// adds a single non-zero term per element: the ring's order never changes a bit.
+// any order, a maximum is exact, and the float sums (the tensor-parallel embedding, and the
+// vocabulary-parallel loss's target logit) add a single non-zero term per element: the
+// ring's order never changes a bit.
 static void ring_combine(void* dst, const void* src, long n, MPI_Datatype t, MPI_Op op) {
     if (t == MPI_INT64_T && op == MPI_SUM) {
         int64_t* d = dst;

@@ -34,6 +34,22 @@
  * clipping norm over the whole grid. Memory: ZeRO's, on this stage's tensor-parallel slices
  * and its experts, plus the pipeline's peak activations.
  *
+ * A step's communication, axis by axis (the calls are the strategies' own, made from here):
+ *   axis      group              what                                          called from
+ *   tensor    tp_group (T)       f and g: all-reduces, with --sp all-gathers    the units' passes in
+ *                                and reduce-scatters (train_tp.c tp_f_, tp_g_)  stage_forward/_backward
+ *   context   cp_group (C)       K, V round the ring or all-gathered; dK, dV    the block's attention
+ *                                home (train_cp.c cp_attention_*)               (the tensor block's hook)
+ *   pipeline  pp_group (P)       activations and gradients between stages       pp_step (train_pp.c)
+ *   data      dp_group (D x C)   ZeRO: a unit's all-gather before use, its      fsdp_unit_params,
+ *                                gradient's reduce-scatter after (ZeRO-1: one   fsdp_reduce_unit_grads,
+ *                                all-reduce), the updated shards' all-gather;   fsdp_reduce_grads, fsdp_step;
+ *                                the loss's sum (last stage)                    main
+ *   expert    ep_group (E)       the routing counts gathered; dispatch and      grid_plan, grid_moe_forward/
+ *                                combine all-to-alls (train_ep.c)               _backward
+ *             edp_group (D/E x C) ZeRO on the experts, as data above            the same fsdp_* calls
+ *   all       world_group        the aux loss, the clipping norm                main
+ *
  *   make train_3d && mpirun -n 8 --oversubscribe ./train_3d --tp 2 --dp 2 --pp 2
  *   mpirun -n 6 --oversubscribe ./train_3d --tp 2 --pp 3 --layers 3 --zero 1 --schedule gpipe
  *   mpirun -n 8 --oversubscribe ./train_3d --tp 2 --dp 2 --pp 2 --layers 4 --schedule zbv
@@ -78,7 +94,7 @@ typedef struct {
     int ring, zigzag;     // --cp-comm, --cp-split
     int ring_given, split_given;
     int zero, prefetch;   // --zero, --prefetch
-    int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
+    int M, sched, V, timeline; // --microbatches, --schedule, chunks a rank (--virtual; zbv: 2), --timeline
     int M_given;
     int sp;               // --sp: sequence parallelism on the tensor axis (the GPT)
     Group tp_group;       // the T ranks with this rank's (dp, pp): one stage's tensor-parallel slices
@@ -286,7 +302,8 @@ static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Act
 }
 // Its backward, whole: the layer's backward gives the experts' and the router's weight
 // gradients along with its input gradient (model.h), so even a schedule that runs I and W
-// apart runs a block with experts whole at its I; then both parts' gradients are reduced.
+// apart (the input and weight halves of backward, schedules.h) runs a block with experts
+// whole at its I; then both parts' gradients are reduced.
 static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s, int R, long batch, int prev) {
     const Config* c = &r->cfg;
     Tp* t = &r->tensor;
@@ -318,7 +335,8 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
 // A chunk's work (the pipeline's StageWork): its units in order, each one's
 // tensor-parallel slice gathered by FSDP just before use (a block with experts, its
 // experts too); each unit's weight gradient, whenever the schedule runs it, is
-// reduce-scattered at once. With --cp, the head's targets are those of this rank's
+// reduce-scattered at once (ZeRO-2 and 3; ZeRO-1 all-reduces every gradient after the
+// schedule, in main). With --cp, the head's targets are those of this rank's
 // positions.
 // (Unit u if it is a block with experts of the chunk [lo, hi), else -1: the next unit whose
 // experts FSDP may prefetch.)
@@ -817,9 +835,9 @@ int main(int argc, char** argv) {
         run.training = 1, run.aux = 0;
         int64_t loss = pp_step(&run.pipe, &batch); // the schedule, each stage's units tensor-parallel and sharded
         run.training = 0;
-        fsdp_reduce_grads(&run.fsdp);              // ZeRO-1: the whole slice's gradients, once the schedule is done
+        fsdp_reduce_grads(&run.fsdp);              // ZeRO-1 only: the whole slice's gradients, once the schedule is done
         if (moe) fsdp_reduce_grads(&run.expert_fsdp);
-        if (last) group_allreduce(&run.dp_group, &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows
+        if (last) group_allreduce(&run.dp_group, &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows and positions
         if (run.tp_group.rank == 0 && run.dp_group.rank == 0)
             pp_loss_to_first(&run.pipe, &loss); // to world rank 0, which prints
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // the loss is the mean over n targets

@@ -15,18 +15,22 @@
  *   rank i holds chunks i and 2N-1-i, so every rank has the same number of causal (query,
  *   key) pairs: 68 and 68 here, against 36 and 100 for the contiguous split (--cp-split).
  *
+ *   the ring: rank r sends to r + 1 and receives from r - 1 (mod N), so after h hops it holds
+ *   the block of rank r - h; after N - 1 hops it has seen every rank's.
+ *
  *   attention on rank 0 (ring, N = 2): pass 1, the row max       K0 -> scores; K1 arrives -> scores
  *                                      pass 2, the exact sums     V0 -> sums;   V1 arrives -> sums
  *                                      backward                   K0 V0 -> dq, dK0 dV0; K1 V1 dK1 dV1 arrive -> ...
  *                                                                 dK0 dV0 come home after a round
  *
  * Per rank and step, N ranks, batch B rows of T positions, C width, L blocks, P parameters
- * (a K or V block: B x T/N x C floats):
- *   sent  forward, each block: 2(N-1) K and V blocks (4 B)  (the ring's hops; the all-gather's (N-1)/N)
- *         backward, each block: 2(N-1) K and V blocks again (4 B), and the ring: 2N dK and dV
- *         blocks (8 B, exact sums); the all-gather: a reduce-scatter of dK and dV, 2(N-1) blocks (8 B)
- *         and the gradient all-reduce, 2(N-1)/N x 8 B x (P + 1 loss), as in data parallelism
- *   memory (4 + 8, + 8 with AdamW) B x P + the activations of T/N positions (attention's
+ * (a K or V block: B x T/N x C floats; sizes in bytes):
+ *   sent  forward, each block: 2(N-1) K and V blocks of 4-byte floats (the ring's hops; the
+ *         all-gather's (N-1)/N of N blocks each)
+ *         backward, each block: 2(N-1) K and V blocks again, and the ring: 2N dK and dV blocks
+ *         of 8-byte exact sums; the all-gather: a reduce-scatter of dK and dV, 2(N-1) blocks of 8
+ *         and the gradient all-reduce, 2(N-1)/N x 8 x (P + 1 loss), as in data parallelism
+ *   memory (4 + 8, + 8 with AdamW) x P + the activations of T/N positions (attention's
  *         probabilities: T/N x T a head) + the K and V blocks in flight (ring) or the whole
  *         K and V of the block at hand (all-gather)
  *   (Both gather K and V again in backward rather than keep every block's: a pipeline
@@ -109,7 +113,7 @@ static void cp_init(Cp* p, Group* cp, const Config* c, int rows, int ring, int z
     p->kT = mallocCheck(sizeof(float) * (long)C * p->Tq);
     p->expsum = mallocCheck(sizeof(int64_t) * heads), p->pv = mallocCheck(sizeof(int64_t) * n);
     p->dq = mallocCheck(sizeof(int64_t) * n);
-    p->run_sum = mallocCheck(sizeof(float) * heads), p->run_out = mallocCheck(sizeof(float) * n);
+    if (online) p->run_sum = mallocCheck(sizeof(float) * heads), p->run_out = mallocCheck(sizeof(float) * n);
     p->targets = mallocCheck(sizeof(int) * (long)rows * p->Tq);
 }
 static void cp_free(Cp* p) {
@@ -137,7 +141,8 @@ static void cp_pack_kv(const float* qkv, float* k, float* v, long n_tokens, int 
     }
 }
 // The ring's hop: send the block held to the next rank while the previous rank's arrives.
-// Posted before the compute on the block held, waited for after it, so that they overlap.
+// K and V hops are posted before the compute on the block held and waited for after it, so
+// that they overlap; a dK, dV hop cannot: its block's sums must be finished before it travels.
 static void cp_hop_start(Cp* p, const void* held, void* arriving, long count, MPI_Datatype type, int tag,
                          MPI_Request* req) {
     int next = (p->cp->rank + 1) % p->cp->size, prev = (p->cp->rank + p->cp->size - 1) % p->cp->size;
@@ -155,36 +160,36 @@ static void cp_hop_wait(MPI_Request* req, int n) {
 // Forward: atty and the probabilities att of this rank's queries, over every rank's keys.
 static void cp_attention_forward(Cp* p, BlockActs* a) {
     const BlockDims* d = &p->dims;
-    int N = p->cp->size, C = d->A, me = p->cp->rank; // C: the width of the heads held
-    long tokens = (long)d->R * p->Tq, n = tokens * C, heads = (long)d->R * d->NH * p->Tq;
+    int N = p->cp->size, A = d->A, me = p->cp->rank; // A: the width of the heads held
+    long tokens = (long)d->R * p->Tq, n = tokens * A, heads = (long)d->R * d->NH * p->Tq;
     for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY;
     fix_zero(p->expsum, heads), fix_zero(p->pv, n);
     if (!p->ring) { // all-gather: every rank's K, then every rank's V, in rank order
         float *kall = p->kv_all, *vall = kall + N * n;
-        cp_pack_kv(a->qkv, kall + me * n, vall + me * n, tokens, C);
+        cp_pack_kv(a->qkv, kall + me * n, vall + me * n, tokens, A);
         group_allgather(p->cp, kall + me * n, kall, n, MPI_FLOAT); // K of every rank
         group_allgather(p->cp, vall + me * n, vall, n, MPI_FLOAT); // V of every rank
         double t = trace_clock();
-        for (int q = 0; q < N; q++) attention_scores(a->att, p->rowmax, a->qkv, 3 * C, kall + q * n, C, cp_pos_of(p, q), p->Tq, d, p->kT);
-        for (int q = 0; q < N; q++) attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, vall + q * n, C, cp_pos_of(p, q), p->Tq, d, d->T);
+        for (int src = 0; src < N; src++) attention_scores(a->att, p->rowmax, a->qkv, 3 * A, kall + src * n, A, cp_pos_of(p, src), p->Tq, d, p->kT);
+        for (int src = 0; src < N; src++) attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, vall + src * n, A, cp_pos_of(p, src), p->Tq, d, d->T);
         trace_event("compute", t, trace_clock(), 0, "attention");
     } else { // the ring: pass 1 with K going round, pass 2 with V
-        cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, C);
+        cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, A);
         for (int pass = 0; pass < 2; pass++) {
             float** blk = pass == 0 ? p->k : p->v;
-            for (int h = 0, b = 0; h < N; h++, b ^= 1) { // block of rank me - h, held in blk[b]
+            for (int hop = 0, b = 0; hop < N; hop++, b ^= 1) { // block of rank me - hop, held in blk[b]
                 MPI_Request req[2];
-                int q = (me - h + N) % N;
-                if (h < N - 1) cp_hop_start(p, blk[b], blk[b ^ 1], n, MPI_FLOAT, pass, req); // to the next rank
+                int src = (me - hop + N) % N;
+                if (hop < N - 1) cp_hop_start(p, blk[b], blk[b ^ 1], n, MPI_FLOAT, pass, req); // to the next rank
                 double t = trace_clock();
-                if (pass == 0) attention_scores(a->att, p->rowmax, a->qkv, 3 * C, blk[b], C, cp_pos_of(p, q), p->Tq, d, p->kT);
-                else attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, blk[b], C, cp_pos_of(p, q), p->Tq, d, d->T);
-                trace_event("compute", t, trace_clock(), 0, "%s block %d", pass == 0 ? "scores" : "sums", q);
-                if (h < N - 1) cp_hop_wait(req, 2);
+                if (pass == 0) attention_scores(a->att, p->rowmax, a->qkv, 3 * A, blk[b], A, cp_pos_of(p, src), p->Tq, d, p->kT);
+                else attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, blk[b], A, cp_pos_of(p, src), p->Tq, d, d->T);
+                trace_event("compute", t, trace_clock(), 0, "%s block %d", pass == 0 ? "scores" : "sums", src);
+                if (hop < N - 1) cp_hop_wait(req, 2);
             }
         }
     }
-    attention_finish(a->att, a->atty, C, p->expsum, p->pv, d);
+    attention_finish(a->att, a->atty, A, p->expsum, p->pv, d);
 }
 
 // --cp-softmax online: ring attention as usually written, for comparison. K and V go round
@@ -195,40 +200,40 @@ static void cp_attention_forward(Cp* p, BlockActs* a) {
 // grows with the steps. Backward is the exact one, on P = exp(s - m) / S.
 static void cp_attention_forward_online(Cp* p, BlockActs* a) {
     const BlockDims* d = &p->dims;
-    int N = p->cp->size, C = d->A, HD = d->HD, me = p->cp->rank; // C: the width of the heads held
-    long tokens = (long)d->R * p->Tq, n = tokens * C, heads = (long)d->R * d->NH * p->Tq;
+    int N = p->cp->size, A = d->A, HD = d->HD, me = p->cp->rank; // A: the width of the heads held
+    long tokens = (long)d->R * p->Tq, n = tokens * A, heads = (long)d->R * d->NH * p->Tq;
     for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY, p->run_sum[i] = 0.0f;
     memset(p->run_out, 0, n * sizeof(float));
-    cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, C);
-    for (int h = 0, b = 0; h < N; h++, b ^= 1) {
+    cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, A);
+    for (int hop = 0, b = 0; hop < N; hop++, b ^= 1) {
         MPI_Request req[4];
-        int q = (me - h + N) % N;
-        const int* kpos = cp_pos_of(p, q);
-        if (h < N - 1) cp_hop_start(p, p->k[b], p->k[b ^ 1], n, MPI_FLOAT, 0, req);     // K onward
-        if (h < N - 1) cp_hop_start(p, p->v[b], p->v[b ^ 1], n, MPI_FLOAT, 1, req + 2); // V onward, with it
+        int src = (me - hop + N) % N;
+        const int* kpos = cp_pos_of(p, src);
+        if (hop < N - 1) cp_hop_start(p, p->k[b], p->k[b ^ 1], n, MPI_FLOAT, 0, req);     // K onward
+        if (hop < N - 1) cp_hop_start(p, p->v[b], p->v[b ^ 1], n, MPI_FLOAT, 1, req + 2); // V onward, with it
         double t0 = trace_clock();
-        float* bmax = p->D; // this block's row maxima
+        float* bmax = p->D; // this block's row maxima (D is backward's buffer, free in forward)
         for (long i = 0; i < heads; i++) bmax[i] = -INFINITY;
-        attention_scores(a->att, bmax, a->qkv, 3 * C, p->k[b], C, kpos, p->Tq, d, p->kT);
+        attention_scores(a->att, bmax, a->qkv, 3 * A, p->k[b], A, kpos, p->Tq, d, p->kT);
         for (int r = 0; r < d->R; r++)
             for (int hd = 0; hd < d->NH; hd++)
                 for (int i = 0; i < p->Tq; i++) {
                     long rhi = ((long)r * d->NH + hd) * p->Tq + i;
                     if (bmax[rhi] == -INFINITY) continue; // the mask hides this whole block
                     float m = p->rowmax[rhi] > bmax[rhi] ? p->rowmax[rhi] : bmax[rhi];
-                    float scale = expf(p->rowmax[rhi] - m), *o = p->run_out + ((long)r * p->Tq + i) * C + hd * HD;
+                    float scale = expf(p->rowmax[rhi] - m), *o = p->run_out + ((long)r * p->Tq + i) * A + hd * HD;
                     p->run_sum[rhi] *= scale;
                     for (int x = 0; x < HD; x++) o[x] *= scale;
                     for (int j = 0; j < p->Tq && kpos[j] <= d->pos[i]; j++) {
                         float e = expf(a->att[rhi * d->T + kpos[j]] - m);
-                        const float* vj = p->v[b] + ((long)r * p->Tq + j) * C + hd * HD;
+                        const float* vj = p->v[b] + ((long)r * p->Tq + j) * A + hd * HD;
                         p->run_sum[rhi] += e;
                         for (int x = 0; x < HD; x++) o[x] += e * vj[x];
                     }
                     p->rowmax[rhi] = m;
                 }
-        trace_event("compute", t0, trace_clock(), 0, "online block %d", q);
-        if (h < N - 1) cp_hop_wait(req, 4);
+        trace_event("compute", t0, trace_clock(), 0, "online block %d", src);
+        if (hop < N - 1) cp_hop_wait(req, 4);
     }
     for (int r = 0; r < d->R; r++) // y = O / S; P = exp(s - m) / S for backward
         for (int hd = 0; hd < d->NH; hd++)
@@ -237,7 +242,7 @@ static void cp_attention_forward_online(Cp* p, BlockActs* a) {
                 float* prow = a->att + rhi * d->T;
                 for (int t = 0; t < d->T; t++) prow[t] = t <= d->pos[i] ? expf(prow[t] - p->rowmax[rhi]) / p->run_sum[rhi] : 0.0f;
                 for (int x = 0; x < HD; x++)
-                    a->atty[((long)r * p->Tq + i) * C + hd * HD + x] = p->run_out[((long)r * p->Tq + i) * C + hd * HD + x] / p->run_sum[rhi];
+                    a->atty[((long)r * p->Tq + i) * A + hd * HD + x] = p->run_out[((long)r * p->Tq + i) * A + hd * HD + x] / p->run_sum[rhi];
             }
 }
 
@@ -245,37 +250,37 @@ static void cp_attention_forward_online(Cp* p, BlockActs* a) {
 // queries (exact) and brought home.
 static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
     const BlockDims* d = &p->dims;
-    int N = p->cp->size, C = d->A, me = p->cp->rank; // C: the width of the heads held
-    long tokens = (long)d->R * p->Tq, n = tokens * C;
-    attention_backward_d(p->D, datty, a->atty, C, d);
+    int N = p->cp->size, A = d->A, me = p->cp->rank; // A: the width of the heads held
+    long tokens = (long)d->R * p->Tq, n = tokens * A;
+    attention_backward_d(p->D, datty, a->atty, A, d);
     fix_zero(p->dq, n);
     if (!p->ring) { // every rank's K and V gathered again; dK and dV reduce-scattered home
         float *kall = p->kv_all, *vall = kall + N * n;
-        cp_pack_kv(a->qkv, kall + me * n, vall + me * n, tokens, C);
+        cp_pack_kv(a->qkv, kall + me * n, vall + me * n, tokens, A);
         group_allgather(p->cp, kall + me * n, kall, n, MPI_FLOAT); // K of every rank, again
         group_allgather(p->cp, vall + me * n, vall, n, MPI_FLOAT); // V of every rank, again
         fix_zero(p->dk_all, N * n), fix_zero(p->dv_all, N * n);
         double t = trace_clock();
-        for (int q = 0; q < N; q++)
-            attention_backward_block(p->dq, p->dk_all + q * n, p->dv_all + q * n, a->att, p->D, a->qkv, 3 * C,
-                                     kall + q * n, C, vall + q * n, C, datty, C, cp_pos_of(p, q), p->Tq, d, p->kT, d->T);
+        for (int src = 0; src < N; src++)
+            attention_backward_block(p->dq, p->dk_all + src * n, p->dv_all + src * n, a->att, p->D, a->qkv, 3 * A,
+                                     kall + src * n, A, vall + src * n, A, datty, A, cp_pos_of(p, src), p->Tq, d, p->kT, d->T);
         trace_event("compute", t, trace_clock(), 0, "attention backward");
         fix_zero(p->dk_mine, n), fix_zero(p->dv_mine, n);
         group_reduce_scatter(p->cp, p->dk_all, n, MPI_INT64_T, MPI_SUM, p->dk_mine); // dK home, exact
         group_reduce_scatter(p->cp, p->dv_all, n, MPI_INT64_T, MPI_SUM, p->dv_mine); // dV home, exact
     } else { // K, V and their accumulators dK, dV go round; after the round, dK and dV one hop more, home
-        cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, C);
+        cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, A);
         fix_zero(p->dk[0], n), fix_zero(p->dv[0], n);
         int b = 0;
-        for (int h = 0; h < N; h++, b ^= 1) {
+        for (int hop = 0; hop < N; hop++, b ^= 1) {
             MPI_Request req[8];
-            int q = (me - h + N) % N, kv = h < N - 1 ? 4 : 0; // K and V's requests: none after the last block
+            int src = (me - hop + N) % N, kv = hop < N - 1 ? 4 : 0; // K and V's requests: none after the last block
             if (kv) cp_hop_start(p, p->k[b], p->k[b ^ 1], n, MPI_FLOAT, 4, req);     // K onward, during the block
             if (kv) cp_hop_start(p, p->v[b], p->v[b ^ 1], n, MPI_FLOAT, 5, req + 2); // V onward
             double t = trace_clock();
-            attention_backward_block(p->dq, p->dk[b], p->dv[b], a->att, p->D, a->qkv, 3 * C, p->k[b], C, p->v[b], C,
-                                     datty, C, cp_pos_of(p, q), p->Tq, d, p->kT, d->T);
-            trace_event("compute", t, trace_clock(), 0, "backward block %d", q);
+            attention_backward_block(p->dq, p->dk[b], p->dv[b], a->att, p->D, a->qkv, 3 * A, p->k[b], A, p->v[b], A,
+                                     datty, A, cp_pos_of(p, src), p->Tq, d, p->kT, d->T);
+            trace_event("compute", t, trace_clock(), 0, "backward block %d", src);
             cp_hop_start(p, p->dk[b], p->dk[b ^ 1], n, MPI_INT64_T, 2, req + kv);     // dK onward, once added to
             cp_hop_start(p, p->dv[b], p->dv[b ^ 1], n, MPI_INT64_T, 3, req + kv + 2); // dV onward
             cp_hop_wait(req, kv + 4);
@@ -283,10 +288,10 @@ static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty,
         memcpy(p->dk_mine, p->dk[b], n * sizeof(int64_t)), memcpy(p->dv_mine, p->dv[b], n * sizeof(int64_t));
     }
     for (long i = 0; i < tokens; i++)
-        for (int x = 0; x < C; x++) {
-            dqkv[i * 3 * C + x] = (float)fix_to(p->dq[i * C + x]);
-            dqkv[i * 3 * C + C + x] = (float)fix_to(p->dk_mine[i * C + x]);
-            dqkv[i * 3 * C + 2 * C + x] = (float)fix_to(p->dv_mine[i * C + x]);
+        for (int x = 0; x < A; x++) {
+            dqkv[i * 3 * A + x] = (float)fix_to(p->dq[i * A + x]);
+            dqkv[i * 3 * A + A + x] = (float)fix_to(p->dk_mine[i * A + x]);
+            dqkv[i * 3 * A + 2 * A + x] = (float)fix_to(p->dv_mine[i * A + x]);
         }
 }
 
@@ -337,7 +342,7 @@ static int64_t cp_model_forward(Cp* p, const Config* c, const float* params, Wor
 static void cp_model_backward(Cp* p, const Config* c, const float* params, int64_t* grads, Work* w, long batch) {
     Acts* a = &w->acts;
     Scratch* s = &w->scratch;
-    long terms = batch * c->context;
+    long terms = batch * c->context; // the whole rows' count: every layout has the same exactness bound (transformer.h)
     int u = c->layers + 1;
     double t = trace_clock();
     gpt_head_backward_input(c, params + unit_offset(c, u), a, p->targets, s, s->stash, &p->dims, &w->ws);
@@ -359,11 +364,14 @@ static double cp_sent_formula(const Cp* p, const Config* c, long B, long np) {
 }
 // The attention buffers a rank holds besides train.c's activations of its positions: the
 // blocks in flight (ring: 2 K, 2 V, 2 dK, 2 dV), or every rank's K and V and the whole dK and
-// dV of the block at hand (all-gather); and the accumulators of its own.
+// dV of the block at hand (all-gather); the accumulators of its own (dK, dV, P.V, dq; the
+// row max, D, the sums of exp), a block of K transposed, and --cp-softmax online's running
+// sums and outputs. (Each is cp_init's allocation.)
 static double cp_attention_bytes(const Cp* p, const Config* c, long rows) {
     double N = p->cp->size, block = (double)rows * p->Tq * c->emb, heads = (double)rows * c->heads * p->Tq;
     double kv = p->ring ? 2 * (4 + 4 + 8 + 8) * block : 2 * N * 4 * block + 2 * N * 8 * block;
-    return kv + (8 + 8 + 8 + 8) * block + (4 + 4 + 8) * heads;
+    double online = p->online ? 4 * heads + 4 * block : 0;
+    return kv + (8 + 8 + 8 + 8) * block + (4 + 4 + 8) * heads + 4.0 * c->emb * p->Tq + online;
 }
 
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
@@ -448,8 +456,9 @@ static Figures figures(const Run* r, const Progress* pr, int B) {
     return f;
 }
 
-// --timeline: the last step on every rank, from its trace events: the scores (K) and sums
-// (V) of each block, backward blocks (b), waits for a hop (|), the rest of the model (f, B)
+// --timeline: the last step on every rank, from its trace events: the ring's scores (K) and
+// sums (V) of each block, --cp-softmax online's blocks (O), the all-gather's attention (A),
+// backward blocks (b), waits for a hop (|) and the other communication (>)
 static char cp_mark(const TraceEvent* e) {
     if (!strncmp(e->name, "scores", 6)) return 'K';
     if (!strncmp(e->name, "sums", 4)) return 'V';

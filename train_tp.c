@@ -27,16 +27,19 @@
  *
  *   x[its tokens] -> ln1 -> f: all-gather -> qkv ... proj -> g: reduce-scatter -> + x -> x1[its tokens]
  *
- * Per rank and step, N ranks, batch B (every rank takes every row; exact sums travel as 8 B):
- *   sent    2(N-1)/N x (4 B x B x T x E for the embedding
- *                       + 8 B x B x (each row-parallel layer's outputs + each column-parallel layer's inputs)
- *                       + 16 B x B when the loss is split by vocabulary)
- *           the GPT, B T tokens of width C: 2(N-1)/N x 8 B x B T C for each of a block's 4
- *           all-reduces; with --sp each becomes a reduce-scatter (8 B) and an all-gather
- *           (4 B) of (N-1)/N of it (tp_gpt_sent_formula has every term)
- *   memory  (4 + 8, + 8 with AdamW) B x (P/N + the row-parallel biases, held whole) + activations;
- *           the GPT's activations a block, by Korthikanti et al. for 4-byte floats:
- *           sbh(16 + 48/N + 4as/(hN)), with --sp sbh/N (64 + 4as/h) (tp_gpt_acts_formula)
+ * Per rank and step, t ranks, batch B rows of T positions, E the MLP model's embedding width
+ * (every rank takes every row; sizes in bytes: finished floats travel as 4, exact sums as 8):
+ *   sent    2(t-1)/t x (4 x B x T x E for the embedding
+ *                       + 8 x B x (each row-parallel layer's outputs + each column-parallel layer's inputs)
+ *                       + 16 x B when the loss is split by vocabulary)
+ *           the GPT, N = B T tokens of width C: 2(t-1)/t x 8 x N C for each of a block's 4
+ *           all-reduces; with --sp each becomes a reduce-scatter (8) and an all-gather (4)
+ *           of (t-1)/t of it (tp_gpt_sent_formula has every term)
+ *   memory  (4 + 8, + 8 with AdamW) x (P/t + the row-parallel biases, held whole) + activations;
+ *           the GPT's activations a block, Korthikanti et al.'s forms for 4-byte floats and no
+ *           dropout, plus LayerNorm's statistics (16 bytes a token):
+ *           sbh(16 + 48/t + 4as/(ht)) + 16sb, with --sp sbh/t (64 + 4as/h) + 16sb/t
+ *           (tp_gpt_acts_formula; docs/tp.md derives them from the paper's)
  *
  *   make train_tp && mpirun -n 2 ./train_tp              # --oversubscribe for more ranks than cores
  *   mpirun -n 3 ./train_tp --layers 2                    # the logits split by vocabulary too
@@ -44,7 +47,7 @@
  *   mpirun -n 2 ./train_tp --model gpt --sp              # and sequence parallel
  *
  * Compare with ./train (--model gpt for the GPT): the same losses, names and final
- * checkpoint, whatever N.
+ * checkpoint, whatever t. More, with the measured tables: docs/tp.md.
  *
  * Sections: the strategy (slices; f and g; column- and row-parallel linear layers;
  * vocabulary-parallel embedding and loss); the strategy, the GPT (f and g with and without
@@ -123,7 +126,7 @@ static void tp_init(Tp* t, Group* tp, const Config* c, int rows, int sp) {
         t->j[l] = tp_column(l) ? out_slice : linear_out(c, l);
         t->size[l] = (long)t->k[l] * t->j[l] + t->j[l];
     }
-    if (is_gpt(c)) { // a block: heads / t of the heads, F / t of the MLP (train_tp.c's main checks t divides them)
+    if (is_gpt(c)) { // a block: heads / t of the heads, F / t of the MLP (main, or train_3d.c's grid_resolve, checks t divides them)
         int C = c->emb, T = c->context, n = tp->size;
         long tokens = (long)rows * T + n, widest = C > t->vs ? C : t->vs;
         t->dims = gpt_dims(c, rows);
