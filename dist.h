@@ -454,6 +454,20 @@ static void dist_draw_timeline(MPI_Comm comm, int n, const double* t0, const dou
     if (root && most > 0) draw_timeline(size, lane_name, most, all0, all1, marks, width, legend);
     free(a0), free(a1), free(am), free(all0), free(all1), free(marks);
 }
+// --timeline from this rank's trace events (report.h): each event that mark() gives a letter
+// (0: not drawn), in seconds from step_t0, drawn by dist_draw_timeline above.
+static void dist_trace_timeline(MPI_Comm comm, double step_t0, char (*mark_of)(const TraceEvent*),
+                                const char* legend) {
+    long cap = trace_count > 0 ? trace_count : 1;
+    double *t0 = mallocCheck(sizeof(double) * cap), *t1 = mallocCheck(sizeof(double) * cap);
+    char* mark = mallocCheck((size_t)cap);
+    int n = 0;
+    for (long i = 0; i < trace_count; i++)
+        if ((mark[n] = mark_of(&trace_events[i])))
+            t0[n] = trace_events[i].t0 - step_t0, t1[n] = trace_events[i].t1 - step_t0, n++;
+    dist_draw_timeline(comm, n, t0, t1, mark, "rank", 96, legend);
+    free(t0), free(t1), free(mark);
+}
 
 #pragma GCC diagnostic pop
 #endif // DIST_H

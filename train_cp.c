@@ -471,17 +471,9 @@ static char cp_mark(const TraceEvent* e) {
     return 0;
 }
 static void cp_timeline(const Run* r, double step_t0) {
-    long cap = trace_count > 0 ? trace_count : 1;
-    double *t0 = mallocCheck(sizeof(double) * cap), *t1 = mallocCheck(sizeof(double) * cap);
-    char* mark = mallocCheck((size_t)cap);
-    int n = 0;
-    for (long i = 0; i < trace_count; i++)
-        if ((mark[n] = cp_mark(&trace_events[i])))
-            t0[n] = trace_events[i].t0 - step_t0, t1[n] = trace_events[i].t1 - step_t0, n++;
-    dist_draw_timeline(r->cp.comm, n, t0, t1, mark, "rank", 96, "K scores of a block of keys, V its exact sums, O "
-                       "both in one pass (--cp-softmax online), b its backward, A attention over the gathered blocks, "
-                       "| waiting for a hop, > a collective");
-    free(t0), free(t1), free(mark);
+    dist_trace_timeline(r->cp.comm, step_t0, cp_mark, "K scores of a block of keys, V its exact sums, O "
+                        "both in one pass (--cp-softmax online), b its backward, A attention over the gathered blocks, "
+                        "| waiting for a hop, > a collective");
 }
 
 // ----------------------------------------------------------------------------

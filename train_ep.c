@@ -438,16 +438,8 @@ static char ep_mark(const TraceEvent* e) {
     return 0;
 }
 static void ep_timeline(const Run* r, double step_t0) {
-    long cap = trace_count > 0 ? trace_count : 1;
-    double *t0 = mallocCheck(sizeof(double) * cap), *t1 = mallocCheck(sizeof(double) * cap);
-    char* mark = mallocCheck((size_t)cap);
-    int n = 0;
-    for (long i = 0; i < trace_count; i++)
-        if ((mark[n] = ep_mark(&trace_events[i])))
-            t0[n] = trace_events[i].t0 - step_t0, t1[n] = trace_events[i].t1 - step_t0, n++;
-    dist_draw_timeline(r->ep.comm, n, t0, t1, mark, "rank", 96, "r router, D dispatch, E experts, C combine, "
-                       "g gates' gradients, f other forward, b other backward, A all-reduce and all-gather");
-    free(t0), free(t1), free(mark);
+    dist_trace_timeline(r->ep.comm, step_t0, ep_mark, "r router, D dispatch, E experts, C combine, "
+                        "g gates' gradients, f other forward, b other backward, A all-reduce and all-gather");
 }
 
 // ----------------------------------------------------------------------------

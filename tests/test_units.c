@@ -791,6 +791,20 @@ static double gpt_objective(const double* theta, void* vctx) {
     free(h), free(y), free(qkv), free(a), free(m);
     return f;
 }
+// Row r of a GPT batch: a name of len[r] random characters (stream `salt`), then the stop
+// token 0, then padding (target -1); the tokens are [0, the name, 0...]. Loaded into w.
+static void gpt_test_batch(const Config* c, Work* w, int R, const int* len, uint64_t salt, int* tokens, int* targets) {
+    int T = c->context;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            int ch = 1 + (int)(rng_u64(salt, r, t) % (c->vocab - 1)), n = len[r];
+            tokens[r * T + t] = t == 0 || t > n ? 0 : targets[r * T + t - 1];
+            targets[r * T + t] = t < n ? ch : t == n ? 0 : -1;
+        }
+    work_init(w, c, R, NULL);
+    memcpy(w->acts.tokens, tokens, sizeof(int) * R * T);
+    memcpy(w->acts.targets, targets, sizeof(int) * R * T);
+}
 static void test_grad_gpt(int layers, int heads, int context, int emb) {
     Config c = {.model = MODEL_GPT, .heads = heads, .vocab = 7, .context = context, .emb = emb, .layers = layers};
     int R = 3, T = context;
@@ -798,19 +812,9 @@ static void test_grad_gpt(int layers, int heads, int context, int emb) {
     float* params = mallocCheck(sizeof(float) * np);
     for (int u = 0; u < n_units(&c); u++)
         for (long e = 0; e < unit_params(&c, u); e++) params[unit_offset(&c, u) + e] = unit_init_value(&c, 77 + layers, u, e);
-    int tokens[3 * 8], targets[3 * 8];
-    for (int r = 0; r < R; r++) { // names of 2, 4 and T-1 characters: padding, and a full row
-        int n = r == 0 ? 2 : r == 1 ? (T > 4 ? 4 : T - 1) : T - 1;
-        for (int t = 0; t < T; t++) {
-            int ch = 1 + (int)(rng_u64(63, r, t) % (c.vocab - 1));
-            tokens[r * T + t] = t == 0 || t > n ? 0 : targets[r * T + t - 1];
-            targets[r * T + t] = t < n ? ch : t == n ? 0 : -1;
-        }
-    }
+    int tokens[3 * 8], targets[3 * 8], len[3] = {2, T > 4 ? 4 : T - 1, T - 1}; // padding, and a full row
     Work w;
-    work_init(&w, &c, R, NULL);
-    memcpy(w.acts.tokens, tokens, sizeof(int) * R * T);
-    memcpy(w.acts.targets, targets, sizeof(int) * R * T);
+    gpt_test_batch(&c, &w, R, len, 63, tokens, targets);
     int64_t loss = model_forward(&c, params, &w, R, R);
     int64_t* grads = callocCheck(np, sizeof(int64_t));
     model_backward(&c, params, grads, &w, R, R);
@@ -1120,19 +1124,9 @@ static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity
         for (long e = 0; e < unit_params(&c, u); e++) // a sure router: uneven loads
             params[unit_offset(&c, u) + e] = unit_init_value(&c, 81 + layers + experts, u, e) *
                                              (is_moe(&c, u) && e >= bl.router_w && e < bl.shared ? 3.0f : 1.0f);
-    int tokens[3 * 5], targets[3 * 5];
-    for (int r = 0; r < R; r++) { // names of 1, 3 and T-1 characters: padding, and a full row
-        int n = r == 0 ? 1 : r == 1 ? 3 : T - 1;
-        for (int t = 0; t < T; t++) {
-            int ch = 1 + (int)(rng_u64(64, r, t) % (c.vocab - 1));
-            tokens[r * T + t] = t == 0 || t > n ? 0 : targets[r * T + t - 1];
-            targets[r * T + t] = t < n ? ch : t == n ? 0 : -1;
-        }
-    }
+    int tokens[3 * 5], targets[3 * 5], len[3] = {1, 3, T - 1}; // padding, and a full row
     Work w;
-    work_init(&w, &c, R, NULL);
-    memcpy(w.acts.tokens, tokens, sizeof(int) * R * T);
-    memcpy(w.acts.targets, targets, sizeof(int) * R * T);
+    gpt_test_batch(&c, &w, R, len, 64, tokens, targets);
     w.acts.training = 1;
     int64_t loss = model_forward(&c, params, &w, R, R);
     long dropped = 0;
