@@ -47,7 +47,7 @@ mpi:
 	@tools/need.sh $(MPIEXEC) openmpi-bin
 train_%: train_%.c $(HEADERS) dist.h schedules.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDLIBS)
-train_3d: train_3d.c train_fsdp.c train_tp.c train_pp.c $(HEADERS) dist.h schedules.h | mpi
+train_3d: train_3d.c train_fsdp.c train_tp.c train_pp.c train_cp.c train_ep.c $(HEADERS) dist.h schedules.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ train_3d.c $(LDLIBS)
 
 tests/test_units: tests/test_units.c $(HEADERS)

@@ -594,10 +594,9 @@ static long moe_capacity(const Config* c, long n_total, int training) {
 // gathered): each token's place among all those that chose its expert, and so which are
 // kept (place < C); how many tokens each rank sends each expert, and so the rows this rank
 // sends to and receives from each rank; this rank's dispatch order.
+static void moe_dispatch(const Config* c, MoeLayer* m, int rank, int n);
 static void moe_plan(const Config* c, MoeLayer* m, const int* counts, int ranks, int rank, int n, long C) {
     int X = c->experts, k = c->top_k;
-    long x_lo, x_hi;
-    split_range(X, ranks, rank, &x_lo, &x_hi);
     moe_reserve(m, c, ranks, 0, 0);
     for (int x = 0; x < X; x++) { // places: by slot, then rank (that is, by token of the batch)
         long place = 0;
@@ -616,7 +615,27 @@ static void moe_plan(const Config* c, MoeLayer* m, const int* counts, int ranks,
             }
             m->kept[(long)s * X + x] = (int)kept;
         }
-    // rows to and from each rank: the experts each holds
+    // this rank's tokens: kept or dropped
+    int* seen = m->next; // [k][X] tokens of this rank met so far in each block
+    memset(seen, 0, (size_t)k * X * sizeof(int));
+    for (int j = 0; j < k; j++)
+        for (int r = 0; r < n; r++) {
+            int x = m->choice[(long)r * k + j];
+            long place = m->start[((long)rank * k + j) * X + x] + seen[j * X + x]++;
+            m->slot[(long)r * k + j] = place < C ? 0 : -1;
+        }
+    moe_dispatch(c, m, rank, n);
+}
+// The rest of a plan, once it says which of this rank's tokens' choices are kept (m->slot:
+// 0 kept, -1 dropped) and how many tokens each of the m->ranks ranks sends each expert
+// (m->kept, moe_reserve's): the rows this rank sends to and receives from each rank (the
+// experts each holds: split_range), and its places in the dispatch order, by expert, then
+// slot, then token. (moe_plan's places assume the ranks' tokens are contiguous ranges of
+// the batch; train_3d.c's grid, whose ranks hold parts of rows, finds them itself.)
+static void moe_dispatch(const Config* c, MoeLayer* m, int rank, int n) {
+    int X = c->experts, k = c->top_k, ranks = m->ranks;
+    long x_lo, x_hi;
+    split_range(X, ranks, rank, &x_lo, &x_hi);
     m->n_sent = m->n_recv = 0;
     for (int q = 0; q < ranks; q++) {
         long lo, hi, to = 0, from = 0;
@@ -627,15 +646,6 @@ static void moe_plan(const Config* c, MoeLayer* m, const int* counts, int ranks,
         m->n_sent += to, m->n_recv += from;
     }
     moe_reserve(m, c, ranks, m->n_sent, m->n_recv);
-    // this rank's tokens: kept or dropped, then their places in the dispatch order
-    int* seen = m->next; // [k][X] tokens of this rank met so far in each block
-    memset(seen, 0, (size_t)k * X * sizeof(int));
-    for (int j = 0; j < k; j++)
-        for (int r = 0; r < n; r++) {
-            int x = m->choice[(long)r * k + j];
-            long place = m->start[((long)rank * k + j) * X + x] + seen[j * X + x]++;
-            m->slot[(long)r * k + j] = place < C ? 0 : -1;
-        }
     int* at = m->next; // [X] each expert's next place in the dispatch order
     for (int x = 0, i = 0; x < X; x++) at[x] = i, i += m->kept[(long)rank * X + x];
     for (int j = 0; j < k; j++)
@@ -648,8 +658,9 @@ static void moe_plan(const Config* c, MoeLayer* m, const int* counts, int ranks,
 }
 
 // A training pass's load-balancing loss: each expert's coefficient alpha X f_x (from every
-// rank's counts), the exact sum of this rank's tokens' terms added to *aux, and the load
-// figures.
+// rank's counts: counts[ranks][k][X] holds the batch's choices split by ranks in any way,
+// or summed into one), the exact sum of this rank's tokens' terms added to *aux, and the
+// load figures (`rank`: this rank's place in the plan).
 static void moe_balance(const Config* c, MoeLayer* m, const int* counts, int ranks, int rank, int n, long n_total,
                         long C, int64_t* aux) {
     int X = c->experts, k = c->top_k;
@@ -1199,12 +1210,33 @@ static void gpt_unit_backward_weight(const Config* c, int u, int64_t* g, const A
 // (after every shared parameter: moe_shared_params)
 static long moe_router_at(const Config* c) { return is_gpt(c) ? gpt_moe_layout(c).router_w : 0; }
 
-// The GPT's tokens in a pass of R rows: positions r T + t, in order, into m->token; their count
-static int gpt_moe_tokens(const Config* c, MoeLayer* m, const Acts* a, int R) {
+// The GPT's tokens in a pass of d->R rows of the d->Tq positions held here (all T; a
+// context-parallel rank's share in train_3d.c): rows r Tq + i of the block's tensors, in
+// order, into m->token; their count
+static int gpt_moe_tokens(const Config* c, MoeLayer* m, const Acts* a, const BlockDims* d) {
     int n = 0;
-    for (long i = 0; i < (long)R * c->context; i++)
-        if (!a->training || a->targets[i] >= 0) m->token[n++] = (int)i;
+    for (int r = 0; r < d->R; r++)
+        for (int i = 0; i < d->Tq; i++)
+            if (!a->training || a->targets[(long)r * c->context + dims_pos(d, i)] >= 0) m->token[n++] = r * d->Tq + i;
     return n;
+}
+// The tokens' rows of x [R Tq][C] into rows [n][C]; the reverse, zeros at other positions
+static void gpt_moe_gather(float* rows, const MoeLayer* m, const float* x, int C) {
+    for (int i = 0; i < m->n; i++) memcpy(rows + (long)i * C, x + (long)m->token[i] * C, C * sizeof(float));
+}
+static void gpt_moe_scatter(float* x, const MoeLayer* m, const float* rows, long N, int C) {
+    memset(x, 0, (size_t)N * C * sizeof(float));
+    for (int i = 0; i < m->n; i++) memcpy(x + (long)m->token[i] * C, rows + (long)i * C, C * sizeof(float));
+}
+// The residual after the layer: out [N][C] = the layer's output h [n][C] + x1 at each token,
+// x1 alone at any other position
+static void gpt_moe_residual(float* out, const float* x1, const MoeLayer* m, const float* h, long N, int C) {
+    memcpy(out, x1, (size_t)N * C * sizeof(float));
+    for (int i = 0; i < m->n; i++) {
+        float *o = out + (long)m->token[i] * C;
+        const float* hi = h + (long)i * C;
+        for (int j = 0; j < C; j++) o[j] = hi[j] + o[j];
+    }
 }
 
 // Forward, before the layer: the unit's own ops, then the layer's tokens: returns their
@@ -1224,24 +1256,17 @@ static int moe_unit_before(const Config* c, int u, const float* w, Acts* a, Scra
     block_forward_qkv(a->out[u - 1], &p, &ba, &d, ws);
     attention_forward(ba.atty, ba.att, ba.qkv, &d, s->tmp, s->acc);                       // causal, exact over keys
     block_forward_proj(a->out[u - 1], &p, &ba, &d, s->acc, ws);                           // x1, and ln2
-    int n = gpt_moe_tokens(c, m, a, R), C = c->emb;
-    for (int i = 0; i < n; i++) memcpy(m->in + (long)i * C, ba.ln2 + (long)m->token[i] * C, C * sizeof(float));
+    m->n = gpt_moe_tokens(c, m, a, &d);
+    gpt_moe_gather(m->in, m, ba.ln2, c->emb);
     *in = m->in, *out = s->tmp;
-    return n;
+    return m->n;
 }
 // After the layer: the GPT's residual, the layer's output at each token added to x1
 static void moe_unit_after(const Config* c, int u, Acts* a, Scratch* s, int R) {
     if (!is_gpt(c)) return;
-    const MoeLayer* m = &a->moe[u];
     BlockDims d = gpt_block_dims(c, u, R);
     BlockActs ba = block_acts(a->saved[u], &d, a->rows);
-    int C = c->emb;
-    float* out = a->out[u];
-    memcpy(out, ba.x1, (size_t)R * c->context * C * sizeof(float));
-    for (int i = 0; i < m->n; i++) {
-        float *o = out + (long)m->token[i] * C, *h = s->tmp + (long)i * C;
-        for (int j = 0; j < C; j++) o[j] = h[j] + o[j];                                   // residual
-    }
+    gpt_moe_residual(a->out[u], ba.x1, &a->moe[u], s->tmp, (long)R * c->context, c->emb);
 }
 // Backward, before the layer: its tokens' input rows [n][K] (*in), their output gradients
 // [n][H] (*dout: the GPT's gathered into s->tmp), and where the layer writes their input
@@ -1254,8 +1279,7 @@ static void moe_unit_backward_before(const Config* c, int u, Acts* a, Scratch* s
         *in = a->out[u - 1], *dout = s->dout;
         return;
     }
-    int C = c->emb;
-    for (int i = 0; i < m->n; i++) memcpy(s->tmp + (long)i * C, s->dout + (long)m->token[i] * C, C * sizeof(float));
+    gpt_moe_gather(s->tmp, m, s->dout, c->emb);
     *in = m->in, *dout = s->tmp;
 }
 // After it: the GPT's ops before the layer, backward, from the tokens' input gradients in
@@ -1272,9 +1296,7 @@ static void moe_unit_backward_after(const Config* c, int u, const float* w, int6
     BlockActs ba = block_acts(a->saved[u], &d, a->rows);
     BlockStash st = block_stash(s->stash, &d, R);
     long N = (long)R * c->context;
-    int C = c->emb;
-    memset(st.dln2, 0, (size_t)N * C * sizeof(float)); // ln2's output gradient: the tokens' from the layer, 0 elsewhere
-    for (int i = 0; i < m->n; i++) memcpy(st.dln2 + (long)m->token[i] * C, s->din + (long)i * C, C * sizeof(float));
+    gpt_moe_scatter(st.dln2, m, s->din, N, c->emb); // ln2's output gradient: the tokens' from the layer, 0 elsewhere
     float *datty = s->tmp, *small = s->tmp + N * d.A;
     block_backward_proj(datty, s->dout, &p, &ba, &st, &d, ws);                            // ln2 (+ the residual), proj
     attention_backward(st.dqkv, datty, ba.qkv, ba.att, ba.atty, &d, small, s->acc);       // exact over keys, queries
@@ -1300,9 +1322,11 @@ static long unit_stash_at(const Config* c, const UnitSizes* sz, int u) { return 
 static void gpt_unit_sizes(const Config* c, const BlockDims* d, int vs, int h, UnitSizes* sz) {
     int C = c->emb, head = c->layers + 1;
     for (int u = 0; u < head; u++) {
+        BlockDims b = *d;
+        if (is_moe(c, u)) b.F = 0; // its experts keep their own activations, in its MoeLayer
         sz->out[u] = h * C;
-        sz->saved[u] = u == 0 ? 0 : block_acts_held(d, h);
-        sz->stash[u] = u == 0 ? sz->out[0] : block_stash_per_row(d);
+        sz->saved[u] = u == 0 ? 0 : block_acts_held(&b, h);
+        sz->stash[u] = u == 0 ? sz->out[0] : block_stash_per_row(&b);
     }
     sz->out[head] = d->Tq * vs, sz->saved[head] = (long)h * (C + 2), sz->stash[head] = (long)d->Tq * vs + (long)h * C;
 }

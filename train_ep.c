@@ -43,14 +43,157 @@
  * Compare with ./train --experts 4 (--model gpt): the same losses, names and final
  * checkpoint, whatever N.
  *
- * Sections: the state of one run; the strategy (an MoE layer's all-to-alls, the replicated
- * gradients' all-reduce); the forward pass and the figures; options; main.
+ * Sections: the strategy (an MoE layer's all-to-alls, which train_3d.c's expert axis runs
+ * too); the state of one run (and the replicated gradients' all-reduce); the forward pass
+ * and the figures; options; main.
  */
 #include "model.h"
 #include "ckpt.h"
 #include "cli.h"
 #include "report.h"
 #include "dist.h"
+
+// ----------------------------------------------------------------------------
+// the strategy: tokens to their experts and back
+//
+// An MoE layer is model.h's steps (its moe_forward runs them on one process) with the
+// communication between them here: every rank's counts of choices all-gathered, then two
+// all-to-alls, dispatch (each token's row to the rank holding its expert) and combine (each
+// expert's output back to its token's rank); backward, two more: the output gradients the
+// way dispatch went, the input gradients back the way combine came.
+//
+// The functions below take the router's and the experts' parameters as two pointers, so
+// train_3d.c runs them on its expert-parallel group, with parameters FSDP has just gathered
+// (the router with the block's attention, the experts apart).
+
+typedef struct {
+    Group* ep;        // the N ranks the experts are split over: the all-to-alls
+    Group* counts_to; // the same ranks, where the plan's counts are all-gathered (train_ep.c:
+                      // its group of the all-reduce, whose bytes count them; train_3d.c: ep)
+    int x_lo, x_hi;   // this rank's experts [x_lo, x_hi) of every MoE layer
+    int* counts;      // [N][k][X]: every rank's choices in an MoE layer, by slot and expert
+    int* a2a;         // [4][N]: an all-to-all's counts and displacements
+    // train_3d.c's plan, where the ranks of the group do not hold the whole batch (model.h's
+    // capacity and load-balancing loss are batch-wide); NULL here: ep_plan
+    void (*plan)(void* ctx, const Config* c, MoeLayer* m, int n, int training, int64_t* aux);
+    void* plan_ctx;
+} Ep;
+
+// X experts of every layer over the ranks of `ep`, a contiguous range each (split_range)
+static void ep_init(Ep* p, Group* ep, Group* counts_to, const Config* c) {
+    long lo, hi;
+    split_range(c->experts, ep->size, ep->rank, &lo, &hi);
+    *p = (Ep){.ep = ep, .counts_to = counts_to, .x_lo = (int)lo, .x_hi = (int)hi};
+    p->counts = mallocCheck(sizeof(int) * ep->size * c->top_k * c->experts);
+    p->a2a = mallocCheck(sizeof(int) * 4 * ep->size);
+}
+static void ep_free(Ep* p) { free(p->counts), free(p->a2a); }
+
+// An all-to-all of rows of `width` floats: send_rows[q] of them to rank q (the rows are in
+// rank order), recv_rows[q] of them from rank q, into recv in rank order.
+static void ep_all_to_all(Ep* p, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
+                          const char* what) {
+    int N = p->ep->size, me = p->ep->rank;
+    int *sc = p->a2a, *sd = sc + N, *rc = sd + N, *rd = rc + N;
+    long s = 0, t = 0; // MPI counts are ints: the totals must fit one
+    for (int q = 0; q < N; q++) s += (long)send_rows[q] * width, t += (long)recv_rows[q] * width;
+    if (s > INT_MAX || t > INT_MAX) fatal("%s: %ld floats, more than one MPI all-to-all sends; lower --batch", what, s > t ? s : t);
+    for (int q = 0, so = 0, ro = 0; q < N; q++) {
+        sc[q] = send_rows[q] * width, sd[q] = so, so += sc[q];
+        rc[q] = recv_rows[q] * width, rd[q] = ro, ro += rc[q];
+    }
+    double t0 = now_seconds(), sent = p->ep->sent;
+    waiting_for = what;
+    MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, p->ep->comm);
+    waiting_for = NULL;
+    for (int q = 0; q < N; q++) // what stays on this rank is not sent
+        if (q != me) {
+            if (sc[q]) count_sent(p->ep, 4.0 * sc[q]);
+            if (rc[q]) count_received(p->ep, 4.0 * rc[q]);
+        }
+    trace_event("comm", t0, now_seconds(), p->ep->sent - sent, "%s", what);
+}
+
+// The plan of a pass, once the router has chosen: every rank's counts of choices, so that
+// every rank knows the batch's tokens, which of them the capacity keeps, and how many rows
+// each rank sends each other; in training, the load-balancing loss (its exact terms of this
+// rank's tokens added to *aux). The ranks' tokens are the whole batch, contiguous ranges of
+// it in rank order.
+static void ep_plan(Ep* p, const Config* c, MoeLayer* m, int n, int training, int64_t* aux) {
+    int N = p->ep->size;
+    group_allgather(p->counts_to, m->mine, p->counts, (long)c->top_k * c->experts, MPI_INT);
+    long n_total = moe_batch_tokens(c, p->counts, N), C = moe_capacity(c, n_total, training);
+    moe_plan(c, m, p->counts, N, p->ep->rank, n, C);
+    if (training) moe_balance(c, m, p->counts, N, p->ep->rank, n, n_total, C, aux);
+}
+
+// The layer of experts of MoE unit u on this rank's n tokens, in [n][K] -> out [n][H] (the
+// unit around it gives them: model.h's moe_unit_before); `wr` is the router's weight, `we`
+// this rank's experts [x_lo, x_hi), one after another. `training`: capacity and the
+// load-balancing loss apply (its terms added to *aux).
+static void ep_moe_forward(Ep* p, const Config* c, const float* wr, const float* we, MoeLayer* m, const float* in,
+                           float* out, int n, int training, int64_t* aux, Workspace* ws) {
+    const Expert* e = &m->e;
+    int N = p->ep->size, X = c->experts;
+    moe_route(c, m, in, wr, n, ws); // the router on this rank's tokens, then the plan
+    if (p->plan) p->plan(p->plan_ctx, c, m, n, training, aux);
+    else ep_plan(p, c, m, n, training, aux);
+    moe_permute(m, in);
+    // dispatch: each kept token's input row to the rank holding its expert
+    ep_all_to_all(p, m->sent, m->send_rows, m->recv_in, m->recv_rows, e->K, "dispatch");
+    // this rank's experts on the tokens they received: from rank 0 a block for each of its
+    // experts in order, then from rank 1, ... (the plan's kept[rank][expert] rows each)
+    double t = trace_clock();
+    for (int q = 0, at = 0; q < N; q++)
+        for (int x = p->x_lo; x < p->x_hi; x++) {
+            int rows = m->kept[(long)q * X + x];
+            if (rows == 0) continue;
+            expert_forward(e, m->recv_h + (long)at * e->H, m->recv_saved + (long)at * e->saved,
+                           m->recv_in + (long)at * e->K, we + moe_expert_at(e, x, p->x_lo), rows, m->tmp, m->acc, ws);
+            at += rows;
+        }
+    trace_event("compute", t, trace_clock(), 0, "experts %d", m->layer);
+    // combine: each expert's output row back to its token's rank, then each token's gated sum
+    ep_all_to_all(p, m->recv_h, m->recv_rows, m->back, m->send_rows, e->H, "combine");
+    moe_unpermute(c, m, out, n);
+}
+
+// Its backward: from its tokens' output gradients dout [n][H], their input gradients din
+// [n][K] (in: their input rows), and the exact gradients of the router (into gr) and of
+// this rank's experts (into ge) added (`terms`: tokens in the batch, or a bound alike in
+// every layout). An expert's weight gradient sums, exactly, its tokens from every rank on
+// the rank that holds it: it needs no all-reduce. The router's, replicated, does.
+static void ep_moe_backward(Ep* p, const Config* c, const float* wr, const float* we, int64_t* gr, int64_t* ge,
+                            MoeLayer* m, const float* in, const float* dout, float* din, long terms, Workspace* ws) {
+    const Expert* e = &m->e;
+    int N = p->ep->size, X = c->experts, n = m->n;
+    moe_unpermute_backward(c, m, dout, n); // the gates' gradients; each kept token's output gradient
+    // the output gradients to the experts' ranks (the backward of combine, the way dispatch goes)
+    ep_all_to_all(p, m->sent, m->send_rows, m->recv_d, m->recv_rows, e->H, "dispatch (backward)");
+    double t = trace_clock();
+    for (int q = 0, at = 0; q < N; q++)
+        for (int x = p->x_lo; x < p->x_hi; x++) {
+            int rows = m->kept[(long)q * X + x];
+            if (rows == 0) continue;
+            long off = moe_expert_at(e, x, p->x_lo);
+            expert_backward(e, m->recv_din + (long)at * e->K, ge + off, m->recv_d + (long)at * e->H,
+                            m->recv_in + (long)at * e->K, m->recv_h + (long)at * e->H,
+                            m->recv_saved + (long)at * e->saved, we + off, rows, terms, m->tmp, m->acc, ws);
+            at += rows;
+        }
+    trace_event("compute", t, trace_clock(), 0, "experts backward %d", m->layer);
+    // the input gradients back to the tokens' ranks (the backward of dispatch, the way combine goes)
+    ep_all_to_all(p, m->recv_din, m->recv_rows, m->back, m->send_rows, e->K, "combine (backward)");
+    moe_router_backward(c, m, wr, gr, in, din, n, terms, ws);
+    moe_permute_backward(c, m, din, n); // plus each kept token's input gradient from its experts
+}
+
+// The all-to-all's formula, on the tokens the routing sent: 4 B x (K + H) for each token
+// sent to or received from another rank (forward dispatch K and combine H; backward
+// dispatch H and combine K), for `tokens` of them (model.h's MoeLayer counts them).
+static double ep_a2a_bytes_of(const Expert* e, double tokens) { return 4.0 * (e->K + e->H) * tokens; }
+
+#ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
 
 #define RUN_LINE "mpirun -n 2 ./train_ep --experts 4"
 
@@ -62,18 +205,18 @@ typedef struct {
     Dataset ds;        // the data
     State st;          // the replicated weights and this rank's experts, unit by unit (ep_layout)
     long off[MAX_LAYERS + 2], n[MAX_LAYERS + 2]; // where each unit starts in st, and its size here
-    int x_lo, x_hi;    // this rank's experts [x_lo, x_hi) of every MoE layer
+    Ep experts;        // this rank's experts [x_lo, x_hi) of every MoE layer, and the all-to-alls
     Work work;         // activations of this rank's rows, and each MoE layer's plan (model.h's MoeLayer)
     Group ep;          // every rank: the all-to-alls (their bytes counted apart)
     Group dp;          // every rank: the all-reduce of the replicated gradients and the loss, the counts
     int64_t* packed;   // the replicated gradients, packed for their one all-reduce
-    int* counts;       // [N][k][X]: every rank's choices in an MoE layer, by slot and expert
-    int* ep_counts;    // [4][N]: an all-to-all's counts and displacements
+    int* gathered;     // [2][N]: the probabilities' counts and displacements, for sampling
     int timeline;      // --timeline
 } Run;
 
 static void run_free(Run* r) {
-    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), free(r->packed), free(r->counts), free(r->ep_counts);
+    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), free(r->packed), free(r->gathered);
+    ep_free(&r->experts);
 }
 
 // Unit u as this rank holds it: an MoE unit's shared parameters (the MLP's router; the
@@ -83,7 +226,7 @@ static void ep_layout(Run* r) {
     const Config* c = &r->cfg;
     long at = 0;
     for (int u = 0; u < n_units(c); u++) {
-        long held = moe_shared_params(c, u) + (long)(r->x_hi - r->x_lo) * expert_params(c, u);
+        long held = moe_shared_params(c, u) + (long)(r->experts.x_hi - r->experts.x_lo) * expert_params(c, u);
         r->n[u] = is_moe(c, u) ? held : unit_params(c, u);
         r->off[u] = at, at += r->n[u];
     }
@@ -92,7 +235,7 @@ static void ep_layout(Run* r) {
 static long ep_canonical(const void* ctx, int u, long e) {
     const Run* r = ctx;
     if (!is_moe(&r->cfg, u) || e < moe_shared_params(&r->cfg, u)) return e;
-    return e + (long)r->x_lo * expert_params(&r->cfg, u);
+    return e + (long)r->experts.x_lo * expert_params(&r->cfg, u);
 }
 static Holding ep_holding(Run* r) {
     Holding h = {.canonical = ep_canonical, .ctx = r};
@@ -103,113 +246,6 @@ static Holding ep_holding(Run* r) {
         h.at[2][u] = r->st.v ? r->st.v + r->off[u] : NULL;
     }
     return h;
-}
-
-// ----------------------------------------------------------------------------
-// the strategy: tokens to their experts and back
-//
-// An MoE layer is model.h's steps (its moe_forward runs them on one process) with the
-// communication between them here: every rank's counts of choices all-gathered, then two
-// all-to-alls, dispatch (each token's row to the rank holding its expert) and combine (each
-// expert's output back to its token's rank); backward, two more: the output gradients the
-// way dispatch went, the input gradients back the way combine came.
-
-// An all-to-all of rows of `width` floats: send_rows[q] of them to rank q (the rows are in
-// rank order), recv_rows[q] of them from rank q, into recv in rank order.
-static void ep_all_to_all(Run* r, const float* send, const int* send_rows, float* recv, const int* recv_rows,
-                          int width, const char* what) {
-    int N = r->ep.size, me = r->ep.rank;
-    int *sc = r->ep_counts, *sd = sc + N, *rc = sd + N, *rd = rc + N;
-    long s = 0, t = 0; // MPI counts are ints: the totals must fit one
-    for (int q = 0; q < N; q++) s += (long)send_rows[q] * width, t += (long)recv_rows[q] * width;
-    if (s > INT_MAX || t > INT_MAX) fatal("%s: %ld floats, more than one MPI all-to-all sends; lower --batch", what, s > t ? s : t);
-    for (int q = 0, so = 0, ro = 0; q < N; q++) {
-        sc[q] = send_rows[q] * width, sd[q] = so, so += sc[q];
-        rc[q] = recv_rows[q] * width, rd[q] = ro, ro += rc[q];
-    }
-    double t0 = now_seconds(), sent = r->ep.sent;
-    waiting_for = what;
-    MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, r->ep.comm);
-    waiting_for = NULL;
-    for (int q = 0; q < N; q++) // what stays on this rank is not sent
-        if (q != me) {
-            if (sc[q]) count_sent(&r->ep, 4.0 * sc[q]);
-            if (rc[q]) count_received(&r->ep, 4.0 * rc[q]);
-        }
-    trace_event("comm", t0, now_seconds(), r->ep.sent - sent, "%s", what);
-}
-
-// The layer of experts of MoE unit u on this rank's n tokens, in [n][K] -> out [n][H] (the
-// unit around it gives them: model.h's moe_unit_before); `w` holds the unit's shared
-// parameters, the router's weight among them, and this rank's experts [x_lo, x_hi).
-static void ep_moe_forward(Run* r, int u, const float* w, Acts* a, const float* in, float* out, int n) {
-    const Config* c = &r->cfg;
-    MoeLayer* m = &a->moe[u];
-    const Expert* e = &m->e;
-    const float* we = w + moe_shared_params(c, u);
-    Workspace* ws = &r->work.ws;
-    int N = r->ep.size, X = c->experts;
-    // the router on this rank's tokens, then every rank's counts of choices, so that every
-    // rank knows the batch's tokens, which of them the capacity keeps, and how many rows each
-    // rank sends each other
-    moe_route(c, m, in, w + moe_router_at(c), n, ws);
-    group_allgather(&r->dp, m->mine, r->counts, (long)c->top_k * X, MPI_INT); // counted with the all-reduce
-    long n_total = moe_batch_tokens(c, r->counts, N), C = moe_capacity(c, n_total, a->training);
-    moe_plan(c, m, r->counts, N, r->ep.rank, n, C);
-    if (a->training) moe_balance(c, m, r->counts, N, r->ep.rank, n, n_total, C, &a->aux);
-    moe_permute(m, in);
-    // dispatch: each kept token's input row to the rank holding its expert
-    ep_all_to_all(r, m->sent, m->send_rows, m->recv_in, m->recv_rows, e->K, "dispatch");
-    // this rank's experts on the tokens they received: from rank 0 a block for each of its
-    // experts in order, then from rank 1, ... (the plan's kept[rank][expert] rows each)
-    double t = trace_clock();
-    for (int q = 0, at = 0; q < N; q++)
-        for (int x = r->x_lo; x < r->x_hi; x++) {
-            int rows = m->kept[(long)q * X + x];
-            if (rows == 0) continue;
-            expert_forward(e, m->recv_h + (long)at * e->H, m->recv_saved + (long)at * e->saved,
-                           m->recv_in + (long)at * e->K, we + moe_expert_at(e, x, r->x_lo), rows, m->tmp, m->acc, ws);
-            at += rows;
-        }
-    trace_event("compute", t, trace_clock(), 0, "experts %d", u);
-    // combine: each expert's output row back to its token's rank, then each token's gated sum
-    ep_all_to_all(r, m->recv_h, m->recv_rows, m->back, m->send_rows, e->H, "combine");
-    moe_unpermute(c, m, out, n);
-}
-
-// Its backward: from its tokens' output gradients dout [n][H], their input gradients din
-// [n][K] (in: their input rows), and the exact gradients of the router and of this rank's
-// experts added into g (`terms`: tokens in the batch, or a bound alike in every layout). An
-// expert's weight gradient sums, exactly, its tokens from every rank on the rank that holds
-// it: it needs no all-reduce. The router's, replicated, does (below).
-static void ep_moe_backward(Run* r, int u, const float* w, int64_t* g, Acts* a, const float* in, const float* dout,
-                            float* din, long terms) {
-    const Config* c = &r->cfg;
-    MoeLayer* m = &a->moe[u];
-    const Expert* e = &m->e;
-    const float* we = w + moe_shared_params(c, u);
-    int64_t* ge = g + moe_shared_params(c, u);
-    Workspace* ws = &r->work.ws;
-    int N = r->ep.size, X = c->experts, n = m->n;
-    moe_unpermute_backward(c, m, dout, n); // the gates' gradients; each kept token's output gradient
-    // the output gradients to the experts' ranks (the backward of combine, the way dispatch goes)
-    ep_all_to_all(r, m->sent, m->send_rows, m->recv_d, m->recv_rows, e->H, "dispatch (backward)");
-    double t = trace_clock();
-    for (int q = 0, at = 0; q < N; q++)
-        for (int x = r->x_lo; x < r->x_hi; x++) {
-            int rows = m->kept[(long)q * X + x];
-            if (rows == 0) continue;
-            long off = moe_expert_at(e, x, r->x_lo);
-            expert_backward(e, m->recv_din + (long)at * e->K, ge + off, m->recv_d + (long)at * e->H,
-                            m->recv_in + (long)at * e->K, m->recv_h + (long)at * e->H,
-                            m->recv_saved + (long)at * e->saved, we + off, rows, terms, m->tmp, m->acc, ws);
-            at += rows;
-        }
-    trace_event("compute", t, trace_clock(), 0, "experts backward %d", u);
-    // the input gradients back to the tokens' ranks (the backward of dispatch, the way combine goes)
-    ep_all_to_all(r, m->recv_din, m->recv_rows, m->back, m->send_rows, e->K, "combine (backward)");
-    moe_router_backward(c, m, w + moe_router_at(c), g + moe_router_at(c), in, din, n, terms, ws);
-    moe_permute_backward(c, m, din, n); // plus each kept token's input gradient from its experts
 }
 
 // After backward: the replicated weights' gradients (the embedding, every router, the output
@@ -260,7 +296,8 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
             double t = trace_clock();
             int n = moe_unit_before(c, u, w, a, s, (int)(hi - lo), &in, &out, &r->work.ws);
             trace_event("compute", t, trace_clock(), 0, "forward %s", unit_name(c, u));
-            ep_moe_forward(r, u, w, a, in, out, n);
+            ep_moe_forward(&r->experts, c, w + moe_router_at(c), w + moe_shared_params(c, u), &a->moe[u], in, out, n,
+                           a->training, &a->aux, &r->work.ws);
             moe_unit_after(c, u, a, s, (int)(hi - lo));
         } else {
             unit_forward(c, u, w, a, s, (int)(hi - lo), rows_total, &r->work.ws);
@@ -270,7 +307,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     group_allreduce(&r->dp, sums, 2, MPI_INT64_T, MPI_SUM);
     a->aux = sums[1];
     if (probs) {
-        int N = r->ep.size, V = c->vocab, *counts = r->ep_counts, *displs = counts + N;
+        int N = r->ep.size, V = c->vocab, *counts = r->gathered, *displs = counts + N;
         for (int q = 0; q < N; q++) {
             long qlo, qhi;
             split_range(R, N, q, &qlo, &qhi);
@@ -295,7 +332,8 @@ static void backward(Run* r, int R, long B) {
             float* din;
             long terms = B * moe_tokens_per_row(c);
             moe_unit_backward_before(c, u, a, s, &in, &dout, &din);
-            ep_moe_backward(r, u, w, g, a, in, dout, din, terms);
+            ep_moe_backward(&r->experts, c, w + moe_router_at(c), w + moe_shared_params(c, u), g + moe_router_at(c),
+                            g + moe_shared_params(c, u), &a->moe[u], in, dout, din, terms, &r->work.ws);
             double t = trace_clock();
             moe_unit_backward_after(c, u, w, g, a, s, R, terms, &r->work.ws);
             trace_event("compute", t, trace_clock(), 0, "input gradient %s", unit_name(c, u));
@@ -318,14 +356,14 @@ static const char sent_words[] = "all-to-all 4 B x (K+H) x tokens sent to and re
 static const char mem_words[] = "(4 + 8 + 8 with AdamW) B x (replicated P + this rank's experts) + activations";
 
 // What this rank sent and holds, each beside its formula (the top of this file). The
-// all-to-all's formula, on the tokens the routing sent: 4 B x (K_l + H) for each token sent
-// to or received from another rank, over the layers (model.h counts the tokens).
+// all-to-all's formula on the tokens the routing sent (ep_a2a_bytes_of), over the layers
+// (model.h counts the tokens).
 static double ep_a2a_bytes(const Run* r) {
     const Config* c = &r->cfg;
     double bytes = 0;
     for (int u = 1; u <= c->layers; u++) {
         const MoeLayer* m = &r->work.acts.moe[u];
-        bytes += 4.0 * (m->e.K + m->e.H) * (m->tokens_out + m->tokens_in);
+        bytes += ep_a2a_bytes_of(&m->e, m->tokens_out + m->tokens_in);
     }
     return bytes;
 }
@@ -334,7 +372,7 @@ static double ep_a2a_bytes(const Run* r) {
 // GPT's: positions with a target, their means over the steps)
 static double ep_a2a_formula(const Run* r) {
     const Config* c = &r->cfg;
-    double k = c->top_k, share = (double)(r->x_hi - r->x_lo) / c->experts, bytes = 0;
+    double k = c->top_k, share = (double)(r->experts.x_hi - r->experts.x_lo) / c->experts, bytes = 0;
     for (int u = 1; u <= c->layers; u++) {
         const MoeLayer* m = &r->work.acts.moe[u];
         if (m->steps == 0) continue;
@@ -447,18 +485,16 @@ int main(int argc, char** argv) {
 
     // model: the replicated weights and this rank's experts, exact gradient sums, optimizer state
     Config* cfg = &run.cfg;
-    long xlo, xhi, lo, hi; // this rank's experts, and its rows of every global batch
-    split_range(X, N, run.ep.rank, &xlo, &xhi);
+    long lo, hi; // this rank's rows of every global batch, and its experts
     split_range(o.batch, N, run.ep.rank, &lo, &hi);
-    run.x_lo = (int)xlo, run.x_hi = (int)xhi;
+    ep_init(&run.experts, &run.ep, &run.dp, cfg);
     ep_layout(&run);
     long np = run.off[n_units(cfg) - 1] + run.n[n_units(cfg) - 1];
     run.st = state_alloc(np, o.opt.adamw);
     Holding holding = ep_holding(&run);
     long start = holding_load(&holding, &o, &run.ds, cfg);
     run.packed = mallocCheck(sizeof(int64_t) * np);
-    run.ep_counts = mallocCheck(sizeof(int) * 4 * N);
-    run.counts = mallocCheck(sizeof(int) * N * cfg->top_k * X);
+    run.gathered = mallocCheck(sizeof(int) * 2 * N);
     work_init(&run.work, cfg, pass_rows(&o, o.batch), NULL); // an expert's block of tokens: up to a batch
     char layout[192], per_rank[64];
     snprintf(per_rank, sizeof per_rank, X % N ? "%d or %d a rank (uneven: the first ranks take one more)" : "%d a rank",
@@ -503,3 +539,5 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 0;
 }
+
+#endif // TRAIN_3D

@@ -101,6 +101,15 @@ typedef struct {
 
 static int tp_column(int l) { return linear_kind(l) == COLUMN_PARALLEL; }
 
+// A block with experts (--experts, train_3d.c) on this rank: its attention split by heads
+// as the dense block's, then its LayerNorms, row-parallel bias and router replicated, in
+// transformer.h's moe_block_layout; its experts are not split (each is held whole by the
+// ranks of the expert axis that hold it: train_3d.c), and tensor parallelism holds the rest,
+// up to `shared`.
+static MoeBlockLayout tp_moe_layout(const Tp* t, const Config* c) {
+    return moe_block_layout(c->emb, t->dims.A, 4 * c->emb, c->experts);
+}
+
 static void tp_init(Tp* t, Group* tp, const Config* c, int rows, int sp) {
     memset(t, 0, sizeof *t);
     t->tp = tp;
@@ -121,6 +130,8 @@ static void tp_init(Tp* t, Group* tp, const Config* c, int rows, int sp) {
         t->dims.NH = c->heads / n, t->dims.A = t->dims.NH * t->dims.HD, t->dims.F = 4 * C / n;
         t->size[0] = (long)t->vs * C + (long)T * C;
         for (int u = 1; u <= c->layers; u++) t->size[u] = block_layout(C, t->dims.A, t->dims.F).n;
+        for (int u = 1; u <= c->layers && c->experts; u++) // a block with experts: its dense part (tp_moe_layout)
+            t->size[u] = tp_moe_layout(t, c).shared;
         t->size[c->layers + 1] = (long)C * t->vs + 2L * C;
         t->whole = mallocCheck((size_t)tokens * widest * sizeof(float));
         t->sum = mallocCheck((size_t)tokens * widest * sizeof(int64_t));
@@ -199,7 +210,12 @@ static long tp_gpt_canonical(const Tp* t, const Config* c, int u, long e) {
     }
     int A = t->dims.A, F = t->dims.F;
     BlockLayout l = block_layout(C, A, F), g = block_layout(C, C, 4 * C);
-    if (e >= l.split) return g.split + (e - l.split); // the replicated tensors, in the same order
+    if (is_moe(c, u)) { // a block with experts: qkv and proj as the dense block's, then the replicated tensors
+        MoeBlockLayout lm = tp_moe_layout(t, c), gm = moe_block_layout(C, C, 4 * C, c->experts);
+        if (e >= lm.split) return gm.split + (e - lm.split);
+    } else if (e >= l.split) {
+        return g.split + (e - l.split); // the replicated tensors, in the same order
+    }
     if (e < l.qkv_b) return g.qkv_w + (e / (3 * A)) * 3L * C + (e % (3 * A)) / A * C + (long)r * A + e % A;
     if (e < l.proj_w) return g.qkv_b + (e - l.qkv_b) / A * C + (long)r * A + (e - l.qkv_b) % A;
     if (e < l.fc_w) return g.proj_w + ((long)r * A + (e - l.proj_w) / C) * C + (e - l.proj_w) % C;
@@ -213,7 +229,8 @@ static long tp_gpt_canonical(const Tp* t, const Config* c, int u, long e) {
 static long tp_counted(const Tp* t, const Config* c, int u) {
     if (t->tp->rank == 0) return t->size[u];
     if (is_gpt(c))
-        return u == 0 ? (long)t->vs * c->emb : u == c->layers + 1 ? (long)c->emb * t->vs : block_layout(c->emb, t->dims.A, t->dims.F).split;
+        return u == 0 ? (long)t->vs * c->emb : u == c->layers + 1 ? (long)c->emb * t->vs
+             : is_moe(c, u) ? tp_moe_layout(t, c).split : block_layout(c->emb, t->dims.A, t->dims.F).split;
     return u > 0 && !tp_column(u) ? (long)t->k[u] * t->j[u] : t->size[u];
 }
 
@@ -399,71 +416,106 @@ static BlockActs tp_block_acts(Tp* t, const Acts* a, int u) {
     return block_acts_tokens(a->saved[u], &t->dims, a->rows, tp_token_share(t));
 }
 
-static void tp_block_forward(Tp* t, const float* w, Acts* a, int u, Scratch* s, TpTokens k, Workspace* ws) {
+// The block in two halves, so that a block whose MLP is a mixture of experts (train_3d.c)
+// runs the attention half here and its experts apart: the attention half from the block's
+// input x to x1 and ln2's output, the MLP half from ln2's output to the block's output.
+static void tp_block_forward_attention(Tp* t, const BlockParams* p, BlockActs* ba, const float* x, Scratch* s,
+                                       TpTokens k, Workspace* ws) {
     const BlockDims* d = &t->dims;
-    BlockParams p = block_params(w, d);
-    BlockActs ba = tp_block_acts(t, a, u);
-    int C = d->C, A = d->A, F = d->F, N = (int)k.N;
-    const float* x = a->out[u - 1]; // this rank's tokens (--sp), or every token
-    float* out = a->out[u];
-    layernorm_forward(ba.ln1, ba.ln1_mean, ba.ln1_rstd, x, p.ln1_g, p.ln1_b, k.n, C);
-    const float* y1 = tp_f_forward(t, ba.ln1, t->whole, k);                   // f
-    linear_forward(ba.qkv, y1, p.qkv_w, p.qkv_b, N, C, 3 * A, ws);             // column-parallel: this rank's heads
-    if (t->attend) t->attend(t->attend_ctx, &ba);                          // its heads, every rank's positions
-    else attention_forward(ba.atty, ba.att, ba.qkv, d, s->tmp, s->acc);       // its heads
-    linear_forward_partial(t->sum, ba.atty, p.proj_w, N, A, C, C, ws);        // row-parallel: over its heads
-    tp_g_forward(t, t->sum, p.proj_b, ba.x1, k);                              // g
-    for (long i = 0; i < k.n * C; i++) ba.x1[i] += x[i];                      // residual
-    layernorm_forward(ba.ln2, ba.ln2_mean, ba.ln2_rstd, ba.x1, p.ln2_g, p.ln2_b, k.n, C);
-    const float* y2 = tp_f_forward(t, ba.ln2, t->whole, k);                   // f
-    linear_forward(ba.fc, y2, p.fc_w, p.fc_b, N, C, F, ws);                   // column-parallel: its slice of F
-    gelu_forward(ba.gelu, ba.fc, (long)N * F);
-    linear_forward_partial(t->sum, ba.gelu, p.fc2_w, N, F, C, 4L * C, ws);    // row-parallel: over its slice
-    tp_g_forward(t, t->sum, p.fc2_b, out, k);                                 // g
-    for (long i = 0; i < k.n * C; i++) out[i] += ba.x1[i];                    // residual
+    int C = d->C, A = d->A, N = (int)k.N;
+    layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_g, p->ln1_b, k.n, C);
+    const float* y1 = tp_f_forward(t, ba->ln1, t->whole, k);                  // f
+    linear_forward(ba->qkv, y1, p->qkv_w, p->qkv_b, N, C, 3 * A, ws);          // column-parallel: this rank's heads
+    if (t->attend) t->attend(t->attend_ctx, ba);                           // its heads, every rank's positions
+    else attention_forward(ba->atty, ba->att, ba->qkv, d, s->tmp, s->acc);    // its heads
+    linear_forward_partial(t->sum, ba->atty, p->proj_w, N, A, C, C, ws);      // row-parallel: over its heads
+    tp_g_forward(t, t->sum, p->proj_b, ba->x1, k);                            // g
+    for (long i = 0; i < k.n * C; i++) ba->x1[i] += x[i];                     // residual
+    layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->x1, p->ln2_g, p->ln2_b, k.n, C);
 }
-// The input half: from s->dout (this rank's tokens with --sp) to s->din, leaving the
-// weight half's gradients in the stash (the LayerNorms' for this rank's tokens only).
-static void tp_block_backward_input(Tp* t, const float* w, Acts* a, int u, Scratch* s, int R, TpTokens k,
-                                    Workspace* ws) {
+static void tp_block_forward_mlp(Tp* t, const BlockParams* p, const BlockActs* ba, float* out, TpTokens k,
+                                 Workspace* ws) {
     const BlockDims* d = &t->dims;
-    BlockParams p = block_params(w, d);
+    int C = d->C, F = d->F, N = (int)k.N;
+    const float* y2 = tp_f_forward(t, ba->ln2, t->whole, k);                  // f
+    linear_forward(ba->fc, y2, p->fc_w, p->fc_b, N, C, F, ws);                // column-parallel: its slice of F
+    gelu_forward(ba->gelu, ba->fc, (long)N * F);
+    linear_forward_partial(t->sum, ba->gelu, p->fc2_w, N, F, C, 4L * C, ws);  // row-parallel: over its slice
+    tp_g_forward(t, t->sum, p->fc2_b, out, k);                                // g
+    for (long i = 0; i < k.n * C; i++) out[i] += ba->x1[i];                   // residual
+}
+static void tp_block_forward(Tp* t, const float* w, Acts* a, int u, Scratch* s, TpTokens k, Workspace* ws) {
+    BlockParams p = block_params(w, &t->dims);
     BlockActs ba = tp_block_acts(t, a, u);
-    BlockStash st = block_stash(s->stash, d, R);
+    tp_block_forward_attention(t, &p, &ba, a->out[u - 1], s, k, ws);
+    tp_block_forward_mlp(t, &p, &ba, a->out[u], k, ws);
+}
+// The input half of backward, in the same two halves: the MLP's from s->dout (this rank's
+// tokens with --sp) to ln2's output gradient st->dln2; the attention half's from s->dout
+// (the residual's share) and st->dln2 to s->din. Each leaves in the stash what the weight
+// half needs (the LayerNorms' for this rank's tokens only).
+static void tp_block_backward_input_mlp(Tp* t, const BlockParams* p, const BlockActs* ba, const BlockStash* st,
+                                        Scratch* s, TpTokens k, Workspace* ws) {
+    const BlockDims* d = &t->dims;
+    int C = d->C, F = d->F, N = (int)k.N;
+    float* dh = s->tmp;
+    memcpy(st->dx2, tp_g_backward(t, s->dout, t->whole, k), (size_t)N * C * sizeof(float)); // g backward
+    linear_backward_input(dh, st->dx2, p->fc2_w, N, F, C, ws);                               // row-parallel: float
+    gelu_backward(st->dfc, ba->fc, dh, (long)N * F);
+    linear_backward_input_partial(t->sum, st->dfc, p->fc_w, N, C, F, 4L * C, ws);            // column-parallel: partial
+    tp_f_backward(t, t->sum, st->dln2, k);                                                   // f backward
+}
+static void tp_block_backward_input_attention(Tp* t, const BlockParams* p, const BlockActs* ba, const BlockStash* st,
+                                              const float* x, Scratch* s, TpTokens k, Workspace* ws) {
+    const BlockDims* d = &t->dims;
     int C = d->C, A = d->A, F = d->F, N = (int)k.N;
     long most = F > A ? F : A;
     float *dh = s->tmp, *small = s->tmp + (long)N * most;
-    memcpy(st.dx2, tp_g_backward(t, s->dout, t->whole, k), (size_t)N * C * sizeof(float)); // g backward
-    linear_backward_input(dh, st.dx2, p.fc2_w, N, F, C, ws);                                // row-parallel: float
-    gelu_backward(st.dfc, ba.fc, dh, (long)N * F);
-    linear_backward_input_partial(t->sum, st.dfc, p.fc_w, N, C, F, 4L * C, ws);             // column-parallel: partial
-    tp_f_backward(t, t->sum, st.dln2, k);                                                   // f backward
-    layernorm_backward_input(t->dx1_mine, s->dout, st.dln2, ba.x1, ba.ln2_mean, ba.ln2_rstd, p.ln2_g, k.n, C);
-    memcpy(st.dx1, tp_g_backward(t, t->dx1_mine, t->whole, k), (size_t)N * C * sizeof(float)); // g backward
-    linear_backward_input(dh, st.dx1, p.proj_w, N, A, C, ws);                               // row-parallel: float
-    if (t->attend_backward) t->attend_backward(t->attend_ctx, &ba, dh, st.dqkv);       // its heads, every rank's positions
-    else attention_backward(st.dqkv, dh, ba.qkv, ba.att, ba.atty, d, small, s->acc);     // its heads
-    linear_backward_input_partial(t->sum, st.dqkv, p.qkv_w, N, C, 3 * A, 3L * C, ws);       // column-parallel: partial
-    tp_f_backward(t, t->sum, st.dln1, k);                                                   // f backward
-    layernorm_backward_input(s->din, t->dx1_mine, st.dln1, a->out[u - 1], ba.ln1_mean, ba.ln1_rstd, p.ln1_g, k.n, C);
+    layernorm_backward_input(t->dx1_mine, s->dout, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, p->ln2_g, k.n, C);
+    memcpy(st->dx1, tp_g_backward(t, t->dx1_mine, t->whole, k), (size_t)N * C * sizeof(float)); // g backward
+    linear_backward_input(dh, st->dx1, p->proj_w, N, A, C, ws);                               // row-parallel: float
+    if (t->attend_backward) t->attend_backward(t->attend_ctx, ba, dh, st->dqkv);       // its heads, every rank's positions
+    else attention_backward(st->dqkv, dh, ba->qkv, ba->att, ba->atty, d, small, s->acc); // its heads
+    linear_backward_input_partial(t->sum, st->dqkv, p->qkv_w, N, C, 3 * A, 3L * C, ws);       // column-parallel: partial
+    tp_f_backward(t, t->sum, st->dln1, k);                                                    // f backward
+    layernorm_backward_input(s->din, t->dx1_mine, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, p->ln1_g, k.n, C);
+}
+static void tp_block_backward_input(Tp* t, const float* w, Acts* a, int u, Scratch* s, int R, TpTokens k,
+                                    Workspace* ws) {
+    BlockParams p = block_params(w, &t->dims);
+    BlockActs ba = tp_block_acts(t, a, u);
+    BlockStash st = block_stash(s->stash, &t->dims, R);
+    tp_block_backward_input_mlp(t, &p, &ba, &st, s, k, ws);
+    tp_block_backward_input_attention(t, &p, &ba, &st, a->out[u - 1], s, k, ws);
 }
 // The weight half: this rank's slices' gradients, and the replicated tensors' (with --sp
-// the LayerNorms' summed over the ranks, and the LayerNorm outputs gathered again).
+// the LayerNorms' summed over the ranks, and the LayerNorm outputs gathered again); the
+// MLP's, then the LayerNorms' and attention's.
+static void tp_block_backward_weight_mlp(Tp* t, const BlockGrads* gg, const BlockActs* ba, const BlockStash* st,
+                                         TpTokens k, long terms, Workspace* ws) {
+    const BlockDims* d = &t->dims;
+    int C = d->C, F = d->F, N = (int)k.N;
+    linear_backward_weight(gg->fc2_w, gg->fc2_b, ba->gelu, st->dx2, N, F, C, terms, ws);
+    const float* y2 = tp_f_forward(t, ba->ln2, t->whole, k); // --sp: gathered again
+    linear_backward_weight(gg->fc_w, gg->fc_b, y2, st->dfc, N, C, F, terms, ws);
+}
+static void tp_block_backward_weight_attention(Tp* t, const BlockGrads* gg, const BlockActs* ba, const BlockStash* st,
+                                               const float* x, TpTokens k, long terms, Workspace* ws) {
+    const BlockDims* d = &t->dims;
+    int C = d->C, A = d->A, N = (int)k.N;
+    tp_sp_layernorm_grads(t, gg->ln2_g, gg->ln2_b, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, k.n, terms);
+    linear_backward_weight(gg->proj_w, gg->proj_b, ba->atty, st->dx1, N, A, C, terms, ws);
+    const float* y1 = tp_f_forward(t, ba->ln1, t->whole, k); // --sp: gathered again
+    linear_backward_weight(gg->qkv_w, gg->qkv_b, y1, st->dqkv, N, C, 3 * A, terms, ws);
+    tp_sp_layernorm_grads(t, gg->ln1_g, gg->ln1_b, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, k.n, terms);
+}
 static void tp_block_backward_weight(Tp* t, int64_t* g, const Acts* a, int u, const float* stash, int R, TpTokens k,
                                      long terms, Workspace* ws) {
-    const BlockDims* d = &t->dims;
-    BlockGrads gg = block_grads(g, d);
+    BlockGrads gg = block_grads(g, &t->dims);
     BlockActs ba = tp_block_acts(t, a, u);
-    BlockStash st = block_stash((float*)stash, d, R);
-    int C = d->C, A = d->A, F = d->F, N = (int)k.N;
-    linear_backward_weight(gg.fc2_w, gg.fc2_b, ba.gelu, st.dx2, N, F, C, terms, ws);
-    const float* y2 = tp_f_forward(t, ba.ln2, t->whole, k); // --sp: gathered again
-    linear_backward_weight(gg.fc_w, gg.fc_b, y2, st.dfc, N, C, F, terms, ws);
-    tp_sp_layernorm_grads(t, gg.ln2_g, gg.ln2_b, st.dln2, ba.x1, ba.ln2_mean, ba.ln2_rstd, k.n, terms);
-    linear_backward_weight(gg.proj_w, gg.proj_b, ba.atty, st.dx1, N, A, C, terms, ws);
-    const float* y1 = tp_f_forward(t, ba.ln1, t->whole, k); // --sp: gathered again
-    linear_backward_weight(gg.qkv_w, gg.qkv_b, y1, st.dqkv, N, C, 3 * A, terms, ws);
-    tp_sp_layernorm_grads(t, gg.ln1_g, gg.ln1_b, st.dln1, a->out[u - 1], ba.ln1_mean, ba.ln1_rstd, k.n, terms);
+    BlockStash st = block_stash((float*)stash, &t->dims, R);
+    tp_block_backward_weight_mlp(t, &gg, &ba, &st, k, terms, ws);
+    tp_block_backward_weight_attention(t, &gg, &ba, &st, a->out[u - 1], k, terms, ws);
 }
 
 // The embedding: the vocabulary-parallel lookup (zeros for tokens of other ranks), summed
@@ -656,8 +708,9 @@ static double tp_params_formula(const Tp* t, const Config* c, int u_lo, int u_hi
 // u_hi), by the textbook ring formulas (an all-reduce sends 2(t-1)/t of its buffer, a
 // reduce-scatter or an all-gather (t-1)/t; floats 4 B, exact sums 8 B):
 //   without --sp: each block 4 all-reduces of N C exact sums (g twice forward, f twice
-//     backward); the embedding's all-reduce of N C floats; the head's f (N C exact sums)
-//     and the loss's three all-reduces of N (max, target logit, exact sum of exponentials)
+//     backward), a block with experts 2 (its attention half's: its experts are not split);
+//     the embedding's all-reduce of N C floats; the head's f (N C exact sums) and the
+//     loss's three all-reduces of N (max, target logit, exact sum of exponentials)
 //   --sp: each all-reduce becomes a reduce-scatter (8 B) and an all-gather of finished
 //     floats (4 B), and each block gathers its two LayerNorm outputs again for the weight
 //     gradients (4 B each) and all-reduces the LayerNorms' gradients (2 x 2C exact sums);
@@ -669,7 +722,7 @@ static double tp_gpt_sent_formula(const Tp* t, const Config* c, int u_lo, int u_
     double all = 2 * (n - 1) / n, half = (n - 1) / n;
     for (int u = u_lo; u < u_hi; u++) {
         int head = u == c->layers + 1;
-        if (!t->sp) bytes += u == 0 ? all * 4 * NC : head ? all * (8 * NC + 16 * N) : all * 4 * 8 * NC;
+        if (!t->sp) bytes += u == 0 ? all * 4 * NC : head ? all * (8 * NC + 16 * N) : all * (is_moe(c, u) ? 2 : 4) * 8 * NC;
         else if (u == 0) bytes += half * (4 + 4) * NC;
         else if (head) bytes += half * (4 + 8 + 4) * NC + all * (16 * N + 16 * C);
         else bytes += half * (2 * (4 + 8) + 2 * (4 + 8) + 2 * 4) * NC + all * 2 * 16 * C;

@@ -147,6 +147,11 @@ costmodel_inputs() {
     expect_error 2 "--tokens 1000 is not a whole number of sequences of --seq 256" "costmodel: a step of part of a sequence is refused" \
         -- $C $good ${shape/65536/1000}
     expect_error 2 "the model needs --heads" "costmodel: a shape without its heads is refused" -- $C $good ${shape/--heads 8/}
+    sed '/^sms /d' "$good" >"$bad"
+    expect_error 2 "--comm-sms: the cluster file gives no sms" "costmodel: --comm-sms on a cluster without its SMs is refused" \
+        -- $C "$bad" $shape --comm-sms 20
+    expect_error 2 "--comm-sms 132: a device has 132 SMs" "costmodel: --comm-sms as many as a device's SMs is refused" \
+        -- $C $good $shape --comm-sms 132
     expect_error 2 "--fp8: the cluster file gives no fp8_flops" "costmodel: --fp8 on a cluster without FP8 figures is refused" \
         -- $C cluster/nvlink-node.txt $shape --fp8
     # make cluster's predictions (replay): a run's summary, the links' alpha and beta as numbers,
@@ -170,7 +175,7 @@ costmodel_inputs() {
     # tools/costmodel.c and docs/cluster.md; a change of the model that moves one fails here
     run "$TMP/published" tools/costmodel published --check
     if [ $? = 0 ] && [ "$(grep -c '^| \(Llama\|DeepSeek\)' "$TMP/published")" = 4 ]; then
-        pass "costmodel: the published runs (Llama 3 405B x 3, DeepSeek-V3) project as recorded: $(grep -o '[0-9]* of [0-9]* | [^|]* |' "$TMP/published" | tr '\n' ' ')"
+        pass "costmodel: the published runs (Llama 3 405B x 3, DeepSeek-V3) project as recorded: $(grep -o '[0-9]* of [0-9]* | [0-9]* of [0-9]* | [^|]* |' "$TMP/published" | tr '\n' ' ')"
     else
         fail "costmodel: the published runs drifted from their record: $(head -c 400 "$TMP/published" | tr '\n' '|')"
     fi
@@ -1148,7 +1153,8 @@ section_ep_gpt() {
     accounting "ep: gpt, 3 ranks, 8 experts, top-2" 128 $MPIRUN -n 3 ./train_ep $g --experts 8 --top-k 2
     accounting "ep: gpt, 2 ranks, 4 experts, sgd" 128 $MPIRUN -n 2 ./train_ep $g --experts 4 --optimizer sgd
     # bad input: the programs that do not split experts refuse the GPT's, once, naming train_ep
-    for p in "2 ./train_dp" "2 ./train_fsdp" "2 ./train_tp" "2 ./train_pp" "2 ./train_cp" "2 ./train_3d --tp 2 --dp 1"; do
+    # (train_3d trains them: section 5d)
+    for p in "2 ./train_dp" "2 ./train_fsdp" "2 ./train_tp" "2 ./train_pp" "2 ./train_cp"; do
         run "$TMP/gep_bad" $MPIRUN -n ${p%% *} ${p#* } --model gpt --experts 4 --steps 2
         local status=$?
         check "ep: ${p#* } refuses --model gpt --experts with one message naming train_ep (exit $status)" \
@@ -1307,20 +1313,107 @@ section_gpt() {
 }
 
 # ----------------------------------------------------------------------------
+# 5D: the expert axis in train_3d.c (--ep E, carved out of the data axis), the GPT with
+# experts in every block, against train.c bit for bit
+section_5d() {
+    local m="--model gpt --emb 16 --heads 4 --layers 2" flags grid n opt tag
+    flags="$m --experts 4 --samples 3 --steps 20 --eval-every 10"
+    # one microbatch: train.c's capacity and load-balancing loss over the whole batch. Grids
+    # with every axis above 1 (16 ranks), E below D (the EP group a part of the data axis),
+    # E = D with the context axis, 4 experts over 3 ranks (2, 1, 1), and no expert axis
+    for opt in "--optimizer sgd --lr 0.05" "--top-k 2 --clip 0.5"; do # top-1 sgd; top-2 adamw (the GPT's default) with clipping
+        tag=5d_${opt:2:4}
+        reference $tag $flags $opt
+        for grid in "--tp 2 --cp 2 --pp 2 --dp 2 --ep 2" "--tp 2 --cp 1 --pp 1 --dp 4 --ep 2 --zero 2" \
+                    "--tp 1 --cp 2 --pp 1 --dp 4 --ep 4 --zero 1" "--tp 2 --cp 1 --pp 1 --dp 3 --ep 3 --prefetch" \
+                    "--tp 2 --cp 1 --pp 2 --dp 2 --ep 2 --schedule zbv" "--tp 2 --cp 2 --pp 2 --dp 1"; do
+            n=$(echo $grid | awk '{ print $2 * $4 * $6 * $8 }')
+            same_as $tag "5d: $grid, ${opt%% *} ${opt#* }, same as train.c" \
+                $MPIRUN -n $n ./train_3d $grid --microbatches 1 $flags $opt
+        done
+    done
+    # a capacity that drops tokens in both blocks: 27 rows on 4 replicas (7, 7, 7, 6), 5 experts over 2 (3, 2)
+    local drop="$m --experts 5 --top-k 2 --capacity 0.5 --batch 27 --steps 20"
+    run "$TMP/5d_drops.out" ./train $drop --eval-every 0 --samples 0
+    check "5d: train.c drops tokens in both blocks at capacity 0.5 ($(grep -m1 'dropped [0-9]' "$TMP/5d_drops.out"))" \
+        bash -c "[ \$(grep -cE 'dropped [1-9][0-9.]* tokens per step' '$TMP/5d_drops.out') = 2 ]"
+    reference 5d_drop $drop --eval-every 10 --samples 3
+    for grid in "--tp 2 --cp 2 --pp 2 --dp 2 --ep 2" "--tp 1 --cp 2 --pp 1 --dp 4 --ep 2"; do
+        n=$(echo $grid | awk '{ print $2 * $4 * $6 * $8 }')
+        same_as 5d_drop "5d: $grid, 27 rows, capacity 0.5, top-2, same as train.c" \
+            $MPIRUN -n $n ./train_3d $grid --microbatches 1 $drop --eval-every 10 --samples 3
+    done
+    # several microbatches: only when nothing is batch-wide, a capacity that drops nothing and no load-balancing loss
+    flags="$m --experts 4 --samples 3 --steps 20 --eval-every 10 --capacity 4 --aux-loss 0 --clip 0.5"
+    reference 5d_mb $flags
+    same_as 5d_mb "5d: --tp 2 --cp 2 --pp 2 --dp 2 --ep 2, 4 microbatches, 1f1b, capacity 4, no aux loss, same as train.c" \
+        $MPIRUN -n 16 ./train_3d --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --microbatches 4 $flags
+    same_as 5d_mb "5d: --pp 2 --dp 4 --ep 2, 3 microbatches, zbv, same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 1 --pp 2 --dp 4 --ep 2 --microbatches 3 --schedule zbv $flags
+    # resuming across programs: train.c's checkpoint in the 5D grid, and the grid's in train.c
+    flags="$m --experts 4 --samples 3 --steps 20 --eval-every 0 --top-k 2 --clip 0.5"
+    reference 5d_r $flags
+    run "$TMP/5d_half.out" ./train $flags --steps 10 --quiet --save "$TMP/5d_half.ckpt"
+    same_as 5d_r "5d: the 16-rank grid resumes train.c's checkpoint of step 10, same as train.c" \
+        $MPIRUN -n 16 ./train_3d --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --microbatches 1 $flags --load "$TMP/5d_half.ckpt"
+    run "$TMP/5d_half2.out" $MPIRUN -n 8 ./train_3d --tp 1 --cp 2 --pp 1 --dp 4 --ep 2 --zero 3 --microbatches 1 $flags \
+        --steps 10 --quiet --save "$TMP/5d_half2.ckpt"
+    same_as 5d_r "5d: train.c resumes the grid's checkpoint of step 10 (ZeRO-3, experts sharded apart), same as train.c" \
+        ./train $flags --load "$TMP/5d_half2.ckpt"
+    # what the grid prints of itself, bytes and memory beside their formulas
+    run "$TMP/5d.out" $MPIRUN -n 16 ./train_3d $m --experts 4 --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --microbatches 1 --steps 2 --samples 0
+    check "5d: rank 0 prints each rank's place on the expert axis and its experts" \
+        grep -qF "rank 13    tp 1, cp 0, pp 1, dp 1, ep 1: block 2 head + loss (rows 16-31, positions 0 1 2 3 12 13 14 15, slice 1 of 2, shard 2 of 4; experts 2-3 of each block, shard 0 of 2)" "$TMP/5d.out"
+    check "5d: every rank's bytes on each of the five axes, beside each axis's formula" \
+        bash -c "[ \$(grep -cE '^  rank [0-9]+ +tp .* \(.*\), cp .* \(.*\), dp .* \(.*\), pp .* \(.*\), ep [1-9].* \(.*\)$' '$TMP/5d.out') = 16 ]"
+    accounting "5d 2 x 2 x 2 x 2, EP 2, one microbatch (the choices all-gathered)" 128 \
+        $MPIRUN -n 16 ./train_3d $m --experts 4 --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --microbatches 1
+    accounting "5d 1 x 1 x 2 x 4, EP 4, top-2, ZeRO-1" 128 \
+        $MPIRUN -n 8 ./train_3d $m --experts 4 --tp 1 --pp 2 --dp 4 --ep 4 --microbatches 1 --top-k 2 --zero 1
+    accounting "5d 2 x 2 x 2 x 2, EP 2, 4 microbatches (the counts in the EP group)" 128 \
+        $MPIRUN -n 16 ./train_3d $m --experts 4 --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --capacity 4 --aux-loss 0
+    # bad grids: refused on every rank with one message, exit 2
+    local x="$m --experts 4"
+    refused_5d "--ep 2 does not divide --dp 3" "an --ep that does not divide --dp" 3 $x --tp 1 --pp 1 --dp 3 --ep 2 --microbatches 1
+    refused_5d "it applies with --model gpt --experts X" "--ep without --experts" 2 $m --tp 1 --pp 1 --dp 2 --ep 2
+    refused_5d "--ep 4 but --experts 2: every expert-parallel rank needs at least one expert" \
+        "more expert-parallel ranks than experts" 4 $m --experts 2 --tp 1 --pp 1 --dp 4 --ep 4 --microbatches 1
+    refused_5d "the MLP's mixture of experts trains in train.c and train_ep.c" "the MLP's experts" 2 --experts 4 --tp 1 --pp 1 --dp 2
+    refused_5d "--sp with --experts" "--sp with --experts" 2 $x --tp 2 --pp 1 --dp 1 --sp --microbatches 1
+    refused_5d "pass --microbatches 1, or a capacity that drops nothing (--capacity 4 or more at --top-k 1)" \
+        "the default 4 microbatches at the default capacity" 2 $x --tp 1 --pp 1 --dp 2 --ep 2
+    refused_5d "--experts with 2 microbatches: " "2 microbatches with a capacity that drops nothing but an aux loss" \
+        2 $x --tp 1 --pp 1 --dp 2 --ep 2 --microbatches 2 --capacity 4
+    refused_5d "(--capacity 2 or more at --top-k 2)" "2 microbatches, top-2, without the aux loss but a capacity that may drop" \
+        2 $x --tp 1 --pp 1 --dp 2 --microbatches 2 --top-k 2 --capacity 1.9 --aux-loss 0
+}
+# refused_5d TEXT NAME RANKS FLAGS...: train_3d refuses these flags with one message holding TEXT, exit 2
+refused_5d() {
+    local text=$1 name=$2 ranks=$3 ok=0
+    shift 3
+    run "$TMP/5d_bad" $MPIRUN -n $ranks ./train_3d "$@" --steps 2
+    local status=$?
+    [ $status = 2 ] && [ "$(grep -c '^error:' "$TMP/5d_bad")" = 1 ] && grep -qF -- "$text" "$TMP/5d_bad" && ok=1
+    check "5d: $name, refused once, exit 2 (exit $status: $(grep -m1 '^error' "$TMP/5d_bad" | cut -c1-100))" test $ok = 1
+}
+
+# ----------------------------------------------------------------------------
 section_run() {
     run "$TMP/run.out" env QUICK=1 OUT="$TMP/out" bash tools/run_all.sh
     local rows
     rows=$(grep -c '^| train' "$TMP/run.out")
-    check "run: make run QUICK=1 prints 12 rows, each the same as train.c, or as its reference train.c --experts 4 or --model gpt ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
-        bash -c "test $rows = 12 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 10 && grep -q '^| train.c | 1 process, 4 experts a layer, top-1 | 1 | .* | reference of the rows below |' '$TMP/run.out' && grep -q '^| train.c | 1 process | 1 | .* | reference of the rows below |' '$TMP/run.out'"
+    check "run: make run QUICK=1 prints 14 rows, each the same as train.c, or as its reference train.c --experts 4, --model gpt or --model gpt --experts 4 ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
+        bash -c "test $rows = 14 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 11 && grep -q '^| train.c | 1 process, 4 experts a layer, top-1 | 1 | .* | reference of the rows below |' '$TMP/run.out' && grep -q '^| train.c | 1 process | 1 | .* | reference of the rows below |' '$TMP/run.out'"
     check "run: the GPT's rows (train_tp.c --sp, train_cp.c, the 4D grid) are the same as train.c --model gpt" \
-        bash -c "test \$(grep -E '^\| train_(tp|cp|3d).c .*(sequence parallel|context parallel|context x)' '$TMP/run.out' | grep -c '| yes |') = 3"
+        bash -c "test \$(grep -E '^\| train_(tp|cp|3d).c .*(sequence parallel|context parallel|context x)' '$TMP/run.out' | grep -v expert | grep -c '| yes |') = 3 && grep -q '^identical' '$TMP/out/runs/gpt_cp.cmp'"
+    check "run: the 5D row (train_3d.c, experts over 2 of the data-parallel ranks) is the same as train.c --model gpt --experts 4" \
+        bash -c "grep '^| train_3d.c .*expert parallel over 2' '$TMP/run.out' | grep -q '| yes |' && grep -q '^identical' '$TMP/out/runs/gpt_5d.cmp' && grep -q 'experts' '$TMP/out/runs/gptmoe.sum'"
     check "run: train_ep.c's row, compared with train.c --experts 4, is the same" \
-        bash -c "grep '^| train_ep.c' '$TMP/run.out' | grep -q '| yes |' && grep -q 'compared with train.c --experts 4: identical' '$TMP/run.out'"
+        bash -c "grep '^| train_ep.c' '$TMP/run.out' | grep -q '| yes |' && grep -q '^identical' '$TMP/out/runs/ep.cmp' && grep -q 'experts' '$TMP/out/runs/moe.sum'"
     check "run: the table shows measured and formula bytes and memory, and the bubble of the pipelines" \
         bash -c "grep '^| train_pp.c' '$TMP/run.out' | grep -Eq '\| [0-9.]+ (B|KB|MB) \([0-9.]+ (B|KB|MB)\) \| .* \| [0-9.]+ \(' "
     check "run: loss.svg is well-formed XML with one curve per run" \
-        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 12"
+        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 14"
     check "run: pipeline.svg is well-formed XML with a forward and a backward pass of every microbatch on every stage" \
         bash -c "xmllint --noout '$TMP/out/pipeline.svg' && test \$(grep -c 'class=\"pass\"' '$TMP/out/pipeline.svg') = 16"
     check "run: the schedules table has a row for each of the 6 schedules, each the same as train.c" \
@@ -1566,6 +1659,7 @@ run_section 3d
 run_section ep
 run_section accounting
 run_section gpt
+run_section 5d
 run_section run
 run_section docs
 run_section builds

@@ -98,7 +98,7 @@ static double step_seconds(const Options* o, const Config* c, int R) {
 // context, pipeline, data.
 enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXES };
 typedef struct {
-    char program[64], layout[200];
+    char program[64], layout[320];
     int ranks, batch;
     double sent, messages;
     double axis[AXES];
@@ -134,7 +134,7 @@ static int layout_count(const char* layout, const char* word) {
 static double layout_bubble(const char* layout, int* S, int* M) {
     *S = layout_count(layout, " stages");
     if (!*S) *S = layout_count(layout, " pipeline");
-    *M = layout_count(layout, " microbatches");
+    *M = layout_count(layout, " microbatch");
     int V = layout_count(layout, " chunks"), sched = SCHEDULE_1F1B;
     *S = *S > 0 ? *S : 1, *M = *M > 0 ? *M : 1, V = V > 0 ? V : 1;
     for (int k = 0; k < N_SCHEDULES; k++)
@@ -394,10 +394,10 @@ static const char* largest_loss(const Shape* m, const Practice* pr, const Candid
     const Cost* k = &x->k;
     double f8, plain = hardware_flops(m, RECOMPUTE_NONE, &f8, pr->fp8), f8r, again = hardware_flops(m, x->l.recompute, &f8r, pr->fp8);
     double losses[] = {(k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
-                       k->compute * (1 - plain / again)};
-    static const char* const names_[] = {"bubble", "TP", "CP", "EP", "PP sends", "DP", "recompute"};
+                       (k->compute - k->membound) * (1 - plain / again), k->membound, k->optimizer};
+    static const char* const names_[] = {"bubble", "TP", "CP", "EP", "PP sends", "DP", "recompute", "memory-bound", "optimizer"};
     int best = 0;
-    for (int i = 1; i < 7; i++)
+    for (int i = 1; i < 9; i++)
         if (losses[i] > losses[best]) best = i;
     return losses[best] > 0 ? names_[best] : "-";
 }
@@ -419,19 +419,19 @@ static void print_model(const Cluster* c, const Shape* m, const Practice* pr, in
 
 static void print_table_head(void) {
     printf("| rank | TP | CP | PP | DP | EP | ZeRO | SP | recompute | schedule | M | step (s) | MFU | memory (GB) | compute "
-           "| bubble | TP (s) | CP (s) | EP (s) | PP (s) | DP (s) | largest loss |\n");
+           "| of it memory-bound | bubble | TP (s) | CP (s) | EP (s) | PP (s) | DP (s) | optimizer (s) | largest loss |\n");
     printf("| ---: | --: | --: | --: | --: | --: | --: | --: | --- | --- | --: | --: | --: | --: | --: | --: | --: | --: | --: "
-           "| --: | --: | --- |\n");
+           "| --: | --: | --: | --: | --- |\n");
 }
 static void print_row(int rank, const Shape* m, const Practice* pr, const Candidate* x) {
     const Layout* l = &x->l;
     const Cost* k = &x->k;
     char sched[32];
     layout_words(l, sched, sizeof sched);
-    printf("| %d | %d | %d | %d | %d | %d | %d | %s | %s | %s | %d | %.2f | %.1f%% | %.1f%s | %.2f | %.3f | %.2f | %.2f | "
-           "%.2f | %.2f | %.2f | %s |\n", rank, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero, l->sp ? "yes" : "no",
+    printf("| %d | %d | %d | %d | %d | %d | %d | %s | %s | %s | %d | %.2f | %.1f%% | %.1f%s | %.2f | %.2f | %.3f | %.2f | %.2f | "
+           "%.2f | %.2f | %.2f | %.2f | %s |\n", rank, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero, l->sp ? "yes" : "no",
            recompute_names[l->recompute], sched, l->M, k->step, 100 * k->mfu, k->memory / 1e9, k->fits ? "" : " (no fit)",
-           k->compute, k->bubble, k->tp, k->cp, k->ep, k->pp, k->dp, k->fits ? largest_loss(m, pr, x) : "memory");
+           k->compute, k->membound, k->bubble, k->tp, k->cp, k->ep, k->pp, k->dp, k->optimizer, k->fits ? largest_loss(m, pr, x) : "memory");
 }
 
 // The rank of the layout with the marked degrees among those that fit (0: it does not fit).
@@ -460,7 +460,7 @@ typedef struct {
     double published, tolerance; // its published value; the goal's relative tolerance
     const char* source;
     double recorded;   // what the model predicted when the record was last made (docs/cluster.md)
-    int recorded_rank;
+    int recorded_rank, recorded_rank_same; // its rank; its rank with every layout on the published schedule
 } Published;
 
 static const Shape llama3_405b = {.layers = 126, .width = 16384, .heads = 128, .kv_heads = 8, .ffn = 53248,
@@ -474,14 +474,14 @@ static Published published_runs(int i) {
     const char* llama = "The Llama 3 Herd of Models (2024), Table 4";
     Published runs[] = {
         {"Llama 3 405B, 8,192 H100s", "cluster/h100-16k.txt", 8192, llama3_405b, {0},
-         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, 1, 0.43, 0.20, llama, 0.5734, 34},
+         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, 1, 0.43, 0.20, llama, 0.551, 35, 20},
         {"Llama 3 405B, 16,384 H100s", "cluster/h100-16k.txt", 16384, llama3_405b, {0},
-         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.41, 0.20, llama, 0.5375, 27},
+         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.41, 0.20, llama, 0.5165, 28, 18},
         {"Llama 3 405B, 16,384 H100s, sequence 131,072", "cluster/h100-16k.txt", 16384, long_context, {0},
-         {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.38, 0.20, llama, 0.4718, 1},
-        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4},
-         {1, 1, 16, 128, 64, 1, -1, -1, -1, -1, 120}, 0, 180e3, 0.25, "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3",
-         1.057e5, 27},
+         {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.38, 0.20, llama, 0.4633, 1, 1},
+        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4, .comm_sms = 20},
+         {1, 1, 16, 128, 64, 1, -1, -1, SCHEDULE_ZB1, -1, 120}, 0, 180e3, 0.25, "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3",
+         1.479e5, 74, 74},
     };
     return runs[i];
 }
@@ -491,9 +491,16 @@ enum { N_PUBLISHED = 4 };
 // rest free), and its rank among the best of every layout of the same run (0: no fit).
 typedef struct {
     Candidate x;
-    int rank, fit;
-    double got; // the figure compared
+    int rank, fit, rank_same, fit_same; // among every layout at its best; among them on the published schedule
+    double got;                         // the figure compared
 } Projection;
+// The rank of candidate x among the layouts of `all` that fit (0: x does not fit).
+static int rank_among(const Candidate* x, const Candidate* all, int n) {
+    if (!x->k.fits) return 0;
+    int rank = 1;
+    for (int j = 0; j < n; j++) rank += all[j].k.fits && all[j].k.step < x->k.step && !same_degrees(&all[j].l, &x->l);
+    return rank;
+}
 static Projection project_published(const Published* p) {
     Cluster c = cluster_read(p->cluster);
     Fixed free_ = {-1, -1, -1, -1, -1, -1}, mine = {p->l.zero, p->l.sp, p->l.recompute, p->l.sched, p->l.V, -1};
@@ -503,12 +510,14 @@ static Projection project_published(const Published* p) {
     for (int j = 0; j < n_own && r.rank < 0; j++)
         if (same_degrees(&own[j].l, &p->l)) r.x = own[j], r.rank = 0;
     if (r.rank < 0) fatal("internal: the published layout of %s is not among the layouts", p->name);
-    if (r.x.k.fits) {
-        r.rank = 1;
-        for (int j = 0; j < n; j++) r.rank += all[j].k.fits && all[j].k.step < r.x.k.step && !same_degrees(&all[j].l, &r.x.l);
-    }
+    r.rank = rank_among(&r.x, all, n);
+    // every layout on the published schedule (its V and the rest free)
+    Fixed same = {-1, -1, -1, p->l.sched, -1, -1};
+    Candidate* sched_all;
+    int n_same = enumerate(&c, &p->m, &p->pr, &same, p->devices, &sched_all);
+    r.fit_same = count_fits(sched_all, n_same), r.rank_same = rank_among(&r.x, sched_all, n_same);
     r.got = p->mfu ? r.x.k.mfu : r.x.k.gpu_hours_per_t;
-    free(all), free(own);
+    free(all), free(own), free(sched_all);
     return r;
 }
 
@@ -516,8 +525,8 @@ static Projection project_published(const Published* p) {
 // recorded (its rank, or its figure by more than 1%), so that a change of the model that
 // moves them updates the record, and the notes that quote it, on purpose.
 static int published(int check) {
-    printf("| run | layout | rank (goal: 10 or better) | predicted | published | off (goal) | as the model runs it |\n");
-    printf("| --- | --- | ---: | ---: | ---: | ---: | --- |\n");
+    printf("| run | layout | rank (goal: 10 or better) | rank, every layout on its schedule | predicted | published | off (goal) | as the model runs it |\n");
+    printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
     int drifted = 0;
     for (int i = 0; i < N_PUBLISHED; i++) {
         Published p = published_runs(i);
@@ -528,13 +537,14 @@ static int published(int check) {
         if (p.mfu) snprintf(got, sizeof got, "MFU %.1f%%", 100 * r.got), snprintf(pub, sizeof pub, "%.0f%%", 100 * p.published);
         else snprintf(got, sizeof got, "%.0fK GPU-hours", r.got / 1e3), snprintf(pub, sizeof pub, "%.0fK", p.published / 1e3);
         double off = r.got / p.published - 1;
-        printf("| %s | TP %d, CP %d, PP %d, DP %d, EP %d | %d of %d | %s | %s | %+.0f%% (%.0f%%) %s | ZeRO %d, SP %s, recompute %s, %s, "
-               "M %d, %.1f GB |\n", p.name, l->tp, l->cp, l->pp, l->dp, l->ep, r.rank, r.fit, got, pub, 100 * off,
+        printf("| %s | TP %d, CP %d, PP %d, DP %d, EP %d | %d of %d | %d of %d | %s | %s | %+.0f%% (%.0f%%) %s | ZeRO %d, SP %s, "
+               "recompute %s, %s, M %d, %.1f GB |\n", p.name, l->tp, l->cp, l->pp, l->dp, l->ep, r.rank, r.fit, r.rank_same, r.fit_same,
+               got, pub, 100 * off,
                100 * p.tolerance, fabs(off) <= p.tolerance ? "met" : "missed", l->zero, l->sp ? "yes" : "no",
                recompute_names[l->recompute], sched, l->M, r.x.k.memory / 1e9);
-        if (check && (r.rank != p.recorded_rank || fabs(r.got / p.recorded - 1) > 0.01)) {
-            fprintf(stderr, "published: %s drifted: rank %d (recorded %d), %.4g (recorded %.4g)\n", p.name, r.rank,
-                    p.recorded_rank, r.got, p.recorded);
+        if (check && (r.rank != p.recorded_rank || r.rank_same != p.recorded_rank_same || fabs(r.got / p.recorded - 1) > 0.01)) {
+            fprintf(stderr, "published: %s drifted: rank %d (recorded %d), rank on its schedule %d (recorded %d), %.4g (recorded %.4g)\n",
+                    p.name, r.rank, p.recorded_rank, r.rank_same, p.recorded_rank_same, r.got, p.recorded);
             drifted = 1;
         }
     }
@@ -557,7 +567,7 @@ static const Flag llm_flags[] = {
     {"vocab", 'n', 1, 1 << 24, 1}, {"seq", 'n', 2, 1 << 24, 1}, {"tokens", 'n', 1, 1e12, 1}, {"mlp", 'w', 0, 0, 0},
     {"experts", 'n', 0, 65536, 1}, {"top-k", 'n', 1, 65536, 1}, {"expert-ffn", 'n', 1, 1 << 24, 1},
     {"shared-experts", 'n', 0, 64, 1}, {"dense-layers", 'n', 0, 100000, 1}, {"q-lora", 'n', 1, 1 << 20, 1},
-    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1},
+    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
     {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
     {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
     {"pp", 'n', 1, 1 << 20, 1}, {"dp", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"ep", 'n', 1, 65536, 1}, {"zero", 'n', 0, 3, 1},
@@ -631,6 +641,9 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (q.pr.fp8 && !(c->fp8_flops > 0)) usage_error("--fp8: the cluster file gives no fp8_flops and fp8_efficiency");
     q.pr.dp_overlap = VAL("dp-overlap"), q.pr.ep_overlap = VAL("ep-overlap"), q.pr.route_nodes = (int)VAL("route-nodes");
     if ((GIVEN(&q, "ep-overlap") || GIVEN(&q, "route-nodes")) && !m->experts) usage_error("--ep-overlap and --route-nodes apply with --experts only");
+    q.pr.comm_sms = (int)VAL("comm-sms");
+    if (q.pr.comm_sms && !c->sms) usage_error("--comm-sms: the cluster file gives no sms (the SMs of a device)");
+    if (q.pr.comm_sms >= c->sms && c->sms) usage_error("--comm-sms %d: a device has %d SMs, and compute needs some", q.pr.comm_sms, c->sms);
     if (word[flag_index("cp-exchange")]) {
         const char* s = word[flag_index("cp-exchange")];
         if (strcmp(s, "ring") && strcmp(s, "allgather")) usage_error("--cp-exchange must be ring or allgather, got '%s'", s);
@@ -684,12 +697,12 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
 }
 
 static void print_cost_line(const Layout* l, const Cost* k) {
-    printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
-           "ep_s=%.4g pp_s=%.4g dp_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
+    printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g membound_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
+           "ep_s=%.4g pp_s=%.4g dp_s=%.4g optimizer_s=%.4g overlap_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
            "layout=tp%d.cp%d.pp%d.dp%d.ep%d zero=%d sp=%s recompute=%s schedule=%s virtual=%d microbatches=%d\n",
-           k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->bubble,
+           k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->membound, k->bubble,
            (k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
-           k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
+           k->optimizer, k->overlap, k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
            l->sp ? "yes" : "no", recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
            l->pp > 1 ? schedule_chunks(l->sched, l->V) : 1, l->M);
 }
@@ -800,15 +813,78 @@ static int selftest(void) {
                 .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
     Shape big = {.layers = 8, .width = 1024, .heads = 16, .kv_heads = 16, .ffn = 4096, .vocab = 1000, .seq = 2048, .tokens = 2048.0 * 16};
     double tok = 2048 / 2.0; // a microbatch: one sequence, half of it on this device
+    int two[4] = {2, 2, 2, 2}; // layers of each stage
     near("activations of a device: 1F1B rank 0, 4 microbatches x 2 layers, CP 2, TP 2 + SP",
-         activation_bytes(&big, &l, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
     l.recompute = RECOMPUTE_FULL;
-    near("activations, full recomputation: layer inputs, one layer's set, the logits (last stage)",
-         activation_bytes(&big, &l, 0), fmax(4 * 2 * tok * 2 * 1024 / 2, 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2) +
-                                            tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    near("activations, full recomputation, rank 0: 4 microbatches of the layers' inputs, one layer's set",
+         stage_activation_bytes(&big, &l, two, 0, 0), 4 * 2 * tok * 2 * 1024 / 2 + tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    near("activations, full recomputation, the last stage: 1 microbatch's inputs, one layer's set, the FP32 logits",
+         stage_activation_bytes(&big, &l, two, 3, 0), 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2 +
+                                                      tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
     l.recompute = RECOMPUTE_SELECTIVE, l.sched = SCHEDULE_INTERLEAVED, l.V = 2;
     near("activations, interleaved V 2 on 4 stages: (2 x 3 + 4 + 1) / 2 = 5.5 microbatches of a stage",
-         activation_bytes(&big, &l, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+    // memory-bound bytes of a layer per token (2 bytes a value): GQA + SwiGLU (h 128, Q 8 and
+    // K 2 heads of 16, f 352): norms 4h + 6h back, residuals 6h + 6h, RoPE 2 x (128 + 32) each
+    // way, SwiGLU 3f + 5f
+    near("memory-bound bytes of a layer: norms, residuals, RoPE, SwiGLU", layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_NONE, 0),
+         2 * (10 * 128 + 12 * 128 + 4 * (128 + 32) + 8 * 352));
+    near("memory-bound bytes, TP 2 without SP: the h-wide work whole on each device",
+         layer_membound_bytes(&gqa, 0, 2, 0, RECOMPUTE_NONE, 0), 2 * (22 * 128) + 2 * (4 * (128 + 32) + 8 * 352) / 2);
+    near("memory-bound bytes, TP 2 with SP: all of it split", layer_membound_bytes(&gqa, 0, 2, 1, RECOMPUTE_NONE, 0),
+         2 * (10 * 128 + 12 * 128 + 4 * (128 + 32) + 8 * 352) / 2);
+    near("memory-bound bytes, full recomputation: the forward's again", layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_FULL, 0),
+         2 * (20 * 128 + 12 * 128 + 6 * (128 + 32) + 11 * 352));
+    // an MoE layer (8 experts, top-2 and a shared one of 64): the router 2E each way, the
+    // gather 2kh and combine (k + 1)h forward, (2k + 1)h and (k + 1)h backward, SwiGLU on 3 x 64
+    near("memory-bound bytes of an MoE layer: the router, the copies gathered and combined",
+         layer_membound_bytes(&moe, 1, 1, 0, RECOMPUTE_NONE, 0),
+         2 * (10 * 128 + 12 * 128 + 4 * 8 + (4 + 3) * 128 + (5 + 3) * 128 + 4 * (128 + 32) + 8 * 192));
+    // FP8: the products' inputs (norm output, attention output, norm output, SwiGLU output:
+    // 3 x 128 + 352) quantized forward and for the weight gradient, their outputs' gradients
+    // (QKV 192, O 128, gate and up 704, down 128) for the input gradient, 3 bytes each
+    near("memory-bound bytes under FP8: each product's input quantized twice, its output gradient once",
+         layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_NONE, 1) - layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_NONE, 0),
+         3 * (2 * (3 * 128 + 352) + (192 + 128 + 704 + 128)));
+    // MLA (h 7168, 128 heads, latents 1536 and 512, RoPE 64; a GELU MLP of width 1): the
+    // latents' norms, RoPE on 128 x 64 of Q and 64 of K; under FP8 the inputs h, 1536, 512,
+    // 16384 (O), h, 1 and the outputs 1536 + 24576 (Q), 512 + 64 (KV down), 2 x 16384 (K, V
+    // up), h (O), 1 and h (MLP)
+    near("memory-bound bytes of an MLA layer", layer_membound_bytes(&mla, 0, 1, 0, RECOMPUTE_NONE, 0),
+         2 * (22 * 7168.0 + 5 * 2048 + 4 * (128 * 64 + 64) + 5 * 1));
+    near("memory-bound bytes of an MLA layer under FP8: its products' inputs and outputs",
+         layer_membound_bytes(&mla, 0, 1, 0, RECOMPUTE_NONE, 1) - layer_membound_bytes(&mla, 0, 1, 0, RECOMPUTE_NONE, 0),
+         3 * (2 * (7168 + 1536 + 512 + 16384 + 7168 + 1) + (1536 + 24576 + 512 + 64 + 2 * 16384 + 7168 + 1 + 7168)));
+    // the ends: the embedding's row gathered and its gradient added (5h values, whole on each
+    // TP device); the final norm (5h, split under SP) and the loss (20 bytes a logit, split)
+    near("memory-bound bytes of the embedding: 5h values", embedding_membound_bytes(&big), 2 * 5 * 1024);
+    near("memory-bound bytes of the head, TP 2 with SP: the norm's 5h and the loss's 20V, halved",
+         head_membound_bytes(&big, 2, 1), (2 * 5 * 1024 + 20 * 1000) / 2.0);
+    near("memory-bound bytes of the head, TP 2 without SP: the norm whole", head_membound_bytes(&big, 2, 0), 2 * 5 * 1024 + 20 * 1000 / 2.0);
+    // the stages: Llama 3 405B's 126 layers on 16, the embedding worth 0.01 of a layer, the
+    // head and loss 0.7: a layer off the first and the last stage (7, 8 x 14, 7), pace 8
+    int st[16];
+    near("stages, Llama 3 405B on 16: pace 8 layers", stage_layers(126, 16, 0.01, 0.7, 0, st), 8);
+    near("stages, Llama 3 405B on 16: 7 layers first and last, 8 between", st[0] * 1000 + st[1] * 100 + st[14] * 10 + st[15], 7887);
+    // the head worth 1.15 layers (DeepSeek-V3's: a 129,280 vocabulary on a narrow width): 61
+    // layers on 16 take 3, 4 x 14, 2
+    near("stages, a head worth 1.15 layers: pace 4", stage_layers(61, 16, 0.003, 1.15, 0, st), 4);
+    near("stages, a head worth 1.15 layers: 3, 4 x 14, 2", st[0] * 1000 + st[1] * 100 + st[14] * 10 + st[15], 3442);
+    // zbv: device 0 holds both ends (0.71): P 8 covers 7 + 15 x 8 = 127, one too many, taken
+    // from the earliest full device
+    near("stages under zbv: both ends on device 0, pace 8", stage_layers(126, 16, 0.01, 0.7, 1, st), 8);
+    near("stages under zbv: 7, 7, 8 ...", st[0] * 100 + st[1] * 10 + st[2], 778);
+    near("one stage: every layer and both ends", stage_layers(8, 1, 0.01, 0.7, 1, st), 8.71);
+    near("8 layers on 4 stages, no slack: pace 2 + the head's 0.08", stage_layers(8, 4, 0.01, 0.08, 0, st), 2.08);
+    // parameters of a stage: its layers' share of all but the ends, the embedding on the
+    // first, the head and final norm on the last; split by TP
+    Layout t2 = {.tp = 2, .cp = 1, .pp = 4, .dp = 1, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 4};
+    double per_layer = (params_total(&big) - 1024 - 2 * 1000.0 * 1024) / 8, dpar, epar;
+    stage_params(&big, &t2, 2, 1, 0, &dpar, &epar);
+    near("parameters of the first stage: 2 layers and the embedding, over TP 2", dpar, (2 * per_layer + 1000.0 * 1024) / 2);
+    stage_params(&big, &t2, 2, 0, 1, &dpar, &epar);
+    near("parameters of the last stage: 2 layers, the head and the final norm, over TP 2", dpar, (2 * per_layer + 1000.0 * 1024 + 1024) / 2);
     // ZeRO: 16 bytes per parameter; stage 1 shards the 12 of the optimizer, 2 the gradients, 3 the weights
     near("ZeRO-0, 1e9 params", state_bytes(1e9, 0, 8), 16e9);
     near("ZeRO-1 over 8", state_bytes(1e9, 1, 8), 4e9 + 1.5e9);
@@ -816,18 +892,24 @@ static int selftest(void) {
     near("ZeRO-3 over 8", state_bytes(1e9, 3, 8), 16e9 / 8);
 
     // the time terms, on a cluster whose numbers are easy: 2 nodes of 4, 1e15 FLOP/s at 50%
-    // (attention at 25%), links 1e-6 s, 1e11 B/s inside a node; 1e-5 s, 1e10 B/s between
+    // (attention at 25%), HBM 1e12 B/s, links 1e-6 s, 1e11 B/s inside a node; 1e-5 s, 1e10 B/s between
     Cluster c = {.name = "test", .nodes = 2, .per_node = 4, .flops = 1e15, .efficiency = 0.5, .attention_efficiency = 0.25, .fp8_flops = 2e15,
-                 .fp8_efficiency = 0.25, .memory = 1e12, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10};
+                 .fp8_efficiency = 0.25, .memory = 1e12, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10,
+                 .hbm = 1e12, .sms = 100};
     Practice pr = {0};
     Layout dp8 = {.tp = 1, .cp = 1, .pp = 1, .dp = 8, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 2};
     Cost kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
     double F = hardware_flops(&big, RECOMPUTE_NONE, &f8, 0), A = 3 * attention_core(&big);
-    near("compute: tokens / devices x hardware FLOPs / (peak x efficiency), attention at its own",
-         kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14));
+    double mb = big.tokens / 8 * 8 * layer_membound_bytes(&big, 0, 1, 0, RECOMPUTE_NONE, 0) / 1e12;
+    near("memory-bound time: a replica's tokens x 8 layers x their bytes / HBM's rate", kk.membound, mb);
+    // one stage: the 8 layers, the head's product (in F) and the loss, the embedding's lookup
+    // (10h + 10h + 20V bytes a token)
+    near("compute: tokens / devices x hardware FLOPs / (peak x efficiency), attention at its own, and the memory-bound work",
+         kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14) + mb + big.tokens / 8 * (20 * 1024 + 20 * 1000.0) / 1e12);
     double P = params_total(&big);
     near("DP 8 across 2 nodes: an all-reduce of 2-byte gradients between nodes", kk.dp, t_allreduce(2 * P, 8, 1e-5, 1e10));
-    near("step = compute + DP", kk.step, kk.compute + kk.dp);
+    near("the optimizer's step, ZeRO-0: 28 bytes of every parameter through HBM", kk.optimizer, 28 * P / 1e12);
+    near("step = compute + DP + the optimizer's step", kk.step, kk.compute + kk.dp + kk.optimizer);
     near("MFU = tokens x model FLOPs / (step x devices x peak)", kk.mfu, big.tokens * model_flops(&big) / (kk.step * 8 * 1e15));
     near("GPU-hours per trillion tokens", kk.gpu_hours_per_t, kk.step * 8 / 3600 * 1e12 / big.tokens);
     pr.dp_overlap = 0.1;
@@ -840,6 +922,7 @@ static int selftest(void) {
     pr.dp_overlap = 0;
     dp8.zero = 3;
     near("ZeRO-3: 1.5 times the traffic", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).dp, 1.5 * t_allreduce(2 * P, 8, 1e-5, 1e10));
+    near("the optimizer's step under ZeRO: the device's shard, 1/8", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).optimizer, 28 * P / 8 / 1e12);
     // TP 4 inside a node, DP 2 across: per layer and microbatch 4 all-reduces of the
     // microbatch's activations (one sequence: 2048 x 1024 x 2 bytes) over TP's links
     Layout t4 = {.tp = 4, .cp = 1, .pp = 1, .dp = 2, .ep = 1, .sp = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
@@ -864,9 +947,13 @@ static int selftest(void) {
     Layout p4 = {.tp = 1, .cp = 1, .pp = 4, .dp = 2, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
     kk = layout_cost(&c, &big, &pr, &p4, 8, 0, 0);
     near("PP 4, 1F1B, M 8: bubble 3/11", kk.bubble, 3.0 / 11);
+    // 2 layers on each stage: the last, with the head's product and the loss, sets the pace
+    double layer_t = ((F - A - 6 * 1024.0 * 1000) / 5e14 + A / 2.5e14) / 8 + layer_membound_bytes(&big, 0, 1, 0, RECOMPUTE_NONE, 0) / 1e12;
+    near("PP 4: compute at the last stage's pace, 2 layers, the head and the loss, for a replica's tokens", kk.compute,
+         big.tokens / 2 * (2 * layer_t + 6 * 1024.0 * 1000 / 5e14 + (10 * 1024 + 20 * 1000.0) / 1e12));
     near("PP sends: 2 (V M + S - 2) of a microbatch's activations", kk.pp, 2 * (8 + 2) * t_p2p(2 * 2048.0 * 1024, 1e-5, 1e10));
     near("step with a pipeline: (compute + ...) / (1 - bubble) + sends + DP", kk.step,
-         kk.compute / (1 - 3.0 / 11) + kk.pp + kk.dp);
+         kk.compute / (1 - 3.0 / 11) + kk.pp + kk.dp + kk.optimizer);
     p4.sched = SCHEDULE_ZB1;
     near("zb1's bubble on 4 stages, M 8: 3 / (3 x 8 + 3)", layout_cost(&c, &big, &pr, &p4, 8, 0, 0).bubble, 3.0 / 27);
     double zb, zp;
@@ -891,11 +978,20 @@ static int selftest(void) {
     kk = layout_cost(&c, &mbig, &pr, &e4, 8, 0, 0);
     near("EP under --ep-overlap 1: hidden while compute lasts", kk.ep,
          fmax(0, 8 * 2 * (t_alltoall(&c, copies / 2, 4, 1, 1) + 3 * t_alltoall(&c, copies, 4, 1, 1)) - kk.compute));
+    double a2a_all = 8 * 2 * (t_alltoall(&c, copies / 2, 4, 1, 1) + 3 * t_alltoall(&c, copies, 4, 1, 1));
+    pr.comm_sms = 20;
+    Cost taxed = layout_cost(&c, &mbig, &pr, &e4, 8, 0, 0);
+    near("hidden all-to-alls on 20 of 100 SMs: compute loses a fifth of their time", taxed.overlap, 0.2 * fmin(a2a_all, kk.compute));
+    near("... and is that much longer", taxed.compute, kk.compute + taxed.overlap);
+    pr.comm_sms = 0;
     double F8, F16 = hardware_flops(&mbig, RECOMPUTE_NONE, &F8, 1) - F8;
     double A8 = 3 * attention_core(&mbig);
-    near("compute under FP8: the blocks at the FP8 rate", kk.compute, mbig.tokens / 8 * ((F16 - A8) / 5e14 + A8 / 2.5e14 + F8 / 5e14));
-    near("expert weights per device: routed experts / EP", state_bytes(expert_params_per_device(&mbig, &e4), 0, 2),
-         16 * params_experts(&mbig) / 4);
+    near("compute under FP8: the blocks at the FP8 rate", kk.compute, mbig.tokens / 8 * ((F16 - A8) / 5e14 + A8 / 2.5e14 + F8 / 5e14) +
+         mbig.tokens / 8 * (8 * layer_membound_bytes(&mbig, 1, 1, 0, RECOMPUTE_NONE, 1) + 20 * 1024 + 20 * 1000.0) / 1e12);
+    double dense_p, expert_p;
+    stage_params(&mbig, &e4, 8, 1, 1, &dense_p, &expert_p);
+    near("expert weights per device: routed experts / EP", state_bytes(expert_p, 0, 2), 16 * params_experts(&mbig) / 4);
+    near("dense weights per device: all but the routed experts", dense_p, params_total(&mbig) - params_experts(&mbig));
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures > 0;
 }
@@ -914,7 +1010,7 @@ static void usage(void) {
             "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout]\n"
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full\n"
             "          --schedule gpipe|1f1b|interleaved|zb1|zbv --virtual V --microbatches M (rank: fixed for all)\n"
-            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --route-nodes R --cp-exchange allgather|ring --devices N\n");
+            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N --devices N\n");
 }
 
 int main(int argc, char** argv) {

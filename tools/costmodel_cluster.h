@@ -6,6 +6,7 @@
  *
  *   # a comment                                 name H100 SXM, 2048 nodes x 8
  *   nodes 2048                                  flops 989e12
+ *   hbm_gbytes_per_s 3350                       sms 132
  *
  * cluster_parse works on text in memory and returns its error instead of ending the process,
  * so that tests/fuzz.c can drive it with any bytes; cluster_read is the programs' door.
@@ -29,6 +30,8 @@ typedef struct {
     double memory;                    // bytes per device
     double alpha_intra, beta_intra;   // inside a node: seconds per message, bytes per second each way
     double alpha_inter, beta_inter;   // between nodes
+    double hbm;                       // bytes per second between a device and its memory (HBM)
+    int sms;                          // streaming multiprocessors per device (0: not given)
 } Cluster;
 
 // s as a number: the whole text a finite decimal number (digits, '.', an exponent: no
@@ -71,6 +74,8 @@ static const ClusterKey cluster_keys[] = {
     {"intra_gbytes_per_s", 0, 1, 1e6, 0, 1},
     {"inter_latency_us", 0, 0, 1e6, 0, 1},
     {"inter_gbytes_per_s", 0, 1, 1e6, 0, 1},
+    {"hbm_gbytes_per_s", 0, 1, 1e6, 0, 1},
+    {"sms", 1, 0, 100000, 1, 0},
 };
 enum { CLUSTER_KEYS = sizeof cluster_keys / sizeof cluster_keys[0] };
 #define CLUSTER_MAX_DEVICES 1048576
@@ -160,6 +165,7 @@ static const char* cluster_parse(Cluster* c, const char* text, size_t n, const c
     c->attention_efficiency = seen[5] ? v[5] : v[4];
     c->fp8_flops = v[6], c->fp8_efficiency = v[7], c->memory = v[8] * 1e9;
     c->alpha_intra = v[9] * 1e-6, c->beta_intra = v[10] * 1e9, c->alpha_inter = v[11] * 1e-6, c->beta_inter = v[12] * 1e9;
+    c->hbm = v[13] * 1e9, c->sms = (int)v[14];
     if ((double)c->nodes * c->per_node > CLUSTER_MAX_DEVICES) {
         snprintf(err, errn, "%s: %d nodes x %d devices is more than %d devices", path, c->nodes, c->per_node,
                  CLUSTER_MAX_DEVICES);

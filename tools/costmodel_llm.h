@@ -8,12 +8,16 @@
  * The model, per device (devices work in parallel; ranks are ordered TP fastest, then CP,
  * then DP with EP's groups inside it, then PP, as train_3d.c orders its grid):
  *
- *   step = (compute + TP + CP + EP exposed) / (1 - bubble) + PP sends + DP exposed
+ *   step = (compute + TP + CP + EP exposed) / (1 - bubble) + PP sends + DP exposed + optimizer
  *
- *   compute   the device's share of the FLOPs (plus what recomputation repeats), at the
- *             cluster's rates: peak x the fraction large matrix products reach (FP8 layers
- *             at the FP8 rate with --fp8), attention's core at its kernels' fraction; the
- *             pipeline runs at its fullest stage's pace
+ *   compute   each layer's FLOPs (plus what recomputation repeats) at the cluster's rates:
+ *             peak x the fraction large matrix products reach (FP8 layers at the FP8 rate
+ *             with --fp8), attention's core at its kernels' fraction; and its memory-bound
+ *             work (norms, residuals, RoPE, SwiGLU, the MoE's copies, FP8's quantization)
+ *             at HBM's rate. The first device also does the embedding, the last the head
+ *             and the loss; layers are split so the slowest device is as fast as can be,
+ *             and the pipeline runs at its pace. Hidden traffic takes --comm-sms of the SMs
+ *             while it runs.
  *   TP        Megatron's two all-reduces per layer forward and two backward (with sequence
  *             parallelism: an all-gather and a reduce-scatter for each, the same time)
  *   CP        each layer gathers the K and V of the whole sequence forward, again backward,
@@ -26,17 +30,19 @@
  *   DP        the gradients reduce-scattered and the parameters all-gathered (an all-
  *             reduce's time; ZeRO-3 gathers once more for backward), a stated fraction
  *             hidden behind compute (--dp-overlap)
+ *   optimizer Adam's step over the device's ZeRO shard, memory-bound
  *
  * A collective over n devices that fit in a node uses the node's links, else the links
  * between nodes (the slowest link of a ring sets its pace): ring all-reduce 2(n-1) steps of
  * 1/n of the buffer, all-gather and reduce-scatter n-1 steps, each alpha + bytes / beta.
  * "Hidden" traffic hides only behind compute that exists: at most the compute's time.
  *
- * Not modelled (each a reason real runs are slower than predicted): memory-bound element-
- * wise work (norms, activations, the loss), matrix shapes below the best one's rate, clocks
- * under sustained power limits, stragglers and jitter across thousands of devices, the head
- * and embedding's extra work on the end stages, congestion, and the cost of overlapping
- * (DeepSeek-V3 gives 20 of 132 SMs to communication).
+ * Not modelled (each a reason real runs are slower than predicted): matrix shapes below
+ * the best one's rate (BF16; FP8's figure is DeepGEMM's on DeepSeek-V3's own shapes), clocks
+ * under sustained power limits, stragglers and jitter across thousands of devices,
+ * congestion, kernel launches. Nor a memory saving DeepSeek-V3 made (activations cached in
+ * FP8, only norms and up-projections recomputed): the model recomputes whole layers instead,
+ * which is slower.
  *
  * Memory: 2-byte weights and gradients and 12 bytes of FP32 master weights, m and v per
  * parameter, sharded by ZeRO's stage over the devices that hold the same weights; the
@@ -68,6 +74,7 @@ typedef struct {
     double dp_overlap, ep_overlap; // fraction of DP's and EP's traffic hidden behind compute
     int cp_ring;                   // CP passes K and V round a ring (overlapping attention), else all-gathers them
     int route_nodes;               // MoE: node-limited routing, each token to at most this many nodes (0: none)
+    int comm_sms;                  // SMs the communication kernels take while they run beside compute (0: none)
 } Practice;
 
 enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
@@ -80,6 +87,8 @@ typedef struct {
 
 typedef struct {
     double step, compute, bubble, tp, cp, ep, pp, dp; // seconds (tp, cp, ep, dp: the exposed part)
+    double membound, optimizer;                        // seconds of memory-bound work (part of compute); of the optimizer's step
+    double overlap;                                    // seconds compute loses to the SMs of hidden communication (part of compute)
     double weights, acts, memory;                      // bytes per device: weights, gradients and optimizer state; activations; their sum
     double mfu, gpu_hours_per_t;                       // model FLOPs / (step x devices x peak); GPU-hours per trillion tokens
     int fits;
@@ -132,6 +141,60 @@ static double hardware_flops(const Shape* m, int recompute, double* fp8_part, in
 }
 
 // ----------------------------------------------------------------------------
+// memory-bound work: what a layer moves through HBM outside its matrix products
+
+// Bytes one layer moves between a device and its HBM per token outside its matrix products
+// and attention's fused kernel: each elementwise operator reads its inputs and writes its
+// outputs once, 2 bytes a value, forward, backward, and forward again under full
+// recomputation. In values per token:
+//   RMSNorm (2)          forward x in, y out (2h); backward x and dy in, dx out (3h)
+//   residual add (2)     forward 2h in, h out; backward the two paths' gradients summed (3h)
+//   RoPE                 Q's and K's rotary parts in and out, forward and backward
+//   SwiGLU               forward gate and up in, their product out (3f); backward dy, gate and
+//                        up in, both gradients out (5f); GELU 2f and 3f
+//   MoE                  the router's E scores (2E each way); the token's k copies gathered
+//                        for the experts (kh in, kh out) and combined (kh in, h out); backward
+//                        the combine's (h and the k outputs in, kh out) and the gather's (kh
+//                        in, h out)
+//   MLA                  the two latents' RMSNorms (q_lora, kv_lora)
+//   FP8 (--fp8)          every value entering an FP8 matrix product quantized from BF16 (2
+//                        bytes in, 1 out: DeepSeek-V3's report, section 3.5.2, describes the
+//                        round trip): forward, again for the weight gradient (tiles along the
+//                        other axis), and each output gradient for the input gradient
+// Without SP the h-wide work (norms, residuals, the MoE's copies, MLA's latents) is done
+// whole on every TP device; with SP it is split, and the head-split work (RoPE, the MLP,
+// the quantization) always is. Dropout's masks (Korthikanti's GPT) are not counted.
+static double layer_membound_bytes(const Shape* m, int moe, int tp, int sp, int recompute, int fp8) {
+    double h = m->width, t = tp, again = recompute == RECOMPUTE_FULL, mla = m->kv_lora > 0;
+    double k = moe ? m->top_k : 0, E = moe ? m->experts : 0, f = moe ? m->expert_ffn * (double)(m->top_k + m->shared) : m->ffn;
+    double latents = mla ? (double)m->q_lora + m->kv_lora : 0;
+    double wide_fwd = 4 * h + 6 * h + 2 * latents + (moe ? 2 * E + 2 * k * h + (k + 1) * h : 0);
+    double wide_bwd = 6 * h + 6 * h + 3 * latents + (moe ? 2 * E + (2 * k + 1) * h + (k + 1) * h : 0);
+    double rope = mla ? m->heads * (double)m->rope + m->rope : (m->heads + m->kv_heads) * head_dim(m);
+    double split_fwd = 2 * rope + (m->swiglu ? 3 : 2) * f, split_bwd = 2 * rope + (m->swiglu ? 5 : 3) * f;
+    double bytes = 2 * ((1 + again) * wide_fwd + wide_bwd) / (sp ? t : 1) + 2 * ((1 + again) * split_fwd + split_bwd) / t;
+    if (fp8) { // the FP8 products' inputs (each quantized once) and outputs, per token
+        double in, out, up = m->swiglu ? 2 : 1;
+        if (mla) {
+            double q = m->q_lora > 0 ? m->q_lora : 0;
+            in = h + q + m->kv_lora + d_v(m);
+            out = (q > 0 ? q + d_qk(m) : d_qk(m)) + m->kv_lora + m->rope + 2.0 * m->heads * head_dim(m) + h;
+        } else {
+            in = h + m->heads * head_dim(m);
+            out = (m->heads + 2.0 * m->kv_heads) * head_dim(m) + h;
+        }
+        double n = moe ? m->top_k + m->shared : 1, fe = moe ? m->expert_ffn : m->ffn;
+        in += h + n * fe, out += n * (up * fe + h);
+        bytes += 3 * ((2 + again) * in + out) / t;
+    }
+    return bytes;
+}
+static double layer_membound(const Shape* m, int tp, int sp, int recompute, int fp8) { // averaged over dense and MoE layers
+    double moe = (double)moe_layers(m) / m->layers;
+    return (1 - moe) * layer_membound_bytes(m, 0, tp, sp, recompute, fp8) + moe * layer_membound_bytes(m, 1, tp, sp, recompute, fp8);
+}
+
+// ----------------------------------------------------------------------------
 // memory
 
 // Bytes of activations one layer keeps for backward, per token on one device, Korthikanti
@@ -158,26 +221,22 @@ static double layer_acts(const Shape* m, int tp, int sp, int recompute) { // per
            moe * layer_acts_per_token(m, 1, tp, sp, recompute, m->seq);
 }
 
-// Activations one device holds at its peak, in bytes: per microbatch and layer, times the
-// layers of its stage and the microbatches its schedule keeps (schedules.h; zbv: the
-// checker's, passed as zbv_peak); the last stage's FP32 logits (rank 0's under zbv). Full
-// recomputation keeps each layer's input only, and the working set of the one layer that
-// backward recomputes.
-static double activation_bytes(const Shape* m, const Layout* l, double zbv_peak) {
+// Activations device r of the pipeline holds at its peak, in bytes: per microbatch and
+// layer, times the layers of its stage (n[r]) and the microbatches its schedule keeps
+// (schedules.h; zbv: the checker's, passed as zbv_peak); the FP32 logits on the device with
+// the head (the last; zbv: device 0). Full recomputation keeps each layer's input only, and
+// the working set of the one layer that backward recomputes.
+static double stage_activation_bytes(const Shape* m, const Layout* l, const int* n, int r, double zbv_peak) {
     double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp;
-    int S = l->pp, per_stage = (m->layers + S - 1) / S;
+    int S = l->pp;
     double layer = tokens * layer_acts(m, l->tp, l->sp, l->recompute), logits = 4.0 * tokens * m->vocab / l->tp, once = 0;
     if (l->recompute == RECOMPUTE_FULL) {
         layer = tokens * 2.0 * m->width / (l->sp ? l->tp : 1);
         once = tokens * layer_acts(m, l->tp, l->sp, RECOMPUTE_SELECTIVE);
     }
-    double peak = 0;
-    for (int r = 0; r < S; r++) {
-        double held = S == 1 ? 1 : l->sched == SCHEDULE_ZBV ? zbv_peak : schedule_peak_formula(l->sched, S, l->V, l->M, r);
-        int last = l->sched == SCHEDULE_ZBV ? r == 0 : r == S - 1;
-        peak = fmax(peak, held * per_stage * layer + once + (last ? logits : 0));
-    }
-    return peak;
+    double held = S == 1 ? 1 : l->sched == SCHEDULE_ZBV ? zbv_peak : schedule_peak_formula(l->sched, S, l->V, l->M, r);
+    int last = l->sched == SCHEDULE_ZBV ? r == 0 : r == S - 1;
+    return held * n[r] * layer + once + (last ? logits : 0);
 }
 
 // Weights, gradients and optimizer state on one device: 2 + 2 + 12 bytes per parameter,
@@ -186,11 +245,73 @@ static double activation_bytes(const Shape* m, const Layout* l, double zbv_peak)
 static double state_bytes(double params, int zero, double shards) {
     return params * ((zero >= 3 ? 2 / shards : 2) + (zero >= 2 ? 2 / shards : 2) + (zero >= 1 ? 12 / shards : 12));
 }
-static double dense_params_per_device(const Shape* m, const Layout* l) {
-    return (params_total(m) - params_experts(m)) / l->tp / l->pp;
+// The optimizer's step over the parameters a device updates (its ZeRO shard, or all it holds):
+// Adam reads the FP32 master weight, m, v and the 2-byte gradient and writes the three and
+// the 2-byte weight, 28 bytes a parameter, memory-bound.
+enum { OPTIMIZER_BYTES = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2 };
+static double optimizer_params(double params, int zero, double shards) { return zero >= 1 ? params / shards : params; }
+// The parameters on one device of a stage of n layers (the layers' average: the dense ones
+// apart from the routed experts, which EP shares out), with the embedding on the first
+// device and the head and final norm on the last (zbv: both on device 0).
+static void stage_params(const Shape* m, const Layout* l, int n, int embedding, int head, double* dense, double* experts) {
+    double h = m->width, ends = h + 2.0 * m->vocab * h;
+    *dense = (n * (params_total(m) - params_experts(m) - ends) / m->layers + (embedding ? m->vocab * h : 0) +
+              (head ? m->vocab * h + h : 0)) / l->tp;
+    *experts = n * params_experts(m) / m->layers / l->tp / l->ep;
 }
-static double expert_params_per_device(const Shape* m, const Layout* l) {
-    return params_experts(m) / l->tp / l->pp / l->ep;
+
+// ----------------------------------------------------------------------------
+// the pipeline's stages
+
+// How many layers each device of the pipeline holds (n[S]), balanced by their time: the
+// first device also does the embedding's work (e, in layers' time), the last the head's and
+// the loss's (hh); under zbv device 0 holds both ends (`together`). The pipeline runs at
+// its slowest device's pace, which is returned, in layers' time. Meta took a layer off the
+// first and last of Llama 3 405B's 16 stages for this (7, 8 x 14, 7 of its 126); any
+// implementation may split unevenly (Megatron's first- and last-stage layer counts).
+static double stage_layers(int L, int S, double e, double hh, int together, int* n) {
+    double extra_first = together || S == 1 ? e + hh : e, extra_last = together ? 0 : hh;
+    double pace = -1;
+    // the smallest pace at which whole layers cover L: it is an integer plus one of the ends
+    const double offsets[] = {0, e, hh, e + hh};
+    for (int k = (int)fmax(0, floor((double)L / S - e - hh)); pace < 0 || k <= pace; k++)
+        for (int i = 0; i < 4; i++) {
+            double P = k + offsets[i];
+            long cover = 0;
+            for (int r = 0; r < S; r++) {
+                double extra = r == 0 ? extra_first : r == S - 1 ? extra_last : 0;
+                cover += (long)fmax(0, floor(P - extra + 1e-9));
+            }
+            if (cover >= L && (pace < 0 || P < pace)) pace = P;
+        }
+    // whole layers at that pace, the surplus taken from the fullest devices, earliest first
+    // (the early stages hold the most microbatches)
+    long total = 0;
+    for (int r = 0; r < S; r++) {
+        double extra = r == 0 ? extra_first : r == S - 1 ? extra_last : 0;
+        n[r] = (int)fmax(0, floor(pace - extra + 1e-9)), total += n[r];
+    }
+    for (; total > L; total--) {
+        int most = 0;
+        for (int r = 1; r < S; r++)
+            if (n[r] > n[most]) most = r;
+        n[most]--;
+    }
+    pace = 0;
+    for (int r = 0; r < S; r++) pace = fmax(pace, n[r] + (r == 0 ? extra_first : r == S - 1 ? extra_last : 0));
+    return pace;
+}
+
+// Memory-bound bytes per token of the two ends, on one device. The embedding: its row
+// gathered (h in, h out) and, backward, the gradient added into the row's (dy, the row's
+// gradient in, it out), whole on every TP device (each looks up its part of the vocabulary
+// and writes the whole width). The head: the final RMSNorm (as a layer's), and the loss over
+// the vocabulary (split across TP): the BF16 logits cast to FP32 (2V in, 4V out), their
+// maximum (4V in) and the exponentials' sum (4V in); backward, the softmax less the target
+// from the kept FP32 logits (4V in) written as the BF16 gradient (2V out).
+static double embedding_membound_bytes(const Shape* m) { return 2 * 5.0 * m->width; }
+static double head_membound_bytes(const Shape* m, int tp, int sp) {
+    return 2 * 5.0 * m->width / (sp ? tp : 1) + 20.0 * m->vocab / tp;
 }
 
 // ----------------------------------------------------------------------------
@@ -252,14 +373,27 @@ static double hidden(double overlap, double traffic, double compute) { return fm
 static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, const Layout* l, int devices,
                         double zbv_bubble, double zbv_peak) {
     Cost k = {0};
-    double fp8_flops, flops = hardware_flops(m, l->recompute, &fp8_flops, pr->fp8);
-    double per_device = m->tokens / devices;
-    int per_stage = (m->layers + l->pp - 1) / l->pp;
-    double imbalance = per_stage * (double)l->pp / m->layers; // the fullest stage sets the pace
-    double attention = (3 + (l->recompute >= RECOMPUTE_SELECTIVE)) * attention_core(m); // at attention kernels' rate
-    double core = per_device * imbalance * attention / (c->flops * c->attention_efficiency);
-    k.compute = core + per_device * imbalance * ((flops - fp8_flops - attention) / (c->flops * c->efficiency) +
-                                                 (fp8_flops > 0 ? fp8_flops / (c->fp8_flops * c->fp8_efficiency) : 0));
+    // compute, per token on one device: a layer's products (the blocks' in FP8 under --fp8),
+    // attention's core at its kernels' rate and the layer's memory-bound work; the head's
+    // product (BF16) and the loss; the embedding's lookup
+    double f8, flops = hardware_flops(m, l->recompute, &f8, pr->fp8), head = 6.0 * m->width * m->vocab;
+    double attention = (3 + (l->recompute >= RECOMPUTE_SELECTIVE)) * attention_core(m);
+    double att_s = attention / m->layers / l->tp / (c->flops * c->attention_efficiency);
+    double mb_s = layer_membound(m, l->tp, l->sp, l->recompute, pr->fp8) / c->hbm;
+    double layer_s = att_s + mb_s + ((flops - f8 - attention - head) / (c->flops * c->efficiency) +
+                                     (f8 > 0 ? f8 / (c->fp8_flops * c->fp8_efficiency) : 0)) / m->layers / l->tp;
+    double head_s = head / l->tp / (c->flops * c->efficiency) + head_membound_bytes(m, l->tp, l->sp) / c->hbm;
+    double embedding_s = embedding_membound_bytes(m) / c->hbm;
+    // the stages, balanced; the pipeline at the slowest one's pace, for the tokens of a TP group
+    int n[128], together = l->pp == 1 || l->sched == SCHEDULE_ZBV, fullest = 0;
+    if (l->pp > 128) fatal("internal: %d pipeline stages, more than the model takes", l->pp);
+    double pace = stage_layers(m->layers, l->pp, embedding_s / layer_s, head_s / layer_s, together, n);
+    for (int r = 0; r < l->pp; r++) fullest = n[r] > fullest ? n[r] : fullest;
+    double group_tokens = m->tokens / l->dp / l->cp;
+    k.compute = group_tokens * pace * layer_s;
+    k.membound = group_tokens * fullest * mb_s;
+    double core = group_tokens * fullest * att_s;
+    int per_stage = fullest; // the layers whose communication sets the pace
     double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp, h = m->width;
     double alpha, beta;
     // TP: 2 all-reduces of a microbatch's activations per layer forward, 2 backward, 2 more
@@ -275,7 +409,8 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
                 : m->kv_heads >= l->tp ? 2.0 * m->kv_heads * head_dim(m) / l->tp : 2 * head_dim(m);
     double kv_bytes = 2 * seqs_mb * m->seq * kv;
     double cp = per_stage * l->M * (3 + (l->recompute == RECOMPUTE_FULL)) * t_half(kv_bytes, l->cp, alpha, beta);
-    if (pr->cp_ring) cp = fmax(0, cp - core);
+    double cp_hidden = pr->cp_ring ? fmin(cp, core) : 0;
+    cp -= cp_hidden;
     // EP: per MoE layer and microbatch, dispatch (FP8 under --fp8) and combine forward, and
     // their gradients backward: each device sends its tokens' copies, top-k per token
     double moe_per_stage = per_stage * (double)moe_layers(m) / m->layers;
@@ -284,9 +419,8 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     double far = route_scale(c, m, l->ep, stride, pr->route_nodes);
     double dispatch = t_alltoall(c, copies * (pr->fp8 ? 1 : 2), l->ep, stride, far), other = t_alltoall(c, copies * 2, l->ep, stride, far);
     double a2a = dispatch + 3 * other + (l->recompute == RECOMPUTE_FULL ? dispatch + other : 0);
-    double ep = moe_per_stage * l->M * a2a;
-    ep -= hidden(pr->ep_overlap, ep, k.compute);
-    k.tp = tp, k.cp = cp, k.ep = ep;
+    double ep = moe_per_stage * l->M * a2a, ep_hidden = hidden(pr->ep_overlap, ep, k.compute);
+    k.tp = tp, k.cp = cp, k.ep = ep - ep_hidden;
     k.bubble = pipeline_bubble(l, zbv_bubble);
     // PP: a microbatch's activations (scattered across TP under SP) over each boundary,
     // forward and back: the sends of one device's chunks and of the fill on the critical path
@@ -294,17 +428,34 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     int V = l->pp > 1 ? schedule_chunks(l->sched, l->V) : 0;
     k.pp = l->pp > 1 ? 2.0 * (V * l->M + l->pp - 2) * t_p2p(2 * tokens * h / (l->sp ? l->tp : 1), alpha, beta) : 0;
     // DP: an all-reduce's time for the gradients (reduce-scatter, then all-gather of the
-    // weights), 1.5 times under ZeRO-3; dense weights over DP x CP, experts over DP x CP / EP
+    // weights), 1.5 times under ZeRO-3; dense weights over DP x CP, experts over DP x CP / EP;
+    // then the optimizer's step. Each stage's own, the slowest sets the step's end.
     links(c, l->tp * l->cp * l->dp, &alpha, &beta);
-    double dp = t_allreduce(2 * dense_params_per_device(m, l), l->dp * l->cp, alpha, beta);
-    if (m->experts > 0) dp += t_allreduce(2 * expert_params_per_device(m, l), l->dp / l->ep * l->cp, alpha, beta);
-    dp *= l->zero == 3 ? 1.5 : 1;
-    k.dp = dp - hidden(pr->dp_overlap, dp, k.compute);
-    k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp;
-    k.weights = state_bytes(dense_params_per_device(m, l), l->zero, (double)l->dp * l->cp) +
-                state_bytes(expert_params_per_device(m, l), l->zero, (double)l->dp / l->ep * l->cp);
-    k.acts = activation_bytes(m, l, zbv_peak);
-    k.memory = k.weights + k.acts;
+    double shards = (double)l->dp * l->cp, expert_shards = (double)l->dp / l->ep * l->cp, dp = 0;
+    for (int r = 0; r < l->pp; r++) {
+        double dense, experts, t;
+        stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
+        t = t_allreduce(2 * dense, l->dp * l->cp, alpha, beta) + (m->experts > 0 ? t_allreduce(2 * experts, l->dp / l->ep * l->cp, alpha, beta) : 0);
+        t *= l->zero == 3 ? 1.5 : 1;
+        double opt = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
+        if (t + opt > dp + k.optimizer) dp = t, k.optimizer = opt;
+    }
+    double dp_hidden = hidden(pr->dp_overlap, dp, k.compute);
+    k.dp = dp - dp_hidden;
+    // hidden traffic is not free: its kernels take SMs from compute while they run (DeepSeek-
+    // V3 gives 20 of an H800's 132 to its all-to-alls), and compute there runs on the rest
+    if (pr->comm_sms > 0) {
+        k.overlap = (cp_hidden + ep_hidden + dp_hidden) * pr->comm_sms / c->sms;
+        k.compute += k.overlap;
+    }
+    k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
+    // memory: the device that holds the most, its stage's weights and activations
+    for (int r = 0; r < l->pp; r++) {
+        double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak);
+        stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
+        double weights = state_bytes(dense, l->zero, shards) + state_bytes(experts, l->zero, expert_shards);
+        if (weights + acts > k.memory) k.memory = weights + acts, k.weights = weights, k.acts = acts;
+    }
     k.fits = k.memory <= c->memory;
     k.mfu = m->tokens * model_flops(m) / (k.step * devices * c->flops);
     k.gpu_hours_per_t = k.step * devices / 3600 * (1e12 / m->tokens);

@@ -228,11 +228,17 @@ int main(int argc, char** argv) {
         if (k > 0 && r->is_ref) snprintf(same, sizeof same, "reference of the rows below"); // another model
         else all_same &= !strcmp(same, "yes");
         size_text(s1, sizeof s1, r->s.sent[q]);
-        if (!strcmp(r->s.program, "train_3d.c")) { // and by axis
-            char a[3][32];
-            for (int x = 0; x < 3; x++) size_text(a[x], sizeof a[x], r->s.axis[q][x]);
-            size_t used = strlen(s1);
-            snprintf(s1 + used, sizeof s1 - used, ": tp %s, dp %s, pp %s", a[0], a[1], a[2]);
+        if (!strcmp(r->s.program, "train_3d.c")) { // and by axis, in the grid's order (tp fastest)
+            static const char* const name[5] = {"tp", "dp", "pp", "cp", "ep"};
+            static const int order[5] = {0, 3, 2, 1, 4};
+            for (int j = 0, any = 0; j < 5; j++) {
+                int x = order[j];
+                if (x >= 3 && r->s.axis[q][x] == 0) continue; // no context or expert axis
+                char a[32];
+                size_text(a, sizeof a, r->s.axis[q][x]);
+                size_t used = strlen(s1);
+                snprintf(s1 + used, sizeof s1 - used, "%s%s %s", any++ ? ", " : ": ", name[x], a);
+            }
         }
         size_text(s2, sizeof s2, r->s.sent_formula[q]);
         size_text(m1, sizeof m1, r->s.mem[m]);

@@ -2,7 +2,8 @@
 # tools/run_all.sh: the main job, `make run`. Trains with train.c and with every strategy
 # in a small layout, compares each run with train.c's run of the same model (losses at
 # every step, final parameters, validation loss, names: the MLP, its mixture of experts
-# with train.c --experts 4, the GPT with train.c --model gpt), and prints one table with the
+# with train.c --experts 4, the GPT with train.c --model gpt, the GPT with experts with
+# train.c --model gpt --experts 4), and prints one table with the
 # measured time, bytes sent and memory of each, the formulas' predictions beside them, and
 # the pipeline bubble. Writes out/loss.svg, out/pipeline.svg and out/table.md; the runs'
 # logs, checkpoints, summaries and the pipeline's trace stay in out/runs.
@@ -12,7 +13,8 @@
 #
 # The layouts fit a 2-core machine where it matters: the pipeline runs 2 stages, so that
 # its timeline shows the schedule, not processes taking turns on a core; the 3D run needs
-# 8 ranks and shares the cores (its time says so, its bytes and results do not change).
+# 8 ranks and the 5D one 16, sharing the cores (their times say so, their bytes and results
+# do not change).
 # Under MPICH, whose waiting ranks spin instead of yielding their core, the 3D run and the
 # schedules table start no more ranks than cores (tools/mpirun --ranks).
 set -euo pipefail
@@ -31,13 +33,22 @@ rm -f "$OUT"/runs/*
 # The 3D grid, 2 x 2 x 2: under MPICH, whose waiting ranks spin, no more ranks than cores
 # (tools/mpirun --ranks; 8 ranks on 2 cores would take 0.5 s a step)
 R3D=$(tools/mpirun --ranks 8)
-if [ "$R3D" -ge 8 ]; then GRID3D="-n 8 ./train_3d --tp 2 --dp 2 --pp 2" WHAT3D="tensor 2 x data 2 x pipeline 2 = 8 ranks"
+if [ "$R3D" -ge 8 ]; then GRID3D="-n 8 ./train_3d --tp 2 --dp 2 --pp 2" WHAT3D="tensor 2 x pipeline 2 x data 2 = 8 ranks"
 elif [ "$R3D" -ge 4 ]; then GRID3D="-n 4 ./train_3d --tp 2 --dp 1 --pp 2" WHAT3D="tensor 2 x pipeline 2 = 4 ranks (one a core: MPICH)"
 else GRID3D="-n 2 ./train_3d --tp 2 --dp 1 --pp 1" WHAT3D="tensor 2 = 2 ranks (one a core: MPICH)"; fi
 # and the GPT's 4D grid, 2 x 2 x 2 (tensor, context, pipeline), likewise
 if [ "$R3D" -ge 8 ]; then GRID4D="-n 8 ./train_3d --tp 2 --cp 2 --pp 2 --dp 1" WHAT4D="tensor 2 x context 2 x pipeline 2 = 8 ranks"
 elif [ "$R3D" -ge 4 ]; then GRID4D="-n 4 ./train_3d --tp 1 --cp 2 --pp 2 --dp 1" WHAT4D="context 2 x pipeline 2 = 4 ranks (one a core: MPICH)"
 else GRID4D="-n 2 ./train_3d --tp 1 --cp 2 --pp 1 --dp 1" WHAT4D="context 2 = 2 ranks (one a core: MPICH)"; fi
+# and the 5D grid with experts, every axis 2 (16 ranks), likewise: the expert axis needs a
+# data axis at least its size
+R5D=$(tools/mpirun --ranks 16)
+if [ "$R5D" -ge 16 ]; then GRID5D="-n 16 ./train_3d --tp 2 --cp 2 --pp 2 --dp 2 --ep 2" WHAT5D="tensor 2 x context 2 x pipeline 2 x data 2, experts over 2 = 16 ranks"
+elif [ "$R5D" -ge 8 ]; then GRID5D="-n 8 ./train_3d --tp 2 --pp 2 --dp 2 --ep 2" WHAT5D="tensor 2 x pipeline 2 x data 2, experts over 2 = 8 ranks (MPICH)"
+elif [ "$R5D" -ge 4 ]; then GRID5D="-n 4 ./train_3d --tp 2 --dp 2 --ep 2" WHAT5D="tensor 2 x data 2, experts over 2 = 4 ranks (one a core: MPICH)"
+else GRID5D="-n 2 ./train_3d --dp 2 --ep 2" WHAT5D="data 2, experts over 2 = 2 ranks (one a core: MPICH)"; fi
+# a train_3d run with experts routes the whole batch at once (docs/3d.md): one microbatch
+GPTMOE="$GPT --experts 4"
 
 # name | what | the run it must equal (train.c with the same model and flags; - : it is one) | command
 RUNS="train|train.c, the reference, 1 process|-|./train $FLAGS
@@ -51,7 +62,9 @@ ep|train_ep.c, its 4 experts over 2 ranks, tokens exchanged all-to-all|moe|$MPIR
 gpt|train.c --model gpt, makemore's Transformer on 1 process|-|./train $GPT
 gpt_tp|train_tp.c --model gpt --sp, heads and tokens split over 2 ranks|gpt|$MPIRUN -n 2 ./train_tp --sp $GPT
 gpt_cp|train_cp.c --model gpt, positions split over 2 ranks, ring attention|gpt|$MPIRUN -n 2 ./train_cp $GPT
-gpt_4d|train_3d.c --model gpt, $WHAT4D|gpt|$MPIRUN $GRID4D $GPT"
+gpt_4d|train_3d.c --model gpt, $WHAT4D|gpt|$MPIRUN $GRID4D $GPT
+gptmoe|train.c --model gpt --experts 4, the GPT with 4 experts a block on 1 process|-|./train $GPTMOE
+gpt_5d|train_3d.c --model gpt --experts 4, $WHAT5D|gptmoe|$MPIRUN $GRID5D --microbatches 1 $GPTMOE"
 N=$(echo "$RUNS" | wc -l)
 i=0
 names=""

@@ -12,7 +12,7 @@
 #define MAX_NAMES 1000 // --samples' most
 
 typedef struct {
-    char program[64], layout[200];
+    char program[64], layout[320];
     int ranks, n_names;
     double val_loss, seconds, steps, batch;
     // per rank, per training step: bytes sent (measured, and the formula's), memory held
@@ -33,7 +33,7 @@ static void summary_read(Summary* r, const char* path) {
     while (getline(&line, &cap, f) >= 0) {
         line[strcspn(line, "\n")] = 0;
         if (!strncmp(line, "program=", 8)) snprintf(r->program, sizeof r->program, "%.63s", line + 8);
-        else if (!strncmp(line, "layout=", 7)) snprintf(r->layout, sizeof r->layout, "%.199s", line + 7);
+        else if (!strncmp(line, "layout=", 7)) snprintf(r->layout, sizeof r->layout, "%.319s", line + 7);
         else if (!strncmp(line, "ranks=", 6)) r->ranks = atoi(line + 6);
         else if (!strncmp(line, "val_loss=", 9)) r->val_loss = atof(line + 9);
         else if (!strncmp(line, "seconds=", 8)) r->seconds = atof(line + 8);

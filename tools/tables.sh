@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/tables.sh: the measured tables of docs/ (dp.md, fsdp.md, ...), one section per strategy.
 #
-#   bash tools/tables.sh dp fsdp tp pp 3d ep schedules   # any of them; all of them without arguments
+#   bash tools/tables.sh dp fsdp tp pp 3d nd ep schedules gpt_tp cp   # any of them; all without arguments
 #
 # dp, fsdp, tp, 3d: every run trains the default configuration (25,000 steps; 3d: fewer,
 # see below) with --log, --save and --summary; tools/compare checks each against train.c
@@ -13,6 +13,7 @@
 # gpt_tp, cp: the GPT (--model gpt) split by heads (tp, with and without --sp) and by positions
 # (cp, both splits, both ways of exchanging K and V), 200 steps each: bytes and memory per
 # rank beside their formulas, and a block's activations beside Korthikanti et al.'s.
+# nd: the GPT on 4D grids (tensor, context, pipeline, data) and the 5D one (with experts).
 # This machine has 2 cores: runs with more ranks share them, which shows in their times
 # (and in the pipeline's measured bubble), not in their bytes, memory or results.
 set -euo pipefail
@@ -162,6 +163,23 @@ table_3d() {
     tools/report "$OUT" train g222 g123 g213 g411 g141
 }
 
+# The GPT on the 4D and 5D grids (the 16-rank ones share 2 cores: slow, but the bytes, memory
+# and results are what matter), each beside train.c on the same model.
+table_nd() {
+    fresh
+    local f="--model gpt --steps 100 --eval-every 0" x="--experts 4 --microbatches 1"
+    one train "$f" -- ./train
+    one g2221 "$f" -- $MPIRUN -n 8 ./train_3d --tp 2 --cp 2 --pp 2 --dp 1
+    one g2222 "$f" -- $MPIRUN -n 16 ./train_3d --tp 2 --cp 2 --pp 2 --dp 2
+    one sp4 "$f --sp" -- $MPIRUN -n 4 ./train_3d --tp 2 --pp 2 --dp 1 --schedule zbv
+    one moe "$f --experts 4" -- ./train
+    one g5d "$f $x" -- $MPIRUN -n 16 ./train_3d --tp 2 --cp 2 --pp 2 --dp 2 --ep 2
+    tools/compare "$OUT/runs/moe.csv" "$OUT/runs/g5d.csv" "$OUT/runs/moe.ckpt" "$OUT/runs/g5d.ckpt" >"$OUT/runs/g5d.cmp" || true
+    echo "### the GPT on 4D and 5D grids, \`--model gpt --steps 100\`: \`bash tools/tables.sh nd\`"
+    echo
+    tools/report "$OUT" train g2221 g2222 sp4 moe g5d@moe
+}
+
 table_schedules() {
     fresh
     make -s tools/schedules
@@ -260,7 +278,7 @@ table_cp() {
     done
 }
 
-for t in ${*:-dp fsdp tp pp 3d ep schedules gpt_tp cp}; do
+for t in ${*:-dp fsdp tp pp 3d nd ep schedules gpt_tp cp}; do
     "table_$t"
     echo
 done
