@@ -6,7 +6,7 @@
 # every other), and print which test caught the bug and after how long. The run fails if
 # any bug goes uncaught: then the suite has a hole.
 #
-#   make zoo                          # every bug, about 10 minutes on 2 cores
+#   make zoo                          # every bug, about 40 minutes on 2 cores (most of it building)
 #   bash tools/zoo.sh tests/zoo/06-*  # some of them
 set -uo pipefail
 cd "$(dirname "$0")/.."
