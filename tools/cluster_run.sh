@@ -23,7 +23,9 @@ echo "== this machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(npro
 echo "== compute: train.c's model, one step, by rows (tools/costmodel compute)"
 tools/costmodel compute | tee "$OUT/compute.txt"
 # The GPT's rows (a run named gpt*, of train.c --model gpt's family) are predicted from the
-# GPT's own step by rows, measured the same way: tools/costmodel compute --model gpt.
+# GPT's own step by rows, measured the same way: tools/costmodel compute --model gpt times
+# train.c's GPT (forward, backward and AdamW at 1, 2, 4, ... 64 names), so a GPT run's compute
+# is the GPT's, never the MLP's table scaled.
 compute_of() { # RUN: the compute table its prediction uses
     case $1 in
         gpt*)
@@ -43,13 +45,13 @@ status=0
 columns="shm"
 measure_link shm tools/mpirun
 echo "== shared memory: every program on this machine's cores"
-OUT="$OUT/shm" SCHEDULES=0 QUICK=${QUICK:-0} bash tools/run_all.sh >"$OUT/shm.log" 2>&1 || status=1
-grep -A12 '^| program' "$OUT/shm/table.md" 2>/dev/null || tail -5 "$OUT/shm.log"
+OUT="$OUT/shm" SCHEDULES=0 CLUSTER=1 QUICK=${QUICK:-0} bash tools/run_all.sh >"$OUT/shm.log" 2>&1 || status=1
+cat "$OUT/shm/table.md" 2>/dev/null || tail -5 "$OUT/shm.log"
 for link in $LINKS; do
     launcher="tools/cluster.sh --hosts $HOSTS --link $link --"
     measure_link "$link" $launcher
     echo "== $HOSTS hosts, links of $link: every program, ranks spread over the hosts"
-    MPIRUN="$launcher" OUT="$OUT/$link" SCHEDULES=0 QUICK=${QUICK:-0} bash tools/run_all.sh >"$OUT/$link.log" 2>&1 || status=1
+    MPIRUN="$launcher" OUT="$OUT/$link" SCHEDULES=0 CLUSTER=1 QUICK=${QUICK:-0} bash tools/run_all.sh >"$OUT/$link.log" 2>&1 || status=1
     cat "$OUT/$link/table.md" 2>/dev/null || tail -20 "$OUT/$link.log"
     columns="$columns $link"
 done
@@ -65,8 +67,14 @@ done
     printf '| --- |'
     for c in $columns; do printf ' --- |'; done
     echo
-    for run in train dp fsdp tp pp 3d; do
-        printf '| %s |' "$(sed -n 's/^program=//p' "$OUT/shm/runs/$run.sum" 2>/dev/null) ($(sed -n 's/^ranks=//p' "$OUT/shm/runs/$run.sum" 2>/dev/null) ranks)"
+    for run in train dp fsdp tp pp 3d gpt gpt_tp_nosp gpt_tp gpt_cp gpt_4d; do
+        case $run in
+            gpt) what=" --model gpt" ;;
+            gpt_tp) what=" --model gpt --sp" ;;
+            gpt_*) what=" --model gpt" ;;
+            *) what="" ;;
+        esac
+        printf '| %s |' "$(sed -n 's/^program=//p' "$OUT/shm/runs/$run.sum" 2>/dev/null)$what ($(sed -n 's/^ranks=//p' "$OUT/shm/runs/$run.sum" 2>/dev/null) ranks)"
         for c in $columns; do
             sum="$OUT/$c/runs/$run.sum"
             if [ ! -f "$sum" ]; then printf ' - |'; continue; fi

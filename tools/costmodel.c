@@ -172,9 +172,28 @@ typedef struct {
     int hosts;
 } Links;
 
-// Seconds of one step of run r: compute from `t_rows` (train.c's step time by rows).
-// Ranks fill the hosts in order, so in a grid (tensor fastest, then context, pipeline and
-// data) an axis stays inside a host when the product of it and the faster axes fits.
+// Whether every group of axis a of a grid lies inside one host. Ranks fill the hosts in
+// order, per_host a host, and train_3d numbers them tensor fastest, then context, pipeline,
+// data (rank = tp + T (cp + C (pp + P dp))). The data axis's group is the D x C ranks that
+// share a rank's tensor and pipeline coordinates (ZeRO's gradients sum over other rows and
+// other positions alike), so with D = 1 and C = 2 it is the context pair, inside a host.
+static int axis_local(const int deg[AXES], int a, int per_host) {
+    int T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP], N = T * C * P * deg[AXIS_DP];
+    for (int q = 0; q < N; q++) {
+        int tp = q % T, cp = q / T % C, pp = q / (T * C) % P, dp = q / (T * C * P);
+        for (int m = 0; m < N; m++) { // m in q's group: every coordinate but the group's own the same
+            int mt = m % T, mc = m / T % C, mp = m / (T * C) % P, md = m / (T * C * P);
+            int same = (a == AXIS_TP || mt == tp) && (a == AXIS_CP || a == AXIS_DP || mc == cp) &&
+                       (a == AXIS_PP || mp == pp) && (a == AXIS_DP || md == dp);
+            if (same && m / per_host != q / per_host) return 0;
+        }
+    }
+    return 1;
+}
+
+// Seconds of one step of run r: compute from `t_rows` (the model's step time by rows,
+// train.c's: the MLP's table for the MLP, the GPT's for the GPT; make cluster gives each run
+// its own). In a grid, each axis's bytes go over the link its groups live on (axis_local).
 static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), void* ctx, int cores, Links k,
                           double* compute_out) {
     int N = r->ranks, S, M, deg[AXES];
@@ -186,11 +205,10 @@ static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), v
     *compute_out = compute;
     int grid = deg[AXIS_TP] < N && deg[AXIS_CP] < N && deg[AXIS_DP] < N && deg[AXIS_PP] < N; // more than one axis
     if (grid && r->sent > 0 && k.hosts > 1) {
-        int per_host = (N + k.hosts - 1) / k.hosts, span = 1;
+        int per_host = (N + k.hosts - 1) / k.hosts;
         double comm = 0;
         for (int a = 0; a < AXES; a++) { // messages shared out in proportion to the bytes
-            span *= deg[a];
-            int local = span <= per_host;
+            int local = axis_local(deg, a, per_host);
             double share = r->axis[a] / r->sent;
             comm += share * r->messages * (local ? k.local_alpha : k.alpha) + r->axis[a] / (local ? k.local_beta : k.beta);
         }
@@ -757,6 +775,15 @@ static int selftest(void) {
               4000, 8, {1000, 2000, 1000, 0}};
     near("replay: 4D grid 2x2x1x2: compute 32 ms / 2 / 2 / 2 / (1 - 1/5), context axis inside a host",
          predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
+    // the same grid's data axis, its D x C group (D = 1): the context pairs, inside a host
+    g4.sent = 6000, g4.axis[AXIS_DP] = 2000;
+    near("replay: 4D grid with D = 1: its data axis's bytes (summed over the context pair) stay inside a host",
+         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 8 * 5000 / 6000.0 * 1e-6 + 5000 / 1e9 + 8 * 1000 / 6000.0 * 1e-5 + 1000 / 1e8);
+    // with D = 2 (2 x 1 x 2 x 2 on 2 hosts): the data axis crosses, the pipeline stays inside
+    Run g5 = {"train_3d.c", "grid of 2 tensor x 1 context x 2 pipeline x 2 data = 8 ranks; 4 microbatches, 1f1b", 8, 32,
+              4000, 8, {1000, 0, 1000, 2000}};
+    near("replay: 3D grid 2x1x2x2: the data axis crosses, the pipeline stays",
+         predict_run(&g5, flat, &ms, 8, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 4 * 1e-5 + 2000 / 1e8);
 
     // ---- the transformer (tools/costmodel_llm.h) ----
     // parameters, GPT-2 small by hand: 12 layers of 768, MHA, GELU 3072, vocabulary 50257:
