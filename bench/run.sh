@@ -166,6 +166,7 @@ bench_config() {
     local title=$1 flags=$2 flops batch base i name cores cmd
     collect "$@"
     flops=$(step_flops "$flags") batch=$(flag batch "$flags") base=$(median <"$TMP/$title.1")
+    [[ $flags == *"--model gpt"* ]] && batch=$((32 * 16)) # tokens a step: makemore's 32 names of 16 positions
     echo
     echo "$title configuration ($flags; $(awk -v f="$flops" 'BEGIN { printf "%.2f", f / 1e6 }') MFLOP per step), median of $REPS repetitions:"
     echo
