@@ -3,7 +3,8 @@
 # AddressSanitizer and UndefinedBehaviorSanitizer (any error ends the run), in a copy of
 # the committed tree, then a fast subset of the tests run on those builds: the units, bad
 # flags and data, training, checkpoints (with the kill and signal tests), and data, fully
-# sharded, tensor and pipeline parallel, expert parallel. The last line says "N passed, N failed".
+# sharded, tensor and pipeline parallel, expert parallel, the GPT in every program that
+# splits it (context parallel included). The last line says "N passed, N failed".
 #
 #   make check                 # about 9 and a half minutes
 #   bash tools/check.sh dp     # other sections of tests/run.sh
@@ -17,5 +18,5 @@ make -s -j2 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fn
     all tests/test_units tools/compare tools/report tools/schedules tools/costmodel
 # MPI libraries keep memory to the end on purpose: leaks are not reported; everything else is
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
-bash tests/run.sh ${*:-units cli data train checkpoint dp fsdp tp schedules ep} 2>&1 | tee check.log
+bash tests/run.sh ${*:-units cli data train checkpoint dp fsdp tp schedules ep gpt} 2>&1 | tee check.log
 ! grep -qE "runtime error|AddressSanitizer" check.log
