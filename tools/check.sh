@@ -6,7 +6,7 @@
 # sharded, tensor and pipeline parallel, expert parallel, the GPT in every program that
 # splits it (context parallel included). The last line says "N passed, N failed".
 #
-#   make check                 # about 9 and a half minutes
+#   make check                 # about 16 minutes
 #   bash tools/check.sh dp     # other sections of tests/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
