@@ -70,7 +70,7 @@
 // by every rank, is added once after.
 // Both split sums are exact (kernels.h), so the all-reduces give train.c's bits.
 //
-// Sizes N does not divide are padded: the hidden size 64 on 3 ranks becomes 3 slices of 22,
+// Sizes t does not divide are padded: the hidden size 64 on 3 ranks becomes 3 slices of 22,
 // the vocabulary of 27 on 2 ranks 2 slices of 14. Padded units have zero weights and zero
 // gradients for ever; padded logits never take part in the softmax.
 //
