@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "model.h"
+#include "optim.h"
 
 typedef struct {
     const char* data; // --data
