@@ -400,21 +400,24 @@ static void ckpt_save(const Options* o, const Dataset* ds, const Config* c, long
 // a process's share of the model
 
 // What one process holds of the model's state, unit by unit: n[u] elements of unit u, the
-// parameters at at[0][u] and AdamW's m and v at at[1][u] and at[2][u]. Element e of them
-// is element canonical(ctx, u, e) of unit u in train.c's layout, or padding if that is -1
-// (padding stays 0). Without a canonical function, element e is element first[u] + e, or
-// padding past the unit's end.
+// parameters at at[0][u] and AdamW's m and v at at[1][u] and at[2][u]. Element e of them is
+// element first[u] + e of share[u] (config.h's Share: a tensor-parallel slice, experts; all
+// zeros: the whole unit), mapped to train.c's layout by config.h's table_canonical; or, with a
+// canonical function, element canonical(ctx, table, u, e). Padding (-1, or past the unit's
+// end) stays 0.
 typedef struct {
     long n[MAX_LAYERS + 2];
     float* at[3][MAX_LAYERS + 2];
+    Share share[MAX_LAYERS + 2];
     long first[MAX_LAYERS + 2];
-    long (*canonical)(const void* ctx, int u, long e);
+    long (*canonical)(const void* ctx, const UnitTable* t, int u, long e);
     const void* ctx;
 } Holding;
 
-static long holding_index(const Holding* h, const Config* c, int u, long e) {
-    if (h->canonical) return h->canonical(h->ctx, u, e);
-    long k = h->first[u] + e;
+static long holding_index(const Holding* h, const Config* c, const UnitTable* t, int u, long e) {
+    if (h->canonical) return h->canonical(h->ctx, t, u, e);
+    Share s = h->share[u].t > 0 ? h->share[u] : share_whole(c);
+    long k = table_canonical(t, s, h->first[u] + e);
     return k < unit_params(c, u) ? k : -1;
 }
 
@@ -446,10 +449,11 @@ static long holding_load(const Holding* h, const Options* o, const Dataset* ds, 
                         fatal("checkpoint '%s' holds a value that is not finite (%s of %s, element %ld): the run it "
                               "saved had diverged", path, part == 0 ? "a parameter" : "optimizer state", unit_name(c, u), e);
             } else {
-                for (long e = 0; e < count; e++) unit[e] = unit_init_value(c, o->seed, u, e);
+                unit_init(unit, c, u, o->seed);
             }
+            UnitTable table = unit_table(c, u);
             for (long e = 0; e < h->n[u]; e++) {
-                long k = holding_index(h, c, u, e);
+                long k = holding_index(h, c, &table, u, e);
                 h->at[part][u][e] = k < 0 ? 0.0f : unit[k];
             }
         }

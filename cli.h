@@ -74,6 +74,8 @@ static const CliFlag cli_common[] = {
     {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (gpt: its "
                       "positions with a target) (default 1.25)"},
     {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01)"},
+    {"recompute", "HOW", "gpt: activation recomputation: none (default), selective (attention's probabilities "
+                         "recomputed in backward) or full (each block's activations from its input)"},
     {"seed", "N", "seed of every random number (default 42)"},
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
     {"samples", "N", "names to generate at the end (default 10)"},
@@ -311,6 +313,15 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                 *err = cli_error;
             } else o->model.top_k = optarg[0] - '0';
         } else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
+        else if (!strcmp(name, "recompute")) {
+            int k = 0;
+            while (k < 3 && strcmp(optarg, recompute_names[k])) k++;
+            if (k < 3) o->model.recompute = k;
+            else {
+                snprintf(cli_error, sizeof cli_error, "--recompute must be none, selective or full, got '%s'", optarg);
+                *err = cli_error;
+            }
+        }
         else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
         else if (!strcmp(name, "seed")) {
             char* end;
@@ -383,6 +394,17 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     }
     if (!*err && m->experts == 0 && (m->top_k >= 0 || m->capacity >= 0 || m->aux_loss >= 0)) {
         snprintf(cli_error, sizeof cli_error, "--top-k, --capacity and --aux-loss apply with --experts X only");
+        *err = cli_error;
+    }
+    if (!*err && m->recompute && !gpt) {
+        snprintf(cli_error, sizeof cli_error, "--recompute applies to --model gpt: the MLP's units keep only their "
+                 "outputs, which the next units need as inputs anyway, so there is nothing to recompute");
+        *err = cli_error;
+    }
+    if (!*err && m->recompute == RECOMPUTE_FULL && m->experts > 0) {
+        snprintf(cli_error, sizeof cli_error, "--recompute full with --experts: recomputing a block would route its "
+                 "tokens again, and the experts' plan and load figures would count them twice; use --recompute "
+                 "selective (attention's probabilities only)");
         *err = cli_error;
     }
     if (m->top_k < 0) m->top_k = 1;

@@ -363,7 +363,8 @@ static void dist_ckpt_save(const Holding* h, const Options* o, const Dataset* ds
     for (int part = 0; part < (adamw ? 3 : 1); part++)
         for (int u = 0; u < n_units(c); u++) {
             int n = (int)h->n[u], total = 0;
-            for (long e = 0; e < n; e++) index[e] = holding_index(h, c, u, e);
+            UnitTable table = unit_table(c, u);
+            for (long e = 0; e < n; e++) index[e] = holding_index(h, c, &table, u, e);
             MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
             if (root) {
                 for (int q = 0; q < world_size; q++) displs[q] = total, total += counts[q];

@@ -218,6 +218,12 @@ static void grid_attend_backward(void* ctx, const BlockActs* a, const float* dat
 // loss (DeepSeek-V3 drops no tokens and uses no batch-wise auxiliary loss); the plan is
 // then train_ep.c's, over the EP group's tokens of the microbatch.
 
+// A block with experts on this rank: its attention split by heads as the dense block's, its
+// LayerNorms, row-parallel bias and router whole, in transformer.h's moe_block_layout; its
+// experts held apart, whole, by the expert axis.
+static MoeBlockLayout grid_moe_layout(const Tp* t, const Config* c) {
+    return moe_block_layout(c->emb, t->dims.A, 4 * c->emb, c->experts);
+}
 // A block with experts on this rank: its heads (train_tp.c's dims) and no MLP of its own
 static BlockDims grid_moe_dims(Run* r, int R) {
     r->tensor.dims.R = R;
@@ -284,10 +290,10 @@ static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Act
     Tp* t = &r->tensor;
     double t0 = trace_clock();
     BlockDims d = grid_moe_dims(r, R);
-    MoeBlockLayout l = tp_moe_layout(t, c);
+    MoeBlockLayout l = grid_moe_layout(t, c);
     BlockParams p = moe_block_params(w, &l);
     BlockActs ba = block_acts(a->saved[u], &d, a->rows);
-    TpTokens k = tp_tokens(t, R);
+    Tokens k = tp_tokens(t, R);
     MoeLayer* m = &a->moe[u];
     tp_block_forward_attention(t, &p, &ba, a->out[u - 1], s, k, &r->ws); // x1 and ln2's output, every token
     m->n = gpt_moe_tokens(c, m, a, &d);
@@ -311,12 +317,12 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
     const float* we = fsdp_unit_params(&r->expert_fsdp, u, prev);
     int64_t *g = fsdp_unit_grads(&r->fsdp, u), *ge = fsdp_unit_grads(&r->expert_fsdp, u);
     BlockDims d = grid_moe_dims(r, R);
-    MoeBlockLayout l = tp_moe_layout(t, c);
+    MoeBlockLayout l = grid_moe_layout(t, c);
     BlockParams p = moe_block_params(w, &l);
     BlockGrads gg = moe_block_grads(g, &l);
     BlockActs ba = block_acts(a->saved[u], &d, a->rows);
     BlockStash st = block_stash(s->stash, &d, R);
-    TpTokens k = tp_tokens(t, R);
+    Tokens k = tp_tokens(t, R);
     MoeLayer* m = &a->moe[u];
     long terms = batch * c->context;
     gpt_moe_gather(s->tmp, m, s->dout, c->emb); // the tokens' output gradients
@@ -391,7 +397,7 @@ static int grid_grad_spans(const Run* r, GradSpan* spans) {
     int n = 0;
     for (int u = 0; u < n_units(&r->cfg); u++) {
         if (r->fsdp.size[u] == 0) continue; // a unit of another rank's chunks
-        long lo, hi, counted = tp_counted(&r->tensor, &r->cfg, u);
+        long lo, hi, counted = share_counted(&r->cfg, u, r->tensor.share);
         fsdp_range(&r->fsdp, u, &lo, &hi);
         if (hi > counted) hi = counted > lo ? counted : lo;
         spans[n++] = (GradSpan){fsdp_shard_grads(&r->fsdp, u), hi - lo};
@@ -402,18 +408,19 @@ static int grid_grad_spans(const Run* r, GradSpan* spans) {
     return n;
 }
 
-// Element e of what this rank holds of unit u, in train.c's layout (ckpt.h's Holding):
-// element lo + e of its tensor-parallel slice, for e in its FSDP shard of it; after that
-// shard, a block with experts has its FSDP shard of its experts, which follow the block's
-// dense part in train.c's layout, expert x_lo first.
-static long canonical(const void* ctx, int u, long e) {
+// Element e of what this rank holds of unit u, in train.c's layout (ckpt.h's Holding, with
+// the unit's table t): element lo + e of its tensor-parallel slice, for e in its FSDP shard
+// of it; after that shard, a block with experts has its FSDP shard of its experts, which
+// follow the slice in its share of the unit (config.h's Share: slice, then experts x_lo ..).
+static long canonical(const void* ctx, const UnitTable* t, int u, long e) {
     const Run* r = ctx;
+    Share s = {r->tensor.share.r, r->tensor.share.t, r->experts.x_lo, r->experts.x_hi};
     long lo, hi;
     fsdp_range(&r->fsdp, u, &lo, &hi);
-    if (e < hi - lo) return tp_canonical(&r->tensor, &r->cfg, u, lo + e);
+    if (e < hi - lo) return table_canonical(t, s, lo + e);
     long elo, ehi;
     fsdp_range(&r->expert_fsdp, u, &elo, &ehi);
-    return gpt_moe_layout(&r->cfg).shared + (long)r->experts.x_lo * expert_params(&r->cfg, u) + elo + (e - (hi - lo));
+    return table_canonical(t, s, table_own(t, s.t) + elo + (e - (hi - lo)));
 }
 // ckpt.h's Holding has one array a unit, and a block with experts is two shards here, each
 // with its FSDP: for checkpoints (with --experts) they are copied into one array a unit,

@@ -219,28 +219,23 @@ static void run_free(Run* r) {
     ep_free(&r->experts);
 }
 
-// Unit u as this rank holds it: an MoE unit's shared parameters (the MLP's router; the
-// GPT's block's attention, LayerNorms and router), then its experts [x_lo, x_hi); any other
-// unit whole.
+// Unit u as this rank holds it (config.h's Share): an MoE unit's own tensors (the MLP's
+// router; the GPT's block's attention, LayerNorms and router), then its experts [x_lo, x_hi);
+// any other unit whole.
+static Share ep_share(const Run* r, int u) {
+    return is_moe(&r->cfg, u) ? (Share){0, 1, r->experts.x_lo, r->experts.x_hi} : share_whole(&r->cfg);
+}
 static void ep_layout(Run* r) {
-    const Config* c = &r->cfg;
     long at = 0;
-    for (int u = 0; u < n_units(c); u++) {
-        long held = moe_shared_params(c, u) + (long)(r->experts.x_hi - r->experts.x_lo) * expert_params(c, u);
-        r->n[u] = is_moe(c, u) ? held : unit_params(c, u);
+    for (int u = 0; u < n_units(&r->cfg); u++) {
+        r->n[u] = share_params(&r->cfg, u, ep_share(r, u));
         r->off[u] = at, at += r->n[u];
     }
 }
-// Element e of what this rank holds of unit u, in train.c's layout (for checkpoints).
-static long ep_canonical(const void* ctx, int u, long e) {
-    const Run* r = ctx;
-    if (!is_moe(&r->cfg, u) || e < moe_shared_params(&r->cfg, u)) return e;
-    return e + (long)r->experts.x_lo * expert_params(&r->cfg, u);
-}
 static Holding ep_holding(Run* r) {
-    Holding h = {.canonical = ep_canonical, .ctx = r};
+    Holding h = {0};
     for (int u = 0; u < n_units(&r->cfg); u++) {
-        h.n[u] = r->n[u];
+        h.n[u] = r->n[u], h.share[u] = ep_share(r, u);
         h.at[0][u] = r->st.params + r->off[u];
         h.at[1][u] = r->st.m ? r->st.m + r->off[u] : NULL;
         h.at[2][u] = r->st.v ? r->st.v + r->off[u] : NULL;
