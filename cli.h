@@ -42,6 +42,7 @@ typedef struct {
     int allow_changes; // --allow-changes
     long save_every;  // --save-every
     int keep;         // --keep
+    int microbatches; // --microbatches (gradient accumulation; train_pp and train_3d take their own)
     int timeout;      // --timeout
 } Options;
 
@@ -74,6 +75,8 @@ static const CliFlag cli_common[] = {
     {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (gpt: its "
                       "positions with a target) (default 1.25)"},
     {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01)"},
+    {"microbatches", "M", "the global batch as M microbatches, their gradients summed before one optimizer step "
+                          "(default 1; the pipelines' own default is 4)"},
     {"recompute", "HOW", "gpt: activation recomputation: none (default), selective (attention's probabilities "
                          "recomputed in backward) or full (each block's activations from its input)"},
     {"seed", "N", "seed of every random number (default 42)"},
@@ -100,10 +103,18 @@ static void cli_usage_flag(FILE* f, const CliFlag* flag) {
     snprintf(left, sizeof left, "--%s%s%s", flag->name, flag->value ? " " : "", flag->value ? flag->value : "");
     fprintf(f, "  %-22s %s\n", left, flag->help);
 }
+// A program's own flag of a common flag's name replaces it (train_pp's --microbatches, whose
+// default is 4).
+static int cli_overridden(const CliFlag* common, const CliFlag* extra, int n_extra) {
+    for (int i = 0; i < n_extra; i++)
+        if (!strcmp(extra[i].name, common->name)) return 1;
+    return 0;
+}
 static void cli_usage(FILE* f, const char* run_line, const CliFlag* extra, int n_extra) {
     fprintf(f, "usage: %s [flags]\n", run_line);
     for (int i = 0; i < n_extra; i++) cli_usage_flag(f, &extra[i]);
-    for (int i = 0; i < CLI_N_COMMON; i++) cli_usage_flag(f, &cli_common[i]);
+    for (int i = 0; i < CLI_N_COMMON; i++)
+        if (!cli_overridden(&cli_common[i], extra, n_extra)) cli_usage_flag(f, &cli_common[i]);
 }
 
 // Strict number parsing: the whole value must be a number within [lo, hi].
@@ -248,13 +259,15 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                    .eval_every = 2500,
                    .samples = 10,
                    .keep = 2,
+                   .microbatches = 1,
                    .timeout = 300};
     struct option longopts[CLI_N_COMMON + 32 + 1];
     if (n_extra > 32) n_extra = 32;
     int n = 0;
     for (int i = 0; i < CLI_N_COMMON; i++)
-        longopts[n++] = (struct option){cli_common[i].name, cli_common[i].value ? required_argument : no_argument, 0,
-                                        1000 + i};
+        if (!cli_overridden(&cli_common[i], extra, n_extra))
+            longopts[n++] = (struct option){cli_common[i].name, cli_common[i].value ? required_argument : no_argument,
+                                            0, 1000 + i};
     for (int i = 0; i < n_extra; i++)
         longopts[n++] = (struct option){extra[i].name, extra[i].value ? required_argument : no_argument, 0, 2000 + i};
     longopts[n] = (struct option){0, 0, 0, 0};
@@ -313,6 +326,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                 *err = cli_error;
             } else o->model.top_k = optarg[0] - '0';
         } else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
+        else if (!strcmp(name, "microbatches")) *err = cli_int(name, optarg, 1, 65536, &o->microbatches);
         else if (!strcmp(name, "recompute")) {
             int k = 0;
             while (k < 3 && strcmp(optarg, recompute_names[k])) k++;
@@ -394,6 +408,11 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     }
     if (!*err && m->experts == 0 && (m->top_k >= 0 || m->capacity >= 0 || m->aux_loss >= 0)) {
         snprintf(cli_error, sizeof cli_error, "--top-k, --capacity and --aux-loss apply with --experts X only");
+        *err = cli_error;
+    }
+    if (!*err && o->batch < o->microbatches) {
+        snprintf(cli_error, sizeof cli_error, "a batch of %d rows cannot be cut into %d microbatches (raise --batch "
+                 "or lower --microbatches)", o->batch, o->microbatches);
         *err = cli_error;
     }
     if (!*err && m->recompute && !gpt) {

@@ -292,14 +292,14 @@ static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Act
     BlockDims d = grid_moe_dims(r, R);
     MoeBlockLayout l = grid_moe_layout(t, c);
     BlockParams p = moe_block_params(w, &l);
-    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    BlockActs ba = acts_block(a, u, &d, d.Tq);
     Tokens k = tp_tokens(t, R);
     MoeLayer* m = &a->moe[u];
     tp_block_forward_attention(t, &p, &ba, a->out[u - 1], s, k, &r->ws); // x1 and ln2's output, every token
     m->n = gpt_moe_tokens(c, m, a, &d);
     gpt_moe_gather(m->in, m, ba.ln2, c->emb);
     ep_moe_forward(&r->experts, c, w + l.router_w, we, m, m->in, s->tmp, m->n, a->training, &r->aux, &r->ws);
-    gpt_moe_residual(a->out[u], ba.x1, m, s->tmp, k.N, c->emb);
+    gpt_moe_residual(a->out[u], ba.x1, m, s->tmp, k.all, c->emb);
     if (a->training) { // for the all-to-all's formula
         int me = r->experts.ep->rank;
         r->routed[u] += (double)(m->n_sent - m->send_rows[me]) + (double)(m->n_recv - m->recv_rows[me]);
@@ -320,14 +320,14 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
     MoeBlockLayout l = grid_moe_layout(t, c);
     BlockParams p = moe_block_params(w, &l);
     BlockGrads gg = moe_block_grads(g, &l);
-    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    BlockActs ba = acts_block(a, u, &d, d.Tq);
     BlockStash st = block_stash(s->stash, &d, R);
     Tokens k = tp_tokens(t, R);
     MoeLayer* m = &a->moe[u];
     long terms = batch * c->context;
     gpt_moe_gather(s->tmp, m, s->dout, c->emb); // the tokens' output gradients
     ep_moe_backward(&r->experts, c, w + l.router_w, we, g + l.router_w, ge, m, m->in, s->tmp, s->din, terms, &r->ws);
-    gpt_moe_scatter(st.dln2, m, s->din, k.N, c->emb); // ln2's output gradient: the tokens', 0 elsewhere
+    gpt_moe_scatter(st.dln2, m, s->din, k.all, c->emb); // ln2's output gradient: the tokens', 0 elsewhere
     tp_block_backward_input_attention(t, &p, &ba, &st, a->out[u - 1], s, k, &r->ws);
     tp_block_backward_weight_attention(t, &gg, &ba, &st, a->out[u - 1], k, terms, &r->ws);
     fsdp_reduce_unit_grads(&r->fsdp, u);

@@ -18,10 +18,10 @@
  *
  * What a rank holds, tensor by tensor, is a row of config.h's table; the program prints the
  * rows for its flags. In short, rank r of t:
- *   the MLP   embedding: rows (tokens) r V/t ..; linear 1, 3, ... column-parallel: its columns of
- *             w and b; linear 2, 4, ... row-parallel: its rows of w, and b whole. With an even
- *             --layers the output layer is column-parallel: the logits are split by vocabulary
- *             and the loss never gathers them.
+ *   the MLP   the embedding's rows of its 1/t of the vocabulary; linear 1, 3, ...
+ *             column-parallel: its columns of w and b; linear 2, 4, ... row-parallel: its rows
+ *             of w, and b whole. With an even --layers the output layer is column-parallel:
+ *             the logits are split by vocabulary and the loss never gathers them.
  *   the GPT   split by heads: of qkv_w [C][3C], the q, k and v columns of its NH/t heads (three
  *             column ranges, one in each third); of proj_w, the rows of those heads; of fc and
  *             fc2, 4C/t columns and rows; wte's rows and lm_head's columns by vocabulary; the
@@ -34,11 +34,12 @@
  * residuals) is split by tokens instead; f becomes an all-gather of the tokens, g a
  * reduce-scatter (the two halves of the all-reduce, on either side of the token-wise work).
  *
- * Sent per rank and step (bytes: finished floats 4, exact sums 8; an all-reduce sends 2(t-1)/t
- * of its buffer): the MLP, B rows: 2(t-1)/t x (4 B T E for the embedding + 8 B x (each f's and
- * g's width) + 16 B with the loss split); the GPT, N = B T tokens of width C: 2(t-1)/t x 8 N C
- * for each of a block's 4 all-reduces. Memory: P/t + the whole tensors, and the activations
- * (a block's by Korthikanti et al.'s form). Each term: "the formulas", at the end.
+ * Sent per rank and step, in bytes (an all-reduce sends 2(t-1)/t of its buffer; finished
+ * floats are 4 bytes, exact sums 8): the MLP, for a batch of R rows, 2(t-1)/t x R x (4 T E
+ * for the embedding + 8 x the width of each f and g + 16 when the loss is split); the GPT,
+ * N = R T tokens of width C, 2(t-1)/t x 8 N C for each of a block's four f and g. Memory:
+ * 1/t of the split tensors, the whole ones, and the activations (a block's by Korthikanti
+ * et al.'s form). Each term, named: "the formulas", near the end.
  *
  *   make train_tp && mpirun -n 2 ./train_tp          # the MLP: hidden and vocabulary split in 2
  *   mpirun -n 3 --oversubscribe ./train_tp --layers 2 # the logits split by vocabulary too
@@ -60,24 +61,24 @@
 #include "dist.h"
 
 // ----------------------------------------------------------------------------
-// the strategy: f and g
+// the strategy: f and g, and the two linear layers they join
 
 typedef struct {
     Group* group;                   // the t ranks
     int sp;                         // --sp: sequence parallelism
     Share share;                    // this rank's slice of every unit: {rank, t} (config.h's table)
-    int hs, vs;                     // the MLP's hidden units and the vocabulary a rank holds (padded)
+    int vs;                         // the vocabulary entries a rank holds, ceil(V / t) (padded)
     int K[MAX_LAYERS + 2];          // the MLP's linear layer l here: weight [K][J], bias [J]
     int J[MAX_LAYERS + 2];
-    BlockDims dims;                 // the GPT's block here: NH/t heads, F/t of the MLP (R set by each pass)
+    BlockDims dims;                 // the GPT's block here: NH/t heads, F = 4C/t of the MLP (R set by each pass)
     long size[MAX_LAYERS + 2];      // parameters of unit u here
     long off[MAX_LAYERS + 3];       // and where they start in this rank's parameters
-    // buffers of a pass, sized for the GPT's N + t tokens ("what only serves it" below)
-    float* whole;                   // [N][max(C, vs)] every token's activations: f with --sp, the embedding's sum
-    int64_t* sum;                   // [N][max(C, vs)] exact partial sums over this rank's heads or slice
+    // buffers of a pass ("what only serves it", below)
+    float* whole;                   // every token's activations: f's all-gather (--sp), the embedding's sum
+    int64_t* sum;                   // exact partial sums over this rank's slice, before f or g completes them
     int64_t* by_token;              // --sp: an input gradient's partial sums, by token
     int64_t* mine_sum;              // --sp: the sums of this rank's tokens
-    float* dx1_mine;                // [N][C] the gradient between a block's two halves, this rank's tokens
+    float* dx1_mine;                // the GPT: the gradient between a block's two halves, this rank's tokens
     int64_t* ln_grad;               // [2][C] a LayerNorm's gradient of one pass
     float *probs, *gathered;        // sampling: the whole vocabulary's probabilities
     // train_3d.c's context axis plugs in here: attention over every context-parallel rank's
@@ -87,95 +88,119 @@ typedef struct {
     void* attend_ctx;
 } Tp;
 
-// A pass's tokens in the regions --sp splits: without it every rank holds all N = R Tq of them;
-// with it, tokens [lo, lo + n) in shards of ceil(N / t) (the last shard may be short or empty).
+// The rows of a pass in the regions --sp splits: all = R (the MLP) or R Tq (the GPT's tokens);
+// without --sp every rank holds all of them, with it rows [first, first + held) in shards of
+// ceil(all / t) (the last one short, or empty: zeros travel in its place).
 typedef struct {
-    long N, shard, lo, n;
+    long all, shard, first, held;
 } Tokens;
 
-static const float* sp_all_gather(Tp* tp, float* mine, float* whole, Tokens k);
-static void sp_reduce_scatter(Tp* tp, int64_t* sums, int64_t* mine, Tokens k);
-static void sp_reduce_scatter_transposed(Tp* tp, int64_t* accT, float* din, Tokens k);
+static const float* sp_all_gather(Tp* tp, float* mine, float* whole, int W, Tokens tok);
+static void sp_reduce_scatter(Tp* tp, int64_t* sums, int64_t* mine, int W, Tokens tok);
+static void sp_reduce_scatter_transposed(Tp* tp, int64_t* accT, float* dx, int W, Tokens tok);
 
-// f, forward: the identity (--sp: an all-gather of every rank's tokens of `mine` into `whole`).
-// Returns the layer's whole input [N][C].
-static const float* f_forward(Tp* tp, float* mine, float* whole, Tokens k) {
-    if (tp->sp) return sp_all_gather(tp, mine, whole, k);
+// f (Megatron's copy_to_tensor_model_parallel_region), before a column-parallel layer.
+// Forward: the identity (--sp: an all-gather of every rank's rows of `mine`, W wide, into
+// `whole`). Returns the layer's whole input.
+static const float* f_forward(Tp* tp, float* mine, float* whole, int W, Tokens tok) {
+    if (tp->sp) return sp_all_gather(tp, mine, whole, W, tok);
     return mine;
 }
-// f, backward: a column-parallel layer's input gradient, exact partial sums accT [C][N] over
-// this rank's outputs, completed by an all-reduce (--sp: a reduce-scatter: this rank's
-// tokens); din = the float sums.
-static void f_backward(Tp* tp, int64_t* accT, float* din, Tokens k) {
+// Backward: the layer's input gradient, partial sums accT [W][all] over this rank's outputs
+// (transposed: linear_backward_input_partial's), completed by an all-reduce (--sp: a
+// reduce-scatter, this rank's rows); dx = the float sums.
+static void f_backward(Tp* tp, int64_t* accT, float* dx, int W, Tokens tok) {
     if (tp->sp) {
-        sp_reduce_scatter_transposed(tp, accT, din, k);
+        sp_reduce_scatter_transposed(tp, accT, dx, W, tok);
         return;
     }
-    group_allreduce(tp->group, accT, k.N * tp->dims.C, MPI_INT64_T, MPI_SUM); // f backward: all-reduce
-    linear_backward_input_finish(din, accT, (int)k.N, tp->dims.C);
+    group_allreduce(tp->group, accT, tok.all * W, MPI_INT64_T, MPI_SUM); // f backward: all-reduce
+    linear_backward_input_finish(dx, accT, (int)tok.all, W);
 }
-// g, forward: a row-parallel layer's output, exact partial sums `sum` [N][C] over this rank's
-// inputs, completed by an all-reduce (--sp: a reduce-scatter); out = float(sum + b).
-static void g_forward(Tp* tp, int64_t* sum, const float* b, float* out, Tokens k) {
-    int C = tp->dims.C;
+// g (reduce_from_tensor_model_parallel_region), after a row-parallel layer. Forward: its
+// output, partial sums `sum` [all][W] over this rank's inputs, completed by an all-reduce
+// (--sp: a reduce-scatter); out = float(sum + b), rounded once.
+static void g_forward(Tp* tp, int64_t* sum, const float* b, float* out, int W, Tokens tok) {
     if (tp->sp) {
-        sp_reduce_scatter(tp, sum, tp->mine_sum, k);
-        linear_forward_finish(out, tp->mine_sum, b, (int)k.n, C);
+        sp_reduce_scatter(tp, sum, tp->mine_sum, W, tok);
+        linear_forward_finish(out, tp->mine_sum, b, (int)tok.held, W);
         return;
     }
-    group_allreduce(tp->group, sum, k.N * C, MPI_INT64_T, MPI_SUM); // g forward: all-reduce
-    linear_forward_finish(out, sum, b, (int)k.N, C);
+    group_allreduce(tp->group, sum, tok.all * W, MPI_INT64_T, MPI_SUM); // g forward: all-reduce
+    linear_forward_finish(out, sum, b, (int)tok.all, W);
 }
-// g, backward: the identity (--sp: an all-gather of the output gradient's tokens).
-static const float* g_backward(Tp* tp, float* mine, float* whole, Tokens k) {
-    if (tp->sp) return sp_all_gather(tp, mine, whole, k);
+// Backward: the identity (--sp: an all-gather of the output gradient's rows).
+static const float* g_backward(Tp* tp, float* mine, float* whole, int W, Tokens tok) {
+    if (tp->sp) return sp_all_gather(tp, mine, whole, W, tok);
     return mine;
+}
+
+// Column-parallel linear layer (Megatron's ColumnParallelLinear): y = f(x) W[:, r] + b[r],
+// this rank's J of the layer's outputs, whole sums from the whole input. `x` [all][K] is
+// this rank's rows of the input (every row without --sp).
+static void column_parallel_forward(Tp* tp, float* y, float* x, const float* w, const float* b, int K, int J,
+                                    Tokens tok, Workspace* ws) {
+    const float* whole = f_forward(tp, x, tp->whole, K, tok);                 // f
+    linear_forward(y, whole, w, b, (int)tok.all, K, J, ws);
+}
+// Its input gradient is a sum over every output of the layer (`J_all`): each rank sums over its
+// own J, and f's backward completes the sums. dx: this rank's rows.
+static void column_parallel_backward_input(Tp* tp, float* dx, const float* dy, const float* w, int K, int J,
+                                           long J_all, Tokens tok, Workspace* ws) {
+    linear_backward_input_partial(tp->sum, dy, w, (int)tok.all, K, J, J_all, ws); // over this rank's outputs
+    f_backward(tp, tp->sum, dx, K, tok);                                         // f backward
+}
+// Its weight and bias gradients need the whole input again (--sp: gathered again: a rank
+// keeps only its rows of it).
+static void column_parallel_backward_weight(Tp* tp, int64_t* dw, int64_t* db, float* x, const float* dy, int K, int J,
+                                            long batch, Tokens tok, Workspace* ws) {
+    const float* whole = f_forward(tp, x, tp->whole, K, tok);                 // f again
+    linear_backward_weight(dw, db, whole, dy, (int)tok.all, K, J, batch, ws);
+}
+
+// Row-parallel linear layer (RowParallelLinear): z = g(x[:, r] W[r, :]) + b, this rank's K
+// of the layer's inputs (`K_all`) giving a partial sum of every output, completed by g; the
+// bias, held whole, added once after. z: this rank's rows.
+static void row_parallel_forward(Tp* tp, float* z, const float* x, const float* w, const float* b, int K, int J,
+                                 long K_all, Tokens tok, Workspace* ws) {
+    linear_forward_partial(tp->sum, x, w, (int)tok.all, K, J, K_all, ws);    // over this rank's inputs
+    g_forward(tp, tp->sum, b, z, J, tok);                                     // g
+}
+// The gradient of this rank's inputs needs only its rows of W (g's backward: the identity;
+// --sp: the output gradient's rows gathered). The whole output gradient goes to `dz_whole`
+// for the weight gradient.
+static void row_parallel_backward_input(Tp* tp, float* dx, float* dz_whole, float* dz, const float* w, int K, int J,
+                                        Tokens tok, Workspace* ws) {
+    const float* whole = g_backward(tp, dz, tp->whole, J, tok);              // g backward
+    if (whole != dz_whole) memcpy(dz_whole, whole, (size_t)tok.all * J * sizeof(float));
+    linear_backward_input(dx, dz_whole, w, (int)tok.all, K, J, ws);
 }
 
 // ----------------------------------------------------------------------------
 // the strategy: the MLP, column- and row-parallel layers in pairs
 //
 // Linear layer l is column-parallel for odd l, row-parallel for even l (config.h's
-// linear_kind): layer 1 column, layer 2 row, layer 3 column, ... The MLP's f and g are the
-// two group_allreduce lines below, written out where they happen: f in
-// column_parallel_backward_input, g in row_parallel_forward.
+// linear_kind): layer 1 column, layer 2 row, layer 3 column, ... and the output layer
+// whichever comes next. The MLP has no --sp: its rows are whole on every rank.
 
 static int is_column(int l) { return linear_kind(l) == COLUMN_PARALLEL; }
-static int v_lo(const Tp* tp) { return tp->share.r * tp->vs; } // this rank's first token of the vocabulary
+static int v_lo(const Tp* tp) { return tp->share.r * tp->vs; } // this rank's first vocabulary entry
+static Tokens mlp_rows(int R) { return (Tokens){R, R, 0, R}; }
 
-// Column-parallel layer l: this rank's outputs, Y[:, slice] = X W[:, slice] + b[slice], whole
-// sums from the whole input (f's forward is the identity).
-static void column_parallel_forward(Tp* tp, int l, const float* w, const float* in, float* out, int R, Workspace* ws) {
+static void mlp_linear_forward(Tp* tp, const Config* c, int l, const float* w, float* in, float* out, int R,
+                               Workspace* ws) {
     int K = tp->K[l], J = tp->J[l];
-    linear_forward(out, in, w, w + (long)K * J, R, K, J, ws);
+    if (is_column(l)) column_parallel_forward(tp, out, in, w, w + (long)K * J, K, J, mlp_rows(R), ws);
+    else row_parallel_forward(tp, out, in, w, w + (long)K * J, K, J, linear_in(c, l), mlp_rows(R), ws);
 }
-// Its input gradient sums over every output: each rank's partial sum over its own, completed
-// by f's all-reduce. (`terms`: the whole layer's outputs, for the exact sum's range.)
-static void column_parallel_backward_input(Tp* tp, const Config* c, int l, const float* w, Scratch* s, int R,
-                                           Workspace* ws) {
+// Backward, from s->dout (this rank's J outputs' gradient: its slice after a column-parallel
+// layer, whole after a row-parallel one) to s->din (what the layer below holds: whole, or
+// this rank's slice).
+static void mlp_linear_backward_input(Tp* tp, const Config* c, int l, const float* w, Scratch* s, int R,
+                                      Workspace* ws) {
     int K = tp->K[l], J = tp->J[l];
-    linear_backward_input_partial(s->acc, s->dout, w, R, K, J, linear_out(c, l), ws); // over this rank's outputs
-    group_allreduce(tp->group, s->acc, (long)R * K, MPI_INT64_T, MPI_SUM);             // f backward: all-reduce
-    linear_backward_input_finish(s->din, s->acc, R, K);
-}
-// Row-parallel layer l: Z = g(X[:, slice] W[slice, :]) + b, the partial sums over this rank's
-// inputs completed by g's all-reduce, the bias added once after.
-static void row_parallel_forward(Tp* tp, const Config* c, int l, const float* w, const float* in, float* out,
-                                 Scratch* s, int R, Workspace* ws) {
-    int K = tp->K[l], J = tp->J[l];
-    linear_forward_partial(s->acc, in, w, R, K, J, linear_in(c, l), ws); // over this rank's inputs
-    group_allreduce(tp->group, s->acc, (long)R * J, MPI_INT64_T, MPI_SUM); // g forward: all-reduce
-    linear_forward_finish(out, s->acc, w + (long)K * J, R, J);
-}
-// Its input gradient, for this rank's inputs, needs only its rows of W (g's backward is the identity).
-static void row_parallel_backward_input(Tp* tp, int l, const float* w, Scratch* s, int R, Workspace* ws) {
-    linear_backward_input(s->din, s->dout, w, R, tp->K[l], tp->J[l], ws);
-}
-// Either kind's weight and bias gradients: from its own inputs and outputs, no communication.
-static void parallel_linear_backward_weight(Tp* tp, int l, int64_t* g, const float* in, const float* dout, int R,
-                                            long batch, Workspace* ws) {
-    int K = tp->K[l], J = tp->J[l];
-    linear_backward_weight(g, g + (long)K * J, in, dout, R, K, J, batch, ws);
+    if (is_column(l)) column_parallel_backward_input(tp, s->din, s->dout, w, K, J, linear_out(c, l), mlp_rows(R), ws);
+    else row_parallel_backward_input(tp, s->din, s->dout, s->dout, w, K, J, mlp_rows(R), ws);
 }
 
 // Vocabulary-parallel embedding: rank r holds the table rows of its slice of the vocabulary,
@@ -186,15 +211,15 @@ static void vocab_parallel_embedding_forward(Tp* tp, const Config* c, const floa
     group_allreduce(tp->group, a->out[0], (long)R * c->context * c->emb, MPI_FLOAT, MPI_SUM);
 }
 
-// Vocabulary-parallel cross-entropy over logits [R][J] split by vocabulary (the GPT's always;
-// the MLP's when its last layer is column-parallel): the loss never gathers the logits, but
-// all-reduces three numbers a row: the row maximum, the target's logit (one rank holds it, the
-// others add zeros) and the exact sum of exponentials. When the last layer is row-parallel
-// every rank holds all the logits already and computes the loss alone.
-static void vocab_parallel_cross_entropy(Tp* tp, const Config* c, int u, Acts* a, const int* targets, int R,
-                                         long rows_total) {
-    int split = is_gpt(c) || is_column(u), J = is_gpt(c) ? tp->vs : tp->J[u], lo = split ? v_lo(tp) : 0;
-    float* logits = a->out[u];
+// Vocabulary-parallel cross-entropy over logits split by vocabulary, this rank's J columns
+// (the GPT's always; the MLP's when its last layer is column-parallel): the loss never
+// gathers the logits, but all-reduces three numbers a row: the row maximum, the target's
+// logit (one rank holds it, the others add zeros) and the exact sum of exponentials. When the
+// last layer is row-parallel every rank holds all the logits and computes the loss alone.
+// The logits become the probabilities, in place (layers.h's four steps).
+static void vocab_parallel_cross_entropy(Tp* tp, const Config* c, int split, int J, Acts* a, float* logits,
+                                         const int* targets, int R, long rows_total) {
+    int lo = split ? v_lo(tp) : 0;
     xent_rowmax(a->rowmax, logits, R, J, lo, c->vocab);
     xent_target_logit(a->tlogit, logits, targets, R, J, lo);
     if (split) {
@@ -209,177 +234,162 @@ static void vocab_parallel_cross_entropy(Tp* tp, const Config* c, int u, Acts* a
 // ----------------------------------------------------------------------------
 // the strategy: the GPT, split by heads
 //
-// A block on this rank: its NH/t heads (qkv's columns of them, proj's rows), its 4C/t of the
+// A block on this rank: its NH/t heads (qkv's columns of them, proj's rows) and 4C/t of the
 // MLP (fc's columns, fc2's rows). The LayerNorms, residuals and row-parallel biases work on
-// inputs that g's all-reduce made whole on every rank, so every rank computes them alike and
-// their gradients need no communication (with --sp they do: see that section). The block runs
-// in two halves (attention's, the MLP's) so that train_3d.c can put a layer of experts in
-// place of the MLP half.
+// what g made whole on every rank, so every rank computes them alike and their gradients
+// need no communication (with --sp they do: that section). In two halves, attention's and
+// the MLP's, so that train_3d.c can put a layer of experts in place of the MLP half.
 
 static BlockActs tp_block_acts(Tp* tp, const Acts* a, int u);
+static void layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
+                            const float* rstd, long n, long terms);
 
 // The attention half: from the block's input x to x1 and ln2's output.
 static void tp_block_forward_attention(Tp* tp, const BlockParams* p, BlockActs* ba, const float* x, Scratch* s,
-                                       Tokens k, Workspace* ws) {
+                                       Tokens tok, Workspace* ws) {
     const BlockDims* d = &tp->dims;
-    int C = d->C, A = d->A, N = (int)k.N;
-    layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_g, p->ln1_b, k.n, C);
-    const float* y1 = f_forward(tp, ba->ln1, tp->whole, k);                   // f
-    linear_forward(ba->qkv, y1, p->qkv_w, p->qkv_b, N, C, 3 * A, ws);         // column-parallel: its heads' q, k, v
-    if (tp->attend) tp->attend(tp->attend_ctx, ba);                           // (train_3d.c: every context rank's keys)
-    else attention_forward(ba->atty, ba->att, ba->qkv, d, s->tmp, s->acc);    // its heads, no communication
-    linear_forward_partial(tp->sum, ba->atty, p->proj_w, N, A, C, C, ws);     // row-parallel: over its heads
-    g_forward(tp, tp->sum, p->proj_b, ba->x1, k);                             // g
-    for (long i = 0; i < k.n * C; i++) ba->x1[i] += x[i];                     // residual
-    layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->x1, p->ln2_g, p->ln2_b, k.n, C);
+    int C = d->C, A = d->A;
+    layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_g, p->ln1_b, tok.held, C);
+    column_parallel_forward(tp, ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, C, 3 * A, tok, ws); // f; its heads' q, k, v
+    if (tp->attend) tp->attend(tp->attend_ctx, ba);                                      // (train_3d.c's context axis)
+    else attention_forward(ba->atty, ba->att, ba->qkv, d, s->tmp, s->acc);               // its heads: no communication
+    row_parallel_forward(tp, ba->x1, ba->atty, p->proj_w, p->proj_b, A, C, C, tok, ws);  // over its heads; g
+    for (long i = 0; i < tok.held * C; i++) ba->x1[i] += x[i];                           // residual
+    layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->x1, p->ln2_g, p->ln2_b, tok.held, C);
 }
 // The MLP half: from ln2's output to the block's output.
-static void tp_block_forward_mlp(Tp* tp, const BlockParams* p, const BlockActs* ba, float* out, Tokens k,
+static void tp_block_forward_mlp(Tp* tp, const BlockParams* p, BlockActs* ba, float* out, Tokens tok,
                                  Workspace* ws) {
-    const BlockDims* d = &tp->dims;
-    int C = d->C, F = d->F, N = (int)k.N;
-    const float* y2 = f_forward(tp, ba->ln2, tp->whole, k);                   // f
-    linear_forward(ba->fc, y2, p->fc_w, p->fc_b, N, C, F, ws);                // column-parallel: its 4C/t
-    gelu_forward(ba->gelu, ba->fc, (long)N * F);
-    linear_forward_partial(tp->sum, ba->gelu, p->fc2_w, N, F, C, 4L * C, ws); // row-parallel: over its 4C/t
-    g_forward(tp, tp->sum, p->fc2_b, out, k);                                 // g
-    for (long i = 0; i < k.n * C; i++) out[i] += ba->x1[i];                   // residual
+    int C = tp->dims.C, F = tp->dims.F;
+    column_parallel_forward(tp, ba->fc, ba->ln2, p->fc_w, p->fc_b, C, F, tok, ws);       // f; its 4C/t
+    gelu_forward(ba->gelu, ba->fc, tok.all * F);
+    row_parallel_forward(tp, out, ba->gelu, p->fc2_w, p->fc2_b, F, C, 4L * C, tok, ws);  // over its 4C/t; g
+    for (long i = 0; i < tok.held * C; i++) out[i] += ba->x1[i];                         // residual
 }
-static void tp_block_forward(Tp* tp, const float* w, Acts* a, int u, Scratch* s, Tokens k, Workspace* ws) {
+static void tp_block_forward(Tp* tp, const float* w, Acts* a, int u, Scratch* s, Tokens tok, Workspace* ws) {
     BlockParams p = block_params(w, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
-    tp_block_forward_attention(tp, &p, &ba, a->out[u - 1], s, k, ws);
-    tp_block_forward_mlp(tp, &p, &ba, a->out[u], k, ws);
+    tp_block_forward_attention(tp, &p, &ba, a->out[u - 1], s, tok, ws);
+    tp_block_forward_mlp(tp, &p, &ba, a->out[u], tok, ws);
 }
 
-// Backward, the input half, in the same two halves, the other way round. The MLP's: from the
-// block's output gradient s->dout to ln2's output gradient st->dln2.
+// Backward, the input half, the MLP's half first: from the block's output gradient s->dout to
+// ln2's output gradient st->dln2. It leaves in the stash what the weight half reads (st->dx2,
+// fc2's output gradient; st->dfc, fc's; st->dln2).
 static void tp_block_backward_input_mlp(Tp* tp, const BlockParams* p, const BlockActs* ba, const BlockStash* st,
-                                        Scratch* s, Tokens k, Workspace* ws) {
-    const BlockDims* d = &tp->dims;
-    int C = d->C, F = d->F, N = (int)k.N;
-    float* dh = s->tmp; // fc2's input gradient
-    memcpy(st->dx2, g_backward(tp, s->dout, tp->whole, k), (size_t)N * C * sizeof(float)); // g backward
-    linear_backward_input(dh, st->dx2, p->fc2_w, N, F, C, ws);                               // row-parallel: its rows
-    gelu_backward(st->dfc, ba->fc, dh, (long)N * F);
-    linear_backward_input_partial(tp->sum, st->dfc, p->fc_w, N, C, F, 4L * C, ws);           // column-parallel: partial
-    f_backward(tp, tp->sum, st->dln2, k);                                                    // f backward
+                                        Scratch* s, Tokens tok, Workspace* ws) {
+    int C = tp->dims.C, F = tp->dims.F;
+    float* dgelu = s->tmp;
+    row_parallel_backward_input(tp, dgelu, st->dx2, s->dout, p->fc2_w, F, C, tok, ws);   // g backward; its 4C/t
+    gelu_backward(st->dfc, ba->fc, dgelu, tok.all * F);
+    column_parallel_backward_input(tp, st->dln2, st->dfc, p->fc_w, C, F, 4L * C, tok, ws); // f backward
 }
-// The attention half's: from s->dout (the residual's share) and st->dln2 to the block's
-// input gradient s->din. (layernorm_backward_input adds its second argument, the residual's
-// gradient, to the LayerNorm's.)
+// Then attention's: from s->dout (the residual's share) and st->dln2 to the block's input
+// gradient s->din, leaving st->dx1 (proj's output gradient), st->dqkv and st->dln1.
 static void tp_block_backward_input_attention(Tp* tp, const BlockParams* p, const BlockActs* ba, const BlockStash* st,
-                                              const float* x, Scratch* s, Tokens k, Workspace* ws) {
+                                              const float* x, Scratch* s, Tokens tok, Workspace* ws) {
     const BlockDims* d = &tp->dims;
-    int C = d->C, A = d->A, F = d->F, N = (int)k.N;
-    float *datty = s->tmp, *small = s->tmp + (long)N * (F > A ? F : A); // attention's output gradient; its scratch
-    layernorm_backward_input(tp->dx1_mine, s->dout, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, p->ln2_g, k.n, C);
-    memcpy(st->dx1, g_backward(tp, tp->dx1_mine, tp->whole, k), (size_t)N * C * sizeof(float)); // g backward
-    linear_backward_input(datty, st->dx1, p->proj_w, N, A, C, ws);                              // row-parallel: its heads
-    if (tp->attend_backward) tp->attend_backward(tp->attend_ctx, ba, datty, st->dqkv);          // (train_3d.c)
-    else attention_backward(st->dqkv, datty, ba->qkv, ba->att, ba->atty, d, small, s->acc);   // its heads
-    linear_backward_input_partial(tp->sum, st->dqkv, p->qkv_w, N, C, 3 * A, 3L * C, ws);        // column-parallel: partial
-    f_backward(tp, tp->sum, st->dln1, k);                                                       // f backward
-    layernorm_backward_input(s->din, tp->dx1_mine, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, p->ln1_g, k.n, C);
+    int C = d->C, A = d->A, F = d->F;
+    float *datty = s->tmp, *small = s->tmp + tok.all * (F > A ? F : A); // attention's output gradient; its scratch
+    // ln2's input gradient plus the residual's (layernorm_backward_input adds its 2nd argument)
+    layernorm_backward_input(tp->dx1_mine, s->dout, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, p->ln2_g, tok.held, C);
+    row_parallel_backward_input(tp, datty, st->dx1, tp->dx1_mine, p->proj_w, A, C, tok, ws); // g backward; its heads
+    if (tp->attend_backward) tp->attend_backward(tp->attend_ctx, ba, datty, st->dqkv);      // (train_3d.c)
+    else attention_backward(st->dqkv, datty, ba->qkv, ba->att, ba->atty, d, small, s->acc); // its heads
+    column_parallel_backward_input(tp, st->dln1, st->dqkv, p->qkv_w, C, 3 * A, 3L * C, tok, ws); // f backward
+    layernorm_backward_input(s->din, tp->dx1_mine, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, p->ln1_g, tok.held, C);
 }
-static void tp_block_backward_input(Tp* tp, const float* w, Acts* a, int u, Scratch* s, int R, Tokens k,
+static void tp_block_backward_input(Tp* tp, const float* w, Acts* a, int u, Scratch* s, int R, Tokens tok,
                                     Workspace* ws) {
     BlockParams p = block_params(w, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
     BlockStash st = block_stash(s->stash, &tp->dims, R);
-    tp_block_backward_input_mlp(tp, &p, &ba, &st, s, k, ws);
-    tp_block_backward_input_attention(tp, &p, &ba, &st, a->out[u - 1], s, k, ws);
+    tp_block_backward_input_mlp(tp, &p, &ba, &st, s, tok, ws);
+    tp_block_backward_input_attention(tp, &p, &ba, &st, a->out[u - 1], s, tok, ws);
 }
 
-// The weight half: this rank's slices' gradients from what the input half stashed, and the
-// whole tensors' (the LayerNorms: sp_layernorm_grads, which with --sp sums them over the ranks).
-static void sp_layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
-                               const float* rstd, long n, long terms);
-static void tp_block_backward_weight_mlp(Tp* tp, const BlockGrads* gg, const BlockActs* ba, const BlockStash* st,
-                                         Tokens k, long terms, Workspace* ws) {
-    const BlockDims* d = &tp->dims;
-    int C = d->C, F = d->F, N = (int)k.N;
-    linear_backward_weight(gg->fc2_w, gg->fc2_b, ba->gelu, st->dx2, N, F, C, terms, ws);
-    const float* y2 = f_forward(tp, ba->ln2, tp->whole, k); // --sp: gathered again (a rank keeps its tokens only)
-    linear_backward_weight(gg->fc_w, gg->fc_b, y2, st->dfc, N, C, F, terms, ws);
+// The weight half: this rank's slices' gradients, from the kept activations and the stash,
+// and the whole tensors' (the LayerNorms'; with --sp summed over the ranks).
+static void tp_block_backward_weight_mlp(Tp* tp, const BlockGrads* gg, BlockActs* ba, const BlockStash* st,
+                                         Tokens tok, long terms, Workspace* ws) {
+    int C = tp->dims.C, F = tp->dims.F;
+    linear_backward_weight(gg->fc2_w, gg->fc2_b, ba->gelu, st->dx2, (int)tok.all, F, C, terms, ws); // row-parallel
+    column_parallel_backward_weight(tp, gg->fc_w, gg->fc_b, ba->ln2, st->dfc, C, F, terms, tok, ws);
 }
-static void tp_block_backward_weight_attention(Tp* tp, const BlockGrads* gg, const BlockActs* ba, const BlockStash* st,
-                                               const float* x, Tokens k, long terms, Workspace* ws) {
-    const BlockDims* d = &tp->dims;
-    int C = d->C, A = d->A, N = (int)k.N;
-    sp_layernorm_grads(tp, gg->ln2_g, gg->ln2_b, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, k.n, terms);
-    linear_backward_weight(gg->proj_w, gg->proj_b, ba->atty, st->dx1, N, A, C, terms, ws);
-    const float* y1 = f_forward(tp, ba->ln1, tp->whole, k); // --sp: gathered again
-    linear_backward_weight(gg->qkv_w, gg->qkv_b, y1, st->dqkv, N, C, 3 * A, terms, ws);
-    sp_layernorm_grads(tp, gg->ln1_g, gg->ln1_b, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, k.n, terms);
+static void tp_block_backward_weight_attention(Tp* tp, const BlockGrads* gg, BlockActs* ba, const BlockStash* st,
+                                               const float* x, Tokens tok, long terms, Workspace* ws) {
+    int C = tp->dims.C, A = tp->dims.A;
+    layernorm_grads(tp, gg->ln2_g, gg->ln2_b, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, tok.held, terms);
+    linear_backward_weight(gg->proj_w, gg->proj_b, ba->atty, st->dx1, (int)tok.all, A, C, terms, ws); // row-parallel
+    column_parallel_backward_weight(tp, gg->qkv_w, gg->qkv_b, ba->ln1, st->dqkv, C, 3 * A, terms, tok, ws);
+    layernorm_grads(tp, gg->ln1_g, gg->ln1_b, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, tok.held, terms);
 }
-static void tp_block_backward_weight(Tp* tp, int64_t* g, const Acts* a, int u, const float* stash, int R, Tokens k,
+static void tp_block_backward_weight(Tp* tp, int64_t* g, const Acts* a, int u, const float* stash, int R, Tokens tok,
                                      long terms, Workspace* ws) {
     BlockGrads gg = block_grads(g, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
     BlockStash st = block_stash((float*)stash, &tp->dims, R);
-    tp_block_backward_weight_mlp(tp, &gg, &ba, &st, k, terms, ws);
-    tp_block_backward_weight_attention(tp, &gg, &ba, &st, a->out[u - 1], k, terms, ws);
+    tp_block_backward_weight_mlp(tp, &gg, &ba, &st, tok, terms, ws);
+    tp_block_backward_weight_attention(tp, &gg, &ba, &st, a->out[u - 1], tok, terms, ws);
 }
 
 // The embedding: the vocabulary-parallel lookup, summed across ranks (an all-reduce; --sp: a
 // reduce-scatter, leaving each rank its tokens); then each token's wpe, held whole.
-static void tp_gpt_embedding_forward(Tp* tp, const Config* c, const float* w, Acts* a, int R, Tokens k) {
+static void tp_gpt_embedding_forward(Tp* tp, const Config* c, const float* w, Acts* a, int R, Tokens tok) {
     BlockDims all = tp->dims;
     all.R = R;
     int C = c->emb;
     const float* wpe = w + (long)tp->vs * C;
     gpt_embedding_forward(tp->whole, a->tokens, w, NULL, v_lo(tp), v_lo(tp) + tp->vs, 0, &all);
     if (!tp->sp) {
-        group_allreduce(tp->group, tp->whole, k.N * C, MPI_FLOAT, MPI_SUM); // vocabulary-parallel: all-reduce
-        memcpy(a->out[0], tp->whole, (size_t)k.N * C * sizeof(float));
+        group_allreduce(tp->group, tp->whole, tok.all * C, MPI_FLOAT, MPI_SUM); // vocabulary-parallel: all-reduce
+        memcpy(a->out[0], tp->whole, (size_t)tok.all * C * sizeof(float));
     } else {
-        memset(tp->whole + k.N * C, 0, (size_t)(k.shard * tp->group->size - k.N) * C * sizeof(float));
-        memset(a->out[0], 0, (size_t)k.shard * C * sizeof(float)); // the reduce-scatter adds into it
-        group_reduce_scatter(tp->group, tp->whole, k.shard * C, MPI_FLOAT, MPI_SUM, a->out[0]); // --sp: reduce-scatter
+        memset(tp->whole + tok.all * C, 0, (size_t)(tok.shard * tp->group->size - tok.all) * C * sizeof(float));
+        memset(a->out[0], 0, (size_t)tok.shard * C * sizeof(float)); // the reduce-scatter adds into it
+        group_reduce_scatter(tp->group, tp->whole, tok.shard * C, MPI_FLOAT, MPI_SUM, a->out[0]); // --sp: reduce-scatter
     }
-    for (long i = 0; i < k.n; i++) // token lo + i is at position (lo + i) % Tq of its row
-        for (int x = 0; x < C; x++) a->out[0][i * C + x] += wpe[(long)dims_pos(&all, (int)((k.lo + i) % all.Tq)) * C + x];
+    for (long i = 0; i < tok.held; i++) // token first + i is at position (first + i) % Tq of its row
+        for (int x = 0; x < C; x++)
+            a->out[0][i * C + x] += wpe[(long)dims_pos(&all, (int)((tok.first + i) % all.Tq)) * C + x];
 }
 // Its gradients: this rank's rows of wte from every token's gradient (--sp: gathered first,
 // the reduce-scatter's backward), and wpe's, the same on every rank.
 static void tp_gpt_embedding_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* dx,
-                                             int R, Tokens k, long terms) {
+                                             int R, Tokens tok, long terms) {
     BlockDims all = tp->dims;
     all.R = R;
-    const float* whole = g_backward(tp, (float*)dx, tp->whole, k); // --sp: all-gather
+    const float* whole = g_backward(tp, (float*)dx, tp->whole, c->emb, tok); // --sp: all-gather
     gpt_embedding_backward(g, g + (long)tp->vs * c->emb, a->tokens, whole, v_lo(tp), v_lo(tp) + tp->vs, &all, terms);
 }
 
-// The head: ln_f (whole, or --sp this rank's tokens), f, lm_head column-parallel by
-// vocabulary, and the vocabulary-parallel cross-entropy over every token.
-static void tp_gpt_head_forward(Tp* tp, const Config* c, const float* w, Acts* a, long rows_total, Tokens k,
+// The head: ln_f (whole, or --sp this rank's tokens), lm_head column-parallel by vocabulary
+// (lm_head [C][V] then ln_f's gain and bias: this rank's [C][vs], then [C], [C]), and the
+// vocabulary-parallel cross-entropy over every token.
+static void tp_gpt_head_forward(Tp* tp, const Config* c, const float* w, Acts* a, long rows_total, Tokens tok,
                                 Workspace* ws) {
-    int C = c->emb, u = c->layers + 1, N = (int)k.N;
+    int C = c->emb, u = c->layers + 1;
     float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
-    layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * tp->vs, w + (long)C * tp->vs + C, k.n, C);
-    const float* y = f_forward(tp, ln, tp->whole, k);                       // f
-    linear_forward(a->out[u], y, w, NULL, N, C, tp->vs, ws);                // column-parallel: its vocabulary
-    vocab_parallel_cross_entropy(tp, c, u, a, a->targets, N, rows_total * c->context);
+    layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * tp->vs, w + (long)C * tp->vs + C, tok.held, C);
+    column_parallel_forward(tp, a->out[u], ln, w, NULL, C, tp->vs, tok, ws); // f; its vocabulary
+    vocab_parallel_cross_entropy(tp, c, 1, tp->vs, a, a->out[u], a->targets, (int)tok.all, rows_total * c->context);
 }
-static void tp_gpt_head_backward_input(Tp* tp, const Config* c, const float* w, Acts* a, Scratch* s, Tokens k,
+static void tp_gpt_head_backward_input(Tp* tp, const Config* c, const float* w, Acts* a, Scratch* s, Tokens tok,
                                        Workspace* ws) {
-    int C = c->emb, u = c->layers + 1, N = (int)k.N;
+    int C = c->emb, u = c->layers + 1;
     float *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
-    float *dlogits = s->stash, *dln = s->stash + (long)N * tp->vs;
-    xent_backward(dlogits, a->out[u], a->targets, N, tp->vs, v_lo(tp));
-    linear_backward_input_partial(tp->sum, dlogits, w, N, C, tp->vs, c->vocab, ws); // column-parallel: partial
-    f_backward(tp, tp->sum, dln, k);                                                 // f backward
-    layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, w + (long)C * tp->vs, k.n, C);
+    float *dlogits = s->stash, *dln = s->stash + tok.all * tp->vs; // the stash: both, for the weight half
+    xent_backward(dlogits, a->out[u], a->targets, (int)tok.all, tp->vs, v_lo(tp));
+    column_parallel_backward_input(tp, dln, dlogits, w, C, tp->vs, c->vocab, tok, ws); // f backward
+    layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, w + (long)C * tp->vs, tok.held, C);
 }
 static void tp_gpt_head_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* stash,
-                                        Tokens k, long terms, Workspace* ws) {
-    int C = c->emb, u = c->layers + 1, N = (int)k.N;
+                                        Tokens tok, long terms, Workspace* ws) {
+    int C = c->emb, u = c->layers + 1;
     float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
-    const float *dlogits = stash, *dln = stash + (long)N * tp->vs;
-    const float* y = f_forward(tp, ln, tp->whole, k); // --sp: gathered again
-    linear_backward_weight(g, NULL, y, dlogits, N, C, tp->vs, terms, ws);
-    sp_layernorm_grads(tp, g + (long)C * tp->vs, g + (long)C * tp->vs + C, dln, a->out[u - 1], mean, rstd, k.n, terms);
+    const float *dlogits = stash, *dln = stash + tok.all * tp->vs;
+    column_parallel_backward_weight(tp, g, NULL, ln, dlogits, C, tp->vs, terms, tok, ws);
+    layernorm_grads(tp, g + (long)C * tp->vs, g + (long)C * tp->vs + C, dln, a->out[u - 1], mean, rstd, tok.held, terms);
 }
 
 // ----------------------------------------------------------------------------
@@ -388,51 +398,49 @@ static void tp_gpt_head_backward_weight(Tp* tp, const Config* c, int64_t* g, con
 // Korthikanti et al., 2022; Megatron's gather_from_sequence_parallel_region and
 // reduce_scatter_to_sequence_parallel_region. The regions tensor parallelism leaves whole on
 // every rank (LayerNorms, residuals, the block's input and output) are split by tokens: a
-// rank holds tokens [lo, lo + n) of a pass's N = R Tq, in shards of ceil(N / t), the last one
-// short (zeros travel in its place). f becomes an all-gather of the ranks' tokens before a
-// column-parallel layer (backward: a reduce-scatter of its input gradient's partial sums), g
-// a reduce-scatter of a row-parallel layer's partial sums (backward: an all-gather of the
-// output gradient). A LayerNorm's gain and bias now see only a rank's tokens, so their
-// gradients are summed over the ranks (forgetting it is the classic bug). As Megatron does, a
-// rank keeps only its tokens' LayerNorm output and gathers it again for the weight gradient
-// of the layer it feeds: memory 1/t, one all-gather more.
+// rank holds tokens [first, first + held) of a pass's all = R Tq, in shards of ceil(all / t).
+// f becomes an all-gather of the ranks' tokens before a column-parallel layer (backward: a
+// reduce-scatter of its input gradient's partial sums), g a reduce-scatter of a row-parallel
+// layer's partial sums (backward: an all-gather of the output gradient): the all-reduce's
+// two halves, on either side of the token-wise work. A LayerNorm's gain and bias now see only
+// a rank's tokens, so their gradients are summed over the ranks (forgetting it is the classic
+// bug). As Megatron does, a rank keeps only its tokens' LayerNorm output and gathers it again
+// for the weight gradient of the layer it feeds: memory 1/t, one all-gather more.
 
 static Tokens tp_tokens(const Tp* tp, int R) {
-    Tokens k = {.N = (long)R * tp->dims.Tq};
-    k.shard = (k.N + tp->group->size - 1) / tp->group->size;
-    if (!tp->sp) return (Tokens){k.N, k.shard, 0, k.N}; // every token
-    k.lo = tp->share.r * k.shard;
-    k.n = k.N - k.lo < 0 ? 0 : k.N - k.lo < k.shard ? k.N - k.lo : k.shard;
-    return k;
+    Tokens tok = {.all = (long)R * tp->dims.Tq};
+    tok.shard = (tok.all + tp->group->size - 1) / tp->group->size;
+    if (!tp->sp) return (Tokens){tok.all, tok.shard, 0, tok.all}; // every token
+    tok.first = tp->share.r * tok.shard;
+    long left = tok.all - tok.first; // the last shard may be short, or empty
+    tok.held = left < 0 ? 0 : left < tok.shard ? left : tok.shard;
+    return tok;
 }
-// Every rank's tokens of `mine` (this rank's n, then zeros to a shard) into `whole` [N][C].
-static const float* sp_all_gather(Tp* tp, float* mine, float* whole, Tokens k) {
-    int C = tp->dims.C;
-    memset(mine + k.n * C, 0, (size_t)(k.shard - k.n) * C * sizeof(float)); // a short last shard
-    group_allgather(tp->group, mine, whole, k.shard * C, MPI_FLOAT);           // all-gather
+// Every rank's rows of `mine` (this rank's held, then zeros to a shard), W wide, into `whole`.
+static const float* sp_all_gather(Tp* tp, float* mine, float* whole, int W, Tokens tok) {
+    memset(mine + tok.held * W, 0, (size_t)(tok.shard - tok.held) * W * sizeof(float)); // a short last shard
+    group_allgather(tp->group, mine, whole, tok.shard * W, MPI_FLOAT);                   // all-gather
     return whole;
 }
-// Partial sums of every token [N][C] (zeros to t shards) into the sums of this rank's, `mine`.
-static void sp_reduce_scatter(Tp* tp, int64_t* sums, int64_t* mine, Tokens k) {
-    int C = tp->dims.C;
-    fix_zero(sums + k.N * C, (k.shard * tp->group->size - k.N) * C);
-    fix_zero(mine, k.shard * C); // the reduce-scatter adds into it
-    group_reduce_scatter(tp->group, sums, k.shard * C, MPI_INT64_T, MPI_SUM, mine); // reduce-scatter
+// Partial sums of every row [all][W] (zeros to t shards) into the sums of this rank's, `mine`.
+static void sp_reduce_scatter(Tp* tp, int64_t* sums, int64_t* mine, int W, Tokens tok) {
+    fix_zero(sums + tok.all * W, (tok.shard * tp->group->size - tok.all) * W);
+    fix_zero(mine, tok.shard * W); // dist.h's reduce-scatter adds into it
+    group_reduce_scatter(tp->group, sums, tok.shard * W, MPI_INT64_T, MPI_SUM, mine); // reduce-scatter
 }
 // The same for a column-parallel layer's input gradient, whose partial sums come transposed
-// (accT [C][N], as linear_backward_input_partial leaves them): by token first, so that a
-// rank's shard is contiguous; din = the float sums of this rank's tokens.
-static void sp_reduce_scatter_transposed(Tp* tp, int64_t* accT, float* din, Tokens k) {
-    int C = tp->dims.C;
-    for (long n = 0; n < k.N; n++)
-        for (int x = 0; x < C; x++) tp->by_token[n * C + x] = accT[(long)x * k.N + n];
-    sp_reduce_scatter(tp, tp->by_token, tp->mine_sum, k);
-    for (long i = 0; i < k.n * C; i++) din[i] = (float)fix_to(tp->mine_sum[i]);
+// (accT [W][all]): by token first, so that a rank's shard is contiguous; dx = the float sums
+// of this rank's tokens.
+static void sp_reduce_scatter_transposed(Tp* tp, int64_t* accT, float* dx, int W, Tokens tok) {
+    for (long n = 0; n < tok.all; n++)
+        for (int x = 0; x < W; x++) tp->by_token[n * W + x] = accT[(long)x * tok.all + n];
+    sp_reduce_scatter(tp, tp->by_token, tp->mine_sum, W, tok);
+    for (long i = 0; i < tok.held * W; i++) dx[i] = (float)fix_to(tp->mine_sum[i]);
 }
-// A LayerNorm's gain and bias gradients of this pass, exact sums over this rank's tokens: with
-// --sp summed over the ranks (every rank's tokens took part), then added to g.
-static void sp_layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
-                               const float* rstd, long n, long terms) {
+// A LayerNorm's gain and bias gradients of this pass, exact sums over this rank's tokens (all
+// of them without --sp), with --sp summed over the ranks; then added to g.
+static void layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
+                            const float* rstd, long n, long terms) {
     int C = tp->dims.C;
     int64_t* mine = tp->ln_grad;
     fix_zero(mine, 2L * C);
@@ -444,7 +452,7 @@ static void sp_layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy
 // token, but with --sp its LayerNorms' outputs and statistics and x1 at its own tokens only.
 static int tp_token_share(const Tp* tp);
 static BlockActs tp_block_acts(Tp* tp, const Acts* a, int u) {
-    return block_acts_tokens(a->saved[u], &tp->dims, a->rows, tp_token_share(tp));
+    return acts_block(a, u, &tp->dims, tp_token_share(tp));
 }
 
 // ----------------------------------------------------------------------------
@@ -455,24 +463,21 @@ static void tp_unit_forward(Tp* tp, const Config* c, int u, const float* w, Acts
     double t0 = trace_clock();
     tp->dims.R = R;
     if (is_gpt(c)) {
-        Tokens k = tp_tokens(tp, R);
-        if (u == 0) tp_gpt_embedding_forward(tp, c, w, a, R, k);
-        else if (u <= c->layers) tp_block_forward(tp, w, a, u, s, k, ws);
-        else tp_gpt_head_forward(tp, c, w, a, rows_total, k, ws);
+        Tokens tok = tp_tokens(tp, R);
+        if (u == 0) tp_gpt_embedding_forward(tp, c, w, a, R, tok);
+        else if (u <= c->layers) tp_block_forward(tp, w, a, u, s, tok, ws);
+        else tp_gpt_head_forward(tp, c, w, a, rows_total, tok, ws);
     } else if (u == 0) {
         vocab_parallel_embedding_forward(tp, c, w, a, R);
     } else {
-        if (is_column(u)) column_parallel_forward(tp, u, w, a->out[u - 1], a->out[u], R, ws);
-        else row_parallel_forward(tp, c, u, w, a->out[u - 1], a->out[u], s, R, ws);
+        mlp_linear_forward(tp, c, u, w, a->out[u - 1], a->out[u], R, ws);
         if (u <= c->layers) relu_forward(a->out[u], (long)R * tp->J[u]);
-        else vocab_parallel_cross_entropy(tp, c, u, a, a->targets, R, rows_total);
+        else vocab_parallel_cross_entropy(tp, c, is_column(u), tp->J[u], a, a->out[u], a->targets, R, rows_total);
     }
     trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
 }
 // Backward in two halves, as model.h's unit_backward: the input half reads s->dout and writes
-// the input gradient to s->din (whole after a column-parallel layer, this rank's slice after
-// a row-parallel one: what the layer below holds); the weight half adds this rank's
-// parameter gradients into g.
+// the input gradient to s->din; the weight half adds this rank's parameter gradients into g.
 static void tp_unit_backward_input(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
                                    Workspace* ws) {
     if (u == 0) return;
@@ -483,8 +488,7 @@ static void tp_unit_backward_input(Tp* tp, const Config* c, int u, const float* 
     else {
         if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, tp->J[u], is_column(u) ? v_lo(tp) : 0);
         else relu_backward(s->dout, a->out[u], (long)R * tp->J[u]);
-        if (is_column(u)) column_parallel_backward_input(tp, c, u, w, s, R, ws);
-        else row_parallel_backward_input(tp, u, w, s, R, ws);
+        mlp_linear_backward_input(tp, c, u, w, s, R, ws);
     }
     trace_event("compute", t0, trace_clock(), 0, "input gradient %s", unit_name(c, u));
 }
@@ -493,15 +497,16 @@ static void tp_unit_backward_weight(Tp* tp, const Config* c, int u, int64_t* g, 
     double t0 = trace_clock();
     tp->dims.R = R;
     if (is_gpt(c)) {
-        Tokens k = tp_tokens(tp, R);
+        Tokens tok = tp_tokens(tp, R);
         long terms = batch * c->context;
-        if (u == 0) tp_gpt_embedding_backward_weight(tp, c, g, a, dout, R, k, terms);
-        else if (u <= c->layers) tp_block_backward_weight(tp, g, a, u, dout, R, k, terms, ws);
-        else tp_gpt_head_backward_weight(tp, c, g, a, dout, k, terms, ws);
+        if (u == 0) tp_gpt_embedding_backward_weight(tp, c, g, a, dout, R, tok, terms);
+        else if (u <= c->layers) tp_block_backward_weight(tp, g, a, u, dout, R, tok, terms, ws);
+        else tp_gpt_head_backward_weight(tp, c, g, a, dout, tok, terms, ws);
     } else if (u == 0) {
         embedding_backward(g, a->tokens, dout, v_lo(tp), v_lo(tp) + tp->vs, R, c->context, c->emb, batch);
-    } else {
-        parallel_linear_backward_weight(tp, u, g, a->out[u - 1], dout, R, batch, ws);
+    } else { // either kind: from its own inputs and output gradient, no communication
+        int K = tp->K[u], J = tp->J[u];
+        linear_backward_weight(g, g + (long)K * J, a->out[u - 1], dout, R, K, J, batch, ws);
     }
     trace_event("compute", t0, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
 }
@@ -509,6 +514,21 @@ static void tp_unit_backward(Tp* tp, const Config* c, int u, const float* w, int
                              long batch, Workspace* ws) {
     tp_unit_backward_input(tp, c, u, w, a, s, R, ws);
     tp_unit_backward_weight(tp, c, u, g, a, unit_stash(c, u, s), R, batch, ws);
+}
+
+// --recompute, before unit u's backward (model.h's unit_recompute, on this rank's slices):
+// selective, attention's probabilities again, from its heads' q, k and v; full, the whole
+// block again from its input, f and g and their collectives included.
+static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
+                              Workspace* ws) {
+    if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
+    double t0 = trace_clock();
+    tp->dims.R = R;
+    BlockActs ba = tp_block_acts(tp, a, u);
+    if (c->recompute == RECOMPUTE_FULL) tp_block_forward(tp, w, a, u, s, tp_tokens(tp, R), ws);
+    else if (tp->attend) tp->attend(tp->attend_ctx, &ba);
+    else attention_forward(ba.atty, ba.att, ba.qkv, &tp->dims, s->tmp, s->acc);
+    trace_event("compute", t0, trace_clock(), 0, "recompute %s", unit_name(c, u));
 }
 
 // Sampling: the whole vocabulary's probabilities of the last forward, on every rank, gathered
@@ -540,7 +560,6 @@ static void tp_init(Tp* tp, Group* group, const Config* c, int rows, int sp) {
     memset(tp, 0, sizeof *tp);
     int t = group->size;
     tp->group = group, tp->sp = sp, tp->share = (Share){group->rank, t, 0, 0};
-    tp->hs = (c->hidden + t - 1) / t;
     tp->vs = (c->vocab + t - 1) / t;
     for (int u = 0; u < n_units(c); u++) {
         tp->size[u] = share_params(c, u, tp->share); // a block with experts: its own tensors (its experts: train_3d.c)
@@ -552,6 +571,7 @@ static void tp_init(Tp* tp, Group* group, const Config* c, int rows, int sp) {
         tensor_held_shape(&tab.t[0], t, &K, &J);
         tp->K[l] = (int)K, tp->J[l] = (int)J;
     }
+    if (!is_gpt(c)) tp->sum = mallocCheck((size_t)rows * max_width(c) * sizeof(int64_t)); // any layer's K or J
     if (is_gpt(c)) { // main, or train_3d.c's grid_resolve, checks that t divides the heads
         int C = c->emb, widest = C > tp->vs ? C : tp->vs;
         long tokens = (long)rows * c->context + t; // a pass's tokens, and a short shard's padding
@@ -649,24 +669,33 @@ static double tp_params_formula(const Tp* tp, const Config* c, int u_lo, int u_h
     }
     return n;
 }
-// The activations a rank holds for R rows of the GPT, in bytes, as tp_sizes lays them out;
-// *per_block: one block's, with its output.
-static double tp_gpt_acts_held(const Config* c, const UnitSizes* sz, int R, double* per_block) {
-    *per_block = 4.0 * R * (sz->saved[1] + sz->out[1]);
-    return (double)R * acts_bytes_per_row(c, 0, n_units(c), sz);
+// The activations the GPT's blocks hold on this rank for R rows, in bytes, as tp_sizes lays
+// them out and model.h's acts_init keeps them: each block's output (the next one's input),
+// what each keeps, and with --recompute the one block's room they share.
+static double tp_gpt_blocks_held(const Config* c, const UnitSizes* sz, int R) {
+    double outs = 0;
+    for (int u = 1; u <= c->layers; u++) outs += sz->out[u];
+    return 4.0 * R * (outs + acts_saved_per_row(c, 1, c->layers + 1, sz));
 }
-// A block's by Korthikanti et al.'s closed forms (s positions, b rows, h = C, a heads, t
-// ranks), which count 2-byte activations with dropout: sbh(34 + 5as/h) on one rank,
-// sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh/t (34 + 5as/h) with sequence
-// parallelism too. Here activations are 4-byte floats and there is no dropout: drop the two
-// dropout masks (sbh each, 1 B), the dropout's output on the scores (2as^2b) and its mask
-// (as^2b), and double every 2-byte term: sbh(64 + 4as/h), sbh(16 + 48/t + 4as/(ht)),
-// sbh/t (64 + 4as/h); plus what the paper leaves out, LayerNorm's mean and rstd (16 B a
-// token: 16sb, or 16sb/t). docs/tp.md derives them term by term.
-static double tp_gpt_acts_formula(const Tp* tp, const Config* c, int R) {
+// The same by Korthikanti et al.'s closed forms, a block's and (*room) the room
+// recomputation shares: s positions, b rows, h = C, a heads, t ranks. The paper counts
+// 2-byte activations with dropout: sbh(34 + 5as/h) on one rank, sbh(10 + 24/t + 5as/(ht))
+// with tensor parallelism, sbh/t (34 + 5as/h) with sequence parallelism too. Here
+// activations are 4-byte floats and there is no dropout: drop the two dropout masks (sbh
+// each, 1 B), the dropout's output on the scores (2as^2b) and its mask (as^2b), and double
+// every 2-byte term: sbh(64 + 4as/h), sbh(16 + 48/t + 4as/(ht)), sbh/t (64 + 4as/h); and add
+// what the paper leaves out, LayerNorm's mean and rstd (16 B a token: 16sb, or 16sb/t).
+// docs/tp.md goes through them term by term. Recomputation, as the paper has it: selective
+// keeps everything but attention's probabilities, the 4as/(ht) term (4as^2b/t bytes), which
+// one block's room then holds; full keeps only the block's input, 4sbh (4sbh/t with --sp; the
+// paper's 2sbh in 2 bytes), and one block's room holds the rest while it is recomputed.
+static double tp_gpt_acts_formula(const Tp* tp, const Config* c, int R, double* room) {
     double s = c->context, b = R, h = c->emb, a = c->heads, t = tp->group->size;
-    if (tp->sp) return s * b * h / t * (64 + 4 * a * s / h) + 16 * s * b / t;
-    return s * b * h * (16 + 48 / t + 4 * a * s / (h * t)) + 16 * s * b;
+    double block = tp->sp ? s * b * h / t * (64 + 4 * a * s / h) + 16 * s * b / t
+                          : s * b * h * (16 + 48 / t + 4 * a * s / (h * t)) + 16 * s * b;
+    double probs = 4 * a * s * s * b / t, input = 4 * s * b * h / (tp->sp ? t : 1);
+    *room = c->recompute == RECOMPUTE_SELECTIVE ? probs : c->recompute == RECOMPUTE_FULL ? block - input : 0;
+    return c->recompute == RECOMPUTE_SELECTIVE ? block - probs : c->recompute == RECOMPUTE_FULL ? input : block;
 }
 
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only what is above
@@ -705,8 +734,10 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
 }
 static void backward(Run* r, int R, long B) {
     for (int u = n_units(&r->cfg) - 1; u >= 0; u--) {
-        tp_unit_backward(&r->tp, &r->cfg, u, r->st.params + r->tp.off[u], r->st.grads + r->tp.off[u], &r->work.acts,
-                         &r->work.scratch, R, B, &r->work.ws);
+        const float* w = r->st.params + r->tp.off[u];
+        tp_unit_recompute(&r->tp, &r->cfg, u, w, &r->work.acts, &r->work.scratch, R, &r->work.ws); // --recompute
+        tp_unit_backward(&r->tp, &r->cfg, u, w, r->st.grads + r->tp.off[u], &r->work.acts, &r->work.scratch, R, B,
+                         &r->work.ws);
         scratch_step_down(&r->work.scratch);
     }
 }
@@ -733,27 +764,27 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, i
     double acts_row = acts_bytes_per_row(c, 0, n_units(c), &r->sizes), opt_bytes = opt->adamw ? 8.0 : 0.0;
     Figures f = {.sent = per_step(pr, r->group.sent), .received = per_step(pr, r->group.received), .params = 4.0 * np,
                  .grads = 8.0 * np, .optim = opt_bytes * np, .acts = B * acts_row, .bubble = -1};
-    double acts_formula = B * acts_row;
-    if (is_gpt(c)) {
-        double block;
-        tp_gpt_acts_held(c, &r->sizes, B, &block);
-        acts_formula = f.acts - c->layers * block + c->layers * tp_gpt_acts_formula(&r->tp, c, B);
-    }
+    double acts_formula = B * acts_row, room;
+    if (is_gpt(c)) // the blocks' by the paper's form, the rest as held
+        acts_formula += c->layers * tp_gpt_acts_formula(&r->tp, c, B, &room) + room - tp_gpt_blocks_held(c, &r->sizes, B);
     double clip = opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->group.size) : 0; // the norm's max and sum of squares
     f.sent_formula = tp_sent_formula(&r->tp, c, 0, n_units(c), B) + clip;
     f.mem_formula = (4.0 + 8.0 + opt_bytes) * tp_params_formula(&r->tp, c, 0, n_units(c)) + acts_formula;
     return f;
 }
 
-// The GPT: a block's activations on this rank, held beside the paper's form, for the report.
+// The GPT: the blocks' activations on this rank, held beside the paper's form, for the report.
 static void print_block_activations(const Run* r, int B) {
     const Config* c = &r->cfg;
-    double block;
-    tp_gpt_acts_held(c, &r->sizes, B, &block);
-    printf("activations of one block per rank (s %d positions, b %d rows, h %d, a %d heads, t %d%s): %.0f B held; "
-           "Korthikanti et al.'s form for 4-byte floats without dropout, %s: %.0f B\n", c->context, B, c->emb,
-           c->heads, r->group.size, r->tp.sp ? ", --sp" : "", block,
-           r->tp.sp ? "sbh/t (64 + 4as/h) + 16sb/t" : "sbh(16 + 48/t + 4as/(ht)) + 16sb", tp_gpt_acts_formula(&r->tp, c, B));
+    double room, block = tp_gpt_acts_formula(&r->tp, c, B, &room);
+    printf("activations of the %d blocks per rank (s %d positions, b %d rows, h %d, a %d heads, t %d%s%s%s): %.0f B "
+           "held; Korthikanti et al.'s form for 4-byte floats without dropout, %s a block%s: %.0f B\n", c->layers,
+           c->context, B, c->emb, c->heads, r->group.size, r->tp.sp ? ", --sp" : "", c->recompute ? ", --recompute " : "",
+           c->recompute ? recompute_names[c->recompute] : "", tp_gpt_blocks_held(c, &r->sizes, B),
+           c->recompute == RECOMPUTE_FULL ? (r->tp.sp ? "4sbh/t" : "4sbh")
+           : c->recompute == RECOMPUTE_SELECTIVE ? (r->tp.sp ? "64sbh/t + 16sb/t" : "sbh(16 + 48/t) + 16sb")
+           : r->tp.sp ? "sbh/t (64 + 4as/h) + 16sb/t" : "sbh(16 + 48/t + 4as/(ht)) + 16sb",
+           c->recompute ? ", + one block's room" : "", c->layers * block + room);
 }
 
 // ----------------------------------------------------------------------------
@@ -806,7 +837,7 @@ int main(int argc, char** argv) {
     // model: this rank's slice of every unit (config.h's table), its exact gradient sums and
     // optimizer state, filled with train.c's initial values (or --load's) by the table's mapper
     Config* cfg = &run.cfg;
-    int rows = pass_rows(&o, o.batch);
+    int rows = pass_rows(&o, (o.batch + o.microbatches - 1) / o.microbatches); // a microbatch, or an eval pass
     tp_init(&run.tp, &run.group, cfg, rows, sp);
     long np = run.tp.off[n_units(cfg)];
     run.st = state_alloc(np, o.opt.adamw);
@@ -823,7 +854,7 @@ int main(int argc, char** argv) {
     work_init(&run.work, cfg, rows, &run.sizes);
     char layout[160];
     snprintf(layout, sizeof layout, "tensor parallel over %d ranks: hidden slices of %d%s, vocabulary slices of %d",
-             run.group.size, run.tp.hs, run.tp.hs * run.group.size > cfg->hidden ? " (padded)" : "", run.tp.vs);
+             run.group.size, run.tp.J[1], run.tp.J[1] * run.group.size > cfg->hidden ? " (padded)" : "", run.tp.vs);
     if (is_gpt(cfg))
         snprintf(layout, sizeof layout, "tensor parallel over %d ranks: %d head%s and %d of the MLP's %d a rank, "
                  "vocabulary slices of %d%s", run.group.size, run.tp.dims.NH, run.tp.dims.NH > 1 ? "s" : "",
@@ -834,15 +865,22 @@ int main(int argc, char** argv) {
     }
 
     // training loop
-    int B = o.batch;
+    int B = o.batch, M = o.microbatches;
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B);
-        int64_t loss = forward(&run, &batch, 0, B, B, NULL); // every rank takes every row
+        int64_t loss = 0;
         fix_zero(run.st.grads, np);
-        backward(&run, B, B);
+        workspace_keep_weights(&run.work.ws, M > 1);
+        for (int m = 0; m < M; m++) { // --microbatches: every rank takes every row of each, in turn
+            long first, end;
+            split_range(B, M, m, &first, &end);
+            loss += forward(&run, &batch, first, (int)(end - first), B, NULL);
+            backward(&run, (int)(end - first), B);
+        }
+        workspace_keep_weights(&run.work.ws, 0);
         float scale = clip_factor(&o.opt, spans, n_units(cfg), n, group_norm, &run.group); // over every slice
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
         if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
@@ -851,10 +889,10 @@ int main(int argc, char** argv) {
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);
-    Figures fig = figures(&run, &progress, &o.opt, B);
+    Figures fig = figures(&run, &progress, &o.opt, (B + M - 1) / M); // a microbatch's activations
     Report rep = {"train_tp.c", layout, is_gpt(cfg) ? gpt_sent_words : sent_words, is_gpt(cfg) ? gpt_mem_words : mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
-    if (is_gpt(cfg) && !o.quiet && world_rank == 0) print_block_activations(&run, B);
+    if (is_gpt(cfg) && !o.quiet && world_rank == 0) print_block_activations(&run, (B + M - 1) / M);
     run_free(&run);
     MPI_Finalize();
     return 0;
