@@ -39,9 +39,9 @@
 //  - Capacity: in a training batch of B tokens, expert x takes at most C = ceil(F k B / X)
 //    of them; past that a token is dropped by x (its term of the output is 0). Priority
 //    goes by choice, then by token of the global batch (GShard): every token's first
-//    choice before any second choice (moe_plan's worked example). Validation and sampling drop nothing: capacity bounds the
-//    work of a training step, and a model judged with drops would be judged on a
-//    batch-dependent part.
+//    choice before any second choice (moe_plan's worked example). Validation and sampling
+//    drop nothing: capacity bounds the work of a training step, and a model judged with
+//    drops would be judged on a batch-dependent part.
 //  - Load balancing (Switch): aux = alpha X sum_x f_x P_x, with f_x the share of the batch's
 //    k B choices that went to x (before drops) and P_x the mean probability the router gave
 //    x. It is added to the objective and reported apart. f_x is a count (its gradient is 0),
@@ -166,7 +166,7 @@ typedef struct {
     // the plan (moe_plan, moe_dispatch), over the `ranks` ranks of the layout
     int ranks;
     int* kept;          // [ranks][X] tokens of rank q that expert x keeps
-    long* next_place;   // [k][X] moe_plan: the place this rank's next token takes in expert x's queue, choice j
+    long* next_place;   // [k][X] moe_plan: the place this rank's next choice j of x takes in x's queue
     char* keep;         // [rows][k] whether the capacity keeps token r's choice j
     int* routed_at;     // [rows][k] the routed row of token r's choice j, or -1: dropped
     int* next_row;      // [X] moe_dispatch: expert x's next routed row
@@ -174,13 +174,15 @@ typedef struct {
     int* expert_from;   // [ranks] expert rows from rank q's tokens: dispatch brings, combine sends back
     long n_routed, n_received; // their sums: this rank's routed rows, and its expert rows
     long routed_cap, received_cap; // the buffers' sizes, in rows
-    // this rank's tokens' side: n_routed rows, two buffers each used twice (the memory of
-    // max(K, H) floats a row), forward then backward
+    // this rank's tokens' side: n_routed rows in two buffers, each used forward then, with
+    // another width, backward (moe_reserve gives them max(K, H) floats a row)
     int* routed_token;  // [n_routed] the token each routed row is of
     float* routed_in;   // [n_routed][K] forward: the kept choices' input rows, which dispatch sends
-    float* routed_dout; // [n_routed][H] backward, in routed_in's memory: their output gradients, which combine's backward sends
+    float* routed_dout; // [n_routed][H] backward, in routed_in's memory: their output gradients,
+                        // which combine's backward sends
     float* routed_out;  // [n_routed][H] forward: their experts' outputs, which combine brings back
-    float* routed_din;  // [n_routed][K] backward, in routed_out's memory: their input gradients, which dispatch's backward brings
+    float* routed_din;  // [n_routed][K] backward, in routed_out's memory: their input gradients,
+                        // which dispatch's backward brings
     // this rank's experts' side: n_received rows, each kept for the backward
     float* expert_in;   // [n_received][K] inputs, from dispatch
     float* expert_out;  // [n_received][H] outputs, which combine sends back
@@ -323,8 +325,9 @@ static long moe_capacity(const Config* c, long n_total, int training) {
 //   routed_to                   rank 0: {3, 1}          rank 1: {0, 2}
 //   expert rows, by rank        rank 0: t1>0 t0>1 t1>1 |           rank 1: t0>2 | t3>2 t2>3
 //   expert_from                 rank 0: {3, 0}          rank 1: {1, 2}
-// (t0>2: t0's row for expert 2.) Rank 1's expert 2 runs on two blocks, its rows 0 and 1,
-// one from each rank; expert 3 on its row 2: the expert rows come by rank, then expert.
+// (t0>2: t0's row for expert 2; | parts the rows by rank.) Rank 1's expert 2 runs on two
+// blocks, its rows 0 and 1, one from each rank; expert 3 on its row 2: the expert rows come
+// by rank, then expert.
 static void moe_dispatch(const Config* c, MoeLayer* m, int rank, const int* x_first, int n);
 static void moe_plan(const Config* c, MoeLayer* m, const int* counts, int ranks, int rank, const int* x_first, int n,
                      long C) {

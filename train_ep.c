@@ -98,7 +98,21 @@ static void ep_init(Ep* p, Group* ep, Group* counts_to, const Config* c) {
 }
 static void ep_free(Ep* p) { free(p->x_first), free(p->all_counts), free(p->a2a); }
 
-static void ep_plan(Ep* p, const Config* c, MoeLayer* m, int n, int training, int64_t* aux);
+// The plan of a pass, once the router has chosen (ep_moe_forward's first step after it):
+// every rank's counts of choices all-gathered, so that every rank knows how many tokens
+// the batch has, which choices the capacity keeps and how many rows each rank sends each
+// other (moe.h's moe_plan); in training, the load-balancing loss (its exact terms of this
+// rank's tokens added to *aux). The ranks' tokens are the whole batch, contiguous ranges
+// of it in rank order.
+static void ep_plan(Ep* p, const Config* c, MoeLayer* m, int n, int training, int64_t* aux) {
+    int N = p->ep->size, me = p->ep->rank;
+    group_allgather(p->counts_to, m->counts, p->all_counts, (long)c->top_k * c->experts, MPI_INT); // all-gather
+    long n_total = moe_batch_tokens(c, p->all_counts, N), C = moe_capacity(c, n_total, training);
+    moe_plan(c, m, p->all_counts, N, me, p->x_first, n, C);
+    if (training) moe_balance(c, m, p->all_counts, N, me, n, n_total, C, aux);
+}
+
+// (below: dispatch and combine's MPI_Alltoallv, with its counts and displacements)
 static void ep_all_to_all(Ep* p, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
                           const char* what);
 
@@ -163,19 +177,6 @@ static void ep_moe_backward(Ep* p, const Config* c, const float* wr, const float
     moe_permute_backward(c, m, din, n); // plus each kept choice's input gradient from its expert
 }
 
-// The plan of a pass, once the router has chosen: every rank's counts of choices
-// all-gathered, so that every rank knows how many tokens the batch has, which choices the
-// capacity keeps and how many rows each rank sends each other (moe.h's moe_plan); in
-// training, the load-balancing loss (its exact terms of this rank's tokens added to *aux).
-// The ranks' tokens are the whole batch, contiguous ranges of it in rank order.
-static void ep_plan(Ep* p, const Config* c, MoeLayer* m, int n, int training, int64_t* aux) {
-    int N = p->ep->size, me = p->ep->rank;
-    group_allgather(p->counts_to, m->counts, p->all_counts, (long)c->top_k * c->experts, MPI_INT); // all-gather
-    long n_total = moe_batch_tokens(c, p->all_counts, N), C = moe_capacity(c, n_total, training);
-    moe_plan(c, m, p->all_counts, N, me, p->x_first, n, C);
-    if (training) moe_balance(c, m, p->all_counts, N, me, n, n_total, C, aux);
-}
-
 // An all-to-all of rows of `width` floats: send_rows[q] of them to rank q (the rows are in
 // rank order), recv_rows[q] of them from rank q, into recv in rank order. `what` names it
 // in traces and the timeline.
@@ -185,7 +186,8 @@ static void ep_all_to_all(Ep* p, const float* send, const int* send_rows, float*
     int *sc = p->a2a, *sd = sc + N, *rc = sd + N, *rd = rc + N;
     long s = 0, t = 0; // MPI counts are ints: the totals must fit one
     for (int q = 0; q < N; q++) s += (long)send_rows[q] * width, t += (long)recv_rows[q] * width;
-    if (s > INT_MAX || t > INT_MAX) fatal("%s: %ld floats, more than one MPI all-to-all sends; lower --batch", what, s > t ? s : t);
+    if (s > INT_MAX || t > INT_MAX)
+        fatal("%s: %ld floats, more than one MPI all-to-all sends; lower --batch", what, s > t ? s : t);
     for (int q = 0, so = 0, ro = 0; q < N; q++) {
         sc[q] = send_rows[q] * width, sd[q] = so, so += sc[q];
         rc[q] = recv_rows[q] * width, rd[q] = ro, ro += rc[q];
@@ -287,6 +289,8 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
             double t = trace_clock();
             int n = moe_unit_before(c, u, w, a, s, (int)(hi - lo), &in, &out, &r->work.ws);
             trace_event("compute", t, trace_clock(), 0, "forward %s", unit_name(c, u));
+            // the unit here (ep_layout): its shared parameters, the router's weight among them
+            // (moe_router_at: the MLP's first, the GPT's after attention and LayerNorms), then its experts
             ep_moe_forward(&r->experts, c, w + moe_router_at(c), w + moe_shared_params(c, u), &a->moe[u], in, out, n,
                            a->training, &a->aux, &r->work.ws);
             moe_unit_after(c, u, a, s, (int)(hi - lo));
