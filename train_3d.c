@@ -274,8 +274,8 @@ static void grid_plan(void* ctx, const Config* c, MoeLayer* m, int n, int traini
             if (all[e] >= 0 && r->keep[e]) kept[all[e]]++;
     }
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < k; j++) m->slot[(long)i * k + j] = r->keep[me * share + (long)m->token[i] * k + j] ? 0 : -1;
-    moe_dispatch(c, m, ep, n);
+        for (int j = 0; j < k; j++) m->keep[(long)i * k + j] = r->keep[me * share + (long)m->token[i] * k + j];
+    moe_dispatch(c, m, ep, r->experts.x_first, n);
     // the load-balancing loss, f_x over the whole batch (its counts, summed as one rank's)
     memset(place, 0, sizeof(int) * k * X);
     for (long i = 0; i < (long)r->D * Cp * share; i++)
@@ -302,7 +302,7 @@ static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Act
     gpt_moe_residual(a->out[u], ba.x1, m, s->tmp, k.all, c->emb);
     if (a->training) { // for the all-to-all's formula
         int me = r->experts.ep->rank;
-        r->routed[u] += (double)(m->n_sent - m->send_rows[me]) + (double)(m->n_recv - m->recv_rows[me]);
+        r->routed[u] += (double)(m->n_routed - m->routed_to[me]) + (double)(m->n_received - m->expert_from[me]);
     }
     trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
 }

@@ -1252,6 +1252,7 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     // N ranks
     MoeLayer m[4];
     long lo[4], hi[4], x_lo[4], x_hi[4];
+    int x_first[5] = {0};
     float *wq[4], *send[4], *recv[4];
     int64_t* gq[4];
     int *send_rows[4], *recv_rows[4], *counts = mallocCheck(sizeof(int) * N * k * X), ok = 1;
@@ -1260,6 +1261,7 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     for (int q = 0; q < N; q++) {
         split_range(n_total, N, q, &lo[q], &hi[q]);
         split_range(X, N, q, &x_lo[q], &x_hi[q]);
+        x_first[q + 1] = (int)x_hi[q];
         long n = nr + (x_hi[q] - x_lo[q]) * e.params;
         wq[q] = mallocCheck(sizeof(float) * n), gq[q] = callocCheck(n, sizeof(int64_t));
         memcpy(wq[q], w, sizeof(float) * nr); // the router, replicated
@@ -1268,32 +1270,32 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     }
     for (int q = 0; q < N; q++) {
         moe_route(&c, &m[q], in + lo[q] * K, wq[q], (int)(hi[q] - lo[q]), &ws);
-        memcpy(counts + (long)q * k * X, m[q].mine, sizeof(int) * k * X); // the all-gather
+        memcpy(counts + (long)q * k * X, m[q].counts, sizeof(int) * k * X); // the all-gather
     }
     long C = moe_capacity(&c, moe_batch_tokens(&c, counts, N), 1);
     for (int q = 0; q < N; q++) {
-        moe_plan(&c, &m[q], counts, N, q, (int)(hi[q] - lo[q]), C);
+        moe_plan(&c, &m[q], counts, N, q, x_first, (int)(hi[q] - lo[q]), C);
         moe_balance(&c, &m[q], counts, N, q, (int)(hi[q] - lo[q]), n_total, C, &aux);
         moe_permute(&m[q], in + lo[q] * K);
-        send_rows[q] = m[q].send_rows, recv_rows[q] = m[q].recv_rows;
+        send_rows[q] = m[q].routed_to, recv_rows[q] = m[q].expert_from;
     }
-    for (int q = 0; q < N; q++) send[q] = m[q].sent, recv[q] = m[q].recv_in;
+    for (int q = 0; q < N; q++) send[q] = m[q].routed_in, recv[q] = m[q].expert_in;
     ok &= sim_all_to_all(N, send, send_rows, recv, recv_rows, K); // dispatch
     for (int q = 0; q < N; q++) { // each rank's experts on what it received: by source rank, then expert
         MoeLayer* p = &m[q];
         for (int s = 0, at = 0; s < N; s++)
             for (int x = (int)x_lo[q]; x < x_hi[q]; at += p->kept[s * X + x], x++)
                 if (p->kept[s * X + x] > 0)
-                    expert_forward(&e, p->recv_h + (long)at * H, p->recv_saved + (long)at * e.saved,
-                                   p->recv_in + (long)at * K, wq[q] + nr + moe_expert_at(&e, x, (int)x_lo[q]),
+                    expert_forward(&e, p->expert_out + (long)at * H, p->expert_saved + (long)at * e.saved,
+                                   p->expert_in + (long)at * K, wq[q] + nr + moe_expert_at(&e, x, (int)x_lo[q]),
                                    p->kept[s * X + x], p->tmp, p->acc, &ws);
     }
-    for (int q = 0; q < N; q++) send[q] = m[q].recv_h, recv[q] = m[q].back;
+    for (int q = 0; q < N; q++) send[q] = m[q].expert_out, recv[q] = m[q].routed_out;
     ok &= sim_all_to_all(N, send, recv_rows, recv, send_rows, H); // combine
     for (int q = 0; q < N; q++) moe_unpermute(&c, &m[q], out + lo[q] * H, (int)(hi[q] - lo[q]));
     // backward
     for (int q = 0; q < N; q++) moe_unpermute_backward(&c, &m[q], dout + lo[q] * H, (int)(hi[q] - lo[q]));
-    for (int q = 0; q < N; q++) send[q] = m[q].sent, recv[q] = m[q].recv_d;
+    for (int q = 0; q < N; q++) send[q] = m[q].routed_dout, recv[q] = m[q].expert_dout;
     ok &= sim_all_to_all(N, send, send_rows, recv, recv_rows, H); // the output gradients to the experts
     for (int q = 0; q < N; q++) {
         MoeLayer* p = &m[q];
@@ -1301,13 +1303,13 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
             for (int x = (int)x_lo[q]; x < x_hi[q]; at += p->kept[s * X + x], x++)
                 if (p->kept[s * X + x] > 0) {
                     long off = nr + moe_expert_at(&e, x, (int)x_lo[q]);
-                    expert_backward(&e, p->recv_din + (long)at * K, gq[q] + off, p->recv_d + (long)at * H,
-                                    p->recv_in + (long)at * K, p->recv_h + (long)at * H,
-                                    p->recv_saved + (long)at * e.saved, wq[q] + off, p->kept[s * X + x], n_total,
+                    expert_backward(&e, p->expert_din + (long)at * K, gq[q] + off, p->expert_dout + (long)at * H,
+                                    p->expert_in + (long)at * K, p->expert_out + (long)at * H,
+                                    p->expert_saved + (long)at * e.saved, wq[q] + off, p->kept[s * X + x], n_total,
                                     p->tmp, p->acc, &ws);
                 }
     }
-    for (int q = 0; q < N; q++) send[q] = m[q].recv_din, recv[q] = m[q].back;
+    for (int q = 0; q < N; q++) send[q] = m[q].expert_din, recv[q] = m[q].routed_din;
     ok &= sim_all_to_all(N, send, recv_rows, recv, send_rows, K); // the input gradients back
     for (int q = 0; q < N; q++) {
         int n = (int)(hi[q] - lo[q]);
