@@ -99,8 +99,8 @@ typedef struct {
     float *m, *v;           // AdamW's state of this rank's shards [shard_off[n_units]] (NULL with SGD)
     int64_t* unit_grad;     // stages 2, 3: one unit's gradient over this rank's rows, then reduce-scattered
     float* gathered[2];     // stage 3: one unit's parameters, all-gathered (the second for --prefetch)
-    MPI_Request pending;    // --prefetch: the all-gather in flight, of unit pending_unit into
-    int pending_unit, pending_buf; // gathered[pending_buf] (-1: none)
+    MPI_Request pending;           // --prefetch: the all-gather in flight,
+    int pending_unit, pending_buf; // of unit pending_unit (-1: none) into gathered[pending_buf]
     long bytes_params, bytes_grads, bytes_opt; // what this rank holds, the "one unit" buffers included
 } Fsdp;
 
@@ -119,21 +119,21 @@ static void fsdp_init(Fsdp* f, int stage, int prefetch, Group* dp, const long* u
         f->shard_off[u + 1] = f->shard_off[u] + f->shard[u];
         if (N * f->shard[u] > biggest) biggest = N * f->shard[u];
     }
-    long whole = f->whole_off[n_units], mine = f->shard_off[n_units];
+    long n_whole = f->whole_off[n_units], n_shard = f->shard_off[n_units]; // elements of a whole_, a shard_ buffer
     // zeros: the padding stays zero
-    if (stage < 3) f->whole_params = callocCheck(whole, sizeof(float));
-    if (stage == 3) f->shard_params = callocCheck(mine, sizeof(float));
-    if (stage == 1) f->whole_grads = callocCheck(whole, sizeof(int64_t));
-    if (stage >= 2) f->shard_grads = callocCheck(mine, sizeof(int64_t));
+    if (stage < 3) f->whole_params = callocCheck(n_whole, sizeof(float));
+    if (stage == 3) f->shard_params = callocCheck(n_shard, sizeof(float));
+    if (stage == 1) f->whole_grads = callocCheck(n_whole, sizeof(int64_t));
+    if (stage >= 2) f->shard_grads = callocCheck(n_shard, sizeof(int64_t));
     if (stage >= 2) f->unit_grad = callocCheck(biggest, sizeof(int64_t));
-    if (adamw) f->m = callocCheck(mine, sizeof(float)), f->v = callocCheck(mine, sizeof(float));
+    if (adamw) f->m = callocCheck(n_shard, sizeof(float)), f->v = callocCheck(n_shard, sizeof(float));
     for (int b = 0; stage == 3 && b < 1 + f->prefetch; b++) f->gathered[b] = callocCheck(biggest, sizeof(float));
     f->pending = MPI_REQUEST_NULL;
     f->pending_unit = -1;
     // for the figures
-    f->bytes_params = (stage < 3 ? whole : mine + (1 + f->prefetch) * biggest) * (long)sizeof(float);
-    f->bytes_grads = (stage == 1 ? whole : mine + biggest) * (long)sizeof(int64_t);
-    f->bytes_opt = adamw ? 2 * mine * (long)sizeof(float) : 0;
+    f->bytes_params = (stage < 3 ? n_whole : n_shard + (1 + f->prefetch) * biggest) * (long)sizeof(float);
+    f->bytes_grads = (stage == 1 ? n_whole : n_shard + biggest) * (long)sizeof(int64_t);
+    f->bytes_opt = adamw ? 2 * n_shard * (long)sizeof(float) : 0;
 }
 
 static void fsdp_free(Fsdp* f) {
@@ -319,7 +319,8 @@ static void run_free(Run* r) {
 }
 
 // ----------------------------------------------------------------------------
-// the forward and backward passes: train.c's, unit by unit through the strategy's functions
+// the forward and backward passes: train.c's (model.h's model_forward_rows and model_backward),
+// unit by unit, each unit's parameters and gradient through the strategy's functions
 
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
     Run* r = ctx;
