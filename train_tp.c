@@ -49,10 +49,15 @@
  * Compare with ./train (--model gpt for the GPT): the same losses, names and final
  * checkpoint, whatever t. More, with the measured tables: docs/tp.md.
  *
- * Sections: the strategy (f and g; the MLP: column- and row-parallel layers, the
- * vocabulary-parallel embedding and loss; the GPT by heads: a block, its embedding and head;
- * sequence parallelism; the units); what only serves it (this rank's slices and buffers, the
- * formulas); then the program: the state of one run, the passes, options, main.
+ * Reading order: f and g and the two layers they join (the core, with the MLP's pair and the
+ * GPT's block); then, each on its own: the vocabulary-parallel embedding and loss, sequence
+ * parallelism (--sp), the units (with --recompute), this rank's slices and buffers, the
+ * formulas, and the program. Every layer's backward is by hand (layers.h), in two halves as
+ * train.c's units have it: the input gradient (I), then the weight gradients (W) from what I
+ * left in a stash; the pipelines of train_3d.c run them apart, this program one after the
+ * other. The sums split across ranks are exact (int64, kernels.h): the arguments named
+ * K_all or J_all are the whole layer's widths, which set the exact sum's range alike in every
+ * layout.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -78,7 +83,7 @@ typedef struct {
     int64_t* sum;                   // exact partial sums over this rank's slice, before f or g completes them
     int64_t* by_token;              // --sp: an input gradient's partial sums, by token
     int64_t* mine_sum;              // --sp: the sums of this rank's tokens
-    float* dx1_mine;                // the GPT: the gradient between a block's two halves, this rank's tokens
+    float* dres;                    // the GPT: the residual stream's gradient between a block's halves
     int64_t* ln_grad;               // [2][C] a LayerNorm's gradient of one pass
     float *probs, *gathered;        // sampling: the whole vocabulary's probabilities
     // train_3d.c's context axis plugs in here: attention over every context-parallel rank's
@@ -166,14 +171,14 @@ static void row_parallel_forward(Tp* tp, float* z, const float* x, const float* 
     linear_forward_partial(tp->sum, x, w, (int)tok.all, K, J, K_all, ws);    // over this rank's inputs
     g_forward(tp, tp->sum, b, z, J, tok);                                     // g
 }
-// The gradient of this rank's inputs needs only its rows of W (g's backward: the identity;
-// --sp: the output gradient's rows gathered). The whole output gradient goes to `dz_whole`
-// for the weight gradient.
-static void row_parallel_backward_input(Tp* tp, float* dx, float* dz_whole, float* dz, const float* w, int K, int J,
+// The gradient of this rank's inputs needs only its rows of W: dx = g_backward(dz) W[r, :]^T
+// (g's backward: the identity; --sp: every rank's rows of dz gathered). The whole dz is kept
+// in `dz_kept` for the weight gradient (the same buffer as dz will do, without --sp).
+static void row_parallel_backward_input(Tp* tp, float* dx, float* dz_kept, float* dz, const float* w, int K, int J,
                                         Tokens tok, Workspace* ws) {
     const float* whole = g_backward(tp, dz, tp->whole, J, tok);              // g backward
-    if (whole != dz_whole) memcpy(dz_whole, whole, (size_t)tok.all * J * sizeof(float));
-    linear_backward_input(dx, dz_whole, w, (int)tok.all, K, J, ws);
+    if (whole != dz_kept) memcpy(dz_kept, whole, (size_t)tok.all * J * sizeof(float));
+    linear_backward_input(dx, dz_kept, w, (int)tok.all, K, J, ws);
 }
 
 // ----------------------------------------------------------------------------
@@ -241,6 +246,8 @@ static void vocab_parallel_cross_entropy(Tp* tp, const Config* c, int split, int
 // the MLP's, so that train_3d.c can put a layer of experts in place of the MLP half.
 
 static BlockActs tp_block_acts(Tp* tp, const Acts* a, int u);
+static void tp_attention_forward(Tp* tp, BlockActs* ba, Scratch* s);
+static void tp_attention_backward(Tp* tp, const BlockActs* ba, const float* datty, float* dqkv, float* tmp, Scratch* s);
 static void layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
                             const float* rstd, long n, long terms);
 
@@ -251,8 +258,7 @@ static void tp_block_forward_attention(Tp* tp, const BlockParams* p, BlockActs* 
     int C = d->C, A = d->A;
     layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_g, p->ln1_b, tok.held, C);
     column_parallel_forward(tp, ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, C, 3 * A, tok, ws); // f; its heads' q, k, v
-    if (tp->attend) tp->attend(tp->attend_ctx, ba);                                      // (train_3d.c's context axis)
-    else attention_forward(ba->atty, ba->att, ba->qkv, d, s->tmp, s->acc);               // its heads: no communication
+    tp_attention_forward(tp, ba, s);                                                     // its heads: no communication
     row_parallel_forward(tp, ba->x1, ba->atty, p->proj_w, p->proj_b, A, C, C, tok, ws);  // over its heads; g
     for (long i = 0; i < tok.held * C; i++) ba->x1[i] += x[i];                           // residual
     layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->x1, p->ln2_g, p->ln2_b, tok.held, C);
@@ -292,12 +298,11 @@ static void tp_block_backward_input_attention(Tp* tp, const BlockParams* p, cons
     int C = d->C, A = d->A, F = d->F;
     float *datty = s->tmp, *small = s->tmp + tok.all * (F > A ? F : A); // attention's output gradient; its scratch
     // ln2's input gradient plus the residual's (layernorm_backward_input adds its 2nd argument)
-    layernorm_backward_input(tp->dx1_mine, s->dout, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, p->ln2_g, tok.held, C);
-    row_parallel_backward_input(tp, datty, st->dx1, tp->dx1_mine, p->proj_w, A, C, tok, ws); // g backward; its heads
-    if (tp->attend_backward) tp->attend_backward(tp->attend_ctx, ba, datty, st->dqkv);      // (train_3d.c)
-    else attention_backward(st->dqkv, datty, ba->qkv, ba->att, ba->atty, d, small, s->acc); // its heads
+    layernorm_backward_input(tp->dres, s->dout, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, p->ln2_g, tok.held, C);
+    row_parallel_backward_input(tp, datty, st->dx1, tp->dres, p->proj_w, A, C, tok, ws); // g backward; its heads
+    tp_attention_backward(tp, ba, datty, st->dqkv, small, s);                               // its heads
     column_parallel_backward_input(tp, st->dln1, st->dqkv, p->qkv_w, C, 3 * A, 3L * C, tok, ws); // f backward
-    layernorm_backward_input(s->din, tp->dx1_mine, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, p->ln1_g, tok.held, C);
+    layernorm_backward_input(s->din, tp->dres, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, p->ln1_g, tok.held, C);
 }
 static void tp_block_backward_input(Tp* tp, const float* w, Acts* a, int u, Scratch* s, int R, Tokens tok,
                                     Workspace* ws) {
@@ -369,27 +374,30 @@ static void tp_gpt_embedding_backward_weight(Tp* tp, const Config* c, int64_t* g
 static void tp_gpt_head_forward(Tp* tp, const Config* c, const float* w, Acts* a, long rows_total, Tokens tok,
                                 Workspace* ws) {
     int C = c->emb, u = c->layers + 1;
+    const float *lm_head = w, *ln_f_g = w + (long)C * tp->vs, *ln_f_b = ln_f_g + C; // this rank's [C][vs]; whole
     float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
-    layernorm_forward(ln, mean, rstd, a->out[u - 1], w + (long)C * tp->vs, w + (long)C * tp->vs + C, tok.held, C);
-    column_parallel_forward(tp, a->out[u], ln, w, NULL, C, tp->vs, tok, ws); // f; its vocabulary
+    layernorm_forward(ln, mean, rstd, a->out[u - 1], ln_f_g, ln_f_b, tok.held, C);
+    column_parallel_forward(tp, a->out[u], ln, lm_head, NULL, C, tp->vs, tok, ws); // f; its vocabulary
     vocab_parallel_cross_entropy(tp, c, 1, tp->vs, a, a->out[u], a->targets, (int)tok.all, rows_total * c->context);
 }
 static void tp_gpt_head_backward_input(Tp* tp, const Config* c, const float* w, Acts* a, Scratch* s, Tokens tok,
                                        Workspace* ws) {
     int C = c->emb, u = c->layers + 1;
+    const float *lm_head = w, *ln_f_g = w + (long)C * tp->vs;
     float *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
     float *dlogits = s->stash, *dln = s->stash + tok.all * tp->vs; // the stash: both, for the weight half
     xent_backward(dlogits, a->out[u], a->targets, (int)tok.all, tp->vs, v_lo(tp));
-    column_parallel_backward_input(tp, dln, dlogits, w, C, tp->vs, c->vocab, tok, ws); // f backward
-    layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, w + (long)C * tp->vs, tok.held, C);
+    column_parallel_backward_input(tp, dln, dlogits, lm_head, C, tp->vs, c->vocab, tok, ws); // f backward
+    layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, ln_f_g, tok.held, C);
 }
 static void tp_gpt_head_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* stash,
                                         Tokens tok, long terms, Workspace* ws) {
     int C = c->emb, u = c->layers + 1;
     float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
     const float *dlogits = stash, *dln = stash + tok.all * tp->vs;
-    column_parallel_backward_weight(tp, g, NULL, ln, dlogits, C, tp->vs, terms, tok, ws);
-    layernorm_grads(tp, g + (long)C * tp->vs, g + (long)C * tp->vs + C, dln, a->out[u - 1], mean, rstd, tok.held, terms);
+    int64_t *g_lm_head = g, *g_ln_f_g = g + (long)C * tp->vs, *g_ln_f_b = g_ln_f_g + C;
+    column_parallel_backward_weight(tp, g_lm_head, NULL, ln, dlogits, C, tp->vs, terms, tok, ws);
+    layernorm_grads(tp, g_ln_f_g, g_ln_f_b, dln, a->out[u - 1], mean, rstd, tok.held, terms);
 }
 
 // ----------------------------------------------------------------------------
@@ -526,8 +534,7 @@ static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Ac
     tp->dims.R = R;
     BlockActs ba = tp_block_acts(tp, a, u);
     if (c->recompute == RECOMPUTE_FULL) tp_block_forward(tp, w, a, u, s, tp_tokens(tp, R), ws);
-    else if (tp->attend) tp->attend(tp->attend_ctx, &ba);
-    else attention_forward(ba.atty, ba.att, ba.qkv, &tp->dims, s->tmp, s->acc);
+    else tp_attention_forward(tp, &ba, s);
     trace_event("compute", t0, trace_clock(), 0, "recompute %s", unit_name(c, u));
 }
 
@@ -548,6 +555,17 @@ static const float* tp_probs(Tp* tp, const Config* c, const Acts* a, int R, int 
             for (int v = 0; v < tp->vs && q * tp->vs + v < c->vocab; v++)
                 tp->probs[(long)r * c->vocab + q * tp->vs + v] = tp->gathered[((long)q * R + r) * tp->vs + v];
     return tp->probs;
+}
+
+// Attention on this rank's heads, whole: layers.h's, on the positions held. (train_3d.c's
+// context axis plugs in its own, over every context-parallel rank's positions: the hook.)
+static void tp_attention_forward(Tp* tp, BlockActs* ba, Scratch* s) {
+    if (tp->attend) tp->attend(tp->attend_ctx, ba);
+    else attention_forward(ba->atty, ba->att, ba->qkv, &tp->dims, s->tmp, s->acc);
+}
+static void tp_attention_backward(Tp* tp, const BlockActs* ba, const float* datty, float* dqkv, float* tmp, Scratch* s) {
+    if (tp->attend_backward) tp->attend_backward(tp->attend_ctx, ba, datty, dqkv);
+    else attention_backward(dqkv, datty, ba->qkv, ba->att, ba->atty, &tp->dims, tmp, s->acc);
 }
 
 // ----------------------------------------------------------------------------
@@ -581,7 +599,7 @@ static void tp_init(Tp* tp, Group* group, const Config* c, int rows, int sp) {
         tp->sum = mallocCheck((size_t)tokens * widest * sizeof(int64_t));
         tp->mine_sum = mallocCheck((size_t)(tokens / t + 1) * C * sizeof(int64_t));
         tp->by_token = sp ? mallocCheck((size_t)tokens * C * sizeof(int64_t)) : NULL;
-        tp->dx1_mine = mallocCheck((size_t)tokens * C * sizeof(float));
+        tp->dres = mallocCheck((size_t)tokens * C * sizeof(float));
         tp->ln_grad = mallocCheck(2L * C * sizeof(int64_t));
     }
     tp->probs = mallocCheck((size_t)rows * c->vocab * sizeof(float));
@@ -589,7 +607,7 @@ static void tp_init(Tp* tp, Group* group, const Config* c, int rows, int sp) {
 }
 static void tp_free(Tp* tp) {
     free(tp->probs), free(tp->gathered);
-    free(tp->whole), free(tp->sum), free(tp->by_token), free(tp->mine_sum), free(tp->dx1_mine), free(tp->ln_grad);
+    free(tp->whole), free(tp->sum), free(tp->by_token), free(tp->mine_sum), free(tp->dres), free(tp->ln_grad);
 }
 // Positions of a row this rank keeps of the per-token tensors (the residual stream, the
 // LayerNorms): every one held, or with --sp its share, ceil(Tq / t) (R rows of them cover
@@ -636,7 +654,8 @@ static double tp_mlp_sent_formula(const Tp* tp, const Config* c, int u_lo, int u
 // all-reduce of floats; the head's f and the loss's three all-reduces. With --sp each f and g
 // becomes a reduce-scatter of exact sums and an all-gather of floats, a rank gathers its
 // LayerNorms' outputs again for the weight gradients, and all-reduces their gain and bias
-// gradients.
+// gradients. With --recompute full, each block's forward runs again in backward: its two
+// collectives again.
 static double tp_gpt_sent_formula(const Tp* tp, const Config* c, int u_lo, int u_hi, double R) {
     double t = tp->group->size, N = R * tp->dims.Tq, C = c->emb, NC = N * C, bytes = 0;
     double all_reduce = 2 * (t - 1) / t, half = (t - 1) / t; // the share of its buffer each sends
@@ -650,6 +669,8 @@ static double tp_gpt_sent_formula(const Tp* tp, const Config* c, int u_lo, int u
         else if (u == c->layers + 1) bytes += tp->sp ? sp_f_or_g + regather + ln_grads + loss : f_or_g + loss;
         else if (tp->sp) bytes += 4 * sp_f_or_g + 2 * regather + 2 * ln_grads;
         else bytes += (is_moe(c, u) ? 2 : 4) * f_or_g;
+        if (u >= 1 && u <= c->layers && c->recompute == RECOMPUTE_FULL) // the forward's f and g, again in backward
+            bytes += 2 * (tp->sp ? sp_f_or_g : f_or_g);
     }
     return bytes;
 }
