@@ -934,8 +934,8 @@ section_schedules() {
         same_as sch_3d "schedules: train_3d 2 x 2 x 2, $sched, same as train.c" \
             $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --microbatches 2 --schedule $sched $flags
     done
-    # the activations every rank held at its peak (the executor's own count, over all its
-    # chunks at once) are what the schedule's formula says, for every schedule and layout
+    # the activations every rank holds at its peak (the executor's slots: its list's peak,
+    # over all its chunks at once) are what the schedule's formula says, for every schedule
     local runs=0 bad="" S M sched v
     for S in 2 3 4; do
         for M in 1 $((2 * S + 1)) $((3 * S)); do

@@ -105,10 +105,9 @@ static void drop(Action** lists, int S) {
     free(lists);
 }
 
-// The grid: every valid (schedule, S, V, M), with f = i = w = 1 and no latency. The bubble
-// must equal its closed form where the papers give one (zb1's when M >= S; below that, at
-// most 1f1b's), the peak its formula; zbv must idle no more than 1f1b, and less than 5% of
-// the time once M >= 4S.
+// The grid: every valid (schedule, S, V, M), with f = i = w = 1 and no latency. The bubble must equal its closed form where there is one (zb1's when M >= S;
+// below that, at most 1f1b's), the peak its formula; zbv must idle no more than 1f1b, and
+// less than 5% of the time once M >= 4S.
 static int grid(void) {
     long lists_checked = 0, failures = 0;
     Durations d = {1, 1, 1, 0};
@@ -145,20 +144,19 @@ static int grid(void) {
                     drop(lists, S);
                 }
     // and the checker itself must catch a broken list: a cycle of waits (rank 1 runs F of
-    // microbatch 1 first, which needs rank 0's F1, which comes after rank 0's B0, which needs
-    // rank 1's B0), an action run twice, and a W without its I
-    Action r0[] = {{'F', 0, 0}, {'B', 0, 0}, {'F', 0, 1}, {'B', 0, 1}}, r1[] = {{'F', 0, 1}, {'F', 0, 0}, {'B', 0, 0}, {'B', 0, 1}};
-    Action twice[] = {{'F', 0, 0}, {'F', 0, 0}, {'B', 0, 0}}, lone_w[] = {{'F', 0, 0}, {'W', 0, 0}};
-    Action* cycle[] = {r0, r1};
-    Action* one[] = {twice};
-    Action* w[] = {lone_w};
-    int n_cycle[] = {4, 4}, n_twice[] = {3}, n_w[] = {2};
-    Check c1 = schedule_check(SCHEDULE_1F1B, 2, 1, 2, cycle, n_cycle, d, NULL, NULL, 0);
-    Check c2 = schedule_check(SCHEDULE_1F1B, 1, 1, 1, one, n_twice, d, NULL, NULL, 0);
-    Check c3 = schedule_check(SCHEDULE_ZB1, 1, 1, 1, w, n_w, d, NULL, NULL, 0);
-    int caught = !c1.ok && strstr(c1.why, "deadlock") && !c2.ok && !c3.ok;
-    printf("%s the checker catches a cycle of waits (%s), an action run twice (%s), a W without its I (%s)\n",
-           caught ? "PASSED" : "FAILED", c1.why, c2.why, c3.why);
+    // microbatch 1 before B of 0; F1 comes from rank 0 after its B0, which needs rank 1's
+    // B0), an action run twice, a W without its I, and F's out of microbatch order
+    Action r0[] = {act('F', 0, 0), act('B', 0, 0), act('F', 0, 1), act('B', 0, 1)};
+    Action r1[] = {act('F', 1, 0), act('F', 1, 1), act('B', 1, 0), act('B', 1, 1)};
+    Action twice[] = {act('F', 0, 0), act('F', 0, 0), act('B', 0, 0)}, lone_w[] = {act('F', 0, 0), act('W', 0, 0)};
+    Action order[] = {act('F', 0, 1), act('F', 0, 0), act('B', 0, 0), act('B', 0, 1)};
+    Check c1 = schedule_check(SCHEDULE_1F1B, 2, 1, 2, (Action*[]){r0, r1}, (int[]){4, 4}, d, NULL, NULL, 0);
+    Check c2 = schedule_check(SCHEDULE_1F1B, 1, 1, 1, (Action*[]){twice}, (int[]){3}, d, NULL, NULL, 0);
+    Check c3 = schedule_check(SCHEDULE_ZB1, 1, 1, 1, (Action*[]){lone_w}, (int[]){2}, d, NULL, NULL, 0);
+    Check c4 = schedule_check(SCHEDULE_1F1B, 1, 1, 2, (Action*[]){order}, (int[]){4}, d, NULL, NULL, 0);
+    int caught = !c1.ok && strstr(c1.why, "deadlock") && !c2.ok && !c3.ok && !c4.ok && strstr(c4.why, "order");
+    printf("%s the checker catches a cycle of waits (%s), an action run twice (%s), a W without its I (%s), F's out "
+           "of microbatch order (%s)\n", caught ? "PASSED" : "FAILED", c1.why, c2.why, c3.why, c4.why);
     printf("%ld schedules checked (every rank's list of each), %ld failed\n", lists_checked, failures);
     return failures || !caught ? 1 : 0;
 }
@@ -251,11 +249,12 @@ static int one(const Run* run) {
     int sched = run->sched, S = run->S, V = run->V, M = run->M, counts[64];
     Durations d = run->d;
     Action** lists = build(sched, S, V, M, counts);
-    printf("%s, S=%d, V=%d, M=%d; F %g, I %g, W %g (B = I + W), latency %g\n", schedule_names[sched], S, V, M, d.f, d.i,
-           d.w, d.latency);
+    printf("%s, S=%d, V=%d, M=%d; F %g, I %g, W %g (B = I + W), latency %g\n", schedule_names[sched], S, V, M, d.f,
+           d.i, d.w, d.latency);
+    printf("  (each action: what, chunk.microbatch)\n");
     for (int r = 0; r < S; r++) {
         printf("  rank %d:", r);
-        for (int j = 0; j < counts[r]; j++) printf(" %c%d.%d", lists[r][j].op, chunk_global(sched, S, r, lists[r][j].chunk), lists[r][j].mb);
+        for (int j = 0; j < counts[r]; j++) printf(" %c%d.%d", lists[r][j].op, lists[r][j].chunk, lists[r][j].mb);
         printf("\n");
     }
     Check c = schedule_check(sched, S, V, M, lists, counts, d, NULL, NULL, 0);
