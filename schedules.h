@@ -10,6 +10,7 @@
  *   I    the input-gradient half of B: what chunk k-1 is waiting for, sent at once
  *   W    the weight-gradient half: needed by no one before the optimizer step, so a
  *        zero-bubble schedule runs it later, in time that would otherwise be idle
+ *   F&B  (DualPipeV) an F and a B of two microbatches as one action, run overlapped
  *
  * train_pp.c runs any list with one executor. The checker (schedule_check) runs the lists
  * with durations in place of computation; train_pp.c runs it on its lists before training.
@@ -17,11 +18,11 @@
  * Which rank holds chunk k (chunk_owner):
  *   naive, gpipe, 1f1b, zb1   one chunk a rank: rank r holds chunk r
  *   interleaved               V a rank, round-robin: r, r+S, r+2S, ...
- *   zbv                       two a rank, in a V: r on the way down, 2S-1-r on the way back
+ *   zbv, dualpipev            two a rank, in a V: r on the way down, 2S-1-r on the way back
  *                             up, so rank 0 holds the first and the last chunk
  *
  * Closed forms, each derived (or cited) where its list is built below. f, i, w: the time
- * of a chunk's F, I and W (b = i + w, a B); no latency. The bubble is the
+ * of a chunk's F, I and W (b = i + w, a B), fb of an F&B; no latency. The bubble is the
  * fraction of S x the step that ranks idle; peak activations of rank r count microbatches
  * through a whole stage (a chunk holds 1/V of one), over all its chunks at once.
  *
@@ -32,6 +33,7 @@
  *   interleaved  (S-1)/(V M+S-1)                      min(2(S-1-r)+(V-1)S+1, V M)/V  M a multiple of S
  *   zb1          (S-1)(f+i-w)/(M(f+b)+(S-1)(f+i-w))   min(S, M)              (bubble: M >= S)
  *   zbv          none: the checker measures it        min(S, M)
+ *   dualpipev    (S-1)(fb+b-3w)/(2M(f+b)+(S-1)(fb+b-3w))  S + 1/2            M >= 2S
  *
  * Sections: names and places; the schedules, one function each; the checker; the closed
  * forms as functions.
@@ -49,13 +51,15 @@
 // names and places
 
 typedef struct {
-    char op;       // 'F', 'B', 'I' or 'W'
-    int chunk, mb; // the chunk of the model (0..S V-1) and the microbatch
+    char op;          // 'F', 'B', 'I', 'W', or '&' for an F&B
+    int chunk, mb;    // the chunk of the model (0..S V-1) and the microbatch; of an F&B, its F's
+    int b_chunk, b_mb; // an F&B's B
 } Action;
-static Action act(char op, int chunk, int mb) { return (Action){op, chunk, mb}; }
+static Action act(char op, int chunk, int mb) { return (Action){op, chunk, mb, 0, 0}; }
 
-enum { SCHEDULE_NAIVE, SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB1, SCHEDULE_ZBV, N_SCHEDULES };
-static const char* const schedule_names[N_SCHEDULES] = {"naive", "gpipe", "1f1b", "interleaved", "zb1", "zbv"};
+enum { SCHEDULE_NAIVE, SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB1, SCHEDULE_ZBV,
+       SCHEDULE_DUALPIPEV, N_SCHEDULES };
+static const char* const schedule_names[N_SCHEDULES] = {"naive", "gpipe", "1f1b", "interleaved", "zb1", "zbv", "dualpipev"};
 
 // --schedule NAME: NULL, or the error message (written to err)
 static const char* schedule_parse(const char* value, int* sched, char* err, size_t n) {
@@ -64,12 +68,12 @@ static const char* schedule_parse(const char* value, int* sched, char* err, size
             *sched = s;
             return NULL;
         }
-    snprintf(err, n, "--schedule must be naive, gpipe, 1f1b, interleaved, zb1 or zbv, got '%s'", value);
+    snprintf(err, n, "--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev, got '%s'", value);
     return err;
 }
 
 // Whether the schedule's chunks form a V (rank 0 then holds the first and the last chunk).
-static int schedule_v_shaped(int sched) { return sched == SCHEDULE_ZBV; }
+static int schedule_v_shaped(int sched) { return sched == SCHEDULE_ZBV || sched == SCHEDULE_DUALPIPEV; }
 // Chunks per rank: --virtual for interleaved, 2 for the V-shaped, else 1.
 static int schedule_chunks(int sched, int virtual_stages) {
     return sched == SCHEDULE_INTERLEAVED ? virtual_stages : schedule_v_shaped(sched) ? 2 : 1;
@@ -93,6 +97,9 @@ static const char* schedule_rule(int sched, int S, int V, int M, char* err, size
     else if (sched == SCHEDULE_INTERLEAVED && V > 1 && M % S != 0)
         snprintf(err, n, "--schedule interleaved sends microbatches round the ranks in groups of S: the "
                  "microbatches (%d) must be a multiple of the stages (%d)", M, S);
+    else if (sched == SCHEDULE_DUALPIPEV && M < 2 * S)
+        snprintf(err, n, "--schedule dualpipev fills both arms of its V before its steady state: it needs at least "
+                 "2 x %d stages = %d microbatches, got %d (raise --microbatches to %d or more)", S, 2 * S, M, 2 * S);
     else
         return NULL;
     return err;
@@ -233,6 +240,62 @@ static void schedule_zbv(int S, int M, Action** lists, int* counts) {
     free(live);
 }
 
+// DualPipeV (DeepSeek's DualPipe cut in half, Sea AI Lab; deepseek-ai/DualPipe): ZB-V's
+// chunks, r going down and 2S-1-r coming back up, and a steady state of F&B's: the
+// forward of one microbatch overlapped with the backward of another, each hiding the
+// other's communication. Rank r, in eight phases (the down arm's chunk "d", the up arm's
+// "u"; every count for M >= 2S):
+//   1. 2(S-1-r) F(d)              fill the down arm
+//   2. r+1 x  F(d) F(u)           the turn: rank r's first microbatch comes back up
+//   3. S-1-r x  I(u) W(u) F(u)    a backward split so that its gradient leaves first
+//   4. M-2S+1+r x  F(d)&B(u), F(u)&B(d)   the steady state (on the last rank, the first
+//                                 F(d)&B(u) is an F then a B: the F needs no gradient)
+//   5. S-1-r x  B(u), F(u)&B(d)   the forwards run out
+//   6. r+1 x  B(u) B(d)           the drain; its last r+1 backwards are I's
+//   7. S-1-r x  W, I(d)           ... whose W's fill the drain's idle time, oldest first
+//   8. r+1 x  W
+// The peak: phases 1-2 leave 2S chunk activations; each F&B's F adds one before its B
+// frees one: 2S+1 chunks, S + 1/2 microbatches, on every rank (DualPipe's "PP+1" with PP =
+// 2S stages). The bubble, by DualPipe's README: (PP/2-1)(F&B+B-3W) = (S-1)(fb+b-3w) a rank.
+typedef struct {
+    Action* a;
+    int n, k[2], f[2], b[2]; // the list so far; the two arms' chunks, and their next F and B
+    int w_first, w_last;     // the I's whose W is pending: a[w_at[w_first..w_last-1]]
+    int* w_at;
+} Dual;
+enum { DOWN, UP };
+static void dual_f(Dual* d, int arm) { d->a[d->n++] = act('F', d->k[arm], d->f[arm]++); }
+static void dual_b(Dual* d, int arm, char op) { // 'B', or 'I' with its W pending
+    if (op == 'I') d->w_at[d->w_last++] = d->n;
+    d->a[d->n++] = act(op, d->k[arm], d->b[arm]++);
+}
+static void dual_w(Dual* d) {
+    const Action* i = &d->a[d->w_at[d->w_first++]];
+    d->a[d->n++] = act('W', i->chunk, i->mb);
+}
+static void dual_fb(Dual* d, int f_arm, int b_arm) {
+    d->a[d->n++] = (Action){'&', d->k[f_arm], d->f[f_arm]++, d->k[b_arm], d->b[b_arm]++};
+}
+static int schedule_dualpipev(int S, int V, int M, int r, Action* a) {
+    (void)V;
+    Dual d = {a, 0, {r, 2 * S - 1 - r}, {0, 0}, {0, 0}, 0, 0, mallocCheck(sizeof(int) * 2 * M)};
+    int last = r == S - 1;
+    for (int j = 0; j < 2 * (S - 1 - r); j++) dual_f(&d, DOWN);          // 1
+    for (int j = 0; j < r + 1; j++) dual_f(&d, DOWN), dual_f(&d, UP);     // 2
+    for (int j = 0; j < S - 1 - r; j++) dual_b(&d, UP, 'I'), dual_w(&d), dual_f(&d, UP); // 3
+    for (int j = 0; j < M - 2 * S + 1 + r; j++) {                        // 4
+        if (j == 0 && last) dual_f(&d, DOWN), dual_b(&d, UP, 'B');
+        else dual_fb(&d, DOWN, UP);
+        dual_fb(&d, UP, DOWN);
+    }
+    for (int j = 0; j < S - 1 - r; j++) dual_b(&d, UP, 'B'), dual_fb(&d, UP, DOWN); // 5
+    for (int j = 0; j < 2 * (r + 1); j++) dual_b(&d, j % 2 ? DOWN : UP, j < r + 1 ? 'B' : 'I'); // 6
+    for (int j = 0; j < S - 1 - r; j++) dual_w(&d), dual_b(&d, DOWN, 'I'); // 7
+    while (d.w_first < d.w_last) dual_w(&d);                              // 8
+    free(d.w_at);
+    return d.n;
+}
+
 // Every rank's list of a schedule: lists[r] needs room for 3 V M actions.
 static void schedule_build(int sched, int S, int V, int M, Action** lists, int* counts) {
     if (sched == SCHEDULE_ZBV) {
@@ -245,7 +308,15 @@ static void schedule_build(int sched, int S, int V, int M, Action** lists, int* 
         if (sched == SCHEDULE_1F1B) counts[r] = schedule_1f1b(S, V, M, r, lists[r]);
         if (sched == SCHEDULE_INTERLEAVED) counts[r] = schedule_interleaved(S, V, M, r, lists[r]);
         if (sched == SCHEDULE_ZB1) counts[r] = schedule_zb1(S, V, M, r, lists[r]);
+        if (sched == SCHEDULE_DUALPIPEV) counts[r] = schedule_dualpipev(S, V, M, r, lists[r]);
     }
+}
+
+// The computations of an action: itself, or an F&B's F and then its B. Returns how many.
+static int action_parts(const Action* a, Action part[2]) {
+    if (a->op != '&') return part[0] = *a, 1;
+    part[0] = act('F', a->chunk, a->mb), part[1] = act('B', a->b_chunk, a->b_mb);
+    return 2;
 }
 
 // ----------------------------------------------------------------------------
@@ -254,6 +325,7 @@ static void schedule_build(int sched, int S, int V, int M, Action** lists, int* 
 typedef struct {
     double f, i, w;  // durations of a chunk's F, I and W (B takes i + w)
     double latency;  // of a message between two ranks (none within a rank)
+    double fb;       // of an F&B: 0 for f + i + w, the two in turn (as on one core)
 } Durations;
 
 typedef struct {
@@ -299,15 +371,20 @@ static Check schedule_check(int sched, int S, int V, int M, Action* const* lists
     int *f_next = callocCheck(n_chunks, sizeof(int)), *b_next = callocCheck(n_chunks, sizeof(int));
     for (int r = 0; r < S && c.ok; r++)
         for (int j = 0; j < counts[r] && c.ok; j++) {
-            int k = lists[r][j].chunk, m = lists[r][j].mb, op = lists[r][j].op;
-            if (!op || !strchr("FBIW", op) || k < 0 || k >= n_chunks || m < 0 || m >= M)
-                check_fails(&c, "rank %d action %d is not an action of this pipeline", r, j);
-            else if (chunk_owner(sched, S, V, k, &v) != r)
-                check_fails(&c, "rank %d runs chunk %d, which it does not hold", r, k);
-            else if (op == 'F' && f_next[k]++ != m)
-                check_fails(&c, "chunk %d runs F of microbatch %d twice or out of microbatch order", k, m);
-            else if ((op == 'B' || op == 'I') && b_next[k]++ != m)
-                check_fails(&c, "chunk %d runs the backward of microbatch %d twice or out of microbatch order", k, m);
+            Action part[2];
+            int n = action_parts(&lists[r][j], part);
+            if (!strchr("FBIW&", lists[r][j].op) || lists[r][j].op == 0) n = 0, check_fails(&c, "rank %d action %d is not an action", r, j);
+            for (int q = 0; q < n && c.ok; q++) {
+                int k = part[q].chunk, m = part[q].mb, op = part[q].op;
+                if (k < 0 || k >= n_chunks || m < 0 || m >= M)
+                    check_fails(&c, "rank %d action %d is not an action of this pipeline", r, j);
+                else if (chunk_owner(sched, S, V, k, &v) != r)
+                    check_fails(&c, "rank %d runs chunk %d, which it does not hold", r, k);
+                else if (op == 'F' && f_next[k]++ != m)
+                    check_fails(&c, "chunk %d runs F of microbatch %d twice or out of microbatch order", k, m);
+                else if ((op == 'B' || op == 'I') && b_next[k]++ != m)
+                    check_fails(&c, "chunk %d runs the backward of microbatch %d twice or out of microbatch order", k, m);
+            }
         }
     // the lists run, a rank at a time as far as its inputs allow, until none can move
     double *f_end = mallocCheck(sizeof(double) * total), *b_end = mallocCheck(sizeof(double) * total),
@@ -320,29 +397,36 @@ static Check schedule_check(int sched, int S, int V, int M, Action* const* lists
         for (int r = 0; r < S && c.ok; r++)
             for (; next[r] < counts[r]; next[r]++) {
                 const Action* a = &lists[r][next[r]];
-                int k = a->chunk, op = a->op;
-                long x = (long)k * M + a->mb;
+                Action part[2];
+                int n = action_parts(a, part), waits = 0;
                 double start = free_at[r];
-                if (op == 'F' && k > 0) { // the activations of chunk k-1
-                    if (f_end[x - M] < 0) break;
-                    start = fmax(start, f_end[x - M] + (chunk_owner(sched, S, V, k - 1, &v) == r ? 0 : d.latency));
-                } else if (op == 'B' || op == 'I') { // its F, on this rank; the gradient of chunk k+1
-                    if (f_end[x] < 0) check_fails(&c, "rank %d runs %c of chunk %d microbatch %d before its F", r, op, k, a->mb);
-                    start = fmax(start, f_end[x]);
-                    if (k < n_chunks - 1) {
-                        if (b_end[x + M] < 0) break;
-                        start = fmax(start, b_end[x + M] + (chunk_owner(sched, S, V, k + 1, &v) == r ? 0 : d.latency));
+                for (int q = 0; q < n && !waits; q++) {
+                    int k = part[q].chunk, op = part[q].op;
+                    long x = (long)k * M + part[q].mb;
+                    if (op == 'F' && k > 0) { // the activations of chunk k-1
+                        if (f_end[x - M] < 0) waits = 1;
+                        else start = fmax(start, f_end[x - M] + (chunk_owner(sched, S, V, k - 1, &v) == r ? 0 : d.latency));
+                    } else if (op == 'B' || op == 'I') { // its F, on this rank; the gradient of chunk k+1
+                        if (f_end[x] < 0) check_fails(&c, "rank %d runs %c of chunk %d microbatch %d before its F", r, op, k, part[q].mb);
+                        start = fmax(start, f_end[x]);
+                        if (k == n_chunks - 1) continue;
+                        if (b_end[x + M] < 0) waits = 1;
+                        else start = fmax(start, b_end[x + M] + (chunk_owner(sched, S, V, k + 1, &v) == r ? 0 : d.latency));
+                    } else if (op == 'W') { // its I, on this rank
+                        if (b_end[x] < 0 || w_end[x] >= 0) check_fails(&c, "rank %d runs W of chunk %d microbatch %d twice or before its I", r, k, part[q].mb);
+                        start = fmax(start, b_end[x]);
                     }
-                } else if (op == 'W') { // its I, on this rank
-                    if (b_end[x] < 0 || w_end[x] >= 0) check_fails(&c, "rank %d runs W of chunk %d microbatch %d twice or before its I", r, k, a->mb);
-                    start = fmax(start, b_end[x]);
                 }
-                if (!c.ok) break;
-                double dur = op == 'F' ? d.f : op == 'I' ? d.i : op == 'W' ? d.w : d.i + d.w, end = start + dur;
-                if (op == 'F') f_end[x] = end, live[r] += 1.0 / V;
-                if (op == 'B' || op == 'I') b_end[x] = end;
-                if (op == 'B' || op == 'W') w_end[x] = end, live[r] -= 1.0 / V;
-                c.peak[r] = fmax(c.peak[r], live[r]);
+                if (waits || !c.ok) break;
+                double dur = a->op == 'F' ? d.f : a->op == 'I' ? d.i : a->op == 'W' ? d.w : a->op == 'B' ? d.i + d.w
+                           : d.fb > 0 ? d.fb : d.f + d.i + d.w, end = start + dur;
+                for (int q = 0; q < n; q++) { // an F&B's F holds its activations before its B frees others
+                    long x = (long)part[q].chunk * M + part[q].mb;
+                    if (part[q].op == 'F') f_end[x] = end, live[r] += 1.0 / V;
+                    if (part[q].op == 'B' || part[q].op == 'I') b_end[x] = end;
+                    if (part[q].op == 'B' || part[q].op == 'W') w_end[x] = end, live[r] -= 1.0 / V;
+                    c.peak[r] = fmax(c.peak[r], live[r]);
+                }
                 if (t0) t0[r * stride + next[r]] = start, t1[r * stride + next[r]] = end;
                 c.busy[r] += dur;
                 free_at[r] = c.end[r] = end;
@@ -374,13 +458,17 @@ static Check schedule_check(int sched, int S, int V, int M, Action* const* lists
 // checks each against the checker's run of the lists)
 
 static double schedule_bubble_formula(int sched, int S, int V, int M, Durations d) {
-    double b = d.i + d.w;
+    double b = d.i + d.w, fb = d.fb > 0 ? d.fb : d.f + b;
     if (sched == SCHEDULE_NAIVE) return (S - 1.0) / S;
     if (sched == SCHEDULE_GPIPE || sched == SCHEDULE_1F1B) return (S - 1.0) / (M + S - 1.0);
     if (sched == SCHEDULE_INTERLEAVED) return (S - 1.0) / ((double)V * M + S - 1.0);
     if (sched == SCHEDULE_ZB1) {
         double idle = (S - 1.0) * (d.f + d.i - d.w);
         return idle / (M * (d.f + b) + idle);
+    }
+    if (sched == SCHEDULE_DUALPIPEV) {
+        double idle = (S - 1.0) * (fb + b - 3 * d.w);
+        return idle / (2.0 * M * (d.f + b) + idle);
     }
     return -1;
 }
@@ -389,6 +477,7 @@ static double schedule_peak_formula(int sched, int S, int V, int M, int r) {
     if (sched == SCHEDULE_GPIPE) return M;
     if (sched == SCHEDULE_1F1B || (sched == SCHEDULE_INTERLEAVED && V == 1)) return S - r < M ? S - r : M;
     if (sched == SCHEDULE_ZB1 || sched == SCHEDULE_ZBV) return S < M ? S : M;
+    if (sched == SCHEDULE_DUALPIPEV) return S + 0.5;
     if (sched == SCHEDULE_INTERLEAVED) {
         int chunks = 2 * (S - 1 - r) + (V - 1) * S + 1;
         return (chunks < V * M ? chunks : V * M) / (double)V;

@@ -3,8 +3,8 @@
  * and each global batch into M microbatches that stream through them: activations flow
  * forward and gradients backward as point-to-point messages, in the order of a schedule,
  * which is for each rank a list of actions (schedules.h: naive, GPipe, 1F1B, interleaved
- * 1F1B, the zero-bubble ZB-H1 and ZB-V). It prints exactly what train.c prints for the
- * same flags, whatever the ranks, M and schedule.
+ * 1F1B, the zero-bubble ZB-H1 and ZB-V, DualPipeV). It prints exactly what train.c prints
+ * for the same flags, whatever the ranks, M and schedule.
  *
  *   rank 0: embedding, linear 1 --activations--> rank 1: linear 2 + loss
  *                               <--gradients----
@@ -22,7 +22,7 @@
  *
  *   make train_pp && mpirun -n 2 ./train_pp --layers 2 --microbatches 4 --schedule 1f1b
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule interleaved --virtual 2
- *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule zbv --timeline
+ *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule dualpipev --timeline
  *
  * Sections: the strategy (chunks of units; messages; the executor: for each action of the
  * list, receive, compute, send); what serves it (forward-only passes; the report: timeline,
@@ -132,12 +132,13 @@ typedef struct {
 } Pp;
 
 // The most (chunk, microbatch) activations a list holds at once: each from its F to its B
-// or W.
+// or W (an F&B's F holds its own before its B lets one go).
 static int pp_list_peak(const Action* a, int n) {
     int live = 0, peak = 0;
     for (int i = 0; i < n; i++) {
-        live += a[i].op == 'F' ? 1 : a[i].op == 'I' ? 0 : -1;
+        live += a[i].op == 'F' || a[i].op == '&';
         peak = live > peak ? live : peak;
+        live -= a[i].op == 'B' || a[i].op == 'W' || a[i].op == '&';
     }
     return peak;
 }
@@ -164,7 +165,7 @@ static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int 
     p->lists = mallocCheck(sizeof(Action*) * p->S), p->counts = mallocCheck(sizeof(int) * p->S);
     for (int r = 0; r < p->S; r++) p->lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
     schedule_build(sched, p->S, V, M, p->lists, p->counts);
-    Check check = schedule_check(sched, p->S, V, M, p->lists, p->counts, (Durations){1, 1, 1, 0}, NULL, NULL, 0);
+    Check check = schedule_check(sched, p->S, V, M, p->lists, p->counts, (Durations){1, 1, 1, 0, 0}, NULL, NULL, 0);
     if (!check.ok) fatal("internal: the %s schedule's lists fail the checker: %s", schedule_names[sched], check.why);
     p->actions = p->lists[p->rank], p->n_actions = p->counts[p->rank];
     for (int i = 0; i < p->n_actions; i++) p->split |= p->actions[i].op == 'W';
@@ -185,7 +186,7 @@ static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int 
     p->sent = mallocCheck(sizeof(MPI_Request) * 2 * V * M);
     for (int j = 0; j < 2 * V * M; j++) p->sent[j] = MPI_REQUEST_NULL;
     scratch_init(&p->scratch, c, pass_capacity > p->mb_rows ? pass_capacity : p->mb_rows);
-    p->timed = mallocCheck(sizeof(Timed) * (p->n_actions > 0 ? p->n_actions : 1));
+    p->timed = mallocCheck(sizeof(Timed) * 2 * (p->n_actions > 0 ? p->n_actions : 1));
 }
 
 static void pp_free(Pp* p) {
@@ -203,8 +204,8 @@ static void pp_free(Pp* p) {
 // receive waits for a message that cannot come. A message is a copy, in its own slot of
 // the outbox, never written again before the end of the step, where every send is waited
 // for (MPI_Wait on a send: its buffer may be written again; the data may still be on its
-// way). A message between two chunks of the same rank (where zbv turns round, or
-// interleaved on one rank) is not sent: the receiving chunk copies it from the outbox.
+// way). A message between two chunks of the same rank (where zbv and dualpipev turn round,
+// or interleaved on one rank) is not sent: the receiving chunk copies it from the outbox.
 
 enum { ACTIVATIONS, GRADIENT };
 
@@ -344,6 +345,13 @@ static int64_t pp_step(Pp* p, const Rows* rows) {
         if (a->op == 'F') pp_forward(p, rows, a->chunk, a->mb);
         if (a->op == 'B' || a->op == 'I') pp_backward(p, a->op, a->chunk, a->mb);
         if (a->op == 'W') pp_weight(p, a->chunk, a->mb);
+        if (a->op == '&') { // F&B (DualPipeV). Here the F, then the B. Overlapped, as DualPipe
+            // runs them, a rank would post both receives, run the two at once (two streams, or
+            // their layers interleaved) so that each one's communication (DeepSeek-V3's experts'
+            // all-to-alls) travels while the other computes, then send both: the same bits.
+            pp_forward(p, rows, a->chunk, a->mb);
+            pp_backward(p, 'B', a->b_chunk, a->b_mb);
+        }
     }
     pp_wait(p, 2 * p->V * p->M, p->sent); // every send of the step: the next step writes the slots again
     return p->loss;
@@ -389,7 +397,7 @@ static void pp_loss_to_first(Pp* p, int64_t* loss) {
 // The flags of a pipeline, in train_pp.c and in train_3d.c.
 #define PIPELINE_FLAGS                                                                                          \
     {"microbatches", "M", "microbatches per global batch, or per data-parallel share of it (default 4)"},     \
-    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1 or zbv (default 1f1b)"},            \
+    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev (default 1f1b)"},            \
     {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},             \
     {"timeline", NULL, "draw the last step's timeline, one row per pipeline rank (train_3d.c: tensor rank 0, data replica 0)"}
 
@@ -443,9 +451,10 @@ static double pp_acts_bytes(const Pp* p, const Config* c, const UnitSizes* sizes
     double held = 0, most = 0;
     for (int i = 0; i < p->n_actions; i++) {
         const Action* a = &p->actions[i];
-        if (a->op == 'F') held += pp_chunk_bytes(p, c, sizes, mb_rows, a->chunk);
-        if (a->op == 'B' || a->op == 'W') held -= pp_chunk_bytes(p, c, sizes, mb_rows, a->chunk);
+        if (a->op == 'F' || a->op == '&') held += pp_chunk_bytes(p, c, sizes, mb_rows, a->chunk);
         most = held > most ? held : most;
+        if (a->op == 'B' || a->op == 'W') held -= pp_chunk_bytes(p, c, sizes, mb_rows, a->chunk);
+        if (a->op == '&') held -= pp_chunk_bytes(p, c, sizes, mb_rows, a->b_chunk);
     }
     return most;
 }
@@ -473,7 +482,7 @@ static void pp_print_theory(const Pp* p) {
     if (p->rank == 0) {
         double mean[4];
         for (int q = 0; q < 4; q++) mean[q] = tot[4 + q] > 0 ? tot[q] / tot[4 + q] : 0;
-        Durations d = {mean[0], tot[6] > 0 ? mean[2] : mean[1] / 2, tot[7] > 0 ? mean[3] : mean[1] / 2, 0}; // B: half I, half W
+        Durations d = {mean[0], tot[6] > 0 ? mean[2] : mean[1] / 2, tot[7] > 0 ? mean[3] : mean[1] / 2, 0, 0}; // B: half I, half W
         Check c = schedule_check(p->sched, p->S, p->V, p->M, p->lists, p->counts, d, NULL, NULL, 0);
         double closed = schedule_bubble_formula(p->sched, p->S, p->V, p->M, d);
         printf("pipeline, %s: on average", schedule_names[p->sched]);
