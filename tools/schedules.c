@@ -210,7 +210,7 @@ static int svg(int argc, char** argv) {
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H, W, H);
     fprintf(f, "<text x=\"20\" y=\"22\" font-size=\"15\">Pipeline schedules, %d ranks, %d microbatches: one training step "
-               "each, measured (train_pp.c --trace) and simulated (F = I = W)</text>\n", S, M);
+               "each, %s (F = I = W)</text>\n", S, M, n_traces ? "measured (train_pp.c --trace) and simulated" : "simulated");
     fprintf(f, "<text x=\"20\" y=\"40\">F blue, B or I orange, W green (an F&amp;B: its F, then its B); white: the rank waits. Measured with more ranks "
                "than cores, waits include</text>\n<text x=\"20\" y=\"55\">other ranks' turns on a core; the simulation "
                "shows the schedule itself. Each row group: rank 0 at the top.</text>\n");
