@@ -347,9 +347,9 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
 // (Unit u if it is a block with experts of the chunk [lo, hi), else -1: the next unit whose
 // experts FSDP may prefetch.)
 static int next_moe(const Run* r, int u, int lo, int hi) { return u >= lo && u < hi && is_moe(&r->cfg, u) ? u : -1; }
-static void stage_forward(void* ctx, int v, Acts* a, Scratch* sc, int R, long rows_total) {
+static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
-    int lo = r->pipe.u_lo[v], hi = r->pipe.u_hi[v], T = r->cfg.context, Tq = r->context.Tq;
+    int T = r->cfg.context, Tq = r->context.Tq;
     a->training = r->training;
     for (int u = lo; u < hi; u++) {
         if (r->Cp > 1 && u == n_units(&r->cfg) - 1) // the head's, after the blocks (whose tokens are read from the
@@ -366,9 +366,8 @@ static void unit_weight(Run* r, int u, const Acts* a, const float* stash, int R,
     tp_unit_backward_weight(&r->tensor, &r->cfg, u, fsdp_unit_grads(&r->fsdp, u), a, stash, R, batch, &r->ws);
     fsdp_reduce_unit_grads(&r->fsdp, u);
 }
-static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
+static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    int lo = r->pipe.u_lo[v], hi = r->pipe.u_hi[v];
     for (int u = hi - 1; u >= lo; u--) {
         const float* w = fsdp_unit_params(&r->fsdp, u, u - 1 >= lo ? u - 1 : -1);
         if (is_moe(&r->cfg, u)) {
@@ -381,9 +380,9 @@ static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const*
         scratch_step_down(sc);
     }
 }
-static void stage_backward_weight(void* ctx, int v, const Acts* a, float* const* stash, int R, long batch) {
+static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    for (int u = r->pipe.u_lo[v]; u < r->pipe.u_hi[v]; u++)
+    for (int u = lo; u < hi; u++)
         if (!is_moe(&r->cfg, u)) unit_weight(r, u, a, stash[u], R, batch); // a block with experts ran whole at I
 }
 
@@ -693,8 +692,9 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, l
     }
     int G = r->D * r->Cp, k = c->top_k, X = c->experts;
     for (int v = 0; v < r->V; v++) {
-        axis[0] += tp_sent_formula(&r->tensor, c, r->pipe.u_lo[v], r->pipe.u_hi[v], (double)rows);
-        for (int u = r->pipe.u_lo[v]; u < r->pipe.u_hi[v]; u++) {
+        int lo = r->first[r->pipe.chunk[v]], hi = r->first[r->pipe.chunk[v] + 1];
+        axis[0] += tp_sent_formula(&r->tensor, c, lo, hi, (double)rows);
+        for (int u = lo; u < hi; u++) {
             if (u == 0 || u > c->layers) continue;
             if (r->Cp > 1) { // K and V of each block: train_cp.c's formula, at this rank's heads
                 double N = r->Cp, blk = (double)rows * r->context.Tq * r->tensor.dims.A;

@@ -894,7 +894,7 @@ section_pp() {
     expect_error 2 "--virtual applies to --schedule interleaved only" "pp: --virtual with another schedule is refused" -- $MPIRUN -n 2 ./train_pp --layers 4 --virtual 2
     expect_error 2 "--virtual must be an integer from 1 to 4, got '5'" "pp: --virtual 5 is refused" -- $MPIRUN -n 2 ./train_pp --layers 4 --schedule interleaved --virtual 5
     expect_error 2 "--microbatches must be an integer from 1 to 65536, got '0'" "pp: --microbatches 0 is refused" -- $MPIRUN -n 2 ./train_pp --microbatches 0
-    expect_error 2 "--schedule must be naive, gpipe, 1f1b, interleaved, zb1 or zbv, got 'zigzag'" "pp: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_pp --schedule zigzag
+    expect_error 2 "--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev, got 'zigzag'" "pp: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_pp --schedule zigzag
     expect_error 2 "a batch of 4 rows cannot be cut into 8 microbatches" "pp: a batch smaller than M is refused" -- $MPIRUN -n 2 ./train_pp --batch 4 --microbatches 8
 }
 
@@ -912,11 +912,12 @@ section_schedules() {
             reference sch_$layers$opt $flags
             for S in 2 3 4; do
                 for M in 1 2 4 6; do
-                    for sched in zb1 zbv interleaved; do
+                    for sched in zb1 zbv interleaved dualpipev; do
                         local chunks=1
                         [ $sched != zb1 ] && chunks=2
                         [ $((S * chunks)) -gt $((layers + 2)) ] && continue
                         [ $sched = interleaved ] && [ $((M % S)) != 0 ] && continue
+                        [ $sched = dualpipev ] && [ $M -lt $((2 * S)) ] && continue
                         same_as sch_$layers$opt "schedules: $sched, L=$layers, $S stages, $M microbatches, $opt, same as train.c" \
                             $MPIRUN -n $S ./train_pp $flags --microbatches $M --schedule $sched
                     done
@@ -934,15 +935,54 @@ section_schedules() {
         same_as sch_3d "schedules: train_3d 2 x 2 x 2, $sched, same as train.c" \
             $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --microbatches 2 --schedule $sched $flags
     done
-    # the activations every rank held at its peak (the executor's own count, over all its
-    # chunks at once) are what the schedule's formula says, for every schedule and layout
+    # DualPipeV (F&B actions: a forward and a backward of two microbatches as one action):
+    # the same bits as train.c on 2 and 4 ranks, the MLP and the GPT, and in train_3d
+    flags="--steps 20 --eval-every 10 --layers 6 --optimizer adamw --clip 0.5 --batch 24"
+    reference dpv $flags
+    for run_ in "2 4" "4 8" "4 11"; do
+        set -- $run_
+        same_as dpv "schedules: dualpipev, MLP, $1 ranks, $2 microbatches, same as train.c" \
+            $MPIRUN -n $1 ./train_pp --schedule dualpipev --microbatches $2 $flags
+    done
+    same_as dpv "schedules: dualpipev in train_3d --tp 2 --pp 2, same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 2 --dp 1 --pp 2 --schedule dualpipev --microbatches 4 $flags
+    same_as dpv "schedules: dualpipev in train_3d --dp 2 --pp 2 --zero 3, same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 1 --dp 2 --pp 2 --zero 3 --schedule dualpipev --microbatches 4 $flags
+    flags="--model gpt --emb 16 --heads 4 --layers 6 --samples 3 --steps 10 --eval-every 5 --clip 1"
+    reference dpv_gpt $flags
+    same_as dpv_gpt "schedules: dualpipev, GPT, 2 ranks, 4 microbatches, same as train.c" \
+        $MPIRUN -n 2 ./train_pp --schedule dualpipev --microbatches 4 $flags
+    same_as dpv_gpt "schedules: dualpipev, GPT, 4 ranks, 8 microbatches, same as train.c" \
+        $MPIRUN -n 4 ./train_pp --schedule dualpipev --microbatches 8 $flags
+    same_as dpv_gpt "schedules: dualpipev, GPT, train_3d --tp 2 --pp 2 --sp, same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 2 --dp 1 --pp 2 --sp --schedule dualpipev --microbatches 4 $flags
+    expect_error 2 "dualpipev .* needs at least 2 x 2 stages = 4 microbatches, got 3" \
+        "schedules: dualpipev with fewer than 2S microbatches is refused, saying how many it needs" \
+        -- $MPIRUN -n 2 ./train_pp --layers 2 --schedule dualpipev --microbatches 3
+    expect_error 2 "dualpipev .* needs at least 2 x 2 stages = 4 microbatches, got 2" \
+        "schedules: train_3d --schedule dualpipev with fewer than 2P microbatches is refused" \
+        -- $MPIRUN -n 2 ./train_3d --tp 1 --dp 1 --pp 2 --layers 2 --schedule dualpipev --microbatches 2
+    expect_error 2 "3 stages x 2 chunks = 6 chunks but the model has only 5 units" \
+        "schedules: dualpipev with more chunks (2 a rank) than units is refused" -- $MPIRUN -n 3 ./train_pp --layers 3 --schedule dualpipev
+    expect_error 2 "--virtual applies to --schedule interleaved only" "schedules: --virtual with dualpipev is refused" \
+        -- $MPIRUN -n 2 ./train_pp --layers 2 --schedule dualpipev --virtual 2
+    run "$TMP/dpv" tools/schedules dualpipev 4 2 8
+    check "schedules: the checker passes dualpipev's lists for 4 ranks and 8 microbatches, F&B actions on every rank, its bubble DualPipe's (S-1)(F&B+B-3W) ($(grep makespan "$TMP/dpv"))" \
+        bash -c "test \$(grep -c '^  rank [0-9]:.*F[0-9]*\.[0-9]*&B' '$TMP/dpv') = 4 && grep -q 'bubble 0.1111 of S x makespan (closed form 0.1111)' '$TMP/dpv'"
+    run "$TMP/tl" $MPIRUN -n 2 ./train_pp --layers 2 --microbatches 4 --schedule dualpipev --steps 5 --samples 0 --timeline
+    check "schedules: --timeline draws dualpipev's F&B's forward and backward, every microbatch on both stages" \
+        awk '/^  stage [0-9] \|/ { n++; for (m = 0; m < 4; m++) if (!index($0, m "") || !index($0, substr("abcd", m + 1, 1))) bad = 1 }
+             END { exit !(n == 2 && !bad) }' "$TMP/tl"
+    # the activations every rank holds at its peak (the executor's slots: its list's peak,
+    # over all its chunks at once) are what the schedule's formula says, for every schedule
     local runs=0 bad="" S M sched v
     for S in 2 3 4; do
         for M in 1 $((2 * S + 1)) $((3 * S)); do
-            for sched in naive gpipe 1f1b interleaved:2 interleaved:3 zb1 zbv; do
+            for sched in naive gpipe 1f1b interleaved:2 interleaved:3 zb1 zbv dualpipev; do
                 v=""
                 [ "${sched%:*}" != "$sched" ] && v="--virtual ${sched#*:}"
                 [ "${sched%:*}" = interleaved ] && [ $((M % S)) != 0 ] && continue
+                [ $sched = dualpipev ] && [ $M -lt $((2 * S)) ] && continue
                 run "$TMP/peak" $MPIRUN -n $S ./train_pp --layers 10 --hidden 16 --microbatches $M --schedule "${sched%:*}" $v \
                     --steps 2 --eval-every 0 --samples 0
                 runs=$((runs + 1))
@@ -952,7 +992,7 @@ section_schedules() {
             done
         done
     done
-    check "schedules: every rank's peak activations equal the formula, every schedule, S = 2..4, 3 M each, V = 2, 3 ($runs runs)${bad:+; differ:$bad}" \
+    check "schedules: every rank's peak activations equal the formula, every schedule, S = 2..4, 3 M each (2 for dualpipev), V = 2, 3 ($runs runs)${bad:+; differ:$bad}" \
         test -z "$bad"
     # schedules built in time linear in their actions, once per run: 16,384 microbatches
     # under a 5 s watchdog (the report used to build the schedule again, quadratic in M)
@@ -1026,7 +1066,7 @@ section_3d() {
     expect_error 2 "say how to arrange them" "3d: an ambiguous grid is refused" -- $MPIRUN -n 4 ./train_3d --tp 2
     expect_error 2 "--pp 4 but the model has only 3 units" "3d: more stages than units is refused" -- $MPIRUN -n 4 ./train_3d --pp 4 --dp 1
     expect_error 2 "leaves 4 rows for 8 microbatches" "3d: too few rows per replica for the microbatches is refused" -- $MPIRUN -n 4 ./train_3d --dp 4 --pp 1 --batch 16 --microbatches 8
-    expect_error 2 "--schedule must be naive, gpipe, 1f1b, interleaved, zb1 or zbv" "3d: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --schedule nope
+    expect_error 2 "--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev" "3d: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --schedule nope
     expect_error 2 "--prefetch applies to --zero 3 only" "3d: --prefetch with ZeRO-2 is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --zero 2 --prefetch
 }
 
