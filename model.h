@@ -625,6 +625,17 @@ static int64_t model_forward_rows(const Config* c, const float* params, Work* w,
 // probabilities [R][V] over the whole vocabulary (for sampling; model_probs).
 typedef int64_t (*ForwardFn)(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs);
 
+// --microbatches: rows [*first, *first + R) of a batch of B rows that rank q of N takes in
+// microbatch m of M: the batch cut into M microbatches of contiguous rows (32 into 3: 11, 11,
+// 10), each shared by the N ranks the same way. Returns R. (N = 1: the microbatch itself.)
+static int microbatch_rows(long B, int M, int m, int N, int q, long* first) {
+    long lo, hi, a, b;
+    split_range(B, M, m, &lo, &hi);
+    split_range(hi - lo, N, q, &a, &b);
+    *first = lo + a;
+    return (int)(b - a);
+}
+
 // Validation rows per forward pass (the result does not depend on it): the MLP's examples
 // are small; a GPT row is a whole name, T positions with their attention, so fewer.
 static int eval_rows(const Dataset* ds) { return ds->seq_len ? 32 : 256; }

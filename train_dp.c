@@ -103,6 +103,7 @@ static void backward_overlap(Run* r, int R, long B) {
     long top = r->st.n; // the bucket being filled: gradients [unit_offset(c, u), top)
     for (int u = n_units(c) - 1; u >= 0; u--) {
         long lo = unit_offset(c, u);
+        unit_recompute(c, u, r->st.params + lo, &r->work.acts, &r->work.scratch, R, &r->work.ws); // --recompute
         unit_backward(c, u, r->st.params + lo, r->st.grads + lo, &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
         scratch_step_down(&r->work.scratch);
         if ((top - lo) * (long)sizeof(int64_t) >= r->bucket_bytes || u == 0) { // the bucket is full, or the last
@@ -223,27 +224,32 @@ int main(int argc, char** argv) {
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
     long start = state_load(&run.st, &o, &run.ds, cfg);
-    long lo, hi; // this rank's rows of every global batch
-    split_range(o.batch, run.dp.size, run.dp.rank, &lo, &hi);
-    work_init(&run.work, cfg, pass_rows(&o, hi - lo), NULL);
-    char layout[128];
-    snprintf(layout, sizeof layout, "data parallel over %d ranks (%ld rows each at most), %s%s", run.dp.size,
-             hi - lo, run.sync_weights ? "weights averaged" : "gradients all-reduced",
+    int B = o.batch, M = o.microbatches;
+    long first;
+    int R = microbatch_rows(B, M, 0, run.dp.size, 0, &first); // the most rows a rank takes at once
+    work_init(&run.work, cfg, pass_rows(&o, R), NULL);
+    char layout[160];
+    snprintf(layout, sizeof layout, "data parallel over %d ranks (%d rows each at most), %s%s", run.dp.size,
+             R, run.sync_weights ? "weights averaged" : "gradients all-reduced",
              run.overlap ? " in buckets during backward" : "");
+    if (M > 1) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), "; %d microbatches", M);
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
-    int B = o.batch, R = (int)(hi - lo);
     Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
-        int64_t loss = forward(&run, &batch, lo, R, B, NULL); // this rank's R rows, [lo, hi) of the B
+        int64_t loss = 0;
         fix_zero(run.st.grads, np);
-        if (run.overlap) backward_overlap(&run, R, B); // --overlap: the same sums, all-reduced in buckets
-        else if (run.sync_weights) model_backward(cfg, run.st.params, run.st.grads, &run.work, R, B); // no all-reduce
-        else backward(&run, R, B); // the plain path: backward, then the all-reduce
+        for (int m = 0; m < M; m++) { // --microbatches: each adds its sums; the last one's backward all-reduces
+            int Rm = microbatch_rows(B, M, m, run.dp.size, run.dp.rank, &first); // this rank's rows of it
+            loss += forward(&run, &batch, first, Rm, B, NULL);
+            if (m < M - 1 || run.sync_weights) model_backward(cfg, run.st.params, run.st.grads, &run.work, Rm, B);
+            else if (run.overlap) backward_overlap(&run, Rm, B); // --overlap: the same sums, all-reduced in buckets
+            else backward(&run, Rm, B); // the plain path: backward, then the all-reduce
+        }
         group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
         if (run.sync_weights) {
             step_sync_weights(&run, &o.opt, n, step); // --sync weights: step on own rows, then average

@@ -333,16 +333,16 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
 }
 
 // Backward, last unit first; stages 2 and 3 reduce-scatter each unit's gradient as soon as
-// it is done, stage 1 all-reduces them all at the end.
+// it is done (stage 1 all-reduces them all once the step's microbatches are done: main).
 static void backward(Run* r, int R, long B) {
     const Config* c = &r->cfg;
     for (int u = n_units(c) - 1; u >= 0; u--) {
         const float* w = fsdp_unit_params(&r->f, u, u - 1);
+        unit_recompute(c, u, w, &r->work.acts, &r->work.scratch, R, &r->work.ws); // --recompute
         unit_backward(c, u, w, fsdp_unit_grads(&r->f, u), &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
         fsdp_reduce_unit_grads(&r->f, u);
         scratch_step_down(&r->work.scratch);
     }
-    fsdp_reduce_grads(&r->f);
 }
 
 // Mean loss over the whole validation split: each rank evaluates its share of it.
@@ -424,16 +424,18 @@ int main(int argc, char** argv) {
     run.mine = fsdp_holding(&run.f); // no rank builds the whole model to cut it
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
     fsdp_gather_params(&run.f);
-    long lo, hi; // this rank's rows of every global batch
-    split_range(o.batch, run.dp.size, run.dp.rank, &lo, &hi);
-    work_init(&run.work, cfg, pass_rows(&o, hi - lo), NULL);
-    char layout[128];
-    snprintf(layout, sizeof layout, "ZeRO stage %d over %d ranks (%ld rows each at most)%s", run.stage, run.dp.size,
-             hi - lo, run.prefetch ? ", prefetching the next unit" : "");
+    long first;
+    int R = microbatch_rows(o.batch, o.microbatches, 0, run.dp.size, 0, &first); // the most rows a rank takes at once
+    work_init(&run.work, cfg, pass_rows(&o, R), NULL);
+    char layout[160];
+    snprintf(layout, sizeof layout, "ZeRO stage %d over %d ranks (%d rows each at most)%s", run.stage, run.dp.size,
+             R, run.prefetch ? ", prefetching the next unit" : "");
+    if (o.microbatches > 1)
+        snprintf(layout + strlen(layout), sizeof layout - strlen(layout), "; %d microbatches", o.microbatches);
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
-    int B = o.batch, R = (int)(hi - lo);
+    int B = o.batch, M = o.microbatches;
     GradSpan spans[MAX_LAYERS + 2];
     int n_spans = fsdp_grad_spans(&run.f, spans);
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
@@ -441,9 +443,15 @@ int main(int argc, char** argv) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
-        int64_t loss = forward(&run, &batch, lo, R, B, NULL); // this rank's R rows, [lo, hi) of the B
+        int64_t loss = 0;
         fsdp_zero_grads(&run.f);
-        backward(&run, R, B);
+        for (int m = 0; m < M; m++) { // --microbatches: each microbatch's gradients added (reduce-scattered each time)
+            long first;
+            int Rm = microbatch_rows(B, M, m, run.dp.size, run.dp.rank, &first); // this rank's rows of it
+            loss += forward(&run, &batch, first, Rm, B, NULL);
+            backward(&run, Rm, B);
+        }
+        fsdp_reduce_grads(&run.f); // stage 1: all-reduce every gradient
         group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
         float scale = clip_factor(&o.opt, spans, n_spans, n, group_norm, &run.dp); // the norm over every shard
         fsdp_step(&run.f, &o.opt, grad_factor(n), scale, step);

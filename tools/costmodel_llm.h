@@ -77,8 +77,7 @@ typedef struct {
     int comm_sms;                  // SMs the communication kernels take while they run beside compute (0: none)
 } Practice;
 
-enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
-static const char* const recompute_names[] = {"none", "selective", "full"};
+// RECOMPUTE_NONE, _SELECTIVE and _FULL, and their names: config.h's, as the programs take them
 
 typedef struct {
     int tp, cp, pp, dp, ep, zero, sp, recompute;
