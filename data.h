@@ -82,7 +82,7 @@ typedef struct {
 // What a path that is not a regular file is, for messages.
 static const char* file_kind(mode_t mode) {
     return S_ISDIR(mode) ? "a folder" : S_ISFIFO(mode) ? "a named pipe" : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
-         : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+         : S_ISSOCK(mode) ? "a socket" : S_ISLNK(mode) ? "a symbolic link" : "not a regular file";
 }
 
 // Opens an input (the data, a checkpoint, a log) without ever waiting: opening a named pipe

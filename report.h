@@ -114,7 +114,6 @@ static void watchdog_wind(const Options* o) {
 // its lines after S (steps trained after the last checkpoint, before a kill) are cut, and
 // training appends from S + 1. Another log is refused unless --log-overwrite says to
 // replace it (cli.h has refused, before this, any file that is not a log of this project).
-#define LOG_LINE_MAX 256
 // NULL if the log at `path` is this run's up to step S (and *end is the offset after its line
 // of step S), or why it is not.
 static const char* log_is_this_run(const char* path, int moe, long S, uint64_t losses, long* end) {
@@ -148,7 +147,7 @@ static const char* log_is_this_run(const char* path, int moe, long S, uint64_t l
 }
 static FILE* log_open(const Options* o) {
     int moe = o->model.experts > 0;
-    if (o->load && !o->log_overwrite && path_holds(o->log, LOG_HEADER) == PATH_OURS) {
+    if (o->load && !o->log_overwrite && path_holds(o->log, log_recognise) == PATH_OURS) {
         long end = 0;
         const char* why = log_is_this_run(o->log, moe, ckpt_losses.step, ckpt_losses.sum, &end);
         if (why)
@@ -308,8 +307,8 @@ static void figures_print(const Figures* f, int n, const char* sent_words, const
 static void summary_write(const char* path, const char* program, const char* layout, double val_loss,
                           const Progress* pr, const Figures* f, int n, const int* names, int max_len,
                           const Dataset* ds) {
-    FILE* out = fopen(path, "w");
-    if (!out) fatal("cannot create summary '%s': %s", path, strerror(errno));
+    WholeFile whole;
+    FILE* out = whole_open(&whole, path, "summary");
     fprintf(out, "program=%s\nlayout=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
             layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
     for (int i = 0; i < pr->o->samples; i++) {
@@ -323,7 +322,7 @@ static void summary_write(const char* path, const char* program, const char* lay
                 q, f[q].sent, f[q].sent_axis[0], f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_axis[3], f[q].sent_axis[4],
                 f[q].sent_formula, f[q].received,
                 f[q].params, f[q].grads, f[q].optim, f[q].acts, f[q].mem_formula, f[q].bubble, f[q].messages);
-    if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
+    whole_close(&whole);
 }
 
 // What a program says of itself in its report: its name, its layout, and the formulas
@@ -430,18 +429,18 @@ static void draw_timeline(int lanes, const char* lane_name, int n, const double*
 // or to process 0 if proc is NULL): open it in https://ui.perfetto.dev or
 // chrome://tracing. One event per line, times in microseconds since the first event.
 static void trace_write(const char* path, const TraceEvent* events, const int* proc, long n) {
-    FILE* f = fopen(path, "w");
-    if (!f) fatal("cannot create trace '%s': %s", path, strerror(errno));
+    WholeFile whole;
+    FILE* f = whole_open(&whole, path, "trace");
     double start = n ? events[0].t0 : 0;
     for (long i = 0; i < n; i++) start = events[i].t0 < start ? events[i].t0 : start;
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    fprintf(f, "%s\n", TRACE_FIRST_LINE);
     for (long i = 0; i < n; i++)
         fprintf(f, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, "
                    "\"dur\": %.3f, \"args\": {\"bytes\": %.0f}}%s\n",
                 events[i].name, events[i].cat, proc ? proc[i] : 0, 1e6 * (events[i].t0 - start), 1e6 * (events[i].t1 - events[i].t0),
                 events[i].bytes, i + 1 < n ? "," : "");
     fprintf(f, "]}\n");
-    if (fclose(f) != 0) fatal("cannot write trace '%s': %s", path, strerror(errno));
+    whole_close(&whole);
 }
 
 // The end of train.c: the names sampled with its forward pass, the report, the --trace.
