@@ -278,11 +278,19 @@ static void fatal_end_job(const char* message) {
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+// A deliberate end before the program's own (util.h's exit_program): every rank calls it.
+static void dist_exit_program(int status) {
+    MPI_Finalize();
+    exit(status);
+}
+
 static void dist_init(int* argc, char*** argv) {
     MPI_Init(argc, argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     fatal_end = fatal_end_job; // from now on, fatal() ends every rank (util.h, "fatal errors")
+    exit_program = dist_exit_program;
+    prints_for_job = world_rank == 0;
 }
 
 __attribute__((format(printf, 3, 4), noreturn)) static void dist_exit(int status, const char* run_line,

@@ -82,13 +82,23 @@ typedef struct {
     double aux;          // --experts: the load-balancing loss of the step ending (the program sets it)
     double aux_sum, interval_aux, aux_last;
     double t0;       // when the current step began
+    int stopped;     // a signal stopped training (step_end): save_at ends the run, EXIT_STOPPED
 } Progress;
 
 // SIGINT or SIGTERM with --save: the first asks training to stop after the current step,
-// with a checkpoint; a second ends the process at once.
+// with a checkpoint, and the run then ends with status EXIT_STOPPED (util.h); a second, a
+// second or more later, ends the process at once. Signals within a second of the first are
+// the same request, come by
+// several ways: a scheduler signals every process of a job, and mpirun forwards what it got
+// to the ranks too, so a rank may get two at once and must still save.
 static volatile sig_atomic_t stop_signals;
+static struct timespec stop_first; // when the first came (CLOCK_MONOTONIC)
 static void on_stop_signal(int sig) {
-    if (stop_signals++) signal(sig, SIG_DFL), raise(sig);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now); // async-signal-safe
+    long ms = (now.tv_sec - stop_first.tv_sec) * 1000L + (now.tv_nsec - stop_first.tv_nsec) / 1000000L;
+    if (stop_signals && ms >= 1000) signal(sig, SIG_DFL), raise(sig);
+    if (!stop_signals++) stop_first = now;
 }
 
 // --timeout: when no training step has begun for that long, a rank is stuck (a stopped or
@@ -229,13 +239,27 @@ static void step_begin(Progress* p, long step) {
     step_window_open((p->o->trace || p->record_last) && step == p->o->steps);
     p->t0 = now_seconds();
 }
-// The checkpoint of --save at `step`, unless it is written already.
+static void progress_end(Progress* p) {
+    if (p->o->timeout > 0) alarm((unsigned)p->o->timeout); // validation and sampling: one more span
+    if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
+    p->log = NULL;
+}
+// The checkpoint of --save at `step`, unless it is written already. After training a signal
+// stopped (step_end), the run ends here, its checkpoint written and its log closed, with
+// status EXIT_STOPPED (util.h: 75, "stopped: resume it"), not 0, which says it finished; in
+// an MPI program every rank ends so, together (dist.h's dist_init).
 static void save_at(Progress* p, long step) {
-    if (!p->o->save || p->saved == step) return;
-    watchdog_wind(p->o); // a finished run is not stopped before its checkpoint is written
-    if (p->log && fflush(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno)); // the log holds what the checkpoint records
-    p->save(p->save_ctx, p->o, step);
-    p->saved = step;
+    if (p->o->save && p->saved != step) {
+        watchdog_wind(p->o); // a finished run is not stopped before its checkpoint is written
+        if (p->log && fflush(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno)); // the log holds what the checkpoint records
+        p->save(p->save_ctx, p->o, step);
+        p->saved = step;
+    }
+    if (p->stopped) {
+        progress_end(p);
+        if (fflush(stdout) != 0 || ferror(stdout)) fatal("cannot write to the standard output: %s", strerror(errno));
+        exit_program(EXIT_STOPPED);
+    }
 }
 
 // A training step ends, with its mean training loss; `validate` runs when a progress line
@@ -251,14 +275,10 @@ static int step_end(Progress* p, long step, double train_loss, ValidateFn valida
     int stop = p->agree ? p->agree(stop_signals > 0) : stop_signals > 0;
     if (stop || (p->o->save_every > 0 && step % p->o->save_every == 0)) save_at(p, step);
     if (stop && p->printing)
-        fprintf(stderr, "stopped by a signal after step %ld: checkpoint '%s' written; resume with --load %s\n", step,
-                p->o->save, p->o->save);
+        fprintf(stderr, "stopped by a signal after step %ld: checkpoint '%s' written; resume with --load %s (exit status "
+                "%d: stopped, not finished)\n", step, p->o->save, p->o->save, EXIT_STOPPED);
+    p->stopped = stop; // the caller breaks out of its loop, and save_at ends the run
     return stop;
-}
-static void progress_end(Progress* p) {
-    if (p->o->timeout > 0) alarm((unsigned)p->o->timeout); // validation and sampling: one more span
-    if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
-    p->log = NULL;
 }
 
 // ----------------------------------------------------------------------------
