@@ -65,6 +65,7 @@ typedef struct {
                                     // pages without a character of the file are NULL (dataset_token)
     int n_lines, n_train, n_val;    // lines [0, n_train) train, [n_train, n_lines) validate
     int max_len;                    // longest line, in characters
+    long max_len_line;              // its line number in the file (the first, if several)
     int32_t* tokens;                // every line's tokens, concatenated, in split order
     long* line_start;               // [n_lines] offset of each line in tokens
     int* line_len;                  // [n_lines], in characters
@@ -224,6 +225,7 @@ static void dataset_load(Dataset* ds, const char* path, int max_line, uint64_t s
             }
             start[n] = (long)pos;
             len[n] = (int)column;
+            if (column > ds->max_len) ds->max_len = (int)column, ds->max_len_line = line_no;
             total += column;
             n++;
         }

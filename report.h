@@ -44,9 +44,13 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
     fflush(stdout);
 }
 
-static void print_results(double val_loss, long n_val, double seconds, long steps, int batch, const int* names,
-                          int n_names, int max_len, const Dataset* ds, int quiet) {
-    printf("validation loss %.4f (%ld examples)\n", val_loss, n_val);
+// The validation loss is the mean over the validation split's targets (model.h's mean_loss),
+// and the count printed is theirs: the MLP's examples, a target each; the GPT's characters
+// and ends of its lines within --context (a line cut by it scores its first T characters).
+static void print_results(double val_loss, double seconds, long steps, int batch, const int* names, int n_names,
+                          int max_len, const Dataset* ds, int quiet) {
+    if (ds->seq_len) printf("validation loss %.4f (%ld targets, in %d lines)\n", val_loss, ds->n_val_targets, ds->n_val);
+    else printf("validation loss %.4f (%ld examples)\n", val_loss, ds->n_val_targets);
     if (!quiet && steps > 0)
         printf("training time %.2f s: %.4f ms/step, %.0f tokens/s\n", seconds, 1e3 * seconds / steps,
                seconds > 0 ? (double)steps * batch / seconds : 0.0);
@@ -360,7 +364,7 @@ typedef struct {
 static void report_print(const Options* o, const Report* rep, Progress* pr, double val_loss, const int* names,
                          const Dataset* ds, const Figures* all, int n) {
     progress_end(pr);
-    print_results(val_loss, ds->n_val_examples, pr->seconds, pr->steps, o->batch, names, o->samples, ds->max_len, ds,
+    print_results(val_loss, pr->seconds, pr->steps, o->batch, names, o->samples, ds->max_len, ds,
                   o->quiet);
     if (!o->quiet) figures_print(all, n, rep->sent_words, rep->mem_words);
     if (o->summary) summary_write(o->summary, rep->program, rep->layout, val_loss, pr, all, n, names, ds->max_len, ds);
