@@ -101,7 +101,7 @@ static void cli_usage_flag(FILE* f, const CliFlag* flag) {
     fprintf(f, "  %-22s %s\n", left, flag->help);
 }
 static void cli_usage(FILE* f, const char* run_line, const CliFlag* extra, int n_extra) {
-    fprintf(f, "usage: %s [flags]\n", run_line);
+    fprintf(f, "usage: %s [flags] (each flag once)\n", run_line);
     for (int i = 0; i < n_extra; i++) cli_usage_flag(f, &extra[i]);
     for (int i = 0; i < CLI_N_COMMON; i++) cli_usage_flag(f, &cli_common[i]);
 }
@@ -521,6 +521,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
 #endif
     *err = NULL;
     int c;
+    const char* first[CLI_N_COMMON + 32]; // each flag's value where it was given (or "" for a switch), or NULL
+    for (int i = 0; i < n; i++) first[i] = NULL;
     while (!*err && (c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
         if (c == '?' || c == ':') {
             const char* bad = argv[optind - 1];
@@ -528,6 +530,20 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
             *err = cli_error;
             break;
         }
+        // a flag given twice is refused, as every tool of the project does: the last one does
+        // not silently win (a run line built from pieces, one of them stale, says so)
+        int index = c >= 2000 ? CLI_N_COMMON + c - 2000 : c - 1000;
+        if (index >= 0 && index < n && first[index]) {
+            const char* flag = c >= 2000 ? extra[c - 2000].name : cli_common[c - 1000].name;
+            if (optarg)
+                snprintf(cli_error, sizeof cli_error, "--%s is given twice ('%s', then '%s'): give each flag once", flag,
+                         first[index], optarg);
+            else
+                snprintf(cli_error, sizeof cli_error, "--%s is given twice: give each flag once", flag);
+            *err = cli_error;
+            break;
+        }
+        if (index >= 0 && index < n) first[index] = optarg ? optarg : "";
         if (c >= 2000) {
             *err = handle(ctx, c - 2000, optarg);
             continue;

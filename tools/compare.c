@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
     fatal_end = fatal_exit_2;
     float tol = 0;
     int a = 1;
+    for (int i = 3; i < argc; i++) // one rule for every program and tool: a flag given twice is refused
+        if (!strcmp(argv[i], "--tolerance") && argc > 1 && !strcmp(argv[1], "--tolerance"))
+            fatal("--tolerance is given twice: give each flag once");
     if (argc > 1 && !strcmp(argv[1], "--tolerance")) {
         const char* err = argc > 2 ? cli_float("tolerance", argv[2], 0.0, 1.0, 0, &tol) : "--tolerance needs a value";
         if (err) fatal("%s", err);

@@ -63,6 +63,9 @@ static const char* parse_run(int argc, char** argv, Run* run) {
         int latency = !strcmp(flag, "--latency");
         if (strcmp(flag, "--f") && strcmp(flag, "--i") && strcmp(flag, "--w") && !latency)
             return snprintf(cli_error, sizeof cli_error, "unknown flag '%s'", flag), cli_error;
+        for (int j = 5; j < i; j += 2) // one rule for every program and tool: a flag given twice is refused
+            if (!strcmp(argv[j], flag))
+                return snprintf(cli_error, sizeof cli_error, "%s is given twice: give each flag once", flag), cli_error;
         if (i + 1 == argc) return snprintf(cli_error, sizeof cli_error, "%s needs a value", flag), cli_error;
         if ((err = cli_float(flag + 2, argv[i + 1], 0, 1e6, !latency, &x))) return err; // durations above 0
         double* to = latency ? &run->d.latency : flag[2] == 'f' ? &run->d.f : flag[2] == 'i' ? &run->d.i : &run->d.w;
