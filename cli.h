@@ -70,7 +70,7 @@ static const CliFlag cli_common[] = {
     {"layers", "N", "mlp: hidden layers L (default 1); gpt: blocks (default 4)"},
     {"heads", "N", "gpt: attention heads, dividing --emb (default 4)"},
     {"experts", "X", "make every hidden layer (mlp) or every block's MLP (gpt) a mixture of X experts (default 0: "
-                     "dense; train.c and train_ep.c)"},
+                     "dense; train.c, train_ep.c, and the GPT's train_3d.c --ep)"},
     {"top-k", "K", "with --experts: experts per token, 1 or 2 (default 1)"},
     {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (gpt: its "
                       "positions with a target) (default 1.25)"},

@@ -332,11 +332,12 @@ static void dist_parse_or_exit(Options* o, int argc, char** argv, const char* ru
     exit(rc == 1 ? 0 : 2);
 }
 
-// The programs that train the dense model only: --experts belongs to train.c and train_ep.c.
+// The programs that train the dense model only: --experts belongs to train.c, train_ep.c,
+// and for the GPT train_3d.c (--ep).
 static void dist_dense_only(const Options* o, const char* run_line) {
     if (o->model.experts > 0)
         dist_exit(2, run_line, "--experts: this program trains the dense model; the mixture of experts trains in "
-                  "train.c (one process) and train_ep.c (experts spread over ranks)");
+                  "train.c (one process) and train_ep.c (experts spread over ranks), the GPT's also in train_3d.c (--ep)");
 }
 
 // Data parallelism (train_dp.c, train_fsdp.c) gives every rank a share of each batch's rows.
