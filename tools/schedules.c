@@ -17,8 +17,11 @@
  * checker's run of the same lists with F, I and W taking one unit each and no latency.
  *
  * Bad input exits 2 with a message naming what is wrong: a number out of its range (cli.h's
- * checked parsing: nan, inf and negative durations are refused), a flag without its value,
- * a trace that is not one of train_pp.c's. tests/fuzz.c drives the parsers (make fuzz).
+ * checked parsing: nan, inf and negative durations are refused), a flag without its value or
+ * given twice, a trace that is not one of train_pp.c's, an --svg FILE that is not a picture
+ * of this tool (it replaces only its own, as the programs do their outputs: cli.h). The
+ * picture is written whole, into FILE.tmp-PID renamed over FILE. tests/fuzz.c drives the
+ * parsers (make fuzz).
  */
 #include "../schedules.h"
 #include "../cli.h"
@@ -61,6 +64,9 @@ static const char* parse_run(int argc, char** argv, Run* run) {
         int latency = !strcmp(flag, "--latency");
         if (strcmp(flag, "--f") && strcmp(flag, "--i") && strcmp(flag, "--w") && strcmp(flag, "--fb") && !latency)
             return snprintf(cli_error, sizeof cli_error, "unknown flag '%s'", flag), cli_error;
+        for (int j = 5; j < i; j += 2) // one rule for every program and tool: a flag given twice is refused
+            if (!strcmp(argv[j], flag))
+                return snprintf(cli_error, sizeof cli_error, "%s is given twice: give each flag once", flag), cli_error;
         if (i + 1 == argc) return snprintf(cli_error, sizeof cli_error, "%s needs a value", flag), cli_error;
         if ((err = cli_float(flag + 2, argv[i + 1], 0, 1e6, !latency, &x))) return err; // durations above 0
         double* to = latency ? &run->d.latency : !strcmp(flag, "--fb") ? &run->d.fb : flag[2] == 'f' ? &run->d.f
@@ -188,9 +194,51 @@ static double svg_lanes(FILE* f, double y, int S, int n, const int* rank, const 
     return S * lane;
 }
 
+// The picture's file, as svg() writes it: its first three lines, then one element a line, and
+// "</svg>" last (cli.h's recognisers: --svg replaces only a picture of this tool, whole).
+#define SVG_FIRST "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\""
+#define SVG_TITLE "<text x=\"20\" y=\"22\" font-size=\"15\">Pipeline schedules, "
+static const char* svg_recognise(FILE* f) {
+    char line[1024];
+    int ended = 1, end = 0;
+    long n, no = 0;
+    while ((n = recognise_line(f, line, sizeof line, &ended)) >= 0) {
+        no++;
+        if (end) NOT_OURS("goes on after its end (line %ld)", no);
+        if ((no == 1 && strncmp(line, SVG_FIRST, strlen(SVG_FIRST))) || (no == 2 && strncmp(line, "<rect width=", 12)) ||
+            (no == 3 && strncmp(line, SVG_TITLE, strlen(SVG_TITLE))))
+            NOT_OURS("does not begin as tools/schedules' picture does (line %ld)", no);
+        if (!ended || !LINE_FITS(line, n) || line[0] != '<') NOT_OURS("has a line %ld that tools/schedules does not write", no);
+        end = !strcmp(line, "</svg>\n");
+    }
+    if (ferror(f)) NOT_OURS("cannot be read");
+    if (!end) NOT_OURS("is cut short (it does not end with '</svg>')");
+    return NULL;
+}
+// Where --svg may write: NULL, or why not (in cli_error). As for the programs' outputs: a
+// symbolic link is followed; nothing, an empty file or a picture of this tool is replaced,
+// anything else refused, before anything is read or written.
+static const char* svg_output(const char* given, char* path, size_t n) {
+    const char* why = !given[0] ? "is empty: give a file name" : output_follow(given, path, n);
+    char dir[4096];
+    const char* name;
+    struct stat st;
+    if (!why) split_path(path, dir, sizeof dir, &name);
+    if (!why && access(dir, W_OK) != 0) why = "is in a folder that does not exist or cannot be written";
+    if (why) return snprintf(cli_error, sizeof cli_error, "'%s' %s; nothing was written", given, why), cli_error;
+    int held = path_holds(path, svg_recognise);
+    if (held == PATH_NOT_FILE)
+        return snprintf(cli_error, sizeof cli_error, "'%s' is %s, not a regular file; nothing was written", given,
+                        lstat(path, &st) == 0 ? file_kind(st.st_mode) : "something that cannot be looked at"), cli_error;
+    if (held == PATH_FOREIGN)
+        return snprintf(cli_error, sizeof cli_error, "'%s' exists and is not a picture of tools/schedules (a run replaces "
+                        "only its own files): it %s; nothing was written", given, path_why), cli_error;
+    return NULL;
+}
+
 static int svg(int argc, char** argv) {
     if (argc < 5) return usage();
-    const char* path = argv[2];
+    char path[4096];
     int S, M, n_traces = argc - 5;
     const char* err;
     if ((err = parse_count("S", argv[3], 1, 64, &S)) || (err = parse_count("M", argv[4], 1, 65536, &M)))
@@ -201,11 +249,12 @@ static int svg(int argc, char** argv) {
     enum { MAX_EV = 8192 };
     static PipeEvent ev[N_SCHEDULES][MAX_EV];
     int got[N_SCHEDULES] = {0};
+    if ((err = svg_output(argv[2], path, sizeof path))) return fprintf(stderr, "tools/schedules --svg: %s\n", err), 2;
     for (int k = 0; k < n_traces; k++) // every trace read before the picture replaces anything
         if ((err = read_trace(argv[5 + k], S, M, ev[k], MAX_EV, &got[k])))
             return fprintf(stderr, "tools/schedules --svg: %s\n", err), 2;
-    FILE* f = fopen(path, "w");
-    if (!f) fatal("cannot create '%s': %s", path, strerror(errno));
+    WholeFile whole;
+    FILE* f = whole_open(&whole, path, "picture");
     double H = 80 + N_SCHEDULES * ((n_traces ? 2 : 1) * S * 11 + 46), W = 1000;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H, W, H);
@@ -255,7 +304,7 @@ static int svg(int argc, char** argv) {
         drop(lists, S);
     }
     fprintf(f, "</svg>\n");
-    if (fclose(f) != 0) fatal("cannot write '%s'", path);
+    whole_close(&whole);
     return 0;
 }
 
