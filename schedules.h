@@ -74,6 +74,8 @@ static const char* schedule_parse(const char* value, int* sched, char* err, size
 
 // Whether the schedule's chunks form a V (rank 0 then holds the first and the last chunk).
 static int schedule_v_shaped(int sched) { return sched == SCHEDULE_ZBV || sched == SCHEDULE_DUALPIPEV; }
+// The schedules that run a backward's input half (I) and weight half (W) apart
+static int schedule_splits_iw(int sched) { return sched == SCHEDULE_ZB1 || schedule_v_shaped(sched); }
 // Chunks per rank: --virtual for interleaved, 2 for the V-shaped, else 1.
 static int schedule_chunks(int sched, int virtual_stages) {
     return sched == SCHEDULE_INTERLEAVED ? virtual_stages : schedule_v_shaped(sched) ? 2 : 1;

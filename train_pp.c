@@ -106,9 +106,10 @@ typedef struct {
     int n_chunks;     // S V: the model's chunks
     int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
     int chunk[4];     // this rank's chunks, its v-th being chunk[v]
-    int rows;         // rows this pipeline streams a step (train_3d.c: its replica's share)
     long batch;       // rows of the global batch: losses and gradients are means over it
-    int mb_rows;      // the largest microbatch
+    int replicas, replica; // train_3d.c: the data-parallel replicas, each a share of every microbatch; 1, 0 here
+    int rows;         // rows this pipeline streams a step (train_3d.c: its replica's shares)
+    int mb_rows;      // the largest microbatch (share)
     const Config* c;
     const UnitSizes* sizes; // what each unit holds a row on this rank (train_3d.c's slices), or NULL
     StageWork work;
@@ -155,11 +156,17 @@ static int pp_rank_of(const Pp* p, int k) {
 // `pass_capacity` rows; sizes: as in Pp, or NULL. Every rank builds every rank's list and
 // runs the checker on them (schedules.h): lists it passes cannot deadlock, and each
 // chunk's messages come in microbatch order (pp_tag).
-static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int V, const int* first, int rows,
-                    long batch, int pass_capacity, const UnitSizes* sizes, StageWork work) {
+static int pp_mb_rows(const Pp* p, int m, long* first);
+static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int V, const int* first, long batch,
+                    int replicas, int replica, int pass_capacity, const UnitSizes* sizes, StageWork work) {
     *p = (Pp){.group = group, .S = group->size, .rank = group->rank, .sched = sched, .V = V, .M = M,
-              .n_chunks = group->size * V, .rows = rows, .batch = batch, .mb_rows = (rows + M - 1) / M, .c = c,
+              .n_chunks = group->size * V, .batch = batch, .replicas = replicas, .replica = replica, .c = c,
               .sizes = sizes, .work = work};
+    long row;
+    for (int m = 0; m < M; m++) {
+        int R = pp_mb_rows(p, m, &row);
+        p->rows += R, p->mb_rows = R > p->mb_rows ? R : p->mb_rows;
+    }
     memcpy(p->first, first, sizeof(int) * (p->n_chunks + 1));
     // the schedule, built once: every rank's list, checked
     p->lists = mallocCheck(sizeof(Action*) * p->S), p->counts = mallocCheck(sizeof(int) * p->S);
@@ -281,11 +288,10 @@ static void pp_drop(Held* h) {
     h->mb = -1;
 }
 
-// Microbatch m: its first row, and (returned) how many.
+// Microbatch m (train_3d.c: this replica's share of it): its first row of the batch, and
+// (returned) how many (model.h's microbatch_rows: 32 rows into 3 microbatches, 11, 11, 10).
 static int pp_mb_rows(const Pp* p, int m, long* first) {
-    long end;
-    split_range(p->rows, p->M, m, first, &end);
-    return (int)(end - *first);
+    return microbatch_rows(p->batch, p->M, m, p->replicas, p->replica, first);
 }
 // A computation ran from t to now: busy time; for the report, the timeline and the trace.
 static void pp_timed(Pp* p, char op, int k, int m, double t) {
@@ -537,6 +543,7 @@ static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R
 static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
     for (int u = hi - 1; u >= lo; u--) {
+        unit_recompute(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws); // --recompute
         unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
         float* dout = unit_stash(&r->cfg, u, sc); // what the weight half reads (model.h)
         if (stash) memcpy(stash[u], dout, (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float)); // I: kept for W
@@ -616,6 +623,10 @@ static void pp_check_layout(const Options* o, int sched, int S, int V, int M, in
         dist_exit(2, run_line, "a batch of %d rows cannot be cut into %d microbatches (raise --batch or lower "
                   "--microbatches)", o->batch, M);
     if (schedule_rule(sched, S, schedule_chunks(sched, V), M, err, sizeof err)) dist_exit(2, run_line, "%s", err);
+    if (o->model.recompute == RECOMPUTE_FULL && schedule_splits_iw(sched))
+        dist_exit(2, run_line, "--recompute full with --schedule %s: full recomputation keeps one block's activations "
+                  "at a time, and a schedule that runs a block's weight half later (zb1, zbv, dualpipev) needs them "
+                  "then; use --recompute selective, or another schedule", schedule_names[sched]);
 }
 
 // ----------------------------------------------------------------------------
@@ -639,7 +650,7 @@ int main(int argc, char** argv) {
     Config* cfg = &run.cfg;
     pp_split(cfg, S * V, run.first);
     int capacity = pass_rows(&o, (o.batch + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
-    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, V, run.first, o.batch, o.batch, capacity, NULL, // the whole batch
+    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, V, run.first, o.batch, 1, 0, capacity, NULL, // the whole batch
             (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
     long np = 0;
     for (int v = 0; v < V; v++)
