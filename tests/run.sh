@@ -140,8 +140,8 @@ costmodel_inputs() {
     expect_error 2 "unknown flag '--hidden'" "costmodel: an unknown flag is refused" -- $C $good $shape --hidden 64
     expect_error 2 "--dp-overlap must be a decimal number from 0 and at most 1, got 'nan'" "costmodel: --dp-overlap nan is refused" \
         -- $C $good $shape --dp-overlap nan
-    expect_error 2 "TP 3: the model takes TP a power of 2 up to 64 that divides the 8 heads \(not among the layouts rank considers\)" \
-        "costmodel: a layout rank does not consider (--tp 3) is refused, not dropped" -- $C $good $shape --tp 3 --pp 16
+    expect_error 2 "TP 3: the model takes TP up to 128 dividing the 8 heads .*\(not among the layouts rank considers\)" \
+        "costmodel: a layout rank does not consider (--tp 3 of 8 heads) is refused, not dropped" -- $C $good $shape --tp 3 --pp 16
     expect_error 2 "TP 8 x CP 1 x PP 4 does not divide the 24 devices" "costmodel: predict refuses a layout that does not cover the devices" \
         -- tools/costmodel predict $good $shape --tp 8 --pp 4 --devices 24
     expect_error 2 "--tokens 1000 is not a whole number of sequences of --seq 256" "costmodel: a step of part of a sequence is refused" \
@@ -174,8 +174,8 @@ costmodel_inputs() {
     # the published runs: each projection (its layout's rank and its figure) as recorded in
     # tools/costmodel.c and docs/cluster.md; a change of the model that moves one fails here
     run "$TMP/published" tools/costmodel published --check
-    if [ $? = 0 ] && [ "$(grep -c '^| \(Llama\|DeepSeek\)' "$TMP/published")" = 4 ]; then
-        pass "costmodel: the published runs (Llama 3 405B x 3, DeepSeek-V3) project as recorded: $(grep -o '[0-9]* of [0-9]* | [0-9]* of [0-9]* | [^|]* |' "$TMP/published" | tr '\n' ' ')"
+    if [ $? = 0 ] && [ "$(grep -c '^| \(Llama\|DeepSeek\|BLOOM\|MegaScale\|OPT\)' "$TMP/published")" = 7 ]; then
+        pass "costmodel: the published runs (Llama 3 405B x 3, DeepSeek-V3, BLOOM, MegaScale, OPT-175B) project as recorded: $(grep -o '[0-9]* of [0-9]* | [0-9]* of [0-9]* | [^|]* |' "$TMP/published" | tr '\n' ' ')"
     else
         fail "costmodel: the published runs drifted from their record: $(head -c 400 "$TMP/published" | tr '\n' '|')"
     fi
