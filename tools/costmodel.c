@@ -37,6 +37,7 @@
  * block (train_dp --overlap aside), so that is what they do.
  */
 #include "../ckpt.h"
+#include "../report.h"
 #include "../schedules.h"
 #include "costmodel_cluster.h"
 #include "costmodel_llm.h"
@@ -95,8 +96,8 @@ static double step_seconds(const Options* o, const Config* c, int R) {
 // What the model needs of a run: its program and layout, and what the rank that sends the
 // most sends per step (the formula's bytes, of them on each axis of the grid, and its
 // messages). Axes in the grid's order of ranks (train_3d.c), fastest first: tensor,
-// context, pipeline, data.
-enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXES };
+// context, pipeline, data; the expert axis is carved out of the data axis (--ep).
+enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXIS_EP, AXES };
 typedef struct {
     char program[64], layout[320];
     int ranks, batch;
@@ -111,9 +112,9 @@ static Run run_of(const Summary* m) {
     for (int q = 0; q < m->ranks; q++) {
         if (m->sent_formula[q] > r.sent) {
             r.sent = m->sent_formula[q];
-            // summary.h's axes: tensor, data, pipeline, context (experts: not modelled)
+            // summary.h's axes: tensor, data, pipeline, context, experts
             r.axis[AXIS_TP] = m->axis[q][0], r.axis[AXIS_DP] = m->axis[q][1], r.axis[AXIS_PP] = m->axis[q][2];
-            r.axis[AXIS_CP] = m->axis[q][3];
+            r.axis[AXIS_CP] = m->axis[q][3], r.axis[AXIS_EP] = m->axis[q][4];
         }
         r.messages = m->messages[q] > r.messages ? m->messages[q] : r.messages;
     }
@@ -157,9 +158,11 @@ static void run_degrees(const Run* r, int S, int deg[AXES]) {
     else if (!strcmp(p, "train_cp.c")) deg[AXIS_CP] = N;
     else if (!strcmp(p, "train_pp.c")) deg[AXIS_PP] = S;
     else if (!strcmp(p, "train_3d.c")) {
-        static const char* const words[AXES] = {" tensor", " context", " pipeline", " data"};
+        // the expert axis: "expert parallel over E of the data-parallel ranks"
+        static const char* const words[AXES] = {" tensor", " context", " pipeline", " data", " of the data-parallel"};
         for (int a = 0; a < AXES; a++) deg[a] = layout_count(r->layout, words[a]) > 0 ? layout_count(r->layout, words[a]) : 1;
-        if (deg[0] * deg[1] * deg[2] * deg[3] != N) fatal("cannot read the grid of '%s' (%d ranks)", r->layout, N);
+        if (deg[0] * deg[1] * deg[2] * deg[3] != N || deg[AXIS_DP] % deg[AXIS_EP])
+            fatal("cannot read the grid of '%s' (%d ranks)", r->layout, N);
     } else {
         fatal("no cost model for program '%s'", p);
     }
@@ -172,28 +175,45 @@ typedef struct {
     int hosts;
 } Links;
 
-// Whether every group of axis a of a grid lies inside one host. Ranks fill the hosts in
+// The groups of axis a of a grid that cross between hosts, counted on the host that has the
+// most (0: every group lies inside one host, on shared memory). Ranks fill the hosts in
 // order, per_host a host, and train_3d numbers them tensor fastest, then context, pipeline,
-// data (rank = tp + T (cp + C (pp + P dp))). The data axis's group is the D x C ranks that
-// share a rank's tensor and pipeline coordinates (ZeRO's gradients sum over other rows and
-// other positions alike), so with D = 1 and C = 2 it is the context pair, inside a host.
-static int axis_local(const int deg[AXES], int a, int per_host) {
-    int T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP], N = T * C * P * deg[AXIS_DP];
-    for (int q = 0; q < N; q++) {
-        int tp = q % T, cp = q / T % C, pp = q / (T * C) % P, dp = q / (T * C * P);
-        for (int m = 0; m < N; m++) { // m in q's group: every coordinate but the group's own the same
-            int mt = m % T, mc = m / T % C, mp = m / (T * C) % P, md = m / (T * C * P);
-            int same = (a == AXIS_TP || mt == tp) && (a == AXIS_CP || a == AXIS_DP || mc == cp) &&
-                       (a == AXIS_PP || mp == pp) && (a == AXIS_DP || md == dp);
-            if (same && m / per_host != q / per_host) return 0;
+// data (rank = tp + T (cp + C (pp + P dp))). A group is the ranks that share every coordinate
+// but its axis's: the data axis's is the D x C ranks that share a rank's tensor and pipeline
+// coordinates (ZeRO's gradients sum over other rows and other positions alike), so with D = 1
+// and C = 2 it is the context pair, inside a host; the expert axis's is E consecutive data
+// coordinates (dp / E the same). Every group of an axis runs its collectives at once, each
+// crossing group a ring with one stream leaving the host: they share its link.
+static int axis_crossing(const int deg[AXES], int a, int per_host) {
+    int T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP], E = deg[AXIS_EP], N = T * C * P * deg[AXIS_DP];
+    int most = 0;
+    for (int host = 0; host * per_host < N; host++) {
+        int keys[MAX_RANKS], n = 0;
+        for (int q = host * per_host; q < N && q < (host + 1) * per_host; q++) {
+            int tp = q % T, cp = q / T % C, pp = q / (T * C) % P, dp = q / (T * C * P), crosses = 0;
+            for (int m = 0; m < N && !crosses; m++) { // m in q's group: every coordinate but the group's own the same
+                int mt = m % T, mc = m / T % C, mp = m / (T * C) % P, md = m / (T * C * P);
+                int same = (a == AXIS_TP || mt == tp) && (a == AXIS_CP || a == AXIS_DP || mc == cp) &&
+                           (a == AXIS_PP || mp == pp) && (a == AXIS_DP || (a == AXIS_EP ? md / E == dp / E : md == dp));
+                crosses = same && m / per_host != host;
+            }
+            if (!crosses) continue;
+            // the group's key: the coordinates its members share
+            int key = a == AXIS_TP ? q / T : a == AXIS_CP ? tp + T * (pp + P * dp) : a == AXIS_PP ? tp + T * (cp + C * dp)
+                    : a == AXIS_DP ? tp + T * pp : tp + T * (cp + C * (pp + P * (dp / E)));
+            int seen = 0;
+            for (int i = 0; i < n; i++) seen |= keys[i] == key;
+            if (!seen) keys[n++] = key;
         }
+        most = n > most ? n : most;
     }
-    return 1;
+    return most;
 }
 
 // Seconds of one step of run r: compute from `t_rows` (the model's step time by rows,
 // train.c's: the MLP's table for the MLP, the GPT's for the GPT; make cluster gives each run
-// its own). In a grid, each axis's bytes go over the link its groups live on (axis_local).
+// its own). In a grid, each axis's bytes go over the link its groups live on, a crossing
+// axis's at the link's rate shared by the host's crossing groups (axis_crossing).
 static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), void* ctx, int cores, Links k,
                           double* compute_out) {
     int N = r->ranks, S, M, deg[AXES];
@@ -208,9 +228,9 @@ static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), v
         int per_host = (N + k.hosts - 1) / k.hosts;
         double comm = 0;
         for (int a = 0; a < AXES; a++) { // messages shared out in proportion to the bytes
-            int local = axis_local(deg, a, per_host);
+            int sharing = axis_crossing(deg, a, per_host);
             double share = r->axis[a] / r->sent;
-            comm += share * r->messages * (local ? k.local_alpha : k.alpha) + r->axis[a] / (local ? k.local_beta : k.beta);
+            comm += share * r->messages * (sharing ? k.alpha : k.local_alpha) + r->axis[a] * (sharing ? sharing / k.beta : 1 / k.local_beta);
         }
         return compute + comm;
     }
@@ -222,6 +242,7 @@ typedef struct {
     int n;
     int rows[32];
     double sec[32];
+    char model[256]; // the model it timed (report.h's model_words)
 } Table;
 static double table_rows(void* ctx, int rows) {
     const Table* t = ctx;
@@ -238,10 +259,11 @@ static Table measure_table(int argc, char** argv) {
     Config c;
     load_data(&names, &o, &c);
     Table t = {0};
+    model_words(&c, t.model, sizeof t.model);
     for (int rows = 1; rows <= 64; rows *= 2) t.rows[t.n] = rows, t.sec[t.n++] = step_seconds(&o, &c, rows);
     return t;
 }
-// A table measured earlier: "rows=R ms=X" lines, rows rising
+// A table measured earlier: its "model=..." line, then "rows=R ms=X" lines, rows rising
 static Table read_table(const char* path) {
     Table t = {0};
     FILE* f = fopen(path, "r");
@@ -253,6 +275,11 @@ static Table read_table(const char* path) {
         char rows[64], ms[64], err[256];
         double r, x;
         if (line[strspn(line, " \t\r\n")] == 0) continue;
+        if (!strncmp(line, "model=", 6) && t.n == 0 && !t.model[0]) {
+            line[strcspn(line, "\r\n")] = 0;
+            snprintf(t.model, sizeof t.model, "%.255s", line + 6);
+            continue;
+        }
         if (sscanf(line, " rows=%63[^ ] ms=%63s", rows, ms) != 2 || t.n == 32)
             fatal("%s:%d: expected 'rows=R ms=X' (at most 32 lines), got '%.60s'", path, number, line);
         if (cm_number("rows", rows, 1, 0, 1 << 20, 1, &r, err, sizeof err) || cm_number("ms", ms, 0, 1, 1e9, 0, &x, err, sizeof err))
@@ -262,6 +289,7 @@ static Table read_table(const char* path) {
     }
     fclose(f);
     if (t.n == 0) fatal("'%s' holds no rows=R ms=X lines", path);
+    if (!t.model[0]) fatal("'%s' does not say which model it timed (no model= line): measure it again with tools/costmodel compute", path);
     return t;
 }
 
@@ -357,6 +385,19 @@ static int same_degrees(const Layout* a, const Layout* b) {
     return a->tp == b->tp && a->cp == b->cp && a->pp == b->pp && a->dp == b->dp && a->ep == b->ep;
 }
 
+// The microbatches a layout takes unless told: one sequence each, the replica's sequences
+// (or, past MAX_MICROBATCHES, the most that divide them evenly); 1 when DP does not divide
+// the step's sequences (layout_rule then says so).
+enum { MAX_MICROBATCHES = 1 << 24 };
+static int default_microbatches(double seqs, int dp) {
+    if (dp < 1 || fmod(seqs, dp) != 0) return 1;
+    double each = seqs / dp;
+    if (each <= MAX_MICROBATCHES) return (int)each;
+    for (int M = MAX_MICROBATCHES; M > 1; M--)
+        if (fmod(each, M) == 0) return M;
+    return 1;
+}
+
 // Those that fit first, fastest first; then the others, smallest memory first.
 static int by_time(const void* a, const void* b) {
     const Candidate *x = a, *y = b;
@@ -380,7 +421,7 @@ static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const
                 for (int ep = 1; ep <= (m->experts > 0 ? dp : 1); ep++) {
                     if (m->experts > 0 && (dp % ep || m->experts % ep)) continue;
                     Candidate best = {.k.step = -1};
-                    int M = fx->M > 0 ? fx->M : (fmod(seqs, dp) == 0 ? (int)fmin(seqs / dp, 1 << 20) : 1);
+                    int M = fx->M > 0 ? fx->M : default_microbatches(seqs, dp);
                     for (int zero = 0; zero <= 3; zero++)
                         for (int sp = 0; sp <= 1; sp++)
                             for (int rec = 0; rec <= 2; rec++)
@@ -639,7 +680,7 @@ static const Flag llm_flags[] = {
     {"attention", 'w', 0, 0, 0},
     {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
     {"pp", 'n', 1, 1 << 20, 1}, {"dp", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"ep", 'n', 1, 65536, 1}, {"zero", 'n', 0, 3, 1},
-    {"schedule", 'w', 0, 0, 0}, {"virtual", 'n', 1, 64, 1}, {"microbatches", 'n', 1, 1 << 24, 1}, {"sp", 's', 0, 0, 0},
+    {"schedule", 'w', 0, 0, 0}, {"virtual", 'n', 1, 64, 1}, {"microbatches", 'n', 1, MAX_MICROBATCHES, 1}, {"sp", 's', 0, 0, 0},
     {"recompute", 'w', 0, 0, 0}, {"top", 'n', 1, 100000, 1},
 };
 enum { N_LLM_FLAGS = sizeof llm_flags / sizeof llm_flags[0] };
@@ -761,7 +802,7 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     l->zero = fx->zero >= 0 ? fx->zero : 0, l->sp = fx->sp > 0, l->recompute = fx->recompute >= 0 ? fx->recompute : 0;
     l->sched = fx->sched >= 0 ? fx->sched : SCHEDULE_1F1B, l->V = fx->V > 0 ? fx->V : 1;
     if (l->pp == 1) l->sched = SCHEDULE_1F1B, l->V = 1;
-    l->M = fx->M > 0 ? fx->M : l->dp && fmod(m->tokens / m->seq, l->dp) == 0 ? (int)fmin(m->tokens / m->seq / l->dp, 1 << 24) : 1;
+    l->M = fx->M > 0 ? fx->M : default_microbatches(m->tokens / m->seq, l->dp);
     if (q.marked || !rank) { // a layout rank does not consider is refused, saying why
         char why[320];
         Layout degrees = *l; // rank: the degrees (and microbatches) are the layout; the rest is chosen per layout
@@ -830,24 +871,37 @@ static int selftest(void) {
     Run g = {"train_3d.c", "grid of 2 tensor x 2 pipeline x 2 data = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", 8, 32, 0, 0, {0}};
     near("replay: 3d 2x2x2 on 2 cores", predict_run(&g, flat, &ms, 2, (Links){0, 1, 0, 1, 2}, &compute), 16e-3 / 2 / 2 / 0.8 * 4);
     // on 2 hosts of 4 ranks: tensor and pipeline axes inside a host (ranks tp fastest, then
-    // pp), the data axis across; 10 messages shared out as the bytes: 1000 tp, 3000 dp, 1000 pp
+    // pp), the data axis across; 10 messages shared out as the bytes: 1000 tp, 3000 dp, 1000 pp;
+    // the 4 ranks of a host are 4 data-axis pairs crossing at once: the link's rate shared 4 ways
     g.sent = 5000, g.messages = 10, g.axis[AXIS_TP] = 1000, g.axis[AXIS_DP] = 3000, g.axis[AXIS_PP] = 1000;
-    near("replay: 3d 2x2x2 on 2 hosts: only the data axis crosses",
-         predict_run(&g, flat, &ms, 2, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 3000 / 1e8);
+    near("replay: 3d 2x2x2 on 2 hosts: only the data axis crosses, 4 pairs sharing the link",
+         predict_run(&g, flat, &ms, 2, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 4 * 3000 / 1e8);
     // a 4D grid 2 x 2 x 1 x 2 on 2 hosts: tensor and context inside (4 ranks), pipeline across
     Run g4 = {"train_3d.c", "grid of 2 tensor x 2 context x 2 pipeline x 1 data = 8 ranks; 4 microbatches, 1f1b", 8, 32,
               4000, 8, {1000, 2000, 1000, 0}};
-    near("replay: 4D grid 2x2x1x2: compute 32 ms / 2 / 2 / 2 / (1 - 1/5), context axis inside a host",
-         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
+    near("replay: 4D grid 2x2x1x2: compute 32 ms / 2 / 2 / 2 / (1 - 1/5), context axis inside a host, 4 stage pairs crossing",
+         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 4 * 1000 / 1e8);
     // the same grid's data axis, its D x C group (D = 1): the context pairs, inside a host
     g4.sent = 6000, g4.axis[AXIS_DP] = 2000;
     near("replay: 4D grid with D = 1: its data axis's bytes (summed over the context pair) stay inside a host",
-         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 8 * 5000 / 6000.0 * 1e-6 + 5000 / 1e9 + 8 * 1000 / 6000.0 * 1e-5 + 1000 / 1e8);
+         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 8 * 5000 / 6000.0 * 1e-6 + 5000 / 1e9 + 8 * 1000 / 6000.0 * 1e-5 + 4 * 1000 / 1e8);
     // with D = 2 (2 x 1 x 2 x 2 on 2 hosts): the data axis crosses, the pipeline stays inside
     Run g5 = {"train_3d.c", "grid of 2 tensor x 1 context x 2 pipeline x 2 data = 8 ranks; 4 microbatches, 1f1b", 8, 32,
               4000, 8, {1000, 0, 1000, 2000}};
-    near("replay: 3D grid 2x1x2x2: the data axis crosses, the pipeline stays",
-         predict_run(&g5, flat, &ms, 8, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 4 * 1e-5 + 2000 / 1e8);
+    near("replay: 3D grid 2x1x2x2: the data axis crosses (4 pairs at once), the pipeline stays",
+         predict_run(&g5, flat, &ms, 8, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 4 * 1e-5 + 4 * 2000 / 1e8);
+    // the expert axis (--ep 2, carved out of D 4): 2 tensor x 1 x 1 pipeline x 4 data on 2
+    // hosts: an expert group is 2 consecutive data coordinates, ranks {0, 2} and {1, 3} inside
+    // host 0: its bytes on shared memory; the data axis crosses, 2 groups from each host
+    Run g6 = {"train_3d.c", "grid of 2 tensor x 1 pipeline x 4 data = 8 ranks; ZeRO stage 1; 1 microbatch, gpipe; expert "
+              "parallel over 2 of the data-parallel ranks (4 experts a block, top-1)", 8, 32, 4000, 8, {1000, 0, 0, 1000, 2000}};
+    near("replay: the expert axis's bytes inside a host, on shared memory",
+         predict_run(&g6, flat, &ms, 8, k, &compute) - compute, 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 2 * 1000 / 1e8);
+    // with E 4 the expert groups are the whole data axis: they cross
+    snprintf(g6.layout, sizeof g6.layout, "grid of 2 tensor x 1 pipeline x 4 data = 8 ranks; ZeRO stage 1; 1 microbatch, gpipe; "
+             "expert parallel over 4 of the data-parallel ranks (4 experts a block, top-1)");
+    near("replay: EP 4 over 2 hosts: the expert axis's bytes cross, 2 groups a host",
+         predict_run(&g6, flat, &ms, 8, k, &compute) - compute, 2 * 1e-6 + 1000 / 1e9 + 6 * 1e-5 + 2 * 1000 / 1e8 + 2 * 2000 / 1e8);
 
     // ---- the transformer (tools/costmodel_llm.h) ----
     // parameters, GPT-2 small by hand: 12 layers of 768, MHA, GELU 3072, vocabulary 50257:
@@ -1211,6 +1265,7 @@ int main(int argc, char** argv) {
     if (!strcmp(verb, "selftest") && argc == 2) return selftest();
     if (!strcmp(verb, "compute")) {
         Table t = measure_table(argc - 1, argv + 1);
+        printf("model=%s\n", t.model);
         for (int i = 0; i < t.n; i++) printf("rows=%d ms=%.4f\n", t.rows[i], 1e3 * t.sec[i]);
         return 0;
     }
@@ -1231,6 +1286,12 @@ int main(int argc, char** argv) {
         summary_read(&m, argv[2]);
         Run r = run_of(&m);
         Table t = argc >= 6 ? read_table(argv[5]) : measure_table(1, (char*[]){"compute", NULL});
+        // the run's compute comes from a table of its own model's step, never another's
+        if (!m.model[0])
+            fatal("'%s' does not say which model it trained (no model= line: a summary older than that): run it again", argv[2]);
+        if (strcmp(m.model, t.model))
+            fatal("'%s' trained %s, but the compute table timed %s: measure the table with the run's model flags "
+                  "(tools/costmodel compute --model ...)", argv[2], m.model, t.model);
         double compute, s = predict_run(&r, table_rows, &t, (int)sysconf(_SC_NPROCESSORS_ONLN), k, &compute);
         printf("predicted_ms=%.4f compute_ms=%.4f comm_ms=%.4f\n", 1e3 * s, 1e3 * compute, 1e3 * (s - compute));
         return 0;
