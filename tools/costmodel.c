@@ -424,7 +424,7 @@ static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const
                     int M = fx->M > 0 ? fx->M : default_microbatches(seqs, dp);
                     for (int zero = 0; zero <= 3; zero++)
                         for (int sp = 0; sp <= 1; sp++)
-                            for (int rec = 0; rec <= 2; rec++)
+                            for (int rec = 0; rec < N_RECOMPUTE; rec++)
                                 for (int sched = 0; sched < N_SCHEDULES; sched++)
                                     for (int V = 1; V <= 8; V *= 2) {
                                         if ((fx->zero >= 0 && zero != fx->zero) || (fx->sp >= 0 && sp != fx->sp) ||
@@ -541,7 +541,7 @@ static const Shape gpt3_175b = {.layers = 96, .width = 12288, .heads = 96, .kv_h
 static Published published_runs(int i) {
     Shape deepseek = {.layers = 61, .width = 7168, .heads = 128, .kv_heads = 128, .head_dim = 128, .ffn = 18432,
                       .vocab = 129280, .seq = 4096, .swiglu = 1, .experts = 256, .top_k = 8, .expert_ffn = 2048,
-                      .shared = 1, .dense = 3, .q_lora = 1536, .kv_lora = 512, .rope = 64, .tokens = 15360.0 * 4096};
+                      .shared = 1, .dense = 3, .q_lora = 1536, .kv_lora = 512, .rope = 64, .mtp = 1, .tokens = 15360.0 * 4096};
     Shape long_context = llama3_405b;
     long_context.seq = 131072, long_context.tokens = 128.0 * 131072;
     // BLOOM (BigScience, 2022: its paper's section 3.4 and model card): 70 layers of 14,336, 112
@@ -554,21 +554,26 @@ static Published published_runs(int i) {
     const char* llama = "The Llama 3 Herd of Models (2024), Table 4";
     Published runs[] = {
         {"Llama 3 405B, 8,192 H100s", "cluster/h100-16k.txt", 8192, llama3_405b, {0},
-         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, COUNT_MFU, 0.43, 0.20, llama, 0.4887, 13, 6},
+         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, COUNT_MFU, 0.43, 0.20, llama, 0.4929, 13, 8},
         {"Llama 3 405B, 16,384 H100s", "cluster/h100-16k.txt", 16384, llama3_405b, {0},
-         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, COUNT_MFU, 0.41, 0.20, llama, 0.4585, 10, 4},
+         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, COUNT_MFU, 0.41, 0.20, llama, 0.4585, 12, 5},
         {"Llama 3 405B, 16,384 H100s, sequence 131,072", "cluster/h100-16k.txt", 16384, long_context, {0},
          {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, COUNT_MFU, 0.38, 0.20, llama, 0.3742, 1, 1},
+        // DeepSeek-V3 (its report): PP 16, EP 64 over 8 nodes, ZeRO-1, no TP (section 3.2), FP8
+        // products (3.3), the all-to-alls hidden behind compute on 20 of the 132 SMs (3.2.2), tokens
+        // routed to at most 4 nodes, the norms and MLA's up-projections recomputed and FP8
+        // products' inputs kept in FP8 (3.2.3, 3.3.3: recomputation "norms"), one MTP module (2.2);
+        // zb1 stands for DualPipe, which the model does not build (docs/cluster.md)
         {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4, .comm_sms = 20},
-         {1, 1, 16, 128, 64, 1, -1, -1, SCHEDULE_ZB1, -1, 120}, COUNT_GPU_HOURS, 180e3, 0.20,
-         "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3", 1.742e5, 63, 39},
+         {1, 1, 16, 128, 64, 1, -1, RECOMPUTE_NORMS, SCHEDULE_ZB1, -1, 120}, COUNT_GPU_HOURS, 180e3, 0.20,
+         "DeepSeek-V3 Technical Report (2024), sections 2.2 and 3.1-3.3", 1.631e5, 33, 23},
         // BLOOM's paper (section 3.4, "Engineering") and training chronicles: TP 4, PP 12, DP 8,
         // ZeRO-1, micro-batches of 2 sequences, activations checkpointed, Megatron-DeepSpeed's
         // 1F1B schedule and its fused (not flash) attention; "about 150 TFLOPs" a GPU in
         // Megatron's count (recomputation counted)
         {"BLOOM 176B, 384 A100s", "cluster/a100-jean-zay.txt", 384, bloom, {.unfused = 1},
          {4, 1, 12, 8, 1, 1, 0, RECOMPUTE_FULL, SCHEDULE_1F1B, 1, 128}, COUNT_TFLOPS, 150e12, 0.20,
-         "BLOOM (Le Scao et al. 2022), section 3.4; BigScience's model card", 1.967e14, 39, 8},
+         "BLOOM (Le Scao et al. 2022), section 3.4; BigScience's model card", 1.967e14, 40, 8},
         // MegaScale (Jiang et al., NSDI 2024), section 6.1 and Table 2: GPT-3 175B on 12,288
         // Ampere GPUs, 6,144 sequences a step, TP 8 (with SP), PP 8 interleaved, DP 192;
         // TP's and DP's traffic overlapped with the products (section 3.2), FlashAttention-2
@@ -582,7 +587,7 @@ static Published published_runs(int i) {
         // FSDP", 2023, section 3.3); fused (not flash) attention
         {"OPT-175B, 992 A100s", "cluster/a100-opt.txt", 992, opt, {.unfused = 1, .dp_overlap = 1},
          {8, 1, 1, 124, 1, 3, 0, -1, SCHEDULE_1F1B, 1, -1}, COUNT_TFLOPS, 147e12, 0.20,
-         "OPT (Zhang et al. 2022), section 2.4", 1.966e14, 17, 3},
+         "OPT (Zhang et al. 2022), section 2.4", 1.966e14, 18, 3},
     };
     return runs[i];
 }
@@ -675,7 +680,7 @@ static const Flag llm_flags[] = {
     {"vocab", 'n', 1, 1 << 24, 1}, {"seq", 'n', 2, 1 << 24, 1}, {"tokens", 'n', 1, 1e12, 1}, {"mlp", 'w', 0, 0, 0},
     {"experts", 'n', 0, 65536, 1}, {"top-k", 'n', 1, 65536, 1}, {"expert-ffn", 'n', 1, 1 << 24, 1},
     {"shared-experts", 'n', 0, 64, 1}, {"dense-layers", 'n', 0, 100000, 1}, {"q-lora", 'n', 1, 1 << 20, 1},
-    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
+    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"mtp", 'n', 1, 16, 1}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
     {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"tp-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
     {"attention", 'w', 0, 0, 0},
     {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
@@ -737,6 +742,7 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     m->q_lora = (int)VAL("q-lora"), m->kv_lora = (int)VAL("kv-lora");
     m->rope = GIVEN(&q, "rope-dim") ? (int)VAL("rope-dim") : m->kv_lora > 0 ? 64 : 0;
     m->dropout = GIVEN(&q, "dropout");
+    m->mtp = (int)VAL("mtp");
     if (m->width % m->heads && !m->head_dim) usage_error("--width %d is not a multiple of --heads %d (or give --head-dim)", m->width, m->heads);
     if (m->heads % m->kv_heads) usage_error("--kv-heads %d must divide --heads %d", m->kv_heads, m->heads);
     if (m->experts == 0 && (GIVEN(&q, "top-k") || GIVEN(&q, "expert-ffn") || GIVEN(&q, "shared-experts") || GIVEN(&q, "dense-layers")))
@@ -774,9 +780,9 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (GIVEN(&q, "sp")) fx->sp = 1;
     if (word[flag_index("recompute")]) {
         const char* s = word[flag_index("recompute")];
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < N_RECOMPUTE; k++)
             if (!strcmp(s, recompute_names[k])) fx->recompute = k;
-        if (fx->recompute < 0) usage_error("--recompute must be none, selective or full, got '%s'", s);
+        if (fx->recompute < 0) usage_error("--recompute must be none, selective, full or norms, got '%s'", s);
     }
     if (word[flag_index("schedule")]) {
         char err[256];
@@ -941,16 +947,16 @@ static int selftest(void) {
     Shape kor = gpt2;
     kor.dropout = 1;
     double h = 768, as = 12.0 * 1024;
-    near("activations, no parallelism: 34h + 5as", layer_acts_per_token(&kor, 0, 1, 0, RECOMPUTE_NONE, 1024), 34 * h + 5 * as);
-    near("activations, TP 8: 10h + 24h/t + 5as/t", layer_acts_per_token(&kor, 0, 8, 0, RECOMPUTE_NONE, 1024), 10 * h + 24 * h / 8 + 5 * as / 8);
-    near("activations, TP 8 + SP: (34h + 5as)/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_NONE, 1024), (34 * h + 5 * as) / 8);
-    near("activations, TP 8 + SP, selective: 34h/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_SELECTIVE, 1024), 34 * h / 8);
+    near("activations, no parallelism: 34h + 5as", layer_acts_per_token(&kor, 0, 1, 0, RECOMPUTE_NONE, 1024, 0), 34 * h + 5 * as);
+    near("activations, TP 8: 10h + 24h/t + 5as/t", layer_acts_per_token(&kor, 0, 8, 0, RECOMPUTE_NONE, 1024, 0), 10 * h + 24 * h / 8 + 5 * as / 8);
+    near("activations, TP 8 + SP: (34h + 5as)/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_NONE, 1024, 0), (34 * h + 5 * as) / 8);
+    near("activations, TP 8 + SP, selective: 34h/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_SELECTIVE, 1024, 0), 34 * h / 8);
     // without dropout, GQA (K, V 2 heads of 16) and SwiGLU 352: 8h + Q 2h, K, V 2 x 2 x 32,
     // O-input 2h, gate, up and product 6 x 352, softmax 2as
-    near("activations, GQA + SwiGLU, no dropout", layer_acts_per_token(&gqa, 0, 1, 0, RECOMPUTE_NONE, 64),
+    near("activations, GQA + SwiGLU, no dropout", layer_acts_per_token(&gqa, 0, 1, 0, RECOMPUTE_NONE, 64, 0),
          8 * 128 + 4 * 128 + 4 * 32 + 6 * 352 + 2 * 8 * 64);
     // an MoE layer: the top-2 and shared experts' SwiGLU (3 x 64 wide) and the token's 2 dispatched copies
-    near("activations, MoE layer: experts' SwiGLU and the dispatched copies", layer_acts_per_token(&moe, 1, 1, 0, RECOMPUTE_NONE, 64),
+    near("activations, MoE layer: experts' SwiGLU and the dispatched copies", layer_acts_per_token(&moe, 1, 1, 0, RECOMPUTE_NONE, 64, 0),
          8 * 128 + 4 * 128 + 4 * 32 + 6 * 3 * 64 + 2 * 128 * 2 + 2 * 8 * 64);
     // a whole device: 1F1B on 4 stages holds 4 microbatches on rank 0; CP 2 halves the
     // tokens; full recomputation keeps 2h per token and layer (SP: / t) and one layer's set
@@ -960,16 +966,29 @@ static int selftest(void) {
     double tok = 2048 / 2.0; // a microbatch: one sequence, half of it on this device
     int two[4] = {2, 2, 2, 2}; // layers of each stage
     near("activations of a device: 1F1B rank 0, 4 microbatches x 2 layers, CP 2, TP 2 + SP",
-         stage_activation_bytes(&big, &l, two, 0, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048, 0));
     l.recompute = RECOMPUTE_FULL;
     near("activations, full recomputation, rank 0: 4 microbatches of the layers' inputs, one layer's set",
-         stage_activation_bytes(&big, &l, two, 0, 0), 4 * 2 * tok * 2 * 1024 / 2 + tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0, 0), 4 * 2 * tok * 2 * 1024 / 2 + tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048, 0));
     near("activations, full recomputation, the last stage: 1 microbatch's inputs, one layer's set, the FP32 logits",
-         stage_activation_bytes(&big, &l, two, 3, 0), 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2 +
-                                                      tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 3, 0, 0), 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2 +
+                                                      tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048, 0));
     l.recompute = RECOMPUTE_SELECTIVE, l.sched = SCHEDULE_INTERLEAVED, l.V = 2;
     near("activations, interleaved V 2 on 4 stages: (2 x 3 + 4 + 1) / 2 = 5.5 microbatches of a stage",
-         stage_activation_bytes(&big, &l, two, 0, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048, 0));
+    // recomputation "norms" (DeepSeek-V3's) on an MLA + MoE layer under FP8 (h 7168, latents 1536
+    // + 512 + 64, 128 heads of 128, top-8 and 1 shared expert of 2048, SwiGLU): the norms' inputs
+    // 2 x 2h bytes; the output projection's input, the latents, SwiGLU's 2 x 9 x 2048 inputs and
+    // the 8 dispatched copies, 1 byte each; Q, K, V and SwiGLU's output recomputed
+    Shape dsv3 = {.layers = 4, .width = 7168, .heads = 128, .kv_heads = 128, .head_dim = 128, .ffn = 18432, .vocab = 100, .seq = 4096,
+                  .swiglu = 1, .experts = 256, .top_k = 8, .expert_ffn = 2048, .shared = 1, .dense = 1, .q_lora = 1536, .kv_lora = 512,
+                  .rope = 64, .tokens = 4096};
+    near("activations, recomputation \"norms\" under FP8: norm inputs, the latents and product inputs in FP8",
+         layer_acts_per_token(&dsv3, 1, 1, 0, RECOMPUTE_NORMS, 4096, 1),
+         4 * 7168.0 + 16384 + (512 + 64 + 1536) + 2 * 9 * 2048.0 + 8 * 7168.0);
+    near("hardware FLOPs, recomputation \"norms\": MLA's up-projections forward again",
+         hardware_flops(&dsv3, RECOMPUTE_NORMS, &f8, 0) - hardware_flops(&dsv3, RECOMPUTE_SELECTIVE, &f8, 0),
+         4 * 2 * (1536.0 * 128 * 192 + 2 * 512.0 * 128 * 128));
     // memory-bound bytes of a layer per token (2 bytes a value): GQA + SwiGLU (h 128, Q 8 and
     // K 2 heads of 16, f 352): norms 4h + 6h back, residuals 6h + 6h, RoPE 2 x (128 + 32) each
     // way, SwiGLU 3f + 5f
@@ -1228,6 +1247,18 @@ static int selftest(void) {
     stage_params(&mbig, &e4, 8, 1, 1, &dense_p, &expert_p);
     near("expert weights per device: routed experts / EP", state_bytes(expert_p, 0, 2), 16 * params_experts(&mbig) / 4);
     near("dense weights per device: all but the routed experts", dense_p, params_total(&mbig) - params_experts(&mbig));
+    // multi-token prediction (--mtp 1): the device with the head also runs a block like the
+    // last layer, a 2h x h projection and the head and loss again, for every token
+    Shape mt = big;
+    mt.mtp = 1;
+    double head_t = 6 * 1024.0 * 1000 / 5e13 + (10 * 1024 + 20 * 1000.0) / 1e12, proj_t = 6 * 2048.0 * 1024 / 5e13;
+    Practice bf16 = {0};
+    near("MTP 1: a layer, a projection and the head again on the head's device, for a replica's tokens",
+         layout_cost(&c, &mt, &bf16, &dp8, 8, 0, 0).compute - layout_cost(&c, &big, &bf16, &dp8, 8, 0, 0).compute,
+         big.tokens / 8 * (layer_t + proj_t + head_t));
+    stage_params(&mt, &t2, 2, 0, 1, &dpar, &epar);
+    near("MTP 1's parameters with the head: a layer's, the 2h x h projection and two norms", dpar,
+         (2 * per_layer + 1000.0 * 1024 + 1024 + per_layer + 2 * 1024.0 * 1024 + 2 * 1024) / 2);
     // any degrees: 3 devices take PP 3 (DP 3 leaves 16 sequences undivided); 48 sequences take DP 3 too
     Candidate* all;
     Fixed any = {-1, -1, -1, -1, -1, -1};
@@ -1254,8 +1285,8 @@ static void usage(void) {
             "       tools/costmodel published [--check] | selftest\n"
             "SHAPE:    --layers L --width W --heads A --vocab V --seq S --tokens T (a step) [--kv-heads K] [--head-dim D]\n"
             "          [--ffn F (4W)] [--mlp swiglu|gelu] [--experts E --top-k K --expert-ffn F --shared-experts S\n"
-            "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout]\n"
-            "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full\n"
+            "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout] [--mtp D]\n"
+            "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
             "          --schedule gpipe|1f1b|interleaved|zb1|zbv --virtual V --microbatches M (rank: fixed for all)\n"
             "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N --devices N\n");
 }

@@ -65,6 +65,7 @@ typedef struct {
     int experts, top_k, expert_ffn, shared, dense;     // MoE: routed experts (0: none), per token, width, shared experts, first dense layers
     int q_lora, kv_lora, rope;                         // MLA (kv_lora > 0): latent ranks and the decoupled RoPE width
     int dropout;                                       // dropout masks kept for backward (Korthikanti's GPT)
+    int mtp;                                           // multi-token prediction modules (DeepSeek-V3's D), beside the head
     double tokens;                                     // per step
 } Shape;
 
@@ -79,8 +80,13 @@ typedef struct {
     int unfused;                   // attention as two batched products and a softmax through HBM (no FlashAttention)
 } Practice;
 
-enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
-static const char* const recompute_names[] = {"none", "selective", "full"};
+// Recomputation: none; selective (attention's core again, Korthikanti et al.); full (every
+// layer's forward again); norms (DeepSeek-V3's, its report's section 3.2.3: attention's core,
+// every RMSNorm and MLA's up-projections again, their outputs not kept, and SwiGLU's output
+// recomputed from its kept inputs, section 3.3.3; under --fp8 what enters an FP8 product is
+// kept in FP8, 1 byte a value).
+enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL, RECOMPUTE_NORMS, N_RECOMPUTE };
+static const char* const recompute_names[] = {"none", "selective", "full", "norms"};
 
 typedef struct {
     int tp, cp, pp, dp, ep, zero, sp, recompute;
@@ -135,12 +141,18 @@ static double params_experts(const Shape* m) { return moe_layers(m) * (double)m-
 // recomputation repeats forward work (selective: the attention core; full: every layer).
 static double attention_core(const Shape* m) { return (double)m->layers * m->seq * (d_qk(m) + d_v(m)); } // forward, causal
 static double model_flops(const Shape* m) { return 6 * params_active(m) + 6 * attention_core(m); }
+// Parameters of MLA's up-projections (Q from its latent, K and V from theirs): what
+// recomputation "norms" runs forward again.
+static double up_projection_params(const Shape* m) {
+    return m->kv_lora > 0 ? (m->q_lora > 0 ? (double)m->q_lora * d_qk(m) : 0) + 2.0 * m->kv_lora * m->heads * head_dim(m) : 0;
+}
 static double hardware_flops(const Shape* m, int recompute, double* fp8_part, int fp8) {
     double linear = params_active(m) - (double)m->width * m->vocab; // the blocks' matrix products
     double passes = recompute == RECOMPUTE_FULL ? 4 : 3;           // forward, backward's two, and the forward again
     double core = 3 * attention_core(m) + (recompute >= RECOMPUTE_SELECTIVE ? attention_core(m) : 0);
-    *fp8_part = fp8 ? 2 * passes * linear : 0;
-    return 2 * passes * linear + 6.0 * m->width * m->vocab + core;
+    double up = recompute == RECOMPUTE_NORMS ? 2 * m->layers * up_projection_params(m) : 0;
+    *fp8_part = fp8 ? 2 * passes * linear + up : 0;
+    return 2 * passes * linear + up + 6.0 * m->width * m->vocab + core;
 }
 // FLOPs per token in the count papers publish as hardware FLOPs (HFU; "TFLOP/s per GPU" as
 // Megatron-LM prints it, Narayanan et al. 2021, eq. 3, and BLOOM and OPT after it): the
@@ -150,7 +162,8 @@ static double hardware_flops(const Shape* m, int recompute, double* fp8_part, in
 static double hardware_count_flops(const Shape* m, int recompute) {
     double core_forward = 2 * attention_core(m); // the square whole, as the model's count takes it
     double again = recompute == RECOMPUTE_FULL ? 2 * (params_active(m) - (double)m->width * m->vocab) + core_forward
-                   : recompute == RECOMPUTE_SELECTIVE ? core_forward : 0;
+                   : recompute == RECOMPUTE_SELECTIVE ? core_forward
+                   : recompute == RECOMPUTE_NORMS ? core_forward + 2 * m->layers * up_projection_params(m) : 0;
     return model_flops(m) + again;
 }
 
@@ -175,6 +188,8 @@ static double hardware_count_flops(const Shape* m, int recompute) {
 //                        bytes in, 1 out: DeepSeek-V3's report, section 3.5.2, describes the
 //                        round trip): forward, again for the weight gradient (tiles along the
 //                        other axis), and each output gradient for the input gradient
+//   norms recomputed     (recompute "norms") the norms' forward again (2h each way, and MLA's
+//                        latents'), SwiGLU's forward again (3f; GELU 2f)
 //   dropout (--dropout)  after attention and after the MLP: forward h in, h out and a 1-byte
 //                        mask (5h bytes); backward the mask and the gradient in, it out (5h)
 // Without SP the h-wide work (norms, residuals, the MoE's copies, MLA's latents, dropout) is
@@ -189,6 +204,8 @@ static double layer_membound_bytes(const Shape* m, int moe, int tp, int sp, int 
     double rope = mla ? m->heads * (double)m->rope + m->rope : (m->heads + m->kv_heads) * head_dim(m);
     double split_fwd = 2 * rope + (m->swiglu ? 3 : 2) * f, split_bwd = 2 * rope + (m->swiglu ? 5 : 3) * f;
     double bytes = 2 * ((1 + again) * wide_fwd + wide_bwd) / (sp ? t : 1) + 2 * ((1 + again) * split_fwd + split_bwd) / t;
+    if (recompute == RECOMPUTE_NORMS) // the norms' forward again, and SwiGLU's (GELU's) from its kept inputs
+        bytes += 2 * (4 * h + 2 * latents) / (sp ? t : 1) + 2 * (m->swiglu ? 3 : 2) * f / t;
     if (m->dropout) bytes += 2 * ((1 + again) * 5 * h + 5 * h) / (sp ? t : 1);
     if (fp8) { // the FP8 products' inputs (each quantized once) and outputs, per token
         double in, out, up = m->swiglu ? 2 : 1;
@@ -278,6 +295,9 @@ static double layer_seconds(const Cluster* c, const Shape* m, const Practice* pr
         else s += linear_seconds(c, 1, T, h, d_qk(m) / t, f8, fw);
         s += linear_seconds(c, 1, T, h, (m->kv_lora + m->rope) / t, f8, fw);
         s += linear_seconds(c, 1, T, m->kv_lora, 2.0 * m->heads * dh / t, f8, fw);
+        if (l->recompute == RECOMPUTE_NORMS) // the up-projections' forward again
+            s += (m->q_lora > 0 ? gemm_seconds(c, 1, T, d_qk(m) / t, m->q_lora, f8) : 0) +
+                 gemm_seconds(c, 1, T, 2.0 * m->heads * dh / t, m->kv_lora, f8);
     } else {
         s += linear_seconds(c, 1, T, h, (m->heads + 2.0 * m->kv_heads) * dh / t, f8, fw); // the fused QKV
     }
@@ -327,23 +347,37 @@ static double layer_seconds(const Cluster* c, const Shape* m, const Practice* pr
 // each query attends to. Their GPT (MHA, GELU 4h, dropout) gives 34h + 5as, and TP without
 // SP 10h + 24h/t + 5as/t; SP divides all by t; selective recomputation drops the as terms.
 // Replicated (without SP) are the inputs of the norms and of the first matrix product of
-// each block and the output dropout masks; the rest is split across TP.
-static double layer_acts_per_token(const Shape* m, int moe, int tp, int sp, int recompute, double s_kv) {
+// each block and the output dropout masks; the rest is split across TP. Recomputation
+// "norms" (DeepSeek-V3) keeps neither the norms' outputs (the first products' inputs) nor
+// MLA's up-projected Q, K and V, nor SwiGLU's output; under FP8 (`fp8`) the inputs of FP8
+// products it keeps (the latents, the output projection's input, SwiGLU's inputs, the
+// dispatched copies) are 1 byte a value.
+static double layer_acts_per_token(const Shape* m, int moe, int tp, int sp, int recompute, double s_kv, int fp8) {
     double h = m->width, t = tp, a = m->heads, drop = m->dropout, mla = m->kv_lora > 0;
+    double f = moe ? m->expert_ffn * (double)(m->top_k + m->shared) : m->ffn;
+    if (recompute == RECOMPUTE_NORMS) {
+        double b = fp8 ? 1 : 2;                                       // a kept product input's bytes
+        double rep = 2 * (h + h) + 2 * drop * h;                      // the norms' inputs; dropout masks
+        double split = b * d_v(m);                                    // the output projection's input
+        if (mla) split += b * (m->kv_lora + m->rope + m->q_lora);     // the latents (Q, K, V recomputed from them)
+        else split += 2 * d_qk(m) + 2 * 2 * m->kv_heads * head_dim(m); // Q, K, V
+        split += b * (m->swiglu ? 2 : 1) * f;                         // SwiGLU's (GELU's) inputs
+        if (moe) split += b * h * m->top_k;                           // the dispatched copies
+        return (sp ? rep / t : rep) + split / t;
+    }
     double rep = 2 * (2 * h + 2 * h) + 2 * drop * h; // attention and MLP: norm input, first matrix input; output dropout masks
     double k = mla ? d_qk(m) : m->kv_heads * head_dim(m), v = mla ? d_v(m) : m->kv_heads * head_dim(m);
     double split = 2 * d_qk(m) + 2 * k + 2 * v + 2 * d_v(m); // Q, K, V, the output projection's input
     if (mla) split += 2.0 * (m->kv_lora + m->rope + m->q_lora); // MLA's latents
-    double f = moe ? m->expert_ffn * (double)(m->top_k + m->shared) : m->ffn;
     split += m->swiglu ? 2 * (2 * f) + 2 * f : 2 * f + 2 * f; // SwiGLU: gate and up, their product; GELU: its input, output
     if (moe) split += 2 * h * m->top_k;                       // the token's dispatched copies
     double scores = recompute >= RECOMPUTE_SELECTIVE ? 0 : a * s_kv * (2 + 3 * drop); // softmax output (+ mask, dropped output)
     return (sp ? rep / t : rep) + split / t + scores / t;
 }
-static double layer_acts(const Shape* m, int tp, int sp, int recompute) { // per token, averaged over dense and MoE layers
+static double layer_acts(const Shape* m, int tp, int sp, int recompute, int fp8) { // per token, averaged over dense and MoE layers
     double moe = (double)moe_layers(m) / m->layers;
-    return (1 - moe) * layer_acts_per_token(m, 0, tp, sp, recompute, m->seq) +
-           moe * layer_acts_per_token(m, 1, tp, sp, recompute, m->seq);
+    return (1 - moe) * layer_acts_per_token(m, 0, tp, sp, recompute, m->seq, fp8) +
+           moe * layer_acts_per_token(m, 1, tp, sp, recompute, m->seq, fp8);
 }
 
 // Activations device r of the pipeline holds at its peak, in bytes: per microbatch and
@@ -351,13 +385,13 @@ static double layer_acts(const Shape* m, int tp, int sp, int recompute) { // per
 // (schedules.h; zbv: the checker's, passed as zbv_peak); the FP32 logits on the device with
 // the head (the last; zbv: device 0). Full recomputation keeps each layer's input only, and
 // the working set of the one layer that backward recomputes.
-static double stage_activation_bytes(const Shape* m, const Layout* l, const int* n, int r, double zbv_peak) {
+static double stage_activation_bytes(const Shape* m, const Layout* l, const int* n, int r, double zbv_peak, int fp8) {
     double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp;
     int S = l->pp;
-    double layer = tokens * layer_acts(m, l->tp, l->sp, l->recompute), logits = 4.0 * tokens * m->vocab / l->tp, once = 0;
+    double layer = tokens * layer_acts(m, l->tp, l->sp, l->recompute, fp8), logits = 4.0 * tokens * m->vocab / l->tp, once = 0;
     if (l->recompute == RECOMPUTE_FULL) {
         layer = tokens * 2.0 * m->width / (l->sp ? l->tp : 1);
-        once = tokens * layer_acts(m, l->tp, l->sp, RECOMPUTE_SELECTIVE);
+        once = tokens * layer_acts(m, l->tp, l->sp, RECOMPUTE_SELECTIVE, fp8);
     }
     double held = S == 1 ? 1 : l->sched == SCHEDULE_ZBV ? zbv_peak : schedule_peak_formula(l->sched, S, l->V, l->M, r);
     int last = l->sched == SCHEDULE_ZBV ? r == 0 : r == S - 1;
@@ -379,10 +413,11 @@ static double optimizer_params(double params, int zero, double shards) { return 
 // apart from the routed experts, which EP shares out), with the embedding on the first
 // device and the head and final norm on the last (zbv: both on device 0).
 static void stage_params(const Shape* m, const Layout* l, int n, int embedding, int head, double* dense, double* experts) {
-    double h = m->width, ends = h + 2.0 * m->vocab * h;
-    *dense = (n * (params_total(m) - params_experts(m) - ends) / m->layers + (embedding ? m->vocab * h : 0) +
-              (head ? m->vocab * h + h : 0)) / l->tp;
-    *experts = n * params_experts(m) / m->layers / l->tp / l->ep;
+    double h = m->width, ends = h + 2.0 * m->vocab * h, per_dense = (params_total(m) - params_experts(m) - ends) / m->layers;
+    double moe = moe_layers(m) > 0, per_experts = moe ? params_experts(m) / moe_layers(m) : 0;
+    double mtp = head ? m->mtp : 0; // the MTP modules (a block like the last, a 2h x h projection, two norms) with the head
+    *dense = (n * per_dense + (embedding ? m->vocab * h : 0) + (head ? m->vocab * h + h : 0) + mtp * (per_dense + 2 * h * h + 2 * h)) / l->tp;
+    *experts = (n * params_experts(m) / m->layers + mtp * per_experts) / l->tp / l->ep;
 }
 
 // ----------------------------------------------------------------------------
@@ -531,6 +566,13 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     double mb_s = ((1 - moe) * mb_d + moe * mb_e) / tokens;
     double head_s = linear_seconds(c, 1, tokens, h, (double)m->vocab / l->tp, 0, 1) / tokens +
                     head_membound_bytes(m, l->tp, l->sp) / c->hbm;
+    // multi-token prediction (DeepSeek-V3's report, section 2.2: D modules, each a projection
+    // of 2h to h, a block like the last layer and the shared head and loss again), on the
+    // device with the head (section 3.2.1); the model's FLOPs (MFU) leave it out
+    if (m->mtp > 0) {
+        double last = (moe > 0 ? (layer_seconds(c, m, pr, l, 1, seqs_mb, &core_e, &mb_e)) : layer_mb) / tokens;
+        head_s += m->mtp * (head_s + last + linear_seconds(c, 1, tokens, 2.0 * h, h / l->tp, pr->fp8, 1 + (l->recompute == RECOMPUTE_FULL)) / tokens);
+    }
     double embedding_s = embedding_membound_bytes(m) / c->hbm;
     // the stages, balanced (unevenly where the layers do not divide); the pipeline at the
     // slowest one's pace, for the tokens of a TP group
@@ -596,7 +638,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
     // memory: the device that holds the most, its stage's weights and activations
     for (int r = 0; r < l->pp; r++) {
-        double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak);
+        double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak, pr->fp8);
         stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
         double weights = state_bytes(dense, l->zero, shards) + state_bytes(experts, l->zero, expert_shards);
         if (weights + acts > k.memory) k.memory = weights + acts, k.weights = weights, k.acts = acts;
