@@ -568,7 +568,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
                     head_membound_bytes(m, l->tp, l->sp) / c->hbm;
     // multi-token prediction (DeepSeek-V3's report, section 2.2: D modules, each a projection
     // of 2h to h, a block like the last layer and the shared head and loss again), on the
-    // device with the head (section 3.2.1); the model's FLOPs (MFU) leave it out
+    // device with the head (section 3.2.3); the model's FLOPs (MFU) leave it out
     if (m->mtp > 0) {
         double last = (moe > 0 ? (layer_seconds(c, m, pr, l, 1, seqs_mb, &core_e, &mb_e)) : layer_mb) / tokens;
         head_s += m->mtp * (head_s + last + linear_seconds(c, 1, tokens, 2.0 * h, h / l->tp, pr->fp8, 1 + (l->recompute == RECOMPUTE_FULL)) / tokens);
