@@ -16,7 +16,7 @@
  *
  *   tools/costmodel predict CLUSTER SHAPE LAYOUT   # one layout: step time, MFU, memory, each term
  *   tools/costmodel rank CLUSTER SHAPE [LAYOUT]    # every layout that fits, best first
- *   tools/costmodel published                      # Llama 3 405B and DeepSeek-V3: rank, predicted vs published
+ *   tools/costmodel published                      # seven published runs: rank, predicted vs published
  *   tools/costmodel selftest                       # every formula, on cases computed by hand
  *
  * replay's model, for one step (every term per rank; ranks work in parallel):
@@ -1288,7 +1288,8 @@ static void usage(void) {
             "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout] [--mtp D]\n"
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
             "          --schedule gpipe|1f1b|interleaved|zb1|zbv --virtual V --microbatches M (rank: fixed for all)\n"
-            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N --devices N\n");
+            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --tp-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N\n"
+            "          --attention flash|unfused --devices N\n");
 }
 
 int main(int argc, char** argv) {

@@ -10,16 +10,19 @@
  *
  *   step = (compute + TP + CP + EP exposed) / (1 - bubble) + PP sends + DP exposed + optimizer
  *
- *   compute   each layer's FLOPs (plus what recomputation repeats) at the cluster's rates:
- *             peak x the fraction large matrix products reach (FP8 layers at the FP8 rate
- *             with --fp8), attention's core at its kernels' fraction; and its memory-bound
- *             work (norms, residuals, RoPE, SwiGLU, the MoE's copies, FP8's quantization)
- *             at HBM's rate. The first device also does the embedding, the last the head
- *             and the loss; layers are split so the slowest device is as fast as can be,
+ *   compute   a microbatch's matrix products at their shapes (M, N, K: tile and wave
+ *             quantization over the SMs, the roofline of skinny products; FP8 layers at
+ *             the FP8 rate with --fp8), attention's core at its kernel's rate for the
+ *             sequence (or unfused), every tensor-core rate at the clock a device sustains
+ *             at its power limit; and the memory-bound work (norms, residuals, RoPE,
+ *             SwiGLU, the MoE's copies, dropout, FP8's quantization) at HBM's rate. The
+ *             first device also does the embedding, the last the head, the loss and any
+ *             MTP modules; layers are split so the slowest device is as fast as can be,
  *             and the pipeline runs at its pace. Hidden traffic takes --comm-sms of the SMs
  *             while it runs.
  *   TP        Megatron's two all-reduces per layer forward and two backward (with sequence
- *             parallelism: an all-gather and a reduce-scatter for each, the same time)
+ *             parallelism: an all-gather and a reduce-scatter for each, the same time), a
+ *             stated fraction hidden behind the products (--tp-overlap)
  *   CP        each layer gathers the K and V of the whole sequence forward, again backward,
  *             and reduce-scatters their gradients; as a ring it hides behind attention
  *   EP        four all-to-alls per MoE layer (dispatch and combine, forward and backward;
@@ -32,17 +35,15 @@
  *             hidden behind compute (--dp-overlap)
  *   optimizer Adam's step over the device's ZeRO shard, memory-bound
  *
- * A collective over n devices that fit in a node uses the node's links, else the links
- * between nodes (the slowest link of a ring sets its pace): ring all-reduce 2(n-1) steps of
- * 1/n of the buffer, all-gather and reduce-scatter n-1 steps, each alpha + bytes / beta.
+ * A collective over n devices whose block of ranks divides a node uses the node's links,
+ * else the links between nodes, whose NICs the node's crossing rings share (the slowest link
+ * of a ring sets its pace): ring all-reduce 2(n-1) steps of 1/n of the buffer, all-gather
+ * and reduce-scatter n-1 steps, each alpha + bytes / beta, after NCCL's base latency.
  * "Hidden" traffic hides only behind compute that exists: at most the compute's time.
  *
- * Not modelled (each a reason real runs are slower than predicted): matrix shapes below
- * the best one's rate (BF16; FP8's figure is DeepGEMM's on DeepSeek-V3's own shapes), clocks
- * under sustained power limits, stragglers and jitter across thousands of devices,
- * congestion, kernel launches. Nor a memory saving DeepSeek-V3 made (activations cached in
- * FP8, only norms and up-projections recomputed): the model recomputes whole layers instead,
- * which is slower.
+ * Not modelled (each a reason real runs are slower than predicted): the A100's clock at its
+ * power limit (no sustained figure is published for it), stragglers and jitter across
+ * thousands of devices, congestion, kernel launches, DualPipe's schedule (zb1 stands for it).
  *
  * Memory: 2-byte weights and gradients and 12 bytes of FP32 master weights, m and v per
  * parameter, sharded by ZeRO's stage over the devices that hold the same weights; the
