@@ -32,7 +32,7 @@
  *   PP        a microbatch's activations across each stage boundary, forward and back
  *   DP        the gradients reduce-scattered and the parameters all-gathered (an all-
  *             reduce's time; ZeRO-3 gathers once more for backward), a stated fraction
- *             hidden behind compute (--dp-overlap)
+ *             hidden behind a microbatch's compute (--dp-overlap)
  *   optimizer Adam's step over the device's ZeRO shard, memory-bound
  *
  * A collective over n devices whose block of ranks divides a node uses the node's links,
@@ -628,7 +628,13 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
         double opt = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
         if (t + opt > dp + k.optimizer) dp = t, k.optimizer = opt;
     }
-    double dp_hidden = hidden(pr->dp_overlap, dp, k.compute);
+    // hidden (--dp-overlap) behind the compute that runs while it can: the gradients are
+    // reduce-scattered during the last microbatch's backward and the weights gathered during
+    // the first one's forward (Megatron-LM's distributed optimizer; MegaScale, section 3.2):
+    // a microbatch's compute. (ZeRO-3 gathers and reduce-scatters every microbatch, layer by
+    // layer, FSDP's prefetch: the model charges one microbatch's 1.5 all-reduces, hidden
+    // behind one microbatch's compute, the same share.)
+    double dp_hidden = hidden(pr->dp_overlap, dp, k.compute / l->M);
     k.dp = dp - dp_hidden;
     // hidden traffic is not free: its kernels take SMs from compute while they run (DeepSeek-
     // V3 gives 20 of an H800's 132 to its all-to-alls), and compute there runs on the rest
