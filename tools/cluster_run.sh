@@ -20,18 +20,22 @@ mkdir -p "$OUT"
 tools/cluster.sh --hosts "$HOSTS" -- -n 1 true || exit 2 # refuses clearly (not root, no namespaces, not OpenMPI)
 
 echo "== this machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
-echo "== compute: train.c's model, one step, by rows (tools/costmodel compute)"
-tools/costmodel compute | tee "$OUT/compute.txt"
+# The compute tables (train.c's step by rows) are measured again before each setting's runs,
+# as the links are: on a machine shared with other jobs the cores' load drifts over the hour
+# make cluster takes, and a table measured an hour before its runs predicts them badly.
 # The GPT's rows (a run named gpt*, of train.c --model gpt's family) are predicted from the
 # GPT's own step by rows, measured the same way: tools/costmodel compute --model gpt times
 # train.c's GPT (forward, backward and AdamW at 1, 2, 4, ... 64 names), so a GPT run's compute
 # is the GPT's, never the MLP's table scaled.
-compute_of() { # RUN: the compute table its prediction uses
+measure_compute() { # SETTING: this machine's compute now, the MLP's and the GPT's tables
+    echo "== compute before $1: train.c's model, one step, by rows (tools/costmodel compute; load average $(cut -d' ' -f1 /proc/loadavg))"
+    tools/costmodel compute | tee "$OUT/compute.$1.txt"
+    tools/costmodel compute --model gpt >"$OUT/compute_gpt.$1.txt"
+}
+compute_of() { # RUN SETTING: the compute table its prediction uses
     case $1 in
-        gpt*)
-            [ -f "$OUT/compute_gpt.txt" ] || tools/costmodel compute --model gpt >"$OUT/compute_gpt.txt"
-            echo "$OUT/compute_gpt.txt" ;;
-        *) echo "$OUT/compute.txt" ;;
+        gpt*) echo "$OUT/compute_gpt.$2.txt" ;;
+        *) echo "$OUT/compute.$2.txt" ;;
     esac
 }
 
@@ -51,6 +55,7 @@ link_of() { # SETTING RANKS: the file of the link's alpha and beta measured with
 }
 status=0
 columns="shm"
+measure_compute shm
 measure_link shm 2 tools/mpirun
 measure_link shm 8 tools/mpirun
 echo "== shared memory: every program on this machine's cores"
@@ -58,6 +63,7 @@ OUT="$OUT/shm" SCHEDULES=0 CLUSTER=1 QUICK=${QUICK:-0} bash tools/run_all.sh >"$
 cat "$OUT/shm/table.md" 2>/dev/null || tail -5 "$OUT/shm.log"
 for link in $LINKS; do
     launcher="tools/cluster.sh --hosts $HOSTS --link $link --"
+    measure_compute "$link"
     measure_link "$link" 2 $launcher
     measure_link "$link" 8 $launcher
     echo "== $HOSTS hosts, links of $link: every program, ranks spread over the hosts"
@@ -95,7 +101,7 @@ done
             hosts=$HOSTS
             [ "$c" = shm ] && hosts=1
             # a link whose alpha and beta tools/pingpong could not measure: the cell says so
-            if ! out=$(tools/costmodel replay "$sum" "$alpha" "$beta" "$(compute_of $run)" "$salpha" "$sbeta" "$hosts" 2>&1); then
+            if ! out=$(tools/costmodel replay "$sum" "$alpha" "$beta" "$(compute_of $run $c)" "$salpha" "$sbeta" "$hosts" 2>&1); then
                 printf ' %s / - (%s) |' "$measured" "$(printf '%s' "$out" | sed 's/^error: //' | head -c 120)"
                 continue
             fi

@@ -74,20 +74,24 @@ static double step_seconds(const Options* o, const Config* c, int R) {
     holding_load(&all, o, &names, c);
     Work w;
     work_init(&w, c, R, NULL);
-    enum { REPS = 41 };
-    double t[REPS];
-    for (int rep = -5; rep < REPS; rep++) {
+    // the mean of 41 steps or more, over half a second at least, as a run's step time is a
+    // mean (seconds / steps): on a machine shared with other jobs the steps that wait for a
+    // core count too, and a measurement shorter than a few of a scheduler's slices misses them
+    double total = 0, start = 0;
+    int reps = 0;
+    for (int rep = -5; rep < 41 || (now_seconds() - start < 0.5 && rep < 1000000); rep++) {
+        if (rep == 0) start = now_seconds();
         double t0 = now_seconds();
         Rows rows = training_rows(&names, o->seed, rep + 10, 0);
         model_forward_rows(c, s.params, &w, &rows, 0, R, R, NULL);
         fix_zero(s.grads, s.n);
         model_backward(c, s.params, s.grads, &w, R, R);
         optimizer_step(&o->opt, s.params, s.grads, s.m, s.v, s.n, grad_factor(R), 1.0f, rep + 10);
-        if (rep >= 0) t[rep] = now_seconds() - t0;
+        if (rep >= 0) total += now_seconds() - t0, reps++;
     }
     work_free(&w);
     state_free(&s);
-    return median(t, REPS);
+    return total / reps;
 }
 
 // ----------------------------------------------------------------------------
