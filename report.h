@@ -327,14 +327,23 @@ static void figures_print(const Figures* f, int n, const char* sent_words, const
     }
 }
 
+// The model a run trained, as its --summary's model= line gives it: tools/costmodel compute
+// prints the same line above its table, and replay refuses a run whose model is not its table's.
+static void model_words(const Config* c, char* s, size_t n) {
+    snprintf(s, n, "%s vocab=%d context=%d emb=%d hidden=%d layers=%d heads=%d experts=%d top_k=%d", model_names[c->model], c->vocab,
+             c->context, c->emb, c->hidden, c->layers, c->heads, c->experts, c->top_k);
+}
+
 // --summary: the run's figures as key=value lines (every rank's in order), and its names.
 static void summary_write(const char* path, const char* program, const char* layout, double val_loss,
                           const Progress* pr, const Figures* f, int n, const int* names, int max_len,
                           const Dataset* ds) {
     WholeFile whole;
     FILE* out = whole_open(&whole, path, "summary");
-    fprintf(out, "program=%s\nlayout=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
-            layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
+    char model[256];
+    model_words(&pr->o->model, model, sizeof model);
+    fprintf(out, "program=%s\nlayout=%s\nmodel=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
+            layout, model, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
     for (int i = 0; i < pr->o->samples; i++) {
         fputs("name=", out);
         dataset_write_name(ds, names + (long)i * (max_len + 1), max_len + 1, out);

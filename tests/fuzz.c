@@ -293,13 +293,15 @@ static int run_one(const uint8_t* data, size_t size) {
         return 0;
     }
     double all[] = {c.flops, c.efficiency, c.fp8_flops, c.fp8_efficiency, c.memory, c.alpha_intra, c.beta_intra,
-                    c.alpha_inter, c.beta_inter, c.attention_efficiency, c.hbm};
+                    c.alpha_inter, c.beta_inter, c.attention_efficiency, c.hbm, c.attention_half_seq, c.collective_latency,
+                    c.sustained};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!isfinite(all[i]) || all[i] < 0) abort();
     if (c.nodes < 1 || c.per_node < 1 || (double)c.nodes * c.per_node > CLUSTER_MAX_DEVICES || !(c.flops > 0) ||
         !(c.efficiency > 0) || c.efficiency > 1 || c.fp8_efficiency > 1 || !(c.memory > 0) || !(c.beta_intra > 0) ||
         !(c.beta_inter > 0) || !c.name[0] || (c.fp8_flops > 0) != (c.fp8_efficiency > 0) ||
-        !(c.attention_efficiency > 0) || c.attention_efficiency > 1 || !(c.hbm > 0) || c.sms < 0 || c.sms > 100000)
+        !(c.attention_efficiency > 0) || c.attention_efficiency > 1 || !(c.hbm > 0) || c.sms < 0 || c.sms > 100000 ||
+        c.nics < 1 || c.nics > 1024 || !(c.sustained > 0) || c.sustained > 1)
         abort();
     return 0;
 }
