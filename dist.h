@@ -64,8 +64,9 @@ static void count_received(Group* g, double bytes) {
 }
 
 // Message tags, one per kind of message, so that a receive can only match its own kind.
-// A pipeline's activations and gradients are tagged with their microbatch (pp_tag in
-// train_pp.c), from TAG_MICROBATCH up: MPI promises tags up to 32767.
+// A pipeline's activations and gradients are tagged with the stream they belong to, the
+// receiving chunk and the direction (train_pp.c's messages), from TAG_MICROBATCH up: MPI
+// promises tags up to 32767.
 enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT, TAG_MICROBATCH = 1024 };
 
 static int type_bytes(MPI_Datatype t) {

@@ -11,14 +11,17 @@
  *
  *   make run's 3D grid, --tp 2 --pp 2 --dp 2: world rank = ((replica x P + stage) x C + cp) x T + tp
  *
- *                  data replica 0 (rows 0-15)        data replica 1 (rows 16-31)
+ *                  data replica 0                    data replica 1
+ *                  (rows 0-3 of each 8-row           (rows 4-7 of each: 4 microbatches
+ *                   microbatch of 32 rows)            of 8, each shared by the replicas)
  *   stage 0        rank 0 | rank 1   <-- ZeRO -->   rank 4 | rank 5
  *                  tp 0     tp 1                    tp 0     tp 1
  *                    |  activations / gradients       |
  *   stage 1        rank 2 | rank 3   <-- ZeRO -->   rank 6 | rank 7
  *
- *   make run's 4D grid, --model gpt --tp 2 --cp 2 --pp 2: each box above is two ranks, of
- *   context 0 and 1, holding positions {0-3, 12-15} and {4-11} of every row (zigzag)
+ *   make run's 4D grid, --model gpt --tp 2 --cp 2 --pp 2 (--dp 1: replica 0 only, all of
+ *   each microbatch): each rank of replica 0 above becomes two, of context 0 and 1, holding
+ *   positions {0-3, 12-15} and {4-11} of every row (zigzag)
  *   make run's 5D grid, --model gpt --experts 4 --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 (16
  *   ranks): replicas 0 and 1 form an expert-parallel group, rank w of replica 0 and rank
  *   w + 8 of replica 1 exchanging each block's tokens by all-to-all (experts 0-1 on the
@@ -70,27 +73,29 @@
 // ----------------------------------------------------------------------------
 // the strategy: the grid, as a table of axes
 //
-// A rank's coordinates: tp, cp, stage, and its data replica, replica = group E + member
-// when the expert axis (E of the D replicas) is carved out of the data axis. World rank =
-// ((replica x P + stage) x C + cp) x T + tp: tensor-parallel ranks are adjacent (they talk
-// every layer, forward and backward), then context-parallel (K and V, every layer), then
-// pipeline, then data (once a step): Llama 3's order. An axis's group is the ranks whose
-// other coordinates are all this rank's; within it they are numbered by its coordinates,
-// in the same order (grid_group).
+// A rank's coordinates, the most significant first: its data replica as two, the expert
+// group it belongs to and its member number there (replica = egroup x E + member, when the
+// expert axis, E of the D replicas, is carved out of the data axis; E = 1: member 0), then
+// stage, cp and tp. World rank = ((replica x P + stage) x C + cp) x T + tp: tensor-parallel
+// ranks are adjacent (they talk every layer, forward and backward), then context-parallel
+// (K and V, every layer), then pipeline, then data (once a step): Llama 3's order. An
+// axis's group is the ranks whose other coordinates are all this rank's; within it they are
+// numbered by its own coordinates, in the same order (grid_group).
 
 enum { TENSOR, CONTEXT, PIPELINE, DATA, EXPERT, EXPERT_DATA, N_AXES };
+enum { EGROUP, MEMBER, STAGE, CP, TP }; // a coordinate's index, the most significant first
 typedef struct {
     const char* name;
-    int tp, cp, stage, group, member; // 1: this coordinate varies within the axis's groups
+    int varies[5]; // 1: this coordinate varies within the axis's groups
 } Axis;
 static const Axis axes[N_AXES] = {
-    //  name            tp  cp  stage  group  member   (replica = group E + member)
-    {"tensor",          1,  0,  0,     0,     0},      // T ranks: one stage's slices, of one replica and context
-    {"context",         0,  1,  0,     0,     0},      // C ranks: a row's positions
-    {"pipeline",        0,  0,  1,     0,     0},      // P ranks: the stages
-    {"data",            0,  1,  0,     1,     1},      // D x C ranks: one slice of one stage, for other rows and positions
-    {"expert",          0,  0,  0,     0,     1},      // E replicas: their experts, one group's
-    {"expert data",     0,  1,  0,     1,     0},      // D/E x C ranks: the same experts, for other rows and positions
+    //  name           egroup member stage cp  tp
+    {"tensor",        {0,     0,     0,    0,  1}}, // T ranks: one stage's slices, of one replica and context
+    {"context",       {0,     0,     0,    1,  0}}, // C ranks: a row's positions
+    {"pipeline",      {0,     0,     1,    0,  0}}, // P ranks: the stages
+    {"data",          {1,     1,     0,    1,  0}}, // D x C ranks: one slice of one stage, for other rows and positions
+    {"expert",        {0,     1,     0,    0,  0}}, // E replicas: their experts, one group's
+    {"expert data",   {1,     0,     0,    1,  0}}, // D/E x C ranks: the same experts, for other rows and positions
 };
 
 typedef struct {
@@ -100,34 +105,32 @@ typedef struct {
     Group world;       // every rank: the clipping norm, the load-balancing loss
 } Grid;
 
-// World rank q's coordinates, as five numbers: tp, cp, stage, and replica / E, replica % E.
+// World rank q's coordinates: egroup, member, stage, cp, tp.
 static void grid_coords(const Grid* g, int q, int* x) {
     int replica = q / (g->T * g->C * g->P);
-    int coord[5] = {q % g->T, q / g->T % g->C, q / (g->T * g->C) % g->P, replica / g->E, replica % g->E};
+    int coord[5] = {replica / g->E, replica % g->E, q / (g->T * g->C) % g->P, q / g->T % g->C, q % g->T};
     memcpy(x, coord, sizeof coord);
 }
 // Axis a's group of this rank: MPI_Comm_split with a colour that numbers the other
-// coordinates (those a group shares) and a key that numbers its own, each in the world
-// rank's order (group, member, stage, cp, tp: the most significant first).
+// coordinates (those a group shares) and a key that numbers its own, each as a number in
+// the world rank's order.
 static void grid_group(Grid* g, int a, Group* out) {
-    const Axis* x = &axes[a];
-    int c[5], size[5] = {g->T, g->C, g->P, g->D / g->E, g->E}, varies[5] = {x->tp, x->cp, x->stage, x->group, x->member};
+    int c[5], size[5] = {g->D / g->E, g->E, g->P, g->C, g->T};
     grid_coords(g, world_rank, c);
-    int color = 0, key = 0, order[5] = {3, 4, 2, 1, 0}; // group, member, stage, cp, tp
-    for (int j = 0; j < 5; j++) {
-        int i = order[j];
-        if (varies[i]) key = key * size[i] + c[i];
+    int color = 0, key = 0;
+    for (int i = 0; i < 5; i++) {
+        if (axes[a].varies[i]) key = key * size[i] + c[i];
         else color = color * size[i] + c[i];
     }
     MPI_Comm_split(MPI_COMM_WORLD, color, key, &out->comm);
     MPI_Comm_rank(out->comm, &out->rank);
     MPI_Comm_size(out->comm, &out->size);
-    out->name = x->name, out->sent = out->received = 0;
+    out->name = axes[a].name, out->sent = out->received = 0;
 }
 static void grid_init(Grid* g) {
     int c[5];
     grid_coords(g, world_rank, c);
-    g->tp = c[0], g->cp = c[1], g->stage = c[2], g->replica = c[3] * g->E + c[4];
+    g->tp = c[TP], g->cp = c[CP], g->stage = c[STAGE], g->replica = c[EGROUP] * g->E + c[MEMBER];
     for (int a = 0; a < N_AXES; a++) grid_group(g, a, &g->axis[a]);
     g->world = group_world("world");
 }
@@ -235,7 +238,7 @@ static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, floa
     Run* r = ctx;
     for (int u = hi - 1; u >= lo; u--) {
         const float* w = fsdp_unit_params(&r->fsdp, u, u - 1 >= lo ? u - 1 : -1);    // ZeRO: gathered again
-        tp_unit_recompute(&r->tensor, &r->cfg, u, w, a, sc, R, &r->ws);              // --recompute
+        tp_unit_recompute(&r->tensor, &r->cfg, u, w, a, sc, R, &r->ws);              // --recompute (full: not with experts, cli.h)
         if (is_moe(&r->cfg, u)) {
             grid_moe_backward(r, u, w, a, sc, R, batch, next_moe(r, u - 1, lo, hi));
         } else {
@@ -576,6 +579,7 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, d
             if (g->C > 1) { // K and V of each block: train_cp.c's formula, at this rank's heads
                 double N = g->C, blk = (double)rows * r->context.Tq * r->tensor.dims.A;
                 axis[3] += 2 * (2 * (N - 1) * 4 * blk) + (r->ring ? 2 * N * 8 * blk : 2 * (N - 1) * 8 * blk);
+                if (c->recompute) axis[3] += 2 * (N - 1) * 4 * blk; // attention's forward again: K and V once more
             }
             if (!moe) continue;
             Expert e = moe_expert(c, u);
@@ -621,23 +625,23 @@ static void grid_print(const Run* r, int batch) {
     for (int q = 0; q < world_size; q++) {
         int c[5];
         grid_coords(g, q, c);
-        int replica = c[3] * g->E + c[4];
+        int replica = c[EGROUP] * g->E + c[MEMBER];
         long first;
         int R = microbatch_rows(batch, r->M, 0, g->D, replica, &first);
-        printf("  rank %-3d   tp %d, cp %d, stage %d, replica %d", q, c[0], c[1], c[2], replica);
-        if (r->cfg.experts) printf(" (expert group %d, member %d)", c[3], c[4]);
+        printf("  rank %-3d   tp %d, cp %d, stage %d, replica %d", q, c[TP], c[CP], c[STAGE], replica);
+        if (r->cfg.experts) printf(" (expert group %d, member %d)", c[EGROUP], c[MEMBER]);
         printf(":");
-        for (int v = 0; v < r->V; v++) pp_print_units(&r->cfg, r->first, chunk_global(r->sched, g->P, c[2], v));
+        for (int v = 0; v < r->V; v++) pp_print_units(&r->cfg, r->first, chunk_global(r->sched, g->P, c[STAGE], v));
         printf(" (rows %ld-%ld of microbatch 0", first, first + R - 1);
         if (g->C > 1) {
             printf(", positions");
-            for (int i = 0; i < r->context.Tq; i++) printf(" %d", cp_pos_of(&r->context, c[1])[i]);
+            for (int i = 0; i < r->context.Tq; i++) printf(" %d", cp_pos_of(&r->context, c[CP])[i]);
         }
-        printf(", slice %d of %d, shard %d of %d", c[0], g->T, replica * g->C + c[1], g->D * g->C);
+        printf(", slice %d of %d, shard %d of %d", c[TP], g->T, replica * g->C + c[CP], g->D * g->C);
         if (r->cfg.experts) {
             long xlo, xhi;
-            split_range(r->cfg.experts, g->E, c[4], &xlo, &xhi);
-            printf("; experts %ld-%ld of each block, shard %d of %d", xlo, xhi - 1, c[3] * g->C + c[1], g->D / g->E * g->C);
+            split_range(r->cfg.experts, g->E, c[MEMBER], &xlo, &xhi);
+            printf("; experts %ld-%ld of each block, shard %d of %d", xlo, xhi - 1, c[EGROUP] * g->C + c[CP], g->D / g->E * g->C);
         }
         printf(")\n");
     }

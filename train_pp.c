@@ -20,7 +20,7 @@
  *   bubble  the fraction of the step a rank waits: (S-1)/(M+S-1) for GPipe and 1F1B on S
  *           ranks; every schedule's in schedules.h
  *
- *   make train_pp && mpirun -n 2 ./train_pp --layers 2 --microbatches 4 --schedule 1f1b
+ *   make train_pp && mpirun -n 2 ./train_pp --microbatches 4 --schedule 1f1b      # the picture above
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule interleaved --virtual 2
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule dualpipev --timeline
  *
@@ -120,6 +120,7 @@ typedef struct {
     int split;        // the list runs I and W apart (then I stashes what W needs)
     Held* held;       // [room] the activations in flight; room: the most the list holds at once
     int room;
+    float* recompute_room; // --recompute: one block's room that every slot shares (one backward at a time)
     float* outbox;    // the copy of each message sent this step: a slot each (chunk v, microbatch, direction)
     MPI_Request* sent; //   and its request; msg_floats a slot
     long msg_floats;
@@ -180,6 +181,13 @@ static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int 
     p->room = pp_list_peak(p->actions, p->n_actions);
     p->held = callocCheck(p->room > 0 ? p->room : 1, sizeof(Held));
     for (int j = 0; j < p->room; j++) p->held[j].mb = -1;
+    long recompute_floats = 0;
+    for (int v = 0; v < V; v++) {
+        int k = chunk_global(sched, p->S, p->rank, v);
+        long f = acts_room_per_row(c, first[k], first[k + 1], sizes);
+        recompute_floats = f > recompute_floats ? f : recompute_floats;
+    }
+    p->recompute_room = recompute_floats ? mallocCheck(sizeof(float) * p->mb_rows * recompute_floats) : NULL;
     // a slot for each message of a step, as wide as the widest a chunk of this rank sends
     int widest = 1;
     for (int v = 0; v < V; v++) {
@@ -200,6 +208,7 @@ static void pp_free(Pp* p) {
     for (int v = 0; v < p->V; v++) acts_free(&p->pass[v]);
     for (int r = 0; r < p->S; r++) free(p->lists[r]);
     free(p->lists), free(p->counts), free(p->held), free(p->outbox), free(p->sent), free(p->timed);
+    free(p->recompute_room);
     scratch_free(&p->scratch);
 }
 
@@ -271,7 +280,7 @@ static Held* pp_hold(Pp* p, int k, int m) {
     Held* h = p->held;
     while (h->mb >= 0) h++;
     int lo = p->first[k], hi = p->first[k + 1];
-    acts_init(&h->acts, p->c, p->mb_rows, lo, hi, p->sizes);
+    acts_init_lent(&h->acts, p->c, p->mb_rows, lo, hi, p->sizes, p->recompute_room);
     for (int u = lo; u < hi && p->split; u++)
         h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * unit_stash_at(p->c, p->sizes, u));
     h->chunk = k, h->mb = m;
@@ -420,12 +429,11 @@ static void pp_timeline(const Pp* p) {
     for (int i = 0; i < n; i++) {
         int m = p->timed[i].mb;
         char op = p->timed[i].op;
-        mark[i] = op == 'F' ? (m < 10 ? (char)('0' + m) : (char)('A' + (m - 10) % 26))
-                : op == 'W' ? (char)('A' + m % 26) : (char)('a' + m % 26);
+        mark[i] = op == 'F' ? (char)('0' + m % 10) : op == 'W' ? (char)('A' + m % 26) : (char)('a' + m % 26);
         t0[i] = p->timed[i].t0, t1[i] = p->timed[i].t1;
     }
     dist_draw_timeline(p->group->comm, n, t0, t1, mark, "stage", 100, "forward of microbatch 0, 1, 2 ... drawn as "
-                       "0 1 2 ..., its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
+                       "0 1 2 ... (its last digit), its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
     free(mark), free(t0), free(t1);
 }
 
@@ -445,16 +453,26 @@ static double pp_sent_formula(const Pp* p) {
     if (p->rank == pp_last_rank(p) && p->rank != 0) sent += 8;
     return sent;
 }
-// The bytes of one microbatch of mb_rows through chunk k (with what W needs, for I/W lists).
+// The bytes of one microbatch of mb_rows through chunk k (with what W needs, for I/W lists),
+// but the one block's room of --recompute, which all share (pp_room_bytes).
 static double pp_chunk_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows, int k) {
-    double row = acts_bytes_per_row(c, p->first[k], p->first[k + 1], sizes);
+    double row = acts_bytes_per_row(c, p->first[k], p->first[k + 1], sizes) -
+                 4.0 * acts_room_per_row(c, p->first[k], p->first[k + 1], sizes);
     for (int u = p->first[k]; u < p->first[k + 1] && p->split; u++) row += 4.0 * unit_stash_at(c, sizes, u);
     return (double)mb_rows * row;
+}
+static double pp_room_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
+    long most = 0;
+    for (int v = 0; v < p->V; v++) {
+        long f = acts_room_per_row(c, p->first[p->chunk[v]], p->first[p->chunk[v] + 1], sizes);
+        most = f > most ? f : most;
+    }
+    return 4.0 * mb_rows * most;
 }
 // The activations this rank holds at its peak, in bytes: its list walked as the executor
 // runs it (each chunk's microbatch held from its F to its B or W), the most at any time.
 static double pp_acts_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
-    double held = 0, most = 0;
+    double held = pp_room_bytes(p, c, sizes, mb_rows), most = held;
     for (int i = 0; i < p->n_actions; i++) {
         const Action* a = &p->actions[i];
         if (a->op == 'F' || a->op == '&') held += pp_chunk_bytes(p, c, sizes, mb_rows, a->chunk);
@@ -469,7 +487,7 @@ static double pp_acts_bytes(const Pp* p, const Config* c, const UnitSizes* sizes
 static double pp_acts_formula(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
     double stage = 0;
     for (int v = 0; v < p->V; v++) stage += pp_chunk_bytes(p, c, sizes, mb_rows, p->chunk[v]);
-    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->rank) * stage;
+    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->rank) * stage + pp_room_bytes(p, c, sizes, mb_rows);
 }
 
 // The end of the report (rank 0 of the pipeline): the bubble every rank measured beside the
@@ -479,7 +497,8 @@ static void pp_print_theory(const Pp* p) {
     // the time of each kind of computation in the last step, summed over the ranks
     double sum[8] = {0}, tot[8]; // F, B, I, W: seconds, then how many
     for (int j = 0; j < p->n_timed; j++) {
-        int kind = (int)(strchr("FBIW", p->timed[j].op) - "FBIW");
+        static const char ops[] = "FBIW";
+        int kind = (int)(strchr(ops, p->timed[j].op) - ops);
         sum[kind] += p->timed[j].t1 - p->timed[j].t0, sum[4 + kind] += 1;
     }
     MPI_Reduce(sum, tot, 8, MPI_DOUBLE, MPI_SUM, 0, p->group->comm);
@@ -580,7 +599,7 @@ static double validation_loss(void* ctx) {
 
 // The formulas of figures(), in words, for the report.
 static const char sent_words[] = "4 bytes x rows x (activations out + gradients in, of each chunk whose neighbour is on another rank) + 8 loss";
-static const char mem_words[] = "(4 + 8 + 8 AdamW) bytes x its parameters + peak x microbatch activations";
+static const char mem_words[] = "(4 + 8 + 8 AdamW) bytes x its parameters + peak x microbatch activations (+ one block's room with --recompute)";
 
 // What this rank sent and holds, each beside its formula, and the bubble it measured.
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int batch) {

@@ -1285,8 +1285,8 @@ section_3d() {
     same_as 3d_odd "3d: --tp 2 --pp 2 on 8 ranks leaves --dp 2, same as train.c" \
         $MPIRUN -n 8 ./train_3d --tp 2 --pp 2 $flags
     run "$TMP/grid" $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --steps 2 --samples 0
-    check "3d: rank 0 prints the grid, every rank's (tp, cp, pp, dp) and its units, tensor fastest, data slowest" \
-        bash -c "grep -q 'rank 3 *tp 1, cp 0, pp 1, dp 0: linear 2 + loss' '$TMP/grid' && test \$(grep -c '^  rank [0-9]* *tp [0-9], cp 0, pp [0-9], dp [0-9]:' '$TMP/grid') = 8"
+    check "3d: rank 0 prints the grid, every rank's (tp, cp, stage, replica) and its units, tensor fastest, data slowest" \
+        bash -c "grep -q 'rank 3 *tp 1, cp 0, stage 1, replica 0: linear 2 + loss (rows 0-3 of microbatch 0' '$TMP/grid' && grep -q 'rank 4 *tp 0, cp 0, stage 0, replica 1: embedding linear 1 (rows 4-7 of microbatch 0' '$TMP/grid' && test \$(grep -c '^  rank [0-9]* *tp [0-9], cp 0, stage [0-9], replica [0-9]:' '$TMP/grid') = 8"
     expect_error 2 "--tp 2 x --cp 1 x --dp 2 x --pp 2 = 8, but mpirun started 4 ranks" "3d: a grid that is not the world size is refused on every rank" -- $MPIRUN -n 4 ./train_3d --tp 2 --dp 2 --pp 2
     expect_error 2 "say how to arrange them" "3d: an ambiguous grid is refused" -- $MPIRUN -n 4 ./train_3d --tp 2
     expect_error 2 "--pp 4 but the model has only 3 units" "3d: more stages than units is refused" -- $MPIRUN -n 4 ./train_3d --pp 4 --dp 1
@@ -1708,6 +1708,17 @@ section_recompute() {
         accounting "recompute: tp --sp, 2 ranks, --recompute $how (the second forward's f and g counted)" 0 \
             $MPIRUN -n 2 ./train_tp --sp $m --recompute $how
     done
+    accounting "recompute: 3d --tp 2 --cp 2 --pp 2, selective (attention's K and V round the ring again)" 128 \
+        $MPIRUN -n 8 ./train_3d $m --tp 2 --cp 2 --pp 2 --dp 1 --recompute selective
+    # a pipeline's microbatches in flight keep what each block keeps, and share one block's room
+    local p4="--model gpt --emb 16 --heads 4 --layers 4" held=""
+    for how in none selective full; do
+        accounting "recompute: pp, 2 stages, 1f1b, --recompute $how (memory = the peak's formula)" 0 \
+            $MPIRUN -n 2 ./train_pp $p4 --recompute $how
+        held="$held $(sed -n 's/^rank=0 .*acts=\([0-9.e+]*\).*/\1/p' "$TMP/acc.sum")"
+    done
+    check "recompute: train_pp's stage 0 holds fewer activations with selective, fewer again with full (${held# } B)" \
+        awk -v h="$held" 'BEGIN { n = split(h, v, " "); exit !(n == 3 && v[1] + 0 > v[2] + 0 && v[2] + 0 > v[3] + 0 && v[3] + 0 > 0) }'
     # refused, saying why
     expect_error 2 "--recompute applies to --model gpt" "recompute: the MLP is refused (nothing to recompute)" -- ./train --recompute full
     expect_error 2 "--recompute full with --experts" "recompute: full with experts is refused" -- ./train $g --experts 4 --recompute full
