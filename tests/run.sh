@@ -1437,7 +1437,13 @@ section_ep_gpt() {
 accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, memory within 5%, sent = received
     local name=$1 bound=$2
     shift 2
+    rm -f "$TMP/acc.sum" # a run that fails must not leave the one before's figures to check
     run "$TMP/acc.out" "$@" --steps 6 --samples 0 --summary "$TMP/acc.sum"
+    local status=$?
+    if [ $status != 0 ]; then
+        fail "accounting: $name (exit $status: $(grep -m1 -E '^error' "$TMP/acc.out" | cut -c1-200))"
+        return
+    fi
     check "accounting: $name ($(awk '/^rank=0/ { for (i = 2; i <= NF; i++) printf "%s ", $i }' "$TMP/acc.sum" | cut -c1-80))" \
         awk -v bound="$bound" '/^rank=/ { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
             d = v["sent"] - v["sent_formula"]; if (d < 0) d = -d; if (d > bound) bad = 1; sent += v["sent"]; got += v["received"];
@@ -1446,6 +1452,7 @@ accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, 
 }
 section_accounting() {
     accounting "train.c sends nothing" 0 ./train
+    accounting "train.c replaces its own --summary of the run before (its model= line read as one)" 0 ./train
     accounting "dp, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_dp
     accounting "dp --overlap, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_dp --overlap --bucket-kb 8
     accounting "dp, 3 ranks, hidden 100" 128 $MPIRUN -n 3 ./train_dp --hidden 100
