@@ -1066,7 +1066,7 @@ section_tp() {
         bash -c "./train ${flags/--steps 120/--steps 70} --quiet --save $TMP/half.ckpt >/dev/null &&
                  $MPIRUN -n 4 ./train_tp $flags --load $TMP/half.ckpt \"\$@\"" _
     expect_error 2 "5 ranks but a hidden size of 4" "tp: more ranks than hidden units is refused" -- $MPIRUN -n 5 ./train_tp --hidden 4
-    expect_error 2 "unknown flag '--microbatches'" "tp: a flag of another program is refused" -- $MPIRUN -n 2 ./train_tp --microbatches 2
+    expect_error 2 "unknown flag '--schedule'" "tp: a flag of another program is refused" -- $MPIRUN -n 2 ./train_tp --schedule 1f1b
     expect_error 1 "is of a different model" "tp: a checkpoint of another model is refused on every rank" -- $MPIRUN -n 2 ./train_tp --load "$TMP/tp_odd.ckpt"
 }
 
