@@ -1224,9 +1224,11 @@ section_schedules() {
     check "schedules: tools/schedules builds and checks zbv for 2 ranks and 65,536 microbatches in under 10 s" \
         timeout 10 tools/schedules zbv 2 2 65536
     run "$TMP/big" $MPIRUN -n 2 ./train_pp --layers 2 --hidden 16 --schedule zbv --microbatches 16384 --batch 16384 \
-        --steps 2 --eval-every 0 --samples 2 --timeout 5 --save "$TMP/big.ckpt"
+        --steps 2 --eval-every 0 --samples 2 --timeout 60 --save "$TMP/big.ckpt"
     local status=$?
-    check "schedules: zbv with 16,384 microbatches under --timeout 5 finishes, saved, with its report (exit $status)" \
+    # (a step of 16,384 microbatches takes about a second on an idle core, 5 s and more on a
+    # loaded machine: the watchdog's limit is generous, the point is that the step ends)
+    check "schedules: zbv with 16,384 microbatches under --timeout 60 finishes, saved, with its report (exit $status)" \
         bash -c "test $status = 0 && grep -q '^  all ranks: bubble' '$TMP/big' && test -s '$TMP/big.ckpt'"
     # tools/schedules refuses nonsense, naming it
     expect_error 2 "--f must be a decimal number above 0 .* got 'nan'" "schedules: tools/schedules --f nan is refused, naming the flag" \
