@@ -66,7 +66,9 @@ static void count_received(Group* g, double bytes) {
 // Message tags, one per kind of message, so that a receive can only match its own kind.
 // A pipeline's activations and gradients are tagged with their microbatch (pp_tag in
 // train_pp.c), from TAG_MICROBATCH up: MPI promises tags up to 32767.
-enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT, TAG_MICROBATCH = 1024 };
+enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT,
+       TAG_KEYS, TAG_VALUES, TAG_KEY_GRADS, TAG_VALUE_GRADS, // ring attention's K, V, dK, dV (train_cp.c)
+       TAG_MICROBATCH = 1024 };
 
 static int type_bytes(MPI_Datatype t) {
     int s;
@@ -250,6 +252,16 @@ static void group_isend(Group* g, const void* buf, long count, MPI_Datatype type
 static void group_irecv(Group* g, void* buf, long count, MPI_Datatype type, int from, int tag, MPI_Request* req) {
     MPI_Irecv(buf, (int)count, type, from, tag, g->comm, req);
     count_received(g, (double)count * type_bytes(type));
+}
+// Waits for n posted messages of a group; `what` names them for the watchdog and --trace.
+static void group_waitall(Group* g, MPI_Request* req, int n, const char* what) {
+    double t = now_seconds();
+    waiting_for = what;
+    MPI_Status status[16]; // (not MPI_STATUSES_IGNORE: gcc warns on MPICH's)
+    if (n > 16) fatal("internal: group_waitall of %d requests, at most 16", n);
+    MPI_Waitall(n, req, status);
+    waiting_for = NULL;
+    trace_event("comm", t, now_seconds(), 0, "%s %s", what, g->name);
 }
 
 // ============================================================================

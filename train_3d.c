@@ -689,10 +689,8 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, l
         axis[0] += tp_sent_formula(&r->tensor, c, r->pipe.u_lo[v], r->pipe.u_hi[v], (double)rows);
         for (int u = r->pipe.u_lo[v]; u < r->pipe.u_hi[v]; u++) {
             if (u == 0 || u > c->layers) continue;
-            if (r->Cp > 1) { // K and V of each block: train_cp.c's formula, at this rank's heads
-                double N = r->Cp, blk = (double)rows * r->context.Tq * r->tensor.dims.A;
-                axis[3] += 2 * (2 * (N - 1) * 4 * blk) + (r->ring ? 2 * N * 8 * blk : 2 * (N - 1) * 8 * blk);
-            }
+            if (r->Cp > 1) // K and V of each block: train_cp.c's formula, at this rank's heads
+                axis[3] += cp_sent_per_block(&r->context, (double)rows * r->context.Tq * r->tensor.dims.A);
             if (!moe) continue;
             Expert e = moe_expert(c, u);
             axis[4] += per_step(pr, ep_a2a_bytes_of(&e, r->routed[u]));
@@ -785,7 +783,7 @@ int main(int argc, char** argv) {
     int rows = pass_rows(&o, (hi - lo + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
     tp_init(&run.tensor, &run.tp_group, cfg, rows, run.sp);
     if (run.Cp > 1) { // the positions of this context-parallel rank, and attention across them
-        cp_init(&run.context, &run.cp_group, cfg, rows, run.ring, run.zigzag, 0);
+        cp_init(&run.context, &run.cp_group, cfg, rows, run.ring ? CP_RING : CP_ALLGATHER, run.zigzag, 0);
         run.tensor.dims.Tq = run.context.Tq, run.tensor.dims.pos = run.context.dims.pos;
         run.tensor.attend = grid_attend, run.tensor.attend_backward = grid_attend_backward, run.tensor.attend_ctx = &run;
     }
@@ -810,7 +808,7 @@ int main(int argc, char** argv) {
     if (run.Cp > 1)
         snprintf(layout, sizeof layout, "grid of %d tensor x %d context x %d pipeline x %d data = %d ranks; ZeRO stage "
                  "%d; %d microbatch%s, %s; attention by %s, %s split%s", run.T, run.Cp, run.P, run.D, world_size, run.zero,
-                 run.M, run.M > 1 ? "es" : "", schedule_names[run.sched], run.ring ? "ring" : "all-gather", run.zigzag ? "zigzag" : "contiguous",
+                 run.M, run.M > 1 ? "es" : "", schedule_names[run.sched], cp_comm_names[run.ring ? CP_RING : CP_ALLGATHER], run.zigzag ? "zigzag" : "contiguous",
                  run.sp ? "; sequence parallel" : "");
     if (cfg->experts) {
         size_t at = strlen(layout);
