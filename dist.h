@@ -15,7 +15,8 @@
  * avoids a trap: OpenMPI 4.1's MPI_Reduce_scatter_block took 28 ms here for a buffer this
  * ring reduce-scatters in 0.5 ms. The non-blocking ones (train_dp.c --overlap,
  * train_fsdp.c --prefetch) are MPI's own, MPI_Iallreduce and MPI_Iallgather; for those
- * the counter adds what the ring would send.
+ * the counter adds what the ring would send. So is the all-to-all (train_cp.c's Ulysses),
+ * counted piece by piece.
  *
  * Counting bytes: every send goes through a wrapper below that adds its bytes to its
  * group's counter, so what a program reports as sent is measured, not modelled.
@@ -215,6 +216,21 @@ static void group_iallgather(Group* g, const void* send, void* recv, long shard,
     count_sent(g, b);
     count_received(g, b);
     trace_event("comm", now_seconds(), now_seconds(), b, "start all-gather %s", g->name);
+}
+
+// All-to-all: every rank sends `count` elements to each rank (send holds N pieces, in rank
+// order) and receives `count` from each (into recv, in rank order): MPI's own. The piece a
+// rank addresses to itself is not sent: N - 1 messages, each counted.
+static void group_alltoall(Group* g, const void* send, void* recv, long count, MPI_Datatype type) {
+    if (count > INT_MAX) fatal("an all-to-all of %ld elements a rank, more than one MPI call sends; lower --batch", count);
+    double t = now_seconds(), b = (double)count * type_bytes(type);
+    static char what[64]; // for the watchdog's message
+    snprintf(what, sizeof what, "an all-to-all of the %s group", g->name);
+    waiting_for = what;
+    MPI_Alltoall(send, (int)count, type, recv, (int)count, type, g->comm);
+    waiting_for = NULL;
+    for (int q = 0; q < g->size - 1; q++) count_sent(g, b), count_received(g, b);
+    trace_event("comm", t, now_seconds(), (g->size - 1) * b, "all-to-all %s", g->name);
 }
 
 // What the textbook ring algorithm sends from each rank: an all-reduce of `bytes` over n

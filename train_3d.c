@@ -91,7 +91,8 @@ typedef struct {
     Dataset ds;     // the data
     int T, D, P, Cp;      // --tp, --dp, --pp, --cp
     int E, ep_given;      // --ep: expert-parallel ranks, out of the D data-parallel ones
-    int ring, zigzag;     // --cp-comm, --cp-split
+    CpComm comm;          // --cp-comm
+    int zigzag;           // --cp-split
     int ring_given, split_given;
     int zero, prefetch;   // --zero, --prefetch
     int M, sched, V, timeline; // --microbatches, --schedule, chunks a rank (--virtual; zbv: 2), --timeline
@@ -501,7 +502,7 @@ static const CliFlag grid_flags[] = {
     {"dp", "D", "data-parallel ranks"},
     {"pp", "P", "pipeline stages"},
     {"cp", "C", "--model gpt: context-parallel ranks, each a share of every row's positions (default 1)"},
-    {"cp-comm", "HOW", "with --cp: ring (default) or allgather (train_cp.c)"},
+    {"cp-comm", "HOW", "with --cp: ring (default), allgather or alltoall (train_cp.c)"},
     {"cp-split", "HOW", "with --cp: zigzag (default) or contiguous"},
     {"ep", "E", "--model gpt --experts X: expert-parallel ranks, out of the data-parallel ones (E divides D; default 1)"},
     {"zero", "N", "ZeRO stage across the data-parallel ranks: 1, 2 or 3 (default 3)"},
@@ -517,9 +518,8 @@ static const char* grid_flag(void* ctx, int index, const char* value) {
     case 2: return cli_int("pp", value, 1, MAX_LAYERS + 2, &r->P);
     case 3: return cli_int("cp", value, 1, 1024, &r->Cp);
     case 4:
-        if (strcmp(value, "ring") && strcmp(value, "allgather")) return "--cp-comm must be ring or allgather";
-        r->ring = !strcmp(value, "ring"), r->ring_given = 1;
-        return NULL;
+        r->ring_given = 1;
+        return cp_comm_parse(value, &r->comm);
     case 5:
         if (strcmp(value, "zigzag") && strcmp(value, "contiguous")) return "--cp-split must be zigzag or contiguous";
         r->zigzag = !strcmp(value, "zigzag"), r->split_given = 1;
@@ -760,7 +760,7 @@ int main(int argc, char** argv) {
 
     // options
     Options o;
-    Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B, .ring = 1, .zigzag = 1};
+    Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B, .comm = CP_RING, .zigzag = 1};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 14, grid_flag, &run);
     grid_resolve(&run, &o);
     grid_split(&run);
@@ -774,6 +774,11 @@ int main(int argc, char** argv) {
         dist_exit(2, RUN_LINE, "--cp %d and %d positions: the %s split cuts T into %d equal chunks, so %d must divide T "
                   "(pass --context)", run.Cp, run.cfg.context, run.zigzag ? "zigzag" : "contiguous",
                   run.zigzag ? 2 * run.Cp : run.Cp, run.zigzag ? 2 * run.Cp : run.Cp);
+    if (run.Cp > 1 && run.comm == CP_ALLTOALL && run.cfg.heads / run.T % run.Cp != 0)
+        dist_exit(2, RUN_LINE, "--cp %d with --cp-comm alltoall and %d heads a tensor-parallel rank (--heads %d / --tp %d): "
+                  "Ulysses gives each context-parallel rank whole heads of those, so --cp must divide %d: %s (or use "
+                  "--cp-comm ring)", run.Cp, run.cfg.heads / run.T, run.cfg.heads, run.T, run.cfg.heads / run.T,
+                  ulysses_fits(run.cfg.heads / run.T, run.cfg.context, run.zigzag, "--cp"));
 
     // model: this rank's stage, its tensor-parallel slices, their data-parallel shards
     Config* cfg = &run.cfg;
@@ -783,7 +788,7 @@ int main(int argc, char** argv) {
     int rows = pass_rows(&o, (hi - lo + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
     tp_init(&run.tensor, &run.tp_group, cfg, rows, run.sp);
     if (run.Cp > 1) { // the positions of this context-parallel rank, and attention across them
-        cp_init(&run.context, &run.cp_group, cfg, rows, run.ring ? CP_RING : CP_ALLGATHER, run.zigzag, 0);
+        cp_init(&run.context, &run.cp_group, cfg, rows, run.comm, run.zigzag, 0);
         run.tensor.dims.Tq = run.context.Tq, run.tensor.dims.pos = run.context.dims.pos;
         run.tensor.attend = grid_attend, run.tensor.attend_backward = grid_attend_backward, run.tensor.attend_ctx = &run;
     }
@@ -808,7 +813,7 @@ int main(int argc, char** argv) {
     if (run.Cp > 1)
         snprintf(layout, sizeof layout, "grid of %d tensor x %d context x %d pipeline x %d data = %d ranks; ZeRO stage "
                  "%d; %d microbatch%s, %s; attention by %s, %s split%s", run.T, run.Cp, run.P, run.D, world_size, run.zero,
-                 run.M, run.M > 1 ? "es" : "", schedule_names[run.sched], cp_comm_names[run.ring ? CP_RING : CP_ALLGATHER], run.zigzag ? "zigzag" : "contiguous",
+                 run.M, run.M > 1 ? "es" : "", schedule_names[run.sched], cp_comm_names[run.comm], run.zigzag ? "zigzag" : "contiguous",
                  run.sp ? "; sequence parallel" : "");
     if (cfg->experts) {
         size_t at = strlen(layout);

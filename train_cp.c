@@ -17,6 +17,9 @@
  *                ring, one hop at a time: rank r sends to r + 1 and receives from r - 1, so
  *                at hop h it holds rank r - h's, and computes on it while the next one comes
  *     allgather  (Llama 3's) every rank's K and V all-gathered at once
+ *     alltoall   (Ulysses, section 2c) no attention across ranks at all: an all-to-all gives
+ *                each rank every position of NH/N of the NH heads, attention runs whole on
+ *                them, an all-to-all gives its output back by positions (N must divide NH)
  *
  * One step, in order, for each of the L blocks:
  *   forward   ring: K round the ring (pass 1: the scores and their row max), then V (pass 2:
@@ -24,6 +27,8 @@
  *   backward  ring: K and V round again, and with each rank's travel its gradients dK and dV,
  *             to which every rank adds its queries' terms: the N-th hop brings them home;
  *             all-gather: K and V all-gathered again, dK and dV reduce-scattered home
+ *   (alltoall: forward q, k, v to the heads and y back; backward dO and y to the heads, and
+ *   dq, dk, dv back)
  * then the parameter gradients all-reduced (exact sums) and the loss summed, as in train_dp.c.
  * K and V travel again in backward because keeping every block's gathered K and V until its
  * backward would hold N times a rank's own, per block; a rank's own stay in its q k v (*).
@@ -36,11 +41,12 @@
  *   make train_cp && mpirun -n 2 ./train_cp --model gpt                  # the ring, zigzag split
  *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm allgather
  *   mpirun -n 2 ./train_cp --model gpt --cp-split contiguous --timeline  # the imbalance, drawn
+ *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm alltoall  # Ulysses: a head a rank
  *
  * Sections: the strategy: 1. the positions; 2. attention across ranks (2a the ring, 2b the
- * all-gather); 3. a block and the model. Then what only serves it, each on its own:
- * --cp-softmax online; buffers, bytes and memory (the formulas); the run, sampling, the
- * --timeline, options and main.
+ * all-gather; 2c Ulysses, by heads); 3. a block and the model. Then what only serves it, each
+ * on its own: --cp-softmax online; buffers, bytes and memory (the formulas); the run,
+ * sampling, the --timeline, options and main.
  *
  * (*) train_3d.c includes this file for its context axis, where a pipeline keeps several
  *     microbatches between a block's forward and its backward: the same reason, again.
@@ -51,8 +57,9 @@
 #include "report.h"
 #include "dist.h"
 
-typedef enum { CP_RING, CP_ALLGATHER } CpComm; // --cp-comm
-static const char* cp_comm_names[] = {"ring", "all-gather"};
+typedef enum { CP_RING, CP_ALLGATHER, CP_ALLTOALL } CpComm; // --cp-comm
+static const char* cp_comm_names[] = {"ring", "all-gather", "all-to-all (Ulysses)"};
+static const char* cp_comm_flags[] = {"ring", "allgather", "alltoall"}; // --cp-comm's values
 
 // A tensor that travels round the ring (--cp-comm ring): the copy this rank holds now, and
 // the one arriving from the previous rank; they swap after each hop.
@@ -79,6 +86,10 @@ typedef struct {
     // keys from this rank's queries [N][R][Tq][A]; this rank's, summed over every rank's queries
     float *k_all, *v_all;
     int64_t *dk_all, *dv_all, *dk_mine, *dv_mine;
+    // 2c, Ulysses: what the all-to-alls send and receive [N][R][Tq][3A/N]; attention's y, dO and
+    // dq dk dv by heads [R][T][A/N], [R][T][A/N], [R][T][3A/N]; layers.h's scratch for them
+    float *send, *recv, *heads_y, *heads_dy, *heads_dqkv, *heads_tmp;
+    int64_t* heads_acc;
     // --cp-softmax online: each query's running sum and output, and the row max of a rank's keys
     float *run_sum, *run_out, *rank_max;
     int* targets; // [R][Tq] the targets at this rank's positions
@@ -98,12 +109,12 @@ static const int* cp_pos_of(const Cp* p, int q) { return p->pos + q * p->Tq; }
 // ----------------------------------------------------------------------------
 // the strategy, 2: attention across ranks
 //
-// This rank's queries against rank src's keys and values (k, v [R][Tq][A], at src's
-// positions): layers.h's passes of the exact softmax, which take any set of keys with their
-// positions and mask by position, whichever rank's they are. Each query's scores and
-// probabilities land in a->att at their key's position. The queries are in a->qkv, rows of
-// 3A floats (q, then k, then v); d->T is the count of a whole sum's terms, so that the limit
-// of the exact sums is the same in every layout.
+// In 2a and 2b (2c, Ulysses, needs none of this): this rank's queries against rank src's
+// keys and values (k, v [R][Tq][A], at src's positions), by layers.h's passes of the exact
+// softmax, which take any set of keys with their positions and mask by position, whichever
+// rank's they are. Each query's scores and probabilities land in a->att at their key's
+// position. The queries are in a->qkv, rows of 3A floats (q, then k, then v); d->T is the
+// count of a whole sum's terms, so that the limit of the exact sums is the same in every layout.
 
 // pass 1: the scores into a->att, and their row max
 static void scores_against(Cp* p, BlockActs* a, const float* k, int src) {
@@ -197,8 +208,8 @@ static void ring_hop(Cp* p, Round round, int hop, BlockActs* a, const float* dat
     if (round == GRADIENTS) gradients_against(p, a, datty, p->k.held, p->v.held, p->dk.held, p->dv.held, src);
     if (round == ONLINE) online_against(p, a, src);
     trace_event("compute", t, trace_clock(), 0, "%s of rank %d", round_names[round], src);
-    if (round == GRADIENTS) m += ring_post(p, &p->dk, n, MPI_INT64_T, TAG_KEY_GRADS, req + m);   // dK on, with
-    if (round == GRADIENTS) m += ring_post(p, &p->dv, n, MPI_INT64_T, TAG_VALUE_GRADS, req + m); // dV: this rank's terms in
+    if (round == GRADIENTS) m += ring_post(p, &p->dk, n, MPI_INT64_T, TAG_KEY_GRADS, req + m);   // dK and dV on,
+    if (round == GRADIENTS) m += ring_post(p, &p->dv, n, MPI_INT64_T, TAG_VALUE_GRADS, req + m); // with its terms
     group_waitall(p->cp, req, m, "ring hop");
     if (k_travels) arrived(&p->k);
     if (v_travels) arrived(&p->v);
@@ -260,6 +271,82 @@ static void allgather_backward(Cp* p, const BlockActs* a, const float* datty, fl
 }
 
 // ----------------------------------------------------------------------------
+// the strategy, 2c: attention by heads, not across ranks (Ulysses, --cp-comm alltoall)
+//
+// DeepSpeed-Ulysses turns the split around, for attention alone: an all-to-all gives each
+// rank all T positions of q, k and v for NH/N of the heads, attention runs on them whole
+// (layers.h's, as in train.c: heads do not meet, so nothing of the softmax crosses ranks), and
+// an all-to-all gives the output back by positions. Backward mirrors it: dO to the heads, and
+// y again (layers.h's backward needs it there, D = dO . y; this rank keeps it by positions, as
+// proj's input), attention's backward, then dq, dk, dv back by positions. Rank j takes heads
+// [j NH/N, (j+1) NH/N): N must divide NH, and each rank needs a head, so N stops at NH.
+//
+//   by positions  x [R][Tq][parts][NH heads]   (qkv: parts q, k, v; y, dO: one part)
+//   by heads      x [R][T][parts][NH/N heads]  (all-to-all: rank j gets this rank's positions
+//                                               at its heads, and puts them at their positions)
+
+// This rank's positions at every rank's heads -> every rank's positions at this rank's heads.
+// Ah: the width of a rank's heads; W: a position's row of them, in each part; x may be xh.
+static void ulysses_to_heads(Cp* p, const float* x, int parts, float* xh) {
+    const BlockDims* d = &p->dims;
+    int N = p->cp->size, Ah = d->A / N, W = parts * Ah;
+    long tokens = (long)d->R * p->Tq, piece = tokens * W; // piece: what goes to each rank
+    for (int j = 0; j < N; j++) // to rank j: this rank's positions, at rank j's heads
+        for (long t = 0; t < tokens; t++)
+            for (int part = 0; part < parts; part++)
+                memcpy(p->send + j * piece + t * W + part * Ah, x + (t * parts + part) * d->A + j * Ah, Ah * 4);
+    group_alltoall(p->cp, p->send, p->recv, piece, MPI_FLOAT);
+    for (int src = 0; src < N; src++) // from rank src: its positions, each put at its place in the row
+        for (int r = 0; r < d->R; r++)
+            for (int i = 0; i < p->Tq; i++) {
+                long at = (long)r * d->T + cp_pos_of(p, src)[i];
+                memcpy(xh + at * W, p->recv + src * piece + ((long)r * p->Tq + i) * W, W * 4);
+            }
+}
+// The reverse: every rank's positions at this rank's heads -> this rank's positions at every
+// rank's heads.
+static void ulysses_to_positions(Cp* p, const float* xh, int parts, float* x) {
+    const BlockDims* d = &p->dims;
+    int N = p->cp->size, Ah = d->A / N, W = parts * Ah;
+    long tokens = (long)d->R * p->Tq, piece = tokens * W;
+    for (int j = 0; j < N; j++) // to rank j: its positions, at this rank's heads
+        for (int r = 0; r < d->R; r++)
+            for (int i = 0; i < p->Tq; i++) {
+                long at = (long)r * d->T + cp_pos_of(p, j)[i];
+                memcpy(p->send + j * piece + ((long)r * p->Tq + i) * W, xh + at * W, W * 4);
+            }
+    group_alltoall(p->cp, p->send, p->recv, piece, MPI_FLOAT);
+    for (int src = 0; src < N; src++) // from rank src: this rank's positions, at rank src's heads
+        for (long t = 0; t < tokens; t++)
+            for (int part = 0; part < parts; part++)
+                memcpy(x + (t * parts + part) * d->A + src * Ah, p->recv + src * piece + t * W + part * Ah, Ah * 4);
+}
+// attention's shapes by heads: NH/N heads, A/N wide, every position
+static BlockDims ulysses_dims(const Cp* p) {
+    BlockDims h = p->dims;
+    h.NH /= p->cp->size, h.A /= p->cp->size, h.Tq = h.T, h.pos = NULL;
+    return h;
+}
+
+static void ulysses_forward(Cp* p, BlockActs* a) {
+    BlockDims h = ulysses_dims(p);
+    ulysses_to_heads(p, a->qkv, 3, a->qkv); // q, k, v by heads, kept so for backward (attention alone reads them)
+    double t = trace_clock();
+    attention_forward(p->heads_y, a->att, a->qkv, &h, p->heads_tmp, p->heads_acc); // train.c's, NH/N heads
+    trace_event("compute", t, trace_clock(), 0, "attention");
+    ulysses_to_positions(p, p->heads_y, 1, a->atty); // y back by positions
+}
+static void ulysses_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
+    BlockDims h = ulysses_dims(p);
+    ulysses_to_heads(p, datty, 1, p->heads_dy); // dO by heads
+    ulysses_to_heads(p, a->atty, 1, p->heads_y); // y by heads, again
+    double t = trace_clock();
+    attention_backward(p->heads_dqkv, p->heads_dy, a->qkv, a->att, p->heads_y, &h, p->heads_tmp, p->heads_acc);
+    trace_event("compute", t, trace_clock(), 0, "attention backward");
+    ulysses_to_positions(p, p->heads_dqkv, 3, dqkv); // dq, dk, dv back by positions
+}
+
+// ----------------------------------------------------------------------------
 // the strategy, 3: a block, and the model, on this rank's positions
 //
 // transformer.h's block with attention across ranks in its middle, in place of layers.h's
@@ -269,12 +356,14 @@ static void allgather_backward(Cp* p, const BlockActs* a, const float* datty, fl
 
 static void online_forward(Cp* p, BlockActs* a); // --cp-softmax online, the comparison: its own section
 static void cp_attention_forward(Cp* p, BlockActs* a) {
-    if (p->comm == CP_ALLGATHER) allgather_forward(p, a);
+    if (p->comm == CP_ALLTOALL) ulysses_forward(p, a);
+    else if (p->comm == CP_ALLGATHER) allgather_forward(p, a);
     else if (p->online) online_forward(p, a);
     else ring_forward(p, a);
 }
 static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
-    if (p->comm == CP_ALLGATHER) allgather_backward(p, a, datty, dqkv);
+    if (p->comm == CP_ALLTOALL) ulysses_backward(p, a, datty, dqkv);
+    else if (p->comm == CP_ALLGATHER) allgather_backward(p, a, datty, dqkv);
     else ring_backward(p, a, datty, dqkv);
 }
 
@@ -399,6 +488,9 @@ static void online_forward(Cp* p, BlockActs* a) {
 //   all-gather  forward: K and V all-gathered, N - 1 ranks' shares each       2 (N-1) x 4 kv
 //               backward: again                                              2 (N-1) x 4 kv
 //                         and dK and dV reduce-scattered: N - 1 shares each   2 (N-1) x 8 kv
+//   all-to-all  forward: q, k, v to the heads, y back: 4 all-to-alls of a    4 (N-1)/N x 4 kv
+//               rank's width, each sending the N - 1 others their (N-1)/N
+//               backward: dO and y to the heads, dq, dk, dv back             5 (N-1)/N x 4 kv
 //   each of L blocks; then the gradients' all-reduce, the loss with them      2 (N-1)/N x 8 B x (P + 1)
 // Memory: train.c's replica, (4 + 8, + 8 with AdamW) B x P; train.c's activations of this
 // rank's Tq positions (attention's probabilities among them: Tq rows of T a head); and the
@@ -409,7 +501,8 @@ static void online_forward(Cp* p, BlockActs* a) {
 static double cp_sent_per_block(const Cp* p, double kv) {
     double N = p->cp->size;
     if (p->comm == CP_RING) return 2 * (N - 1) * 4 * kv + 2 * (N - 1) * 4 * kv + 2 * N * 8 * kv;
-    return 2 * (N - 1) * 4 * kv + 2 * (N - 1) * 4 * kv + 2 * (N - 1) * 8 * kv; // all-gather
+    if (p->comm == CP_ALLGATHER) return 2 * (N - 1) * 4 * kv + 2 * (N - 1) * 4 * kv + 2 * (N - 1) * 8 * kv;
+    return 4 * (N - 1) / N * 4 * kv + 5 * (N - 1) / N * 4 * kv; // all-to-all
 }
 static double cp_sent_formula(const Cp* p, const Config* c, long B, long np) {
     double kv = (double)B * p->Tq * c->emb;
@@ -426,10 +519,12 @@ static void cp_init(Cp* p, Group* cp, const Config* c, int rows, CpComm comm, in
     p->dims = gpt_dims(c, rows);
     p->dims.Tq = p->Tq, p->dims.pos = p->pos + cp->rank * p->Tq;
     long kv = (long)rows * p->Tq * C, heads = (long)rows * c->heads * p->Tq;
-    p->rowmax = mallocCheck(sizeof(float) * heads), p->D = mallocCheck(sizeof(float) * heads);
-    p->expsum = mallocCheck(sizeof(int64_t) * heads);
-    p->pv = mallocCheck(sizeof(int64_t) * kv), p->dq = mallocCheck(sizeof(int64_t) * kv);
-    p->kvT = mallocCheck(sizeof(float) * HD * p->Tq);
+    if (comm != CP_ALLTOALL) {
+        p->rowmax = mallocCheck(sizeof(float) * heads), p->D = mallocCheck(sizeof(float) * heads);
+        p->expsum = mallocCheck(sizeof(int64_t) * heads);
+        p->pv = mallocCheck(sizeof(int64_t) * kv), p->dq = mallocCheck(sizeof(int64_t) * kv);
+        p->kvT = mallocCheck(sizeof(float) * HD * p->Tq);
+    }
     if (comm == CP_RING) {
         Travelling* f[2] = {&p->k, &p->v};
         Travelling* x[2] = {&p->dk, &p->dv};
@@ -443,6 +538,13 @@ static void cp_init(Cp* p, Group* cp, const Config* c, int rows, CpComm comm, in
         p->dk_all = mallocCheck(sizeof(int64_t) * N * kv), p->dv_all = mallocCheck(sizeof(int64_t) * N * kv);
         p->dk_mine = mallocCheck(sizeof(int64_t) * kv), p->dv_mine = mallocCheck(sizeof(int64_t) * kv);
     }
+    if (comm == CP_ALLTOALL) { // by heads: R T A/N = R Tq A = kv elements a part
+        p->send = mallocCheck(sizeof(float) * 3 * kv), p->recv = mallocCheck(sizeof(float) * 3 * kv);
+        p->heads_y = mallocCheck(sizeof(float) * kv), p->heads_dy = mallocCheck(sizeof(float) * kv);
+        p->heads_dqkv = mallocCheck(sizeof(float) * 3 * kv);
+        p->heads_tmp = mallocCheck(sizeof(float) * (heads + (long)HD * T)); // row max or D; k or v transposed
+        p->heads_acc = mallocCheck(sizeof(int64_t) * 3 * kv);              // sums of e, e v; or dq, dk, dv
+    }
     if (online) {
         p->run_sum = mallocCheck(sizeof(float) * heads), p->rank_max = mallocCheck(sizeof(float) * heads);
         p->run_out = mallocCheck(sizeof(float) * kv);
@@ -454,22 +556,50 @@ static void cp_free(Cp* p) {
     for (int i = 0; i < 4; i++) free(t[i]->held), free(t[i]->arriving);
     free(p->pos), free(p->rowmax), free(p->D), free(p->expsum), free(p->pv), free(p->dq), free(p->kvT);
     free(p->k_all), free(p->v_all), free(p->dk_all), free(p->dv_all), free(p->dk_mine), free(p->dv_mine);
-    free(p->run_sum), free(p->rank_max), free(p->run_out), free(p->targets);
+    free(p->send), free(p->recv), free(p->heads_y), free(p->heads_dy), free(p->heads_dqkv), free(p->heads_tmp);
+    free(p->heads_acc), free(p->run_sum), free(p->rank_max), free(p->run_out), free(p->targets);
 }
 
 // The bytes of cp_init's buffers for `rows` rows (kv: a rank's K; heads: one a query and head)
 static double cp_attention_bytes(const Cp* p, const Config* c, long rows) {
     double N = p->cp->size, kv = (double)rows * p->Tq * c->emb, heads = (double)rows * c->heads * p->Tq;
-    double bytes = (4 + 4 + 8) * heads        // rowmax, D, expsum
-                   + (8 + 8) * kv             // pv, dq
-                   + 4.0 * c->emb / c->heads * p->Tq; // kvT
+    double HD = c->emb / c->heads, bytes = 0;
+    if (p->comm != CP_ALLTOALL) bytes += (4 + 4 + 8) * heads // rowmax, D, expsum
+                                         + (8 + 8) * kv      // pv, dq
+                                         + 4 * HD * p->Tq;   // kvT
     if (p->comm == CP_RING) bytes += 2 * (4 + 4) * kv  // K and V, held and arriving
                                      + 2 * (8 + 8) * kv; // dK and dV, held and arriving
     if (p->comm == CP_ALLGATHER) bytes += (4 + 4) * N * kv // every rank's K and V
                                           + (8 + 8) * N * kv // dK and dV of every rank's keys
                                           + (8 + 8) * kv;    // this rank's dK and dV
+    if (p->comm == CP_ALLTOALL) bytes += (4 + 4) * 3 * kv          // send, recv
+                                         + (4 + 4 + 4 * 3) * kv    // heads_y, heads_dy, heads_dqkv
+                                         + 4 * (heads + HD * c->context) + 8 * 3 * kv; // heads_tmp, heads_acc
     if (p->online) bytes += (4 + 4) * heads + 4 * kv; // run_sum, rank_max; run_out
     return bytes;
+}
+
+// --cp-comm's value (train_cp.c's flags, and train_3d.c's): NULL, or the error.
+static const char* cp_comm_parse(const char* value, CpComm* comm) {
+    for (int c = CP_RING; c <= CP_ALLTOALL; c++)
+        if (!strcmp(value, cp_comm_flags[c])) return *comm = (CpComm)c, NULL;
+    return "--cp-comm must be ring, allgather or alltoall";
+}
+
+// --cp-comm alltoall, for a refusal's message: which N > 1 would split `heads` heads (whole
+// ones a rank) and T positions (in 2N chunks, or N): "N = 2 or 4 would do", N named `n`
+// ("N", or a flag: "--cp 2 or 4 would do").
+static const char* ulysses_fits(int heads, int T, int zigzag, const char* n) {
+    static char fits[160];
+    int count = 0, at = 0;
+    for (int N = 2; N <= heads; N++) count += heads % N == 0 && T % (zigzag ? 2 * N : N) == 0;
+    if (count == 0) snprintf(fits, sizeof fits, "no %s above 1 would do", n);
+    else at = snprintf(fits, sizeof fits, "%s%s", n, n[0] == '-' ? " " : " = ");
+    for (int N = 2, k = 0; N <= heads && count > 0 && at < 120; N++)
+        if (heads % N == 0 && T % (zigzag ? 2 * N : N) == 0)
+            k++, at += snprintf(fits + at, sizeof fits - at, "%s%d%s", k == 1 ? "" : k == count ? " or " : ", ", N,
+                                k == count ? " would do" : "");
+    return fits;
 }
 
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
@@ -540,10 +670,15 @@ static double validation_loss(void* ctx) {
 // ----------------------------------------------------------------------------
 // the figures: bytes and memory, measured and by formula (see "buffers, bytes and memory")
 
-static const char sent_words[] = "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV: ring 2N, "
-                                 "all-gather 2(N-1), x 8 B x kv; kv = B T/N C, a rank's K) + 2(N-1)/N x 8 B x (P + 1)";
-static const char mem_words[] = "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + attention's buffers (ring: "
-                                "K, V, dK, dV held and arriving; all-gather: every rank's)";
+// The formulas of figures(), in words, for the report, by --cp-comm (kv = B T/N C, a rank's K).
+static const char* sent_words[] = {
+    "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2N x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
+    "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2(N-1) x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
+    "L x (4 forward + 5 backward all-to-alls of (N-1)/N x 4 B x kv) + 2(N-1)/N x 8 B x (P + 1)"};
+static const char* mem_words[] = {
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + K, V, dK, dV held and arriving",
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + every rank's K, V, dK, dV",
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + all-to-all buffers and attention's, by heads"};
 
 static Figures figures(const Run* r, const Progress* pr, int B) {
     const Config* c = &r->cfg;
@@ -568,7 +703,8 @@ static Figures figures(const Run* r, const Progress* pr, int B) {
 // ----------------------------------------------------------------------------
 // --timeline: the last step on every rank, from its trace events: the ring's scores (K) and
 // sums (V) on each rank's keys, --cp-softmax online's (O), the gradients (b), the
-// all-gather's attention (A), waits for a hop (|) and the other communication (>)
+// all-gather's and Ulysses' attention (A, and b backward), waits for a hop (|) and the other
+// communication (>: the all-gathers, the all-to-alls)
 
 static char cp_mark(const TraceEvent* e) {
     if (!strncmp(e->name, "scores", 6)) return 'K';
@@ -583,26 +719,23 @@ static char cp_mark(const TraceEvent* e) {
 }
 static void cp_timeline(const Run* r, double step_t0) {
     dist_trace_timeline(r->cp.comm, step_t0, cp_mark, "K scores on a rank's keys, V its exact sums, O both in "
-                        "one pass (--cp-softmax online), b its gradients, A attention over the gathered keys, "
-                        "| waiting for a hop, > a collective");
+                        "one pass (--cp-softmax online), b its gradients (or attention's backward), A attention over the "
+                        "gathered keys or (alltoall) on its heads, | waiting for a hop, > a collective");
 }
 
 // ----------------------------------------------------------------------------
 // options of this program
 
 static const CliFlag cp_flags[] = {
-    {"cp-comm", "HOW", "attention across ranks: ring (default; ring attention) or allgather (Llama 3's)"},
+    {"cp-comm", "HOW", "attention across ranks: ring (default; ring attention), allgather (Llama 3's) or alltoall "
+                       "(Ulysses: by heads; N must divide --heads)"},
     {"cp-split", "HOW", "positions per rank: zigzag (default; chunks i and 2N-1-i of 2N) or contiguous"},
     {"timeline", NULL, "draw the last step of every rank: each rank's keys, each hop"},
     {"cp-softmax", "HOW", "exact (default: two passes, train.c's bits) or online (one pass, for comparison: not its bits)"},
 };
 static const char* cp_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
-    if (index == 0) {
-        if (!strcmp(value, "ring")) r->comm = CP_RING;
-        else if (!strcmp(value, "allgather")) r->comm = CP_ALLGATHER;
-        else return "--cp-comm must be ring or allgather";
-    }
+    if (index == 0) return cp_comm_parse(value, &r->comm);
     if (index == 1) {
         if (!strcmp(value, "zigzag")) r->zigzag = 1;
         else if (!strcmp(value, "contiguous")) r->zigzag = 0;
@@ -652,6 +785,11 @@ int main(int argc, char** argv) {
     if (!run.zigzag && T % N != 0)
         dist_exit(2, RUN_LINE, "%d ranks and %d positions: the contiguous split cuts T into N equal chunks, so N must "
                   "divide T (pass --context)", N, T);
+    if (run.comm == CP_ALLTOALL && cfg->heads % N != 0)
+        dist_exit(2, RUN_LINE, "%d ranks and %d heads: --cp-comm alltoall (Ulysses) gives each rank whole heads, %d/N "
+                  "of them, so N must divide the heads: %s here (%d positions, %s split); or change --heads, or "
+                  "use --cp-comm ring", N, cfg->heads, cfg->heads, ulysses_fits(cfg->heads, T, run.zigzag, "N"),
+                  T, run.zigzag ? "zigzag" : "contiguous");
 
     // model: a whole replica, its exact gradient sums and optimizer state; activations
     long np = n_params(cfg);
@@ -697,7 +835,7 @@ int main(int argc, char** argv) {
     // validation, sampling and report
     double val_loss = validation_loss(&run);
     Figures fig = figures(&run, &progress, B);
-    Report rep = {"train_cp.c", layout, sent_words, mem_words};
+    Report rep = {"train_cp.c", layout, sent_words[run.comm], mem_words[run.comm]};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
     if (run.timeline && progress.steps > 0) cp_timeline(&run, progress.t0);
     run_free(&run);
