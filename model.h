@@ -32,6 +32,8 @@ typedef struct {
     int* targets;               // [rows][targets_per_row]: a token, or -1 for none (the GPT's padding)
     float* out[MAX_LAYERS + 2]; // out[u]: unit u's output [rows][unit_width(u)]; out[L+1] holds the probs
     float* saved[MAX_LAYERS + 2]; // the GPT: what unit u keeps for its backward besides its output
+    float* att;                 // --recompute selective: the blocks' attention probabilities, one block's room
+    float* recomputed;          // --recompute full: what the blocks keep, one block's room, every block's saved[u]
     int head_tokens;            // the GPT: positions a row of the head's LayerNorm keeps in saved
     float* rowmax;              // [rows][targets_per_row] softmax workspace
     float* tlogit;              // [rows][targets_per_row]
@@ -60,9 +62,33 @@ typedef struct {
     int out[MAX_LAYERS + 2];
     long saved[MAX_LAYERS + 2];
     long stash[MAX_LAYERS + 2];
+    long att[MAX_LAYERS + 2]; // of saved, a block's attention probabilities
 } UnitSizes;
 static int unit_out(const Config* c, const UnitSizes* sz, int u) { return sz ? sz->out[u] : unit_width(c, u); }
 static long unit_saved(const Config* c, const UnitSizes* sz, int u) { return sz ? sz->saved[u] : gpt_saved_per_row(c, u); }
+static int is_block(const Config* c, int u) { return is_gpt(c) && u >= 1 && u <= c->layers; }
+static long unit_att(const Config* c, const UnitSizes* sz, int u) {
+    if (!is_block(c, u)) return 0;
+    BlockDims d = gpt_block_dims(c, u, 1);
+    return sz ? sz->att[u] : block_att_per_row(&d);
+}
+
+// --recompute (Korthikanti et al., 2022): the GPT's blocks keep less and recompute the rest
+// in backward. Selective: each block keeps everything but attention's scores and
+// probabilities (the 5as/h term of the paper's forms, the largest), which share one block's
+// room. Full: each block keeps only its input (the unit before's output, kept anyway); what
+// it keeps otherwise shares one block's room. Per row, what units [u_lo, u_hi) keep of
+// their own (saved) under each choice:
+static long acts_saved_per_row(const Config* c, int u_lo, int u_hi, const UnitSizes* sz) {
+    long kept = 0, room = 0;
+    for (int u = u_lo; u < u_hi; u++) {
+        long saved = unit_saved(c, sz, u), att = unit_att(c, sz, u);
+        if (!is_block(c, u) || c->recompute == RECOMPUTE_NONE) kept += saved;
+        else if (c->recompute == RECOMPUTE_SELECTIVE) kept += saved - att, room = att > room ? att : room;
+        else room = saved > room ? saved : room;
+    }
+    return kept + room;
+}
 // Activations of units [u_lo, u_hi) and of the input to u_lo (a pipeline stage keeps only
 // its own); pass 0, n_units for the whole model, and sz as above.
 static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const UnitSizes* sz) {
@@ -72,8 +98,20 @@ static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, co
     a->tokens = mallocCheck((size_t)rows * c->context * sizeof(int));
     a->targets = mallocCheck((size_t)rows * per_row * sizeof(int));
     for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) a->out[u] = mallocCheck((size_t)rows * unit_out(c, sz, u) * sizeof(float));
-    for (int u = u_lo; u < u_hi; u++)
-        if (unit_saved(c, sz, u) > 0) a->saved[u] = mallocCheck((size_t)rows * unit_saved(c, sz, u) * sizeof(float));
+    long room = 0; // --recompute: one block's room, shared
+    for (int u = u_lo; u < u_hi; u++) {
+        long saved = unit_saved(c, sz, u), att = unit_att(c, sz, u);
+        if (is_block(c, u) && c->recompute == RECOMPUTE_FULL) room = saved > room ? saved : room;
+        else if (is_block(c, u) && c->recompute == RECOMPUTE_SELECTIVE) {
+            room = att > room ? att : room;
+            a->saved[u] = mallocCheck((size_t)rows * (saved - att) * sizeof(float) + 1);
+        } else if (saved > 0) a->saved[u] = mallocCheck((size_t)rows * saved * sizeof(float));
+    }
+    if (room > 0 && c->recompute == RECOMPUTE_FULL) {
+        a->recomputed = mallocCheck((size_t)rows * room * sizeof(float));
+        for (int u = u_lo; u < u_hi; u++) a->saved[u] = is_block(c, u) ? a->recomputed : a->saved[u];
+    }
+    if (room > 0 && c->recompute == RECOMPUTE_SELECTIVE) a->att = mallocCheck((size_t)rows * room * sizeof(float));
     if (is_gpt(c)) a->head_tokens = (int)(unit_saved(c, sz, c->layers + 1) / (c->emb + 2));
     a->rowmax = mallocCheck((size_t)rows * per_row * sizeof(float));
     a->tlogit = mallocCheck((size_t)rows * per_row * sizeof(float));
@@ -94,7 +132,8 @@ static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, co
 static void acts_free(Acts* a) {
     free(a->tokens);
     free(a->targets);
-    for (int u = 0; u < MAX_LAYERS + 2; u++) free(a->out[u]), free(a->saved[u]);
+    for (int u = 0; u < MAX_LAYERS + 2; u++) free(a->out[u]), free(a->saved[u] != a->recomputed ? a->saved[u] : NULL);
+    free(a->recomputed), free(a->att);
     free(a->rowmax);
     free(a->tlogit);
     free(a->expsum);
@@ -106,7 +145,7 @@ static void acts_free(Acts* a) {
 static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const UnitSizes* sz) {
     long b = (long)c->context * sizeof(int) + (long)targets_per_row(c) * sizeof(int);
     for (int u = (u_lo > 0 ? u_lo - 1 : 0); u < u_hi; u++) b += (long)unit_out(c, sz, u) * sizeof(float);
-    for (int u = u_lo; u < u_hi; u++) b += unit_saved(c, sz, u) * (long)sizeof(float);
+    b += acts_saved_per_row(c, u_lo, u_hi, sz) * (long)sizeof(float);
     for (int u = u_lo; u < u_hi; u++) // an MoE unit's router state, and its k tokens' rows both
         if (is_moe(c, u)) {           // sent and (with an even load) received, with their gradients
             Expert e = moe_expert(c, u);   // and what the experts keep; the GPT's gather besides
@@ -115,6 +154,14 @@ static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const UnitSi
             b += moe_tokens_per_row(c) * token * 4;
         }
     return b;
+}
+
+// Block u's BlockActs in a (h of a row's positions for the per-token tensors: every one held,
+// or a sequence-parallel rank's share), its probabilities where --recompute selective keeps them.
+static BlockActs acts_block(const Acts* a, int u, const BlockDims* d, int h) {
+    BlockActs ba = block_acts_tokens(a->saved[u], d, a->rows, h);
+    if (a->att) ba.att = a->att;
+    return ba;
 }
 
 // Scratch for a pass: the gradients flowing between units, exact partial sums, and (the
@@ -233,7 +280,7 @@ static void gpt_unit_forward(const Config* c, int u, const float* w, Acts* a, Sc
         gpt_embedding_forward(a->out[0], a->tokens, w, w + (long)c->vocab * c->emb, 0, c->vocab, 1, &d);
     } else if (u <= c->layers) {
         BlockParams p = block_params(w, &d);
-        BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+        BlockActs ba = acts_block(a, u, &d, d.Tq);
         block_forward(a->out[u], a->out[u - 1], &p, &ba, &d, s->tmp, s->acc, ws);
     } else {
         a->loss = gpt_head_forward(c, w, a, a->targets, &d, rows_total, ws);
@@ -247,7 +294,7 @@ static void gpt_unit_backward_input(const Config* c, int u, const float* w, Acts
     if (u == 0) return;
     if (u <= c->layers) {
         BlockParams p = block_params(w, &d);
-        BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+        BlockActs ba = acts_block(a, u, &d, d.Tq);
         BlockStash st = block_stash(s->stash, &d, R);
         block_backward_input(s->din, s->dout, a->out[u - 1], &p, &ba, &st, &d, s->tmp, s->acc, ws);
     } else {
@@ -265,7 +312,7 @@ static void gpt_unit_backward_weight(const Config* c, int u, int64_t* g, const A
         gpt_embedding_backward(g, g + (long)c->vocab * c->emb, a->tokens, stash, 0, c->vocab, &d, terms);
     } else if (u <= c->layers) {
         BlockGrads gg = block_grads(g, &d);
-        BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+        BlockActs ba = acts_block(a, u, &d, d.Tq);
         BlockStash st = block_stash((float*)stash, &d, R);
         block_backward_weight(&gg, a->out[u - 1], &ba, &st, &d, terms, ws);
     } else {
@@ -344,7 +391,7 @@ static int moe_unit_before(const Config* c, int u, const float* w, Acts* a, Scra
     MoeBlockLayout l = gpt_moe_layout(c);
     BlockDims d = gpt_block_dims(c, u, R);
     BlockParams p = moe_block_params(w, &l);
-    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    BlockActs ba = acts_block(a, u, &d, d.Tq);
     block_forward_qkv(a->out[u - 1], &p, &ba, &d, ws);
     attention_forward(ba.atty, ba.att, ba.qkv, &d, s->tmp, s->acc);                       // causal, exact over keys
     block_forward_proj(a->out[u - 1], &p, &ba, &d, s->acc, ws);                           // x1, and ln2
@@ -357,7 +404,7 @@ static int moe_unit_before(const Config* c, int u, const float* w, Acts* a, Scra
 static void moe_unit_after(const Config* c, int u, Acts* a, Scratch* s, int R) {
     if (!is_gpt(c)) return;
     BlockDims d = gpt_block_dims(c, u, R);
-    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    BlockActs ba = acts_block(a, u, &d, d.Tq);
     gpt_moe_residual(a->out[u], ba.x1, &a->moe[u], s->tmp, (long)R * c->context, c->emb);
 }
 // Backward, before the layer: its tokens' input rows [n][K] (*in), their output gradients
@@ -385,7 +432,7 @@ static void moe_unit_backward_after(const Config* c, int u, const float* w, int6
     BlockDims d = gpt_block_dims(c, u, R);
     BlockParams p = moe_block_params(w, &l);
     BlockGrads gg = moe_block_grads(g, &l);
-    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    BlockActs ba = acts_block(a, u, &d, d.Tq);
     BlockStash st = block_stash(s->stash, &d, R);
     long N = (long)R * c->context;
     gpt_moe_scatter(st.dln2, m, s->din, N, c->emb); // ln2's output gradient: the tokens' from the layer, 0 elsewhere
@@ -419,7 +466,9 @@ static void gpt_unit_sizes(const Config* c, const BlockDims* d, int vs, int h, U
         sz->out[u] = h * C;
         sz->saved[u] = u == 0 ? 0 : block_acts_held(&b, h);
         sz->stash[u] = u == 0 ? sz->out[0] : block_stash_per_row(&b);
+        sz->att[u] = u == 0 ? 0 : block_att_per_row(&b);
     }
+    sz->att[head] = 0;
     sz->out[head] = d->Tq * vs, sz->saved[head] = (long)h * (C + 2), sz->stash[head] = (long)d->Tq * vs + (long)h * C;
 }
 
@@ -430,26 +479,6 @@ static double unit_cost(const Config* c, int u) {
     double T = c->context, C = c->emb;
     if (is_gpt(c)) return u == 0 ? T * C : u <= c->layers ? T * (12 * C * C + 2 * T * C) : T * C * c->vocab;
     return u == 0 ? (double)c->context * c->emb : (double)linear_in(c, u) * linear_out(c, u);
-}
-
-// The model's units in words, for messages: "the embedding and 3 linear layers", or the
-// GPT's "the embedding, 4 blocks and the head".
-static const char* units_in_words(const Config* c) {
-    static char words[64];
-    if (is_gpt(c)) snprintf(words, sizeof words, "the embedding, %d blocks and the head", c->layers);
-    else snprintf(words, sizeof words, "the embedding and %d linear layers", c->layers + 1);
-    return words;
-}
-// The name of unit u, for traces and tables.
-static const char* unit_name(const Config* c, int u) {
-    static char name[32];
-    if (u == 0) return "embedding";
-    if (is_gpt(c)) {
-        snprintf(name, sizeof name, u == c->layers + 1 ? "head + loss" : "block %d", u);
-        return name;
-    }
-    snprintf(name, sizeof name, u == c->layers + 1 ? "linear %d + loss" : is_moe(c, u) ? "experts %d" : "linear %d", u);
-    return name;
 }
 
 // Forward of unit u over R rows: reads a->out[u-1] (a->tokens for the embedding), writes
@@ -518,6 +547,20 @@ static void unit_backward_weight(const Config* c, int u, int64_t* g, const Acts*
     }
     trace_event("compute", t, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
 }
+// --recompute, before unit u's backward: what its forward did not keep, computed again from
+// what it did (selective: attention's probabilities from q, k and v; full: the whole block
+// from its input). The same bits as the first time: a forward is a pure function of its
+// input and parameters here (no dropout, no state, every split sum exact).
+static void unit_recompute(const Config* c, int u, const float* w, Acts* a, Scratch* s, int R, Workspace* ws) {
+    if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
+    double t = trace_clock();
+    BlockDims d = gpt_block_dims(c, u, R);
+    BlockActs ba = acts_block(a, u, &d, d.Tq);
+    BlockParams p = block_params(w, &d);
+    if (c->recompute == RECOMPUTE_FULL) block_forward(a->out[u], a->out[u - 1], &p, &ba, &d, s->tmp, s->acc, ws);
+    else attention_forward(ba.atty, ba.att, ba.qkv, &d, s->tmp, s->acc);
+    trace_event("compute", t, trace_clock(), 0, "recompute %s", unit_name(c, u));
+}
 static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R, long batch,
                           Workspace* ws) {
     if (is_moe(c, u)) { // not in halves: the layer's backward adds its weight gradients as it goes
@@ -543,6 +586,7 @@ static int64_t model_forward(const Config* c, const float* params, Work* w, int 
 static void model_backward(const Config* c, const float* params, int64_t* grads, Work* w, int R, long batch) {
     for (int u = n_units(c) - 1; u >= 0; u--) {
         long off = unit_offset(c, u);
+        unit_recompute(c, u, params + off, &w->acts, &w->scratch, R, &w->ws); // --recompute: what it did not keep
         unit_backward(c, u, params + off, grads + off, &w->acts, &w->scratch, R, batch, &w->ws);
         scratch_step_down(&w->scratch);
     }
@@ -580,6 +624,17 @@ static int64_t model_forward_rows(const Config* c, const float* params, Work* w,
 // pipeline stage that is not the last); with probs != NULL, every rank also receives the
 // probabilities [R][V] over the whole vocabulary (for sampling; model_probs).
 typedef int64_t (*ForwardFn)(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs);
+
+// --microbatches: rows [*first, *first + R) of a batch of B rows that rank q of N takes in
+// microbatch m of M: the batch cut into M microbatches of contiguous rows (32 into 3: 11, 11,
+// 10), each shared by the N ranks the same way. Returns R. (N = 1: the microbatch itself.)
+static int microbatch_rows(long B, int M, int m, int N, int q, long* first) {
+    long lo, hi, a, b;
+    split_range(B, M, m, &lo, &hi);
+    split_range(hi - lo, N, q, &a, &b);
+    *first = lo + a;
+    return (int)(b - a);
+}
 
 // Validation rows per forward pass (the result does not depend on it): the MLP's examples
 // are small; a GPT row is a whole name, T positions with their attention, so fewer.

@@ -169,14 +169,17 @@ static long block_acts_held(const BlockDims* d, int h) {
     return h * (3L * d->C + 4) + Tq * (3L * d->A + d->A + 2L * d->F) + (long)d->NH * Tq * d->T;
 }
 static long block_acts_per_row(const BlockDims* d) { return block_acts_held(d, d->Tq); }
+// Of them, attention's probabilities (the last of the layout), floats a row.
+static long block_att_per_row(const BlockDims* d) { return (long)d->NH * d->Tq * d->T; }
 static BlockActs block_acts_tokens(float* base, const BlockDims* d, int rows, int h) {
     BlockActs a;
     long n = (long)rows * d->Tq, m = (long)rows * h;
     float* at = base;
 #define TAKE(field, count) (a.field = at, at += (count))
     TAKE(ln1, m * d->C), TAKE(ln1_mean, m), TAKE(ln1_rstd, m), TAKE(qkv, n * 3 * d->A);
-    TAKE(att, n * d->NH * d->T), TAKE(atty, n * d->A), TAKE(x1, m * d->C);
+    TAKE(atty, n * d->A), TAKE(x1, m * d->C);
     TAKE(ln2, m * d->C), TAKE(ln2_mean, m), TAKE(ln2_rstd, m), TAKE(fc, n * d->F), TAKE(gelu, n * d->F);
+    TAKE(att, n * d->NH * d->T); // last: --recompute selective keeps it apart (model.h's acts_init)
 #undef TAKE
     return a;
 }
