@@ -77,7 +77,7 @@ typedef struct {
     int* pos;         // [N][Tq] every rank's positions, ascending; rank q's at cp_pos_of(q)
     BlockDims dims;   // attention's shapes here: NH heads of HD, A = NH HD wide, R rows (each pass's)
     // the exact softmax of this rank's queries: [R][NH][Tq] one a query and head, [R][Tq][A] a row of A
-    float *rowmax, *D;         // pass 1's row max; backward's D = dO . y (layers.h)
+    float *rowmax, *D;         // pass 1's row max; backward's D = dO . y (layers.h; Ulysses' too)
     int64_t *expsum, *pv, *dq; // pass 2's sums of e = exp(s - max) and of e v; backward's dq
     float* kvT;                // [HD][Tq] layers.h's scratch: one head of a rank's K (backward: V), transposed
     // 2a, the ring: a rank's K and V [R][Tq][A], and the gradients dK and dV travelling with them
@@ -87,7 +87,7 @@ typedef struct {
     float *k_all, *v_all;
     int64_t *dk_all, *dv_all, *dk_mine, *dv_mine;
     // 2c, Ulysses: what the all-to-alls send and receive [N][R][Tq][3A/N]; attention's y, dO and
-    // dq dk dv by heads [R][T][A/N], [R][T][A/N], [R][T][3A/N]; layers.h's scratch for them
+    // dq dk dv by heads [R][T][A/N], [R][T][A/N], [R][T][3A/N]; layers.h's scratch for them (and D)
     float *send, *recv, *heads_y, *heads_dy, *heads_dqkv, *heads_tmp;
     int64_t* heads_acc;
     // --cp-softmax online: each query's running sum and output, and the row max of a rank's keys
@@ -276,10 +276,11 @@ static void allgather_backward(Cp* p, const BlockActs* a, const float* datty, fl
 // DeepSpeed-Ulysses turns the split around, for attention alone: an all-to-all gives each
 // rank all T positions of q, k and v for NH/N of the heads, attention runs on them whole
 // (layers.h's, as in train.c: heads do not meet, so nothing of the softmax crosses ranks), and
-// an all-to-all gives the output back by positions. Backward mirrors it: dO to the heads, and
-// y again (layers.h's backward needs it there, D = dO . y; this rank keeps it by positions, as
-// proj's input), attention's backward, then dq, dk, dv back by positions. Rank j takes heads
-// [j NH/N, (j+1) NH/N): N must divide NH, and each rank needs a head, so N stops at NH.
+// an all-to-all gives the output back by positions. Backward mirrors it: dO to the heads,
+// attention's backward, then dq, dk, dv back by positions. Attention's backward also needs
+// D = dO . y, a dot within a head: it is computed here, where y is (kept by positions as proj's
+// input), and sent by heads, 1/HD of y's bytes. Rank j takes heads [j NH/N, (j+1) NH/N): N must
+// divide NH, and each rank needs a head, so N stops at NH.
 //
 //   by positions  x [R][Tq][parts][NH heads]   (qkv: parts q, k, v; y, dO: one part)
 //   by heads      x [R][T][parts][NH/N heads]  (all-to-all: rank j gets this rank's positions
@@ -321,6 +322,22 @@ static void ulysses_to_positions(Cp* p, const float* xh, int parts, float* x) {
             for (int part = 0; part < parts; part++)
                 memcpy(x + (t * parts + part) * d->A + src * Ah, p->recv + src * piece + t * W + part * Ah, Ah * 4);
 }
+// D [R][NH][Tq] by positions -> [R][NH/N][T] by heads, as the above.
+static void ulysses_d_to_heads(Cp* p, const float* D, float* Dh) {
+    const BlockDims* d = &p->dims;
+    int N = p->cp->size, nh = d->NH / N;
+    long piece = (long)d->R * nh * p->Tq;
+    for (int j = 0; j < N; j++) // to rank j: this rank's queries' D at rank j's heads
+        for (int r = 0; r < d->R; r++)
+            for (int h = 0; h < nh; h++)
+                memcpy(p->send + j * piece + ((long)r * nh + h) * p->Tq, D + ((long)r * d->NH + j * nh + h) * p->Tq, p->Tq * 4);
+    group_alltoall(p->cp, p->send, p->recv, piece, MPI_FLOAT);
+    for (int src = 0; src < N; src++) // from rank src: its queries' D, each at its position
+        for (int r = 0; r < d->R; r++)
+            for (int h = 0; h < nh; h++)
+                for (int i = 0; i < p->Tq; i++)
+                    Dh[((long)r * nh + h) * d->T + cp_pos_of(p, src)[i]] = p->recv[src * piece + ((long)r * nh + h) * p->Tq + i];
+}
 // attention's shapes by heads: NH/N heads, A/N wide, every position
 static BlockDims ulysses_dims(const Cp* p) {
     BlockDims h = p->dims;
@@ -328,20 +345,26 @@ static BlockDims ulysses_dims(const Cp* p) {
     return h;
 }
 
-static void ulysses_forward(Cp* p, BlockActs* a) {
+// train.c's attention on this rank's NH/N heads, every position (--recompute selective runs it again)
+static void ulysses_attention(Cp* p, BlockActs* a) {
     BlockDims h = ulysses_dims(p);
-    ulysses_to_heads(p, a->qkv, 3, a->qkv); // q, k, v by heads, kept so for backward (attention alone reads them)
     double t = trace_clock();
-    attention_forward(p->heads_y, a->att, a->qkv, &h, p->heads_tmp, p->heads_acc); // train.c's, NH/N heads
+    attention_forward(p->heads_y, a->att, a->qkv, &h, p->heads_tmp, p->heads_acc);
     trace_event("compute", t, trace_clock(), 0, "attention");
+}
+static void ulysses_forward(Cp* p, BlockActs* a) {
+    ulysses_to_heads(p, a->qkv, 3, a->qkv); // q, k, v by heads, kept so for backward (attention alone reads them)
+    ulysses_attention(p, a);
     ulysses_to_positions(p, p->heads_y, 1, a->atty); // y back by positions
 }
 static void ulysses_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
     BlockDims h = ulysses_dims(p);
-    ulysses_to_heads(p, datty, 1, p->heads_dy); // dO by heads
-    ulysses_to_heads(p, a->atty, 1, p->heads_y); // y by heads, again
+    float *D = p->heads_tmp, *vT = p->heads_tmp + (long)h.R * h.NH * h.T; // D by heads; a head's V, transposed
+    attention_backward_d(p->D, datty, a->atty, p->dims.A, &p->dims); // D = dO . y, here, by positions
+    ulysses_to_heads(p, datty, 1, p->heads_dy);                       // dO by heads
+    ulysses_d_to_heads(p, p->D, D);                                   // D by heads
     double t = trace_clock();
-    attention_backward(p->heads_dqkv, p->heads_dy, a->qkv, a->att, p->heads_y, &h, p->heads_tmp, p->heads_acc);
+    attention_backward_from_d(p->heads_dqkv, p->heads_dy, a->qkv, a->att, D, &h, vT, p->heads_acc);
     trace_event("compute", t, trace_clock(), 0, "attention backward");
     ulysses_to_positions(p, p->heads_dqkv, 3, dqkv); // dq, dk, dv back by positions
 }
@@ -369,7 +392,7 @@ static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty,
 
 static void cp_block_forward(Cp* p, const float* w, Acts* a, int u, Workspace* ws, int64_t* acc) {
     BlockParams prm = block_params(w, &p->dims);
-    BlockActs ba = block_acts(a->saved[u], &p->dims, a->rows);
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
     block_forward_qkv(a->out[u - 1], &prm, &ba, &p->dims, ws);
     cp_attention_forward(p, &ba);
     block_forward_out(a->out[u], a->out[u - 1], &prm, &ba, &p->dims, acc, ws);
@@ -378,12 +401,25 @@ static void cp_block_backward(Cp* p, const float* w, int64_t* g, Acts* a, int u,
                               Workspace* ws) {
     BlockParams prm = block_params(w, &p->dims);
     BlockGrads gg = block_grads(g, &p->dims);
-    BlockActs ba = block_acts(a->saved[u], &p->dims, a->rows);
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
     BlockStash st = block_stash(s->stash, &p->dims, p->dims.R);
     block_backward_out(s->tmp, s->dout, &prm, &ba, &st, &p->dims, s->tmp, s->acc, ws);
     cp_attention_backward(p, &ba, s->tmp, st.dqkv);
     block_backward_qkv(s->din, a->out[u - 1], &prm, &ba, &st, &p->dims, s->acc, ws);
     block_backward_weight(&gg, a->out[u - 1], &ba, &st, &p->dims, terms, ws);
+}
+// --recompute, before block u's backward (model.h's unit_recompute, across ranks): selective,
+// attention's probabilities again (the ring and the all-gather bring every rank's K and V
+// again for them; Ulysses kept its heads' q, k, v and sends nothing); full, the whole block
+// again from its input, its attention's collectives with it.
+static void cp_unit_recompute(Cp* p, const Config* c, int u, const float* w, Acts* a, Workspace* ws, int64_t* acc) {
+    if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
+    double t = trace_clock();
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
+    if (c->recompute == RECOMPUTE_FULL) cp_block_forward(p, w, a, u, ws, acc);
+    else if (p->comm == CP_ALLTOALL) ulysses_attention(p, &ba);
+    else cp_attention_forward(p, &ba);
+    trace_event("compute", t, trace_clock(), 0, "recompute %s", unit_name(c, u));
 }
 
 // The forward of R rows through the model on this rank's positions; returns the exact sum
@@ -415,6 +451,7 @@ static void cp_model_backward(Cp* p, const Config* c, const float* params, int64
     trace_event("compute", t, trace_clock(), 0, "backward head");
     scratch_step_down(s);
     for (u = c->layers; u >= 1; u--) {
+        cp_unit_recompute(p, c, u, params + unit_offset(c, u), a, &w->ws, s->acc); // --recompute: what it did not keep
         cp_block_backward(p, params + unit_offset(c, u), grads + unit_offset(c, u), a, u, s, terms, &w->ws);
         scratch_step_down(s);
     }
@@ -490,23 +527,34 @@ static void online_forward(Cp* p, BlockActs* a) {
 //                         and dK and dV reduce-scattered: N - 1 shares each   2 (N-1) x 8 kv
 //   all-to-all  forward: q, k, v to the heads, y back: 4 all-to-alls of a    4 (N-1)/N x 4 kv
 //               rank's width, each sending the N - 1 others their (N-1)/N
-//               backward: dO and y to the heads, dq, dk, dv back             5 (N-1)/N x 4 kv
+//               backward: dO to the heads, dq, dk, dv back; D, 1/HD of a     (4 + 1/HD) (N-1)/N x 4 kv
+//               width, to the heads
+//   --recompute selective: the ring's and the all-gather's forward again     + the forward's (Ulysses: 0)
+//   --recompute full: the forward again, for every --cp-comm                 + the forward's
 //   each of L blocks; then the gradients' all-reduce, the loss with them      2 (N-1)/N x 8 B x (P + 1)
+// (--microbatches M: the same; the blocks' bytes are per row, the all-reduce once a step)
 // Memory: train.c's replica, (4 + 8, + 8 with AdamW) B x P; train.c's activations of this
 // rank's Tq positions (attention's probabilities among them: Tq rows of T a head); and the
 // buffers of attention across ranks below, as cp_init allocates them.
 
-// The bytes a rank sends for one block's attention across ranks, forward and backward, when
-// a rank's K holds kv elements (train_3d.c calls it too, at its tensor rank's heads).
-static double cp_sent_per_block(const Cp* p, double kv) {
+// The bytes a rank sends for one block's attention across ranks, forward, and forward and
+// backward, when a rank's K holds kv elements (train_3d.c calls it too, at its tensor rank's heads).
+static double cp_sent_forward(const Cp* p, double kv) {
     double N = p->cp->size;
-    if (p->comm == CP_RING) return 2 * (N - 1) * 4 * kv + 2 * (N - 1) * 4 * kv + 2 * N * 8 * kv;
-    if (p->comm == CP_ALLGATHER) return 2 * (N - 1) * 4 * kv + 2 * (N - 1) * 4 * kv + 2 * (N - 1) * 8 * kv;
-    return 4 * (N - 1) / N * 4 * kv + 5 * (N - 1) / N * 4 * kv; // all-to-all
+    return p->comm == CP_ALLTOALL ? 4 * (N - 1) / N * 4 * kv : 2 * (N - 1) * 4 * kv;
+}
+static double cp_sent_per_block(const Cp* p, double kv) {
+    double N = p->cp->size, back = 2 * (N - 1) * 4 * kv; // the ring's and the all-gather's K and V again
+    if (p->comm == CP_RING) back += 2 * N * 8 * kv;
+    if (p->comm == CP_ALLGATHER) back += 2 * (N - 1) * 8 * kv;
+    if (p->comm == CP_ALLTOALL) back = (4 + 1.0 / p->dims.HD) * (N - 1) / N * 4 * kv;
+    return cp_sent_forward(p, kv) + back;
 }
 static double cp_sent_formula(const Cp* p, const Config* c, long B, long np) {
-    double kv = (double)B * p->Tq * c->emb;
-    return c->layers * cp_sent_per_block(p, kv) + ring_allreduce_bytes(8.0 * np + 8.0, p->cp->size);
+    double kv = (double)B * p->Tq * c->emb, again = 0; // --recompute: the forward's again
+    if (c->recompute == RECOMPUTE_FULL || (c->recompute == RECOMPUTE_SELECTIVE && p->comm != CP_ALLTOALL))
+        again = cp_sent_forward(p, kv);
+    return c->layers * (cp_sent_per_block(p, kv) + again) + ring_allreduce_bytes(8.0 * np + 8.0, p->cp->size);
 }
 
 // Allocates each buffer of the Cp struct that --cp-comm and --cp-softmax use, for up to
@@ -519,8 +567,9 @@ static void cp_init(Cp* p, Group* cp, const Config* c, int rows, CpComm comm, in
     p->dims = gpt_dims(c, rows);
     p->dims.Tq = p->Tq, p->dims.pos = p->pos + cp->rank * p->Tq;
     long kv = (long)rows * p->Tq * C, heads = (long)rows * c->heads * p->Tq;
+    p->D = mallocCheck(sizeof(float) * heads);
     if (comm != CP_ALLTOALL) {
-        p->rowmax = mallocCheck(sizeof(float) * heads), p->D = mallocCheck(sizeof(float) * heads);
+        p->rowmax = mallocCheck(sizeof(float) * heads);
         p->expsum = mallocCheck(sizeof(int64_t) * heads);
         p->pv = mallocCheck(sizeof(int64_t) * kv), p->dq = mallocCheck(sizeof(int64_t) * kv);
         p->kvT = mallocCheck(sizeof(float) * HD * p->Tq);
@@ -542,7 +591,7 @@ static void cp_init(Cp* p, Group* cp, const Config* c, int rows, CpComm comm, in
         p->send = mallocCheck(sizeof(float) * 3 * kv), p->recv = mallocCheck(sizeof(float) * 3 * kv);
         p->heads_y = mallocCheck(sizeof(float) * kv), p->heads_dy = mallocCheck(sizeof(float) * kv);
         p->heads_dqkv = mallocCheck(sizeof(float) * 3 * kv);
-        p->heads_tmp = mallocCheck(sizeof(float) * (heads + (long)HD * T)); // row max or D; k or v transposed
+        p->heads_tmp = mallocCheck(sizeof(float) * (heads + (long)HD * T)); // row max or D by heads; k or v transposed
         p->heads_acc = mallocCheck(sizeof(int64_t) * 3 * kv);              // sums of e, e v; or dq, dk, dv
     }
     if (online) {
@@ -563,8 +612,8 @@ static void cp_free(Cp* p) {
 // The bytes of cp_init's buffers for `rows` rows (kv: a rank's K; heads: one a query and head)
 static double cp_attention_bytes(const Cp* p, const Config* c, long rows) {
     double N = p->cp->size, kv = (double)rows * p->Tq * c->emb, heads = (double)rows * c->heads * p->Tq;
-    double HD = c->emb / c->heads, bytes = 0;
-    if (p->comm != CP_ALLTOALL) bytes += (4 + 4 + 8) * heads // rowmax, D, expsum
+    double HD = c->emb / c->heads, bytes = 4 * heads; // D
+    if (p->comm != CP_ALLTOALL) bytes += (4 + 8) * heads // rowmax, expsum
                                          + (8 + 8) * kv      // pv, dq
                                          + 4 * HD * p->Tq;   // kvT
     if (p->comm == CP_RING) bytes += 2 * (4 + 4) * kv  // K and V, held and arriving
@@ -674,25 +723,25 @@ static double validation_loss(void* ctx) {
 static const char* sent_words[] = {
     "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2N x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
     "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2(N-1) x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
-    "L x (4 forward + 5 backward all-to-alls of (N-1)/N x 4 B x kv) + 2(N-1)/N x 8 B x (P + 1)"};
+    "L x (4 forward + 4 + 1/HD backward all-to-alls of (N-1)/N x 4 B x kv) + 2(N-1)/N x 8 B x (P + 1)"};
 static const char* mem_words[] = {
     "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + K, V, dK, dV held and arriving",
     "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + every rank's K, V, dK, dV",
     "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + all-to-all buffers and attention's, by heads"};
 
-static Figures figures(const Run* r, const Progress* pr, int B) {
+static Figures figures(const Run* r, const Progress* pr, int B, int R) {
     const Config* c = &r->cfg;
     long np = r->st.n;
     double N = r->cp.size, T = c->context, Tq = r->p.Tq;
-    double opt_bytes = r->st.m ? 8.0 : 0.0, attn = cp_attention_bytes(&r->p, c, B);
-    // held, as allocated: every row's tokens and targets (loaded whole), and at this rank's
+    double opt_bytes = r->st.m ? 8.0 : 0.0, attn = cp_attention_bytes(&r->p, c, R);
+    // held for the R rows of a microbatch (--recompute: model.h's acts_saved_per_row): every row's tokens and targets (loaded whole), and at this rank's
     // positions the embedding's output, each block's output and BlockActs, the head's
     // LayerNorm and probabilities (sizes); and the targets at those positions (4 B x Tq a row)
-    double held = B * (acts_bytes_per_row(c, 0, n_units(c), &r->sizes) + 4 * Tq);
+    double held = R * (acts_bytes_per_row(c, 0, n_units(c), &r->sizes) + 4 * Tq);
     // the formula: train.c's activations of a row over N (every tensor is per position, attention's
     // probabilities Tq rows of T), but the row's tokens and targets, 4 B each a position, loaded
     // whole on every rank: (1 - 1/N) x 8 B x T more; and the targets at its positions, 4 B x Tq
-    double formula = B * (acts_bytes_per_row(c, 0, n_units(c), NULL) / N + (1 - 1 / N) * 8 * T + 4 * Tq);
+    double formula = R * (acts_bytes_per_row(c, 0, n_units(c), NULL) / N + (1 - 1 / N) * 8 * T + 4 * Tq);
     Figures f = {.sent = per_step(pr, r->cp.sent), .received = per_step(pr, r->cp.received), .params = 4.0 * np,
                  .grads = 8.0 * np, .optim = opt_bytes * np, .acts = held + attn, .bubble = -1};
     f.sent_formula = cp_sent_formula(&r->p, c, B, np);
@@ -795,7 +844,7 @@ int main(int argc, char** argv) {
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
     long start = state_load(&run.st, &o, &run.ds, cfg);
-    int rows = pass_rows(&o, o.batch);
+    int B = o.batch, M = o.microbatches, rows = pass_rows(&o, (B + M - 1) / M); // a microbatch, or an eval pass
     cp_init(&run.p, &run.cp, cfg, rows, run.comm, run.zigzag, run.online);
     gpt_unit_sizes(cfg, &run.p.dims, cfg->vocab, run.p.Tq, &run.sizes);
     work_init(&run.work, cfg, rows, &run.sizes);
@@ -813,17 +862,23 @@ int main(int argc, char** argv) {
     }
 
     // training loop
-    int B = o.batch;
     Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     progress.record_last = run.timeline; // the timeline is drawn from the last step's trace events
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // every rank: the whole batch's count
-        work_load(&run.work, &batch, 0, B, T);
-        int64_t loss = cp_model_forward(&run.p, cfg, run.st.params, &run.work, B, B); // this rank's positions
+        int64_t loss = 0;
         fix_zero(run.st.grads, np);
-        cp_model_backward(&run.p, cfg, run.st.params, run.st.grads, &run.work, B);
+        workspace_keep_weights(&run.work.ws, M > 1);
+        for (int m = 0; m < M; m++) { // --microbatches: every rank takes every row of each, at its positions
+            long first, end;
+            split_range(B, M, m, &first, &end);
+            work_load(&run.work, &batch, first, (int)(end - first), T);
+            loss += cp_model_forward(&run.p, cfg, run.st.params, &run.work, (int)(end - first), B);
+            cp_model_backward(&run.p, cfg, run.st.params, run.st.grads, &run.work, B);
+        }
+        workspace_keep_weights(&run.work.ws, 0);
         group_allreduce(&run.cp, run.st.grads, np, MPI_INT64_T, MPI_SUM); // every rank's positions' gradients, exact
         group_allreduce(&run.cp, &loss, 1, MPI_INT64_T, MPI_SUM);
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
@@ -834,8 +889,11 @@ int main(int argc, char** argv) {
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);
-    Figures fig = figures(&run, &progress, B);
-    Report rep = {"train_cp.c", layout, sent_words[run.comm], mem_words[run.comm]};
+    Figures fig = figures(&run, &progress, B, (B + M - 1) / M); // a microbatch's activations
+    char sent[300]; // --recompute: the forward's collectives again, but Ulysses' selective
+    int again = cfg->recompute == RECOMPUTE_FULL || (cfg->recompute == RECOMPUTE_SELECTIVE && run.comm != CP_ALLTOALL);
+    snprintf(sent, sizeof sent, "%s%s", sent_words[run.comm], again ? " + L x the forward's again (--recompute)" : "");
+    Report rep = {"train_cp.c", layout, sent, mem_words[run.comm]};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
     if (run.timeline && progress.steps > 0) cp_timeline(&run, progress.t0);
     run_free(&run);

@@ -1502,6 +1502,34 @@ section_gpt() {
     same_as gpt_odd "gpt: tp --sp on 2 ranks, 27 rows x 8 tokens, vocabulary slices of 14, same as train.c" $MPIRUN -n 2 ./train_tp --sp $flags
     same_as gpt_odd "gpt: cp on 4 ranks, T=8 (chunks of 1), same as train.c" $MPIRUN -n 4 ./train_cp $flags
     same_as gpt_odd "gpt: cp alltoall on 2 ranks, 27 rows, T=8 (chunks of 2), same as train.c" $MPIRUN -n 2 ./train_cp --cp-comm alltoall $flags
+    # train_cp with cli.h's --recompute and --microbatches: train.c's bits for the same flags
+    flags="$small --steps 20 --eval-every 10 --clip 0.5"
+    for x in "--recompute selective" "--recompute full" "--microbatches 2" "--microbatches 3" "--microbatches 3 --recompute full"; do
+        local tagx=gpt_x${x//[^a-z0-9]/}
+        reference $tagx $flags $x
+        for comm in ring alltoall; do
+            same_as $tagx "gpt: cp on 2 ranks, $comm, $x, same as train.c $x" $MPIRUN -n 2 ./train_cp --cp-comm $comm $flags $x
+        done
+    done
+    same_as gpt_xmicrobatches3recomputefull "gpt: cp on 4 ranks, allgather, --microbatches 3 --recompute full, same as train.c" \
+        $MPIRUN -n 4 ./train_cp --cp-comm allgather $flags --microbatches 3 --recompute full
+    # what --recompute keeps and sends again: each rank's bytes and memory equal to their formulas,
+    # exactly; activations fall none > selective > full; selective sends the ring's K and V again
+    # but nothing more for Ulysses (its heads' q, k, v are kept); full sends every forward again
+    for comm in ring alltoall; do
+        for x in none selective full; do
+            run "$TMP/rc.out" $MPIRUN -n 2 ./train_cp --model gpt --cp-comm $comm --recompute $x --steps 2 --samples 0 --summary "$TMP/rc_$x.sum"
+        done
+        check "gpt: cp $comm --recompute none, selective, full: bytes and memory = formulas; activations fall; bytes again as the formula says" \
+            awk -v comm=$comm '/^rank=/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+                x = FILENAME; sub(/.*rc_/, "", x); sub(/[.]sum$/, "", x); n[x]++
+                if (v["sent"] != v["sent_formula"] || v["params"] + v["grads"] + v["optim"] + v["acts"] != v["mem_formula"]) bad = 1
+                acts[x] = v["acts"]; sent[x] = v["sent"] }
+                END { again = comm == "alltoall" ? sent["selective"] == sent["none"] : sent["selective"] > sent["none"]
+                      exit !(n["none"] == 2 && n["selective"] == 2 && n["full"] == 2 && !bad && again && sent["full"] > sent["none"] &&
+                             acts["none"] > acts["selective"] && acts["selective"] > acts["full"]) }' "$TMP/rc_none.sum" "$TMP/rc_selective.sum" "$TMP/rc_full.sum"
+        rm -f "$TMP"/rc_*.sum
+    done
     # pipelines of blocks (every schedule), and 3D grids with the heads split, with and without --sp
     flags="${small/--layers 2/--layers 6} --steps 20 --eval-every 10 --clip 1"
     reference gpt_deep $flags
