@@ -65,8 +65,9 @@ static void count_received(Group* g, double bytes) {
 }
 
 // Message tags, one per kind of message, so that a receive can only match its own kind.
-// A pipeline's activations and gradients are tagged with their microbatch (pp_tag in
-// train_pp.c), from TAG_MICROBATCH up: MPI promises tags up to 32767.
+// A pipeline's activations and gradients are tagged with the stream they belong to, the
+// receiving chunk and the direction (train_pp.c's messages), from TAG_MICROBATCH up: MPI
+// promises tags up to 32767.
 enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT,
        TAG_KEYS, TAG_VALUES, TAG_KEY_GRADS, TAG_VALUE_GRADS, // ring attention's K, V, dK, dV (train_cp.c)
        TAG_MICROBATCH = 1024 };
@@ -294,12 +295,13 @@ static void group_waitall(Group* g, MPI_Request* req, int n, const char* what) {
 //    message with its rank and calls MPI_Abort, which ends every rank of the job at once,
 //    so no rank is left waiting in a collective for the one that stopped. When every rank
 //    meets the same error (a missing data file), the message is printed once: rank 0 says
-//    it at once, the others wait half a second, and the abort ends them before that.
+//    it at once, the others wait 3 seconds, and the abort ends them before that (half a
+//    second was not always enough on a loaded machine: CI saw a second rank's message).
 //  - dist_exit, for an error every rank detects alike, before any communication (a bad
 //    flag, a layout that does not fit): rank 0 says it and every rank exits with the same
 //    status (2 for bad usage), without an abort.
 static void fatal_end_job(const char* message) {
-    if (world_rank != 0) nanosleep(&(struct timespec){0, 500000000L}, NULL);
+    if (world_rank != 0) nanosleep(&(struct timespec){3, 0}, NULL);
     fprintf(stderr, "error: %s (rank %d of %d)\n", message, world_rank, world_size);
     fflush(stdout);
     fflush(stderr);

@@ -144,7 +144,6 @@ typedef struct {
     double maxabs;     // max |w|: matmul_exact's range check
     void* data;        // the packing
 } PackedWeight;
-#define MAX_KEPT (2 * (MAX_LAYERS + 2)) // two uses for each linear layer
 
 typedef struct {
     double* pa; // packed left operand, scaled by 2^40
@@ -153,8 +152,8 @@ typedef struct {
     float* pf;  // packed right operand of matmul_float
     long pa_cap, pb_cap, tr_cap, pf_cap;
     PackedWeight now;             // a weight packed into the buffers above
-    PackedWeight kept[MAX_KEPT];  // weights packed into buffers of their own
-    int n_kept, keeping;
+    PackedWeight* kept;           // weights packed into buffers of their own (two uses a linear layer)
+    int n_kept, cap_kept, keeping;
 } Workspace;
 
 // Sizes for any matmul of up to `rows` rows, `width` features and `weight` weight elements.
@@ -168,10 +167,11 @@ static void workspace_init(Workspace* ws, long rows, long width, long weight) {
     ws->tr = mallocCheck(ws->tr_cap * sizeof(float));
     ws->pf = mallocCheck(ws->pf_cap * sizeof(float));
     ws->now = (PackedWeight){0};
-    ws->n_kept = ws->keeping = 0;
+    ws->kept = NULL, ws->n_kept = ws->cap_kept = ws->keeping = 0;
 }
 static void workspace_free(Workspace* ws) {
     for (int i = 0; i < ws->n_kept; i++) free(ws->kept[i].data);
+    free(ws->kept);
     free(ws->pf);
     free(ws->pa);
     free(ws->pb);
@@ -587,7 +587,10 @@ static const PackedWeight* weight_packed(Workspace* ws, const float* w, PackUse 
             if (ws->kept[i].w == w && ws->kept[i].use == (int)use && ws->kept[i].K == K && ws->kept[i].J == J) p = &ws->kept[i];
         if (p && p->fresh) return p;
         if (!p) {
-            if (ws->n_kept == MAX_KEPT) fatal("internal: more than %d weights to keep packed", MAX_KEPT);
+            if (ws->n_kept == ws->cap_kept) { // a GPT with experts keeps 2 x (4 + 2 X) a block
+                ws->cap_kept = ws->cap_kept ? 2 * ws->cap_kept : 64;
+                ws->kept = reallocCheck(ws->kept, (size_t)ws->cap_kept * sizeof(PackedWeight));
+            }
             p = &ws->kept[ws->n_kept++];
             *p = (PackedWeight){.w = w, .use = use, .K = K, .J = J, .data = mallocCheck((size_t)bytes)};
         }

@@ -34,6 +34,7 @@ typedef struct {
     float* saved[MAX_LAYERS + 2]; // the GPT: what unit u keeps for its backward besides its output
     float* att;                 // --recompute selective: the blocks' attention probabilities, one block's room
     float* recomputed;          // --recompute full: what the blocks keep, one block's room, every block's saved[u]
+    int room_lent;              // att or recomputed is another's (a pipeline's slots share one room): not freed here
     int head_tokens;            // the GPT: positions a row of the head's LayerNorm keeps in saved
     float* rowmax;              // [rows][targets_per_row] softmax workspace
     float* tlogit;              // [rows][targets_per_row]
@@ -79,19 +80,28 @@ static long unit_att(const Config* c, const UnitSizes* sz, int u) {
 // room. Full: each block keeps only its input (the unit before's output, kept anyway); what
 // it keeps otherwise shares one block's room. Per row, what units [u_lo, u_hi) keep of
 // their own (saved) under each choice:
+static long acts_room_per_row(const Config* c, int u_lo, int u_hi, const UnitSizes* sz) {
+    long room = 0; // the one block's room: the most any block recomputes
+    for (int u = u_lo; u < u_hi && c->recompute != RECOMPUTE_NONE; u++) {
+        long r = !is_block(c, u) ? 0 : c->recompute == RECOMPUTE_SELECTIVE ? unit_att(c, sz, u) : unit_saved(c, sz, u);
+        room = r > room ? r : room;
+    }
+    return room;
+}
 static long acts_saved_per_row(const Config* c, int u_lo, int u_hi, const UnitSizes* sz) {
-    long kept = 0, room = 0;
+    long kept = 0;
     for (int u = u_lo; u < u_hi; u++) {
         long saved = unit_saved(c, sz, u), att = unit_att(c, sz, u);
         if (!is_block(c, u) || c->recompute == RECOMPUTE_NONE) kept += saved;
-        else if (c->recompute == RECOMPUTE_SELECTIVE) kept += saved - att, room = att > room ? att : room;
-        else room = saved > room ? saved : room;
+        else if (c->recompute == RECOMPUTE_SELECTIVE) kept += saved - att;
     }
-    return kept + room;
+    return kept + acts_room_per_row(c, u_lo, u_hi, sz);
 }
 // Activations of units [u_lo, u_hi) and of the input to u_lo (a pipeline stage keeps only
-// its own); pass 0, n_units for the whole model, and sz as above.
-static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const UnitSizes* sz) {
+// its own); pass 0, n_units for the whole model, and sz as above. `lent`: one block's room
+// for --recompute, rows x acts_room_per_row floats, that this Acts shares with others (a
+// pipeline's microbatches in flight: one backward runs at a time), or NULL for its own.
+static void acts_init_lent(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const UnitSizes* sz, float* lent) {
     memset(a, 0, sizeof(*a));
     a->rows = rows;
     int per_row = targets_per_row(c);
@@ -107,11 +117,12 @@ static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, co
             a->saved[u] = mallocCheck((size_t)rows * (saved - att) * sizeof(float) + 1);
         } else if (saved > 0) a->saved[u] = mallocCheck((size_t)rows * saved * sizeof(float));
     }
+    a->room_lent = room > 0 && lent;
     if (room > 0 && c->recompute == RECOMPUTE_FULL) {
-        a->recomputed = mallocCheck((size_t)rows * room * sizeof(float));
+        a->recomputed = lent ? lent : mallocCheck((size_t)rows * room * sizeof(float));
         for (int u = u_lo; u < u_hi; u++) a->saved[u] = is_block(c, u) ? a->recomputed : a->saved[u];
     }
-    if (room > 0 && c->recompute == RECOMPUTE_SELECTIVE) a->att = mallocCheck((size_t)rows * room * sizeof(float));
+    if (room > 0 && c->recompute == RECOMPUTE_SELECTIVE) a->att = lent ? lent : mallocCheck((size_t)rows * room * sizeof(float));
     if (is_gpt(c)) a->head_tokens = (int)(unit_saved(c, sz, c->layers + 1) / (c->emb + 2));
     a->rowmax = mallocCheck((size_t)rows * per_row * sizeof(float));
     a->tlogit = mallocCheck((size_t)rows * per_row * sizeof(float));
@@ -129,11 +140,14 @@ static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, co
             }
     }
 }
+static void acts_init(Acts* a, const Config* c, int rows, int u_lo, int u_hi, const UnitSizes* sz) {
+    acts_init_lent(a, c, rows, u_lo, u_hi, sz, NULL);
+}
 static void acts_free(Acts* a) {
     free(a->tokens);
     free(a->targets);
     for (int u = 0; u < MAX_LAYERS + 2; u++) free(a->out[u]), free(a->saved[u] != a->recomputed ? a->saved[u] : NULL);
-    free(a->recomputed), free(a->att);
+    if (!a->room_lent) free(a->recomputed), free(a->att);
     free(a->rowmax);
     free(a->tlogit);
     free(a->expsum);

@@ -74,6 +74,8 @@ static const char* schedule_parse(const char* value, int* sched, char* err, size
 
 // Whether the schedule's chunks form a V (rank 0 then holds the first and the last chunk).
 static int schedule_v_shaped(int sched) { return sched == SCHEDULE_ZBV || sched == SCHEDULE_DUALPIPEV; }
+// The schedules that run a backward's input half (I) and weight half (W) apart
+static int schedule_splits_iw(int sched) { return sched == SCHEDULE_ZB1 || schedule_v_shaped(sched); }
 // Chunks per rank: --virtual for interleaved, 2 for the V-shaped, else 1.
 static int schedule_chunks(int sched, int virtual_stages) {
     return sched == SCHEDULE_INTERLEAVED ? virtual_stages : schedule_v_shaped(sched) ? 2 : 1;
@@ -164,7 +166,7 @@ static int schedule_interleaved(int S, int V, int M, int r, Action* a) {
 }
 // ZB-H1 (zero bubble, Qi et al. 2023, section 3): 1F1B's order of forwards and input
 // gradients, with each W delayed: rank r runs the W of microbatch j after the I of j + r,
-// and its last r + 1 W's at the end, where 1F1B idles in its drain. The paper's bubble:
+// and its last r W's at the end, where 1F1B idles in its drain. The paper's bubble:
 // (S-1)(f+i-w) a rank (1F1B's is (S-1)(f+i+w)), a third of 1F1B's when f = i = w, once
 // M >= S. Rank r holds at most S microbatches (S-r before their I, r waiting for their W):
 // the peak of 1F1B's rank 0, on every rank.
@@ -187,7 +189,7 @@ static int schedule_zb1(int S, int V, int M, int r, Action* a) {
 // every free rank taking, of its two chunks' oldest actions not yet run: a ready I (the
 // chunk after has sent its gradient), else a ready F while it holds fewer than 2S chunk
 // activations (S microbatches, 1F1B's rank 0: the peak min(S, M)), else a pending W, in
-// what would be a bubble; the older microbatch first, then the later chunk. Each rank's
+// what would be a bubble; the older microbatch first (of one microbatch, the later chunk). Each rank's
 // list is the order it took them in; a play that finishes has no cycle of waits.
 //
 // Each chunk takes each kind in microbatch order (the chunk before sends its F's in that
@@ -225,7 +227,7 @@ static void schedule_zbv(int S, int M, Action** lists, int* counts) {
         for (int r = 0; r < S; r++) {
             int kind = -1, k = 0, m = 0;
             for (int want = PLAY_I; want <= PLAY_W && kind < 0; want++)
-                for (int v = 1; v >= 0; v--) { // the later chunk first, then the older microbatch
+                for (int v = 1; v >= 0; v--) { // the older microbatch wins; a tie, the later chunk (v = 1, seen first)
                     int kv = chunk_global(SCHEDULE_ZBV, S, r, v), mv = p.next[want][kv];
                     if (mv >= M || (kind >= 0 && mv >= m) || !play_ready(&p, want, kv, mv, t, live[r])) continue;
                     kind = want, k = kv, m = mv;

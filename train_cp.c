@@ -384,6 +384,12 @@ static void cp_attention_forward(Cp* p, BlockActs* a) {
     else if (p->online) online_forward(p, a);
     else ring_forward(p, a);
 }
+// --recompute selective: the probabilities again, before the block's backward (the ring and
+// the all-gather bring every rank's K and V again; Ulysses kept its heads' q, k, v: no all-to-all)
+static void cp_attention_again(Cp* p, BlockActs* a) {
+    if (p->comm == CP_ALLTOALL) ulysses_attention(p, a);
+    else cp_attention_forward(p, a);
+}
 static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
     if (p->comm == CP_ALLTOALL) ulysses_backward(p, a, datty, dqkv);
     else if (p->comm == CP_ALLGATHER) allgather_backward(p, a, datty, dqkv);
@@ -409,16 +415,14 @@ static void cp_block_backward(Cp* p, const float* w, int64_t* g, Acts* a, int u,
     block_backward_weight(&gg, a->out[u - 1], &ba, &st, &p->dims, terms, ws);
 }
 // --recompute, before block u's backward (model.h's unit_recompute, across ranks): selective,
-// attention's probabilities again (the ring and the all-gather bring every rank's K and V
-// again for them; Ulysses kept its heads' q, k, v and sends nothing); full, the whole block
-// again from its input, its attention's collectives with it.
+// attention's probabilities again (cp_attention_again); full, the whole block again from its
+// input, its attention's collectives with it.
 static void cp_unit_recompute(Cp* p, const Config* c, int u, const float* w, Acts* a, Workspace* ws, int64_t* acc) {
     if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
     double t = trace_clock();
     BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
     if (c->recompute == RECOMPUTE_FULL) cp_block_forward(p, w, a, u, ws, acc);
-    else if (p->comm == CP_ALLTOALL) ulysses_attention(p, &ba);
-    else cp_attention_forward(p, &ba);
+    else cp_attention_again(p, &ba);
     trace_event("compute", t, trace_clock(), 0, "recompute %s", unit_name(c, u));
 }
 
@@ -537,24 +541,20 @@ static void online_forward(Cp* p, BlockActs* a) {
 // rank's Tq positions (attention's probabilities among them: Tq rows of T a head); and the
 // buffers of attention across ranks below, as cp_init allocates them.
 
-// The bytes a rank sends for one block's attention across ranks, forward, and forward and
-// backward, when a rank's K holds kv elements (train_3d.c calls it too, at its tensor rank's heads).
-static double cp_sent_forward(const Cp* p, double kv) {
-    double N = p->cp->size;
-    return p->comm == CP_ALLTOALL ? 4 * (N - 1) / N * 4 * kv : 2 * (N - 1) * 4 * kv;
-}
-static double cp_sent_per_block(const Cp* p, double kv) {
-    double N = p->cp->size, back = 2 * (N - 1) * 4 * kv; // the ring's and the all-gather's K and V again
+// The bytes a rank sends for one block's attention across ranks, forward and backward and
+// with --recompute, when a rank's K holds kv elements (train_3d.c calls it too, at its tensor
+// rank's heads).
+static double cp_sent_per_block(const Cp* p, double kv, int recompute) {
+    double N = p->cp->size, fwd = 2 * (N - 1) * 4 * kv, back = fwd; // the ring's and the all-gather's K and V again
     if (p->comm == CP_RING) back += 2 * N * 8 * kv;
     if (p->comm == CP_ALLGATHER) back += 2 * (N - 1) * 8 * kv;
-    if (p->comm == CP_ALLTOALL) back = (4 + 1.0 / p->dims.HD) * (N - 1) / N * 4 * kv;
-    return cp_sent_forward(p, kv) + back;
+    if (p->comm == CP_ALLTOALL) fwd = 4 * (N - 1) / N * 4 * kv, back = (4 + 1.0 / p->dims.HD) * (N - 1) / N * 4 * kv;
+    int again = recompute == RECOMPUTE_FULL || (recompute == RECOMPUTE_SELECTIVE && p->comm != CP_ALLTOALL);
+    return fwd + back + again * fwd;
 }
 static double cp_sent_formula(const Cp* p, const Config* c, long B, long np) {
-    double kv = (double)B * p->Tq * c->emb, again = 0; // --recompute: the forward's again
-    if (c->recompute == RECOMPUTE_FULL || (c->recompute == RECOMPUTE_SELECTIVE && p->comm != CP_ALLTOALL))
-        again = cp_sent_forward(p, kv);
-    return c->layers * (cp_sent_per_block(p, kv) + again) + ring_allreduce_bytes(8.0 * np + 8.0, p->cp->size);
+    double kv = (double)B * p->Tq * c->emb;
+    return c->layers * cp_sent_per_block(p, kv, c->recompute) + ring_allreduce_bytes(8.0 * np + 8.0, p->cp->size);
 }
 
 // Allocates each buffer of the Cp struct that --cp-comm and --cp-softmax use, for up to

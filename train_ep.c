@@ -44,7 +44,8 @@
  *   mpirun -n 2 ./train_ep --model gpt --experts 4           # the GPT: 4 experts in every block
  *
  * Compare with ./train --experts 4 (--model gpt): the same losses, names and final
- * checkpoint, whatever N. Initial values: train.c's, each element by its index in train.c's
+ * checkpoint, whatever N. With --microbatches M, each microbatch is split over the ranks and
+ * has its own capacity and load-balancing loss: ./train --experts 4 --microbatches M's bits. Initial values: train.c's, each element by its index in train.c's
  * layout (ckpt.h's holding_load, in main, through ep_share and config.h's table), or the checkpoint's.
  *
  * Sections: the strategy, an MoE layer's communication (train_3d.c's expert axis runs it
@@ -228,6 +229,7 @@ typedef struct {
     int64_t* packed;   // the replicated gradients, packed for their one all-reduce
     int* gathered;     // [2][N]: the probabilities' counts and displacements, for sampling
     int timeline;      // --timeline
+    int M;             // --microbatches: the batch in M passes, each split over the ranks
 } Run;
 
 static void run_free(Run* r) {
@@ -311,7 +313,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     return sums[0];
 }
 // Backward, unit by unit: an MoE unit's layer through ep_moe_backward (`terms`: the batch's
-// tokens), the rest as train.c's.
+// tokens), the rest as train.c's; with --recompute, what a block did not keep first (model.h).
 static void backward(Run* r, int R, long B) {
     const Config* c = &r->cfg;
     Acts* a = &r->work.acts;
@@ -319,6 +321,7 @@ static void backward(Run* r, int R, long B) {
     for (int u = n_units(c) - 1; u >= 0; u--) {
         const float* w = r->st.params + r->off[u];
         int64_t* g = r->st.grads + r->off[u];
+        unit_recompute(c, u, w, a, s, R, &r->work.ws); // --recompute selective: attention's probabilities again
         if (is_moe(c, u)) {
             const float *in, *dout;
             float* din;
@@ -398,7 +401,7 @@ static double ep_a2a_formula(const Run* r) {
         double n_q = m->own_tokens_sum / m->steps, n = m->tokens_sum / m->steps;
         bytes += 4.0 * (m->e.K + m->e.H) * (k * n_q * (1 - share) + k * (n - n_q) * share);
     }
-    return bytes;
+    return bytes * r->M; // the means above are a pass's: M passes a step
 }
 static Figures figures(const Run* r, const Progress* pr, int R) {
     const Config* c = &r->cfg;
@@ -408,8 +411,8 @@ static Figures figures(const Run* r, const Progress* pr, int R) {
     int N = r->ep.size;
     Figures f = {.sent = per_step(pr, r->ep.sent + r->dp.sent), .received = per_step(pr, r->ep.received + r->dp.received),
                  .params = 4.0 * np, .grads = 8.0 * np, .optim = opt_bytes * np, .acts = R * acts_row, .bubble = -1};
-    f.sent_formula = per_step(pr, ep_a2a_bytes(r)) + ring_allreduce_bytes(8.0 * rep, N) + ring_allreduce_bytes(16.0, N) +
-                     c->layers * (N - 1) * 4.0 * c->top_k * c->experts;
+    f.sent_formula = per_step(pr, ep_a2a_bytes(r)) + ring_allreduce_bytes(8.0 * rep, N) + // each microbatch: loss, counts
+                     r->M * (ring_allreduce_bytes(16.0, N) + c->layers * (N - 1) * 4.0 * c->top_k * c->experts);
     f.mem_formula = (4.0 + 8.0 + opt_bytes) * np + R * acts_row; // acts_row counts the MoE buffers (model.h)
     return f;
 }
@@ -423,11 +426,11 @@ static void ep_print_exchange(const Run* r, const Progress* pr, int B) {
     if (r->ep.rank == 0) {
         printf("all-to-all (dispatch and combine, forward and backward) per rank and step:\n");
         for (int q = 0; q < r->ep.size; q++) {
-            long xlo = r->experts.x_first[q], xhi = r->experts.x_first[q + 1], lo, hi;
-            split_range(B, r->ep.size, q, &lo, &hi);
+            long xlo = r->experts.x_first[q], xhi = r->experts.x_first[q + 1], rows = 0, first;
+            for (int m = 0; m < r->M; m++) rows += microbatch_rows(B, r->M, m, r->ep.size, q, &first);
             char experts[32];
             snprintf(experts, sizeof experts, xhi - xlo > 1 ? "experts %ld-%ld" : "expert %ld", xlo, xhi - 1);
-            printf("  rank %-3d %s, %ld rows: sent ", q, experts, hi - lo);
+            printf("  rank %-3d %s, %ld rows: sent ", q, experts, rows);
             print_size(all[3 * q]);
             printf(" (formula on the tokens routed: ");
             print_size(all[3 * q + 1]);
@@ -498,8 +501,8 @@ int main(int argc, char** argv) {
 
     // model: the replicated weights and this rank's experts, exact gradient sums, optimizer state
     Config* cfg = &run.cfg;
-    long lo, hi; // this rank's rows of every global batch
-    split_range(o.batch, N, run.ep.rank, &lo, &hi);
+    int B = o.batch, M = run.M = o.microbatches;
+    long first, R_max = microbatch_rows(B, M, 0, N, 0, &first); // the most rows a rank has in a pass: rank 0's of the first
     ep_init(&run.experts, &run.ep, &run.dp, cfg); // its experts; the counts' all-gather over dp
     ep_layout(&run);
     long np = run.off[n_units(cfg) - 1] + run.n[n_units(cfg) - 1];
@@ -508,18 +511,20 @@ int main(int argc, char** argv) {
     long start = holding_load(&holding, &o, &run.ds, cfg); // initial values: train.c's (config.h), or --load's
     run.packed = mallocCheck(sizeof(int64_t) * np);
     run.gathered = mallocCheck(sizeof(int) * 2 * N);
-    // activations for the most rows a rank has, rank 0's: an expert's block from one rank is
+    // activations for the most rows a rank has in a pass: an expert's block from one rank is
     // at most that rank's tokens (the MoE layers' routed and expert rows grow as routed)
-    work_init(&run.work, cfg, pass_rows(&o, (o.batch + N - 1) / N), NULL);
+    work_init(&run.work, cfg, pass_rows(&o, R_max), NULL);
     char layout[192], per_rank[64];
     snprintf(per_rank, sizeof per_rank, X % N ? "%d or %d a rank (uneven: the first ranks take one more)" : "%d a rank",
              X / N, X / N + 1);
     snprintf(layout, sizeof layout, "expert parallel over %d ranks: %d experts a %s (top-%d), %s; %ld rows a rank at most",
-             N, X, is_gpt(cfg) ? "block" : "layer", cfg->top_k, per_rank, hi - lo);
+             N, X, is_gpt(cfg) ? "block" : "layer", cfg->top_k, per_rank, R_max);
+    if (M > 1) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), " of each of %d microbatches", M);
+    if (cfg->recompute) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), ", %s recomputation",
+                                 recompute_names[cfg->recompute]);
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
-    int B = o.batch, R = (int)(hi - lo);
     GradSpan spans[2 * (MAX_LAYERS + 2)];
     int n_spans = ep_grad_spans(&run, spans);
     DistSave saver = {&holding, &run.ds, cfg};
@@ -529,11 +534,17 @@ int main(int argc, char** argv) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
-        int64_t loss = forward(&run, &batch, 0, B, B, NULL); // this rank's rows of the B; the sum of all B losses
-        progress.aux = fix_to(run.work.acts.aux) / n;
+        int64_t loss = 0, aux = 0;
         fix_zero(run.st.grads, np);
-        backward(&run, R, B);
-        ep_allreduce_replicated(&run);
+        for (int m = 0; m < M; m++) { // --microbatches: capacity and load balance per microbatch, as train.c's
+            long lo, hi;
+            split_range(B, M, m, &lo, &hi);
+            loss += forward(&run, &batch, lo, (int)(hi - lo), B, NULL); // this rank's share; the sum of all its rows' losses
+            aux += run.work.acts.aux;
+            backward(&run, microbatch_rows(B, M, m, N, run.ep.rank, &first), B);
+        }
+        progress.aux = fix_to(aux) / n;
+        ep_allreduce_replicated(&run); // once, after the last microbatch
         float scale = clip_factor(&o.opt, spans, n_spans, n, group_norm, &run.dp);
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
         if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
@@ -542,7 +553,7 @@ int main(int argc, char** argv) {
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);
-    Figures fig = figures(&run, &progress, R);
+    Figures fig = figures(&run, &progress, (int)R_max);
     Report rep = {"train_ep.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
     if (!o.quiet) {

@@ -20,7 +20,7 @@
  *   bubble  the fraction of the step a rank waits: (S-1)/(M+S-1) for GPipe and 1F1B on S
  *           ranks; every schedule's in schedules.h
  *
- *   make train_pp && mpirun -n 2 ./train_pp --layers 2 --microbatches 4 --schedule 1f1b
+ *   make train_pp && mpirun -n 2 ./train_pp --microbatches 4 --schedule 1f1b      # the picture above
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule interleaved --virtual 2
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule dualpipev --timeline
  *
@@ -106,9 +106,10 @@ typedef struct {
     int n_chunks;     // S V: the model's chunks
     int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
     int chunk[4];     // this rank's chunks, its v-th being chunk[v]
-    int rows;         // rows this pipeline streams a step (train_3d.c: its replica's share)
     long batch;       // rows of the global batch: losses and gradients are means over it
-    int mb_rows;      // the largest microbatch
+    int replicas, replica; // train_3d.c: the data-parallel replicas, each a share of every microbatch; 1, 0 here
+    int rows;         // rows this pipeline streams a step (train_3d.c: its replica's shares)
+    int mb_rows;      // the largest microbatch (share)
     const Config* c;
     const UnitSizes* sizes; // what each unit holds a row on this rank (train_3d.c's slices), or NULL
     StageWork work;
@@ -119,6 +120,7 @@ typedef struct {
     int split;        // the list runs I and W apart (then I stashes what W needs)
     Held* held;       // [room] the activations in flight; room: the most the list holds at once
     int room;
+    float* recompute_room; // --recompute: one block's room that every slot shares (one backward at a time)
     float* outbox;    // the copy of each message sent this step: a slot each (chunk v, microbatch, direction)
     MPI_Request* sent; //   and its request; msg_floats a slot
     long msg_floats;
@@ -155,11 +157,17 @@ static int pp_rank_of(const Pp* p, int k) {
 // `pass_capacity` rows; sizes: as in Pp, or NULL. Every rank builds every rank's list and
 // runs the checker on them (schedules.h): lists it passes cannot deadlock, and each
 // chunk's messages come in microbatch order (pp_tag).
-static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int V, const int* first, int rows,
-                    long batch, int pass_capacity, const UnitSizes* sizes, StageWork work) {
+static int pp_mb_rows(const Pp* p, int m, long* first);
+static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int V, const int* first, long batch,
+                    int replicas, int replica, int pass_capacity, const UnitSizes* sizes, StageWork work) {
     *p = (Pp){.group = group, .S = group->size, .rank = group->rank, .sched = sched, .V = V, .M = M,
-              .n_chunks = group->size * V, .rows = rows, .batch = batch, .mb_rows = (rows + M - 1) / M, .c = c,
+              .n_chunks = group->size * V, .batch = batch, .replicas = replicas, .replica = replica, .c = c,
               .sizes = sizes, .work = work};
+    long row;
+    for (int m = 0; m < M; m++) {
+        int R = pp_mb_rows(p, m, &row);
+        p->rows += R, p->mb_rows = R > p->mb_rows ? R : p->mb_rows;
+    }
     memcpy(p->first, first, sizeof(int) * (p->n_chunks + 1));
     // the schedule, built once: every rank's list, checked
     p->lists = mallocCheck(sizeof(Action*) * p->S), p->counts = mallocCheck(sizeof(int) * p->S);
@@ -173,6 +181,13 @@ static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int 
     p->room = pp_list_peak(p->actions, p->n_actions);
     p->held = callocCheck(p->room > 0 ? p->room : 1, sizeof(Held));
     for (int j = 0; j < p->room; j++) p->held[j].mb = -1;
+    long recompute_floats = 0;
+    for (int v = 0; v < V; v++) {
+        int k = chunk_global(sched, p->S, p->rank, v);
+        long f = acts_room_per_row(c, first[k], first[k + 1], sizes);
+        recompute_floats = f > recompute_floats ? f : recompute_floats;
+    }
+    p->recompute_room = recompute_floats ? mallocCheck(sizeof(float) * p->mb_rows * recompute_floats) : NULL;
     // a slot for each message of a step, as wide as the widest a chunk of this rank sends
     int widest = 1;
     for (int v = 0; v < V; v++) {
@@ -193,6 +208,7 @@ static void pp_free(Pp* p) {
     for (int v = 0; v < p->V; v++) acts_free(&p->pass[v]);
     for (int r = 0; r < p->S; r++) free(p->lists[r]);
     free(p->lists), free(p->counts), free(p->held), free(p->outbox), free(p->sent), free(p->timed);
+    free(p->recompute_room);
     scratch_free(&p->scratch);
 }
 
@@ -264,7 +280,7 @@ static Held* pp_hold(Pp* p, int k, int m) {
     Held* h = p->held;
     while (h->mb >= 0) h++;
     int lo = p->first[k], hi = p->first[k + 1];
-    acts_init(&h->acts, p->c, p->mb_rows, lo, hi, p->sizes);
+    acts_init_lent(&h->acts, p->c, p->mb_rows, lo, hi, p->sizes, p->recompute_room);
     for (int u = lo; u < hi && p->split; u++)
         h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * unit_stash_at(p->c, p->sizes, u));
     h->chunk = k, h->mb = m;
@@ -281,11 +297,10 @@ static void pp_drop(Held* h) {
     h->mb = -1;
 }
 
-// Microbatch m: its first row, and (returned) how many.
+// Microbatch m (train_3d.c: this replica's share of it): its first row of the batch, and
+// (returned) how many (model.h's microbatch_rows: 32 rows into 3 microbatches, 11, 11, 10).
 static int pp_mb_rows(const Pp* p, int m, long* first) {
-    long end;
-    split_range(p->rows, p->M, m, first, &end);
-    return (int)(end - *first);
+    return microbatch_rows(p->batch, p->M, m, p->replicas, p->replica, first);
 }
 // A computation ran from t to now: busy time; for the report, the timeline and the trace.
 static void pp_timed(Pp* p, char op, int k, int m, double t) {
@@ -414,12 +429,11 @@ static void pp_timeline(const Pp* p) {
     for (int i = 0; i < n; i++) {
         int m = p->timed[i].mb;
         char op = p->timed[i].op;
-        mark[i] = op == 'F' ? (m < 10 ? (char)('0' + m) : (char)('A' + (m - 10) % 26))
-                : op == 'W' ? (char)('A' + m % 26) : (char)('a' + m % 26);
+        mark[i] = op == 'F' ? (char)('0' + m % 10) : op == 'W' ? (char)('A' + m % 26) : (char)('a' + m % 26);
         t0[i] = p->timed[i].t0, t1[i] = p->timed[i].t1;
     }
     dist_draw_timeline(p->group->comm, n, t0, t1, mark, "stage", 100, "forward of microbatch 0, 1, 2 ... drawn as "
-                       "0 1 2 ..., its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
+                       "0 1 2 ... (its last digit), its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
     free(mark), free(t0), free(t1);
 }
 
@@ -439,16 +453,26 @@ static double pp_sent_formula(const Pp* p) {
     if (p->rank == pp_last_rank(p) && p->rank != 0) sent += 8;
     return sent;
 }
-// The bytes of one microbatch of mb_rows through chunk k (with what W needs, for I/W lists).
+// The bytes of one microbatch of mb_rows through chunk k (with what W needs, for I/W lists),
+// but the one block's room of --recompute, which all share (pp_room_bytes).
 static double pp_chunk_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows, int k) {
-    double row = acts_bytes_per_row(c, p->first[k], p->first[k + 1], sizes);
+    double row = acts_bytes_per_row(c, p->first[k], p->first[k + 1], sizes) -
+                 4.0 * acts_room_per_row(c, p->first[k], p->first[k + 1], sizes);
     for (int u = p->first[k]; u < p->first[k + 1] && p->split; u++) row += 4.0 * unit_stash_at(c, sizes, u);
     return (double)mb_rows * row;
+}
+static double pp_room_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
+    long most = 0;
+    for (int v = 0; v < p->V; v++) {
+        long f = acts_room_per_row(c, p->first[p->chunk[v]], p->first[p->chunk[v] + 1], sizes);
+        most = f > most ? f : most;
+    }
+    return 4.0 * mb_rows * most;
 }
 // The activations this rank holds at its peak, in bytes: its list walked as the executor
 // runs it (each chunk's microbatch held from its F to its B or W), the most at any time.
 static double pp_acts_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
-    double held = 0, most = 0;
+    double held = pp_room_bytes(p, c, sizes, mb_rows), most = held;
     for (int i = 0; i < p->n_actions; i++) {
         const Action* a = &p->actions[i];
         if (a->op == 'F' || a->op == '&') held += pp_chunk_bytes(p, c, sizes, mb_rows, a->chunk);
@@ -463,7 +487,7 @@ static double pp_acts_bytes(const Pp* p, const Config* c, const UnitSizes* sizes
 static double pp_acts_formula(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
     double stage = 0;
     for (int v = 0; v < p->V; v++) stage += pp_chunk_bytes(p, c, sizes, mb_rows, p->chunk[v]);
-    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->rank) * stage;
+    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->rank) * stage + pp_room_bytes(p, c, sizes, mb_rows);
 }
 
 // The end of the report (rank 0 of the pipeline): the bubble every rank measured beside the
@@ -473,7 +497,8 @@ static void pp_print_theory(const Pp* p) {
     // the time of each kind of computation in the last step, summed over the ranks
     double sum[8] = {0}, tot[8]; // F, B, I, W: seconds, then how many
     for (int j = 0; j < p->n_timed; j++) {
-        int kind = (int)(strchr("FBIW", p->timed[j].op) - "FBIW");
+        static const char ops[] = "FBIW";
+        int kind = (int)(strchr(ops, p->timed[j].op) - ops);
         sum[kind] += p->timed[j].t1 - p->timed[j].t0, sum[4 + kind] += 1;
     }
     MPI_Reduce(sum, tot, 8, MPI_DOUBLE, MPI_SUM, 0, p->group->comm);
@@ -537,6 +562,7 @@ static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R
 static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
     for (int u = hi - 1; u >= lo; u--) {
+        unit_recompute(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws); // --recompute
         unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
         float* dout = unit_stash(&r->cfg, u, sc); // what the weight half reads (model.h)
         if (stash) memcpy(stash[u], dout, (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float)); // I: kept for W
@@ -573,7 +599,7 @@ static double validation_loss(void* ctx) {
 
 // The formulas of figures(), in words, for the report.
 static const char sent_words[] = "4 bytes x rows x (activations out + gradients in, of each chunk whose neighbour is on another rank) + 8 loss";
-static const char mem_words[] = "(4 + 8 + 8 AdamW) bytes x its parameters + peak x microbatch activations";
+static const char mem_words[] = "(4 + 8 + 8 AdamW) bytes x its parameters + peak x microbatch activations (+ one block's room with --recompute)";
 
 // What this rank sent and holds, each beside its formula, and the bubble it measured.
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int batch) {
@@ -616,6 +642,10 @@ static void pp_check_layout(const Options* o, int sched, int S, int V, int M, in
         dist_exit(2, run_line, "a batch of %d rows cannot be cut into %d microbatches (raise --batch or lower "
                   "--microbatches)", o->batch, M);
     if (schedule_rule(sched, S, schedule_chunks(sched, V), M, err, sizeof err)) dist_exit(2, run_line, "%s", err);
+    if (o->model.recompute == RECOMPUTE_FULL && schedule_splits_iw(sched))
+        dist_exit(2, run_line, "--recompute full with --schedule %s: full recomputation keeps one block's activations "
+                  "at a time, and a schedule that runs a block's weight half later (zb1, zbv, dualpipev) needs them "
+                  "then; use --recompute selective, or another schedule", schedule_names[sched]);
 }
 
 // ----------------------------------------------------------------------------
@@ -639,7 +669,7 @@ int main(int argc, char** argv) {
     Config* cfg = &run.cfg;
     pp_split(cfg, S * V, run.first);
     int capacity = pass_rows(&o, (o.batch + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
-    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, V, run.first, o.batch, o.batch, capacity, NULL, // the whole batch
+    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, V, run.first, o.batch, 1, 0, capacity, NULL, // the whole batch
             (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
     long np = 0;
     for (int v = 0; v < V; v++)

@@ -1238,14 +1238,14 @@ section_schedules() {
     expect_error 2 "--w needs a value" "schedules: tools/schedules --w without a value is refused" -- tools/schedules zb1 4 1 8 --w
     expect_error 2 "M must be an integer from 1 to 65536, got '99999999'" "schedules: tools/schedules with M out of range is refused" \
         -- tools/schedules zbv 4 2 99999999
-    echo "my picture" >"$TMP/mine.svg"
+    rm -f "$TMP/new.svg"
     echo '{"traceEvents": [' >"$TMP/garbage.json"
     expect_error 2 "trace '.*garbage.json' has no pipeline actions" "schedules: a garbage trace given to --svg is refused with a message" \
-        -- tools/schedules --svg "$TMP/mine.svg" 4 8 "$TMP/garbage.json"
-    check "schedules: ... and the picture's path keeps what it had" grep -qx "my picture" "$TMP/mine.svg"
+        -- tools/schedules --svg "$TMP/new.svg" 4 8 "$TMP/garbage.json"
+    check "schedules: ... and no picture is written" test ! -e "$TMP/new.svg"
     printf '{"name": "F3 chunk 1", "cat": "pipeline", "ph": "X", "pid": 7, "tid": 0, "ts": 1.0, "dur": 2.0}\n' >"$TMP/rank7.json"
     expect_error 2 "is not one of a pipeline of 4 ranks and 8 microbatches" "schedules: a trace of another pipeline (rank 7 of 4) is refused" \
-        -- tools/schedules --svg "$TMP/mine.svg" 4 8 "$TMP/rank7.json"
+        -- tools/schedules --svg "$TMP/new.svg" 4 8 "$TMP/rank7.json"
     run "$TMP/tl" $MPIRUN -n 2 ./train_pp --layers 2 --microbatches 4 --schedule zb1 --steps 5 --samples 0 --timeline
     check "schedules: --timeline draws F, I and W apart (digits, letters, capitals) for zb1" \
         awk '/^  stage [0-9] \|/ { n++; if ($0 !~ /[0-9]/ || $0 !~ /[a-d]/ || $0 !~ /[A-D]/) bad = 1 } END { exit !(n == 2 && !bad) }' "$TMP/tl"
@@ -1285,12 +1285,12 @@ section_3d() {
     same_as 3d_odd "3d: --tp 2 --pp 2 on 8 ranks leaves --dp 2, same as train.c" \
         $MPIRUN -n 8 ./train_3d --tp 2 --pp 2 $flags
     run "$TMP/grid" $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --steps 2 --samples 0
-    check "3d: rank 0 prints the grid, every rank's (tp, cp, pp, dp) and its units, tensor fastest, data slowest" \
-        bash -c "grep -q 'rank 3 *tp 1, cp 0, pp 1, dp 0: linear 2 + loss' '$TMP/grid' && test \$(grep -c '^  rank [0-9]* *tp [0-9], cp 0, pp [0-9], dp [0-9]:' '$TMP/grid') = 8"
+    check "3d: rank 0 prints the grid, every rank's (tp, cp, stage, replica) and its units, tensor fastest, data slowest" \
+        bash -c "grep -q 'rank 3 *tp 1, cp 0, stage 1, replica 0: linear 2 + loss (rows 0-3 of microbatch 0' '$TMP/grid' && grep -q 'rank 4 *tp 0, cp 0, stage 0, replica 1: embedding linear 1 (rows 4-7 of microbatch 0' '$TMP/grid' && test \$(grep -c '^  rank [0-9]* *tp [0-9], cp 0, stage [0-9], replica [0-9]:' '$TMP/grid') = 8"
     expect_error 2 "--tp 2 x --cp 1 x --dp 2 x --pp 2 = 8, but mpirun started 4 ranks" "3d: a grid that is not the world size is refused on every rank" -- $MPIRUN -n 4 ./train_3d --tp 2 --dp 2 --pp 2
     expect_error 2 "say how to arrange them" "3d: an ambiguous grid is refused" -- $MPIRUN -n 4 ./train_3d --tp 2
     expect_error 2 "--pp 4 but the model has only 3 units" "3d: more stages than units is refused" -- $MPIRUN -n 4 ./train_3d --pp 4 --dp 1
-    expect_error 2 "leaves 4 rows for 8 microbatches" "3d: too few rows per replica for the microbatches is refused" -- $MPIRUN -n 4 ./train_3d --dp 4 --pp 1 --batch 16 --microbatches 8
+    expect_error 2 "cannot give each of 8 microbatches a row for each of 4 data-parallel replicas" "3d: too few rows per replica for the microbatches is refused" -- $MPIRUN -n 4 ./train_3d --dp 4 --pp 1 --batch 16 --microbatches 8
     expect_error 2 "--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev" "3d: an unknown schedule is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --schedule nope
     expect_error 2 "--prefetch applies to --zero 3 only" "3d: --prefetch with ZeRO-2 is refused" -- $MPIRUN -n 2 ./train_3d --dp 2 --pp 1 --zero 2 --prefetch
 }
@@ -1437,8 +1437,13 @@ section_ep_gpt() {
 accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, memory within 5%, sent = received
     local name=$1 bound=$2
     shift 2
-    rm -f "$TMP/acc.sum" # a run that writes none is not judged by the one before's
+    rm -f "$TMP/acc.sum" # a run that fails must not leave the one before's figures to check
     run "$TMP/acc.out" "$@" --steps 6 --samples 0 --summary "$TMP/acc.sum"
+    local status=$?
+    if [ $status != 0 ]; then
+        fail "accounting: $name (exit $status: $(grep -m1 -E '^error' "$TMP/acc.out" | cut -c1-200))"
+        return
+    fi
     check "accounting: $name ($(awk '/^rank=0/ { for (i = 2; i <= NF; i++) printf "%s ", $i }' "$TMP/acc.sum" | cut -c1-80))" \
         awk -v bound="$bound" '/^rank=/ { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
             d = v["sent"] - v["sent_formula"]; if (d < 0) d = -d; if (d > bound) bad = 1; sent += v["sent"]; got += v["received"];
@@ -1447,6 +1452,7 @@ accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, 
 }
 section_accounting() {
     accounting "train.c sends nothing" 0 ./train
+    accounting "train.c replaces its own --summary of the run before (its model= line read as one)" 0 ./train
     accounting "dp, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_dp
     accounting "dp --overlap, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_dp --overlap --bucket-kb 8
     accounting "dp, 3 ranks, hidden 100" 128 $MPIRUN -n 3 ./train_dp --hidden 100
@@ -1652,13 +1658,18 @@ section_5d() {
         same_as 5d_drop "5d: $grid, 27 rows, capacity 0.5, top-2, same as train.c" \
             $MPIRUN -n $n ./train_3d $grid --microbatches 1 $drop --eval-every 10 --samples 3
     done
-    # several microbatches: only when nothing is batch-wide, a capacity that drops nothing and no load-balancing loss
-    flags="$m --experts 4 --samples 3 --steps 20 --eval-every 10 --capacity 4 --aux-loss 0 --clip 0.5"
-    reference 5d_mb $flags
-    same_as 5d_mb "5d: --tp 2 --cp 2 --pp 2 --dp 2 --ep 2, 4 microbatches, 1f1b, capacity 4, no aux loss, same as train.c" \
-        $MPIRUN -n 16 ./train_3d --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --microbatches 4 $flags
-    same_as 5d_mb "5d: --pp 2 --dp 4 --ep 2, 3 microbatches, zbv, same as train.c" \
-        $MPIRUN -n 8 ./train_3d --tp 1 --pp 2 --dp 4 --ep 2 --microbatches 3 --schedule zbv $flags
+    # several microbatches: the capacity and the load-balancing loss per microbatch, as train.c
+    # --microbatches M computes them (the grid's default is 4; each replica a share of each)
+    flags="$m --experts 4 --samples 3 --steps 20 --eval-every 10 --clip 0.5"
+    reference 5d_m4 $flags --microbatches 4
+    same_as 5d_m4 "5d: --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 at its default 4 microbatches, 1f1b, same as train.c --microbatches 4" \
+        $MPIRUN -n 16 ./train_3d --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 $flags
+    reference 5d_m3 $flags --microbatches 3 --top-k 2
+    same_as 5d_m3 "5d: --pp 2 --dp 4 --ep 2, 3 microbatches, top-2, zbv, same as train.c --microbatches 3" \
+        $MPIRUN -n 8 ./train_3d --tp 1 --pp 2 --dp 4 --ep 2 --microbatches 3 --schedule zbv $flags --top-k 2
+    reference 5d_m2drop $drop --eval-every 10 --samples 3 --microbatches 2
+    same_as 5d_m2drop "5d: --cp 2 --dp 4 --ep 2, 27 rows in 2 microbatches, capacity 0.5 (drops per microbatch), same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 1 --cp 2 --pp 1 --dp 4 --ep 2 --microbatches 2 $drop --eval-every 10 --samples 3
     # resuming across programs: train.c's checkpoint in the 5D grid, and the grid's in train.c
     flags="$m --experts 4 --samples 3 --steps 20 --eval-every 0 --top-k 2 --clip 0.5"
     reference 5d_r $flags
@@ -1672,15 +1683,15 @@ section_5d() {
     # what the grid prints of itself, bytes and memory beside their formulas
     run "$TMP/5d.out" $MPIRUN -n 16 ./train_3d $m --experts 4 --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --microbatches 1 --steps 2 --samples 0
     check "5d: rank 0 prints each rank's place on the expert axis and its experts" \
-        grep -qF "rank 13    tp 1, cp 0, pp 1, dp 1, ep 1: block 2 head + loss (rows 16-31, positions 0 1 2 3 12 13 14 15, slice 1 of 2, shard 2 of 4; experts 2-3 of each block, shard 0 of 2)" "$TMP/5d.out"
+        grep -qF "rank 13    tp 1, cp 0, stage 1, replica 1 (expert group 0, member 1): block 2 head + loss (rows 16-31 of microbatch 0, positions 0 1 2 3 12 13 14 15, slice 1 of 2, shard 2 of 4; experts 2-3 of each block, shard 0 of 2)" "$TMP/5d.out"
     check "5d: every rank's bytes on each of the five axes, beside each axis's formula" \
         bash -c "[ \$(grep -cE '^  rank [0-9]+ +tp .* \(.*\), cp .* \(.*\), dp .* \(.*\), pp .* \(.*\), ep [1-9].* \(.*\)$' '$TMP/5d.out') = 16 ]"
     accounting "5d 2 x 2 x 2 x 2, EP 2, one microbatch (the choices all-gathered)" 128 \
         $MPIRUN -n 16 ./train_3d $m --experts 4 --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --microbatches 1
     accounting "5d 1 x 1 x 2 x 4, EP 4, top-2, ZeRO-1" 128 \
         $MPIRUN -n 8 ./train_3d $m --experts 4 --tp 1 --pp 2 --dp 4 --ep 4 --microbatches 1 --top-k 2 --zero 1
-    accounting "5d 2 x 2 x 2 x 2, EP 2, 4 microbatches (the counts in the EP group)" 128 \
-        $MPIRUN -n 16 ./train_3d $m --experts 4 --tp 2 --cp 2 --pp 2 --dp 2 --ep 2 --capacity 4 --aux-loss 0
+    accounting "5d 2 x 2 x 2 x 2, EP 2, 4 microbatches (the counts in the EP group, each microbatch)" 128 \
+        $MPIRUN -n 16 ./train_3d $m --experts 4 --tp 2 --cp 2 --pp 2 --dp 2 --ep 2
     # bad grids: refused on every rank with one message, exit 2
     local x="$m --experts 4"
     refused_5d "--ep 2 does not divide --dp 3" "an --ep that does not divide --dp" 3 $x --tp 1 --pp 1 --dp 3 --ep 2 --microbatches 1
@@ -1689,12 +1700,6 @@ section_5d() {
         "more expert-parallel ranks than experts" 4 $m --experts 2 --tp 1 --pp 1 --dp 4 --ep 4 --microbatches 1
     refused_5d "the MLP's mixture of experts trains in train.c and train_ep.c" "the MLP's experts" 2 --experts 4 --tp 1 --pp 1 --dp 2
     refused_5d "--sp with --experts" "--sp with --experts" 2 $x --tp 2 --pp 1 --dp 1 --sp --microbatches 1
-    refused_5d "pass --microbatches 1, or a capacity that drops nothing (--capacity 4 or more at --top-k 1)" \
-        "the default 4 microbatches at the default capacity" 2 $x --tp 1 --pp 1 --dp 2 --ep 2
-    refused_5d "--experts with 2 microbatches: " "2 microbatches with a capacity that drops nothing but an aux loss" \
-        2 $x --tp 1 --pp 1 --dp 2 --ep 2 --microbatches 2 --capacity 4
-    refused_5d "(--capacity 2 or more at --top-k 2)" "2 microbatches, top-2, without the aux loss but a capacity that may drop" \
-        2 $x --tp 1 --pp 1 --dp 2 --microbatches 2 --top-k 2 --capacity 1.9 --aux-loss 0
 }
 # refused_5d TEXT NAME RANKS FLAGS...: train_3d refuses these flags with one message holding TEXT, exit 2
 refused_5d() {
@@ -1704,6 +1709,121 @@ refused_5d() {
     local status=$?
     [ $status = 2 ] && [ "$(grep -c '^error:' "$TMP/5d_bad")" = 1 ] && grep -qF -- "$text" "$TMP/5d_bad" && ok=1
     check "5d: $name, refused once, exit 2 (exit $status: $(grep -m1 '^error' "$TMP/5d_bad" | cut -c1-100))" test $ok = 1
+}
+
+# ----------------------------------------------------------------------------
+# --recompute (activation recomputation): the same bits as without it in every program that
+# holds activations, since a forward is a pure function of its input and parameters here;
+# the activations held follow the forms; the layouts that cannot run it are refused
+section_recompute() {
+    local m="--model gpt --emb 16 --heads 4 --layers 2" how
+    local g="$m --samples 3 --steps 20 --eval-every 10"
+    reference rc $g
+    for how in selective full; do
+        same_as rc "recompute: train.c --recompute $how, same as without" ./train $g --recompute $how
+        same_as rc "recompute: train_dp, 2 ranks, --recompute $how, same as train.c" $MPIRUN -n 2 ./train_dp $g --recompute $how
+        same_as rc "recompute: train_tp --sp, 2 ranks, --recompute $how, same as train.c" \
+            $MPIRUN -n 2 ./train_tp --sp $g --recompute $how
+        same_as rc "recompute: train_pp, 2 stages, 1f1b, 4 microbatches, --recompute $how, same as train.c" \
+            $MPIRUN -n 2 ./train_pp --schedule 1f1b --microbatches 4 $g --recompute $how
+        same_as rc "recompute: train_cp, 2 ranks, alltoall (Ulysses), --recompute $how, same as train.c" \
+            $MPIRUN -n 2 ./train_cp --cp-comm alltoall $g --recompute $how
+    done
+    same_as rc "recompute: train_dp --overlap, 2 ranks, --recompute full, same as train.c" \
+        $MPIRUN -n 2 ./train_dp --overlap $g --recompute full
+    same_as rc "recompute: train_fsdp ZeRO-3 --prefetch, 2 ranks, --recompute full, same as train.c" \
+        $MPIRUN -n 2 ./train_fsdp --zero 3 --prefetch $g --recompute full
+    same_as rc "recompute: train_fsdp ZeRO-1, 2 ranks, --recompute selective, same as train.c" \
+        $MPIRUN -n 2 ./train_fsdp --zero 1 $g --recompute selective
+    same_as rc "recompute: train_pp, 2 stages, zbv, --recompute selective, same as train.c" \
+        $MPIRUN -n 2 ./train_pp --schedule zbv --microbatches 4 $g --recompute selective
+    same_as rc "recompute: train_3d --tp 2 --pp 2 --dp 1, --recompute full, same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 2 --pp 2 --dp 1 $g --recompute full
+    same_as rc "recompute: train_3d --tp 2 --cp 2 --pp 2 --dp 1 --sp, --recompute selective, same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 2 --cp 2 --pp 2 --dp 1 --sp $g --recompute selective
+    same_as rc "recompute: train_3d --tp 2 --cp 2 --pp 1 --dp 1 --cp-comm alltoall, --recompute selective (Ulysses' heads' attention again), same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 2 --cp 2 --pp 1 --dp 1 --cp-comm alltoall $g --recompute selective
+    reference rc_x $g --experts 4
+    same_as rc_x "recompute: train_ep, 4 experts over 2 ranks, --recompute selective, same as train.c" \
+        $MPIRUN -n 2 ./train_ep --experts 4 $g --recompute selective
+    # what is held: less with each, and train_tp's blocks equal to Korthikanti et al.'s forms
+    local acts=""
+    for how in none selective full; do
+        run "$TMP/rc_$how.out" ./train ${g/--steps 20/--steps 1} --recompute $how
+        acts="$acts $(grep -m1 '^  rank 0 ' "$TMP/rc_$how.out" | sed 's/.* + \([0-9.]* [KM]*B\) = .*/\1/')"
+    done
+    check "recompute: train.c holds fewer activations with selective, fewer again with full (${acts# })" \
+        awk -v a="$acts" 'BEGIN { n = split(a, w, " "); for (i = 1; i <= n; i += 2) v[(i + 1) / 2] = w[i] * (w[i + 1] == "MB" ? 1e6 : w[i + 1] == "KB" ? 1e3 : 1)
+            exit !(n == 6 && v[1] > v[2] && v[2] > v[3] && v[3] > 0) }'
+    for how in selective full; do
+        run "$TMP/tp.out" $MPIRUN -n 2 ./train_tp --sp $m --recompute $how --steps 2
+        check "recompute: train_tp --sp --recompute $how holds the blocks' activations of its form, equal" \
+            awk '/activations of the [0-9]+ blocks per rank/ { n++; held = $0; sub(/ B held.*/, "", held); sub(/.*: /, "", held); f = $NF == "B" ? $(NF-1) : $NF; if (held + 0 == f + 0 && held > 0) ok++ } END { exit !(n == 1 && ok == 1) }' "$TMP/tp.out"
+        accounting "recompute: tp --sp, 2 ranks, --recompute $how (the second forward's f and g counted)" 0 \
+            $MPIRUN -n 2 ./train_tp --sp $m --recompute $how
+    done
+    accounting "recompute: 3d --tp 2 --cp 2 --pp 2, selective (attention's K and V round the ring again)" 128 \
+        $MPIRUN -n 8 ./train_3d $m --tp 2 --cp 2 --pp 2 --dp 1 --recompute selective
+    accounting "recompute: 3d --tp 2 --cp 2, alltoall, selective (Ulysses sends nothing again)" 128 \
+        $MPIRUN -n 4 ./train_3d $m --tp 2 --cp 2 --pp 1 --dp 1 --cp-comm alltoall --recompute selective
+    # a pipeline's microbatches in flight keep what each block keeps, and share one block's room
+    local p4="--model gpt --emb 16 --heads 4 --layers 4" held=""
+    for how in none selective full; do
+        accounting "recompute: pp, 2 stages, 1f1b, --recompute $how (memory = the peak's formula)" 0 \
+            $MPIRUN -n 2 ./train_pp $p4 --recompute $how
+        held="$held $(sed -n 's/^rank=0 .*acts=\([0-9.e+]*\).*/\1/p' "$TMP/acc.sum")"
+    done
+    check "recompute: train_pp's stage 0 holds fewer activations with selective, fewer again with full (${held# } B)" \
+        awk -v h="$held" 'BEGIN { n = split(h, v, " "); exit !(n == 3 && v[1] + 0 > v[2] + 0 && v[2] + 0 > v[3] + 0 && v[3] + 0 > 0) }'
+    # refused, saying why
+    expect_error 2 "--recompute applies to --model gpt" "recompute: the MLP is refused (nothing to recompute)" -- ./train --recompute full
+    expect_error 2 "--recompute full with --experts" "recompute: full with experts is refused" -- ./train $g --experts 4 --recompute full
+    expect_error 2 "--recompute must be none, selective or full, got 'some'" "recompute: an unknown value is refused" -- ./train $g --recompute some
+    expect_error 2 "--recompute full with --schedule zb1" "recompute: full with a schedule that runs W apart is refused" \
+        -- $MPIRUN -n 2 ./train_pp $g --schedule zb1 --microbatches 4 --recompute full
+}
+
+# ----------------------------------------------------------------------------
+# --microbatches (gradient accumulation): the batch in M passes, one optimizer step; the same
+# bits as M = 1 for the dense models (every sum exact); with experts, capacity and the
+# load-balancing loss per microbatch, as train.c --microbatches M computes them
+section_accumulation() {
+    local f="--steps 30 --eval-every 15 --samples 3" g="--model gpt --emb 16 --heads 4 --layers 2 --samples 3 --steps 20 --eval-every 10"
+    reference ac $f
+    same_as ac "accumulation: train.c --microbatches 3 (32 rows as 11, 11, 10), same as 1" ./train $f --microbatches 3
+    same_as ac "accumulation: train.c --microbatches 32 (a row at a time), same as 1" ./train $f --microbatches 32
+    same_as ac "accumulation: train_dp, 2 ranks, 3 microbatches, same as train.c" $MPIRUN -n 2 ./train_dp $f --microbatches 3
+    same_as ac "accumulation: train_fsdp ZeRO-1, 2 ranks, 2 microbatches, same as train.c" \
+        $MPIRUN -n 2 ./train_fsdp --zero 1 $f --microbatches 2
+    same_as ac "accumulation: train_tp, 2 ranks, 4 microbatches, same as train.c" $MPIRUN -n 2 ./train_tp $f --microbatches 4
+    reference acg $g
+    same_as acg "accumulation: train.c --model gpt --microbatches 4, same as 1" ./train $g --microbatches 4
+    same_as acg "accumulation: train_dp --overlap, GPT, 2 ranks, 2 microbatches, same as train.c" \
+        $MPIRUN -n 2 ./train_dp --overlap $g --microbatches 2
+    same_as acg "accumulation: train_fsdp ZeRO-3, GPT, 2 ranks, 3 microbatches, --recompute full, same as train.c" \
+        $MPIRUN -n 2 ./train_fsdp --zero 3 $g --microbatches 3 --recompute full
+    same_as acg "accumulation: train_tp --sp, GPT, 2 ranks, 2 microbatches, same as train.c" \
+        $MPIRUN -n 2 ./train_tp --sp $g --microbatches 2
+    # experts: the capacity is a microbatch's, so with drops M changes the result (as in Megatron-LM)
+    local x="--experts 4 --capacity 0.5 $f"
+    reference ac_x1 $x
+    reference ac_x2 $x --microbatches 2
+    check "accumulation: with experts dropping tokens, 2 microbatches train otherwise than 1 (capacity per microbatch)" \
+        bash -c "! cmp -s '$TMP/ac_x1.ckpt' '$TMP/ac_x2.ckpt'"
+    same_as ac_x2 "accumulation: train_ep, 4 experts over 2 ranks, capacity 0.5, 2 microbatches, same as train.c --microbatches 2" \
+        $MPIRUN -n 2 ./train_ep $x --microbatches 2
+    reference ac_x3 $x --top-k 2 --microbatches 3
+    same_as ac_x3 "accumulation: train_ep, 3 ranks, top-2, 3 microbatches, same as train.c --microbatches 3" \
+        $MPIRUN -n 3 ./train_ep $x --top-k 2 --microbatches 3
+    reference ac_gx $g --experts 4 --microbatches 2
+    same_as ac_gx "accumulation: train_ep, GPT, 2 ranks, 2 microbatches, --recompute selective, same as train.c --microbatches 2" \
+        $MPIRUN -n 2 ./train_ep $g --experts 4 --microbatches 2 --recompute selective
+    accounting "accumulation: ep, 2 ranks, 4 microbatches (the counts and loss each microbatch)" 128 \
+        $MPIRUN -n 2 ./train_ep --experts 4 --microbatches 4
+    accounting "accumulation: dp, 2 ranks, 3 microbatches (one all-reduce a step)" 0 $MPIRUN -n 2 ./train_dp --microbatches 3
+    expect_error 2 "cannot be cut into 8 microbatches" "accumulation: a batch smaller than M is refused" -- ./train --batch 4 --microbatches 8
+    expect_error 2 "--microbatches must be an integer from 1 to 65536, got '0'" "accumulation: --microbatches 0 is refused" \
+        -- ./train --microbatches 0
 }
 
 # ----------------------------------------------------------------------------
@@ -1969,6 +2089,8 @@ run_section ep
 run_section accounting
 run_section gpt
 run_section 5d
+run_section recompute
+run_section accumulation
 run_section run
 run_section docs
 run_section builds

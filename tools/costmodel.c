@@ -1294,7 +1294,7 @@ static void usage(void) {
             "          [--ffn F (4W)] [--mlp swiglu|gelu] [--experts E --top-k K --expert-ffn F --shared-experts S\n"
             "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout] [--mtp D]\n"
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
-            "          --schedule gpipe|1f1b|interleaved|zb1|zbv --virtual V --microbatches M (rank: fixed for all)\n"
+            "          --schedule gpipe|1f1b|interleaved|zb1|zbv|dualpipev --virtual V --microbatches M (rank: fixed for all)\n"
             "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --tp-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N\n"
             "          --attention flash|unfused --devices N\n");
 }

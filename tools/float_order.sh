@@ -2,12 +2,14 @@
 # tools/float_order.sh: the measurement behind train.c's header. Why must sums be exact?
 # This builds two copies of train.c whose weight gradients are plain float sums instead
 # of exact ones, one adding all B rows in one chain, the other adding two halves of B/2
-# rows and then the halves, as a 2-rank data-parallel layout would. The same arithmetic
-# in another order: it prints the step where their training losses first differ, and
-# both runs' validation losses and names.
+# rows and then the halves, as a 2-rank data-parallel layout would (or as 2 microbatches of
+# gradient accumulation would: the same sum). The same arithmetic in another order: it
+# prints the step where their training losses first differ, and both runs' validation
+# losses and names.
 #
 #   bash tools/float_order.sh                # the default configuration, 25,000 steps
 #   bash tools/float_order.sh --steps 5000   # any flags of train.c
+#   PIECES=4 bash tools/float_order.sh       # 4 pieces: 4 ranks, or --microbatches 4, in float
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -18,8 +20,8 @@ import sys
 path = sys.argv[1]
 s = open(path).read()
 old = '    matmul_exact(dw, in, 1, K, dout, K, R, J, batch, "weight gradient", ws);'
-new = '''    { // float sums: all rows in one chain (HALVES unset), or two halves, then their sum
-        int halves = getenv("HALVES") ? 2 : 1;
+new = '''    { // float sums: all rows in one chain (HALVES unset), or HALVES pieces, each added in turn
+        int halves = getenv("HALVES") ? atoi(getenv("HALVES")) : 1;
         float *xt = mallocCheck(sizeof(float) * R * K), *part = mallocCheck(sizeof(float) * K * J);
         float* acc = callocCheck((size_t)K * J, sizeof(float));
         for (int h = 0; h < halves; h++) {
@@ -37,9 +39,9 @@ open(path, "w").write(s.replace(old, new))
 PY
 cc -O3 -march=native -std=c11 -ffp-contract=off -fno-math-errno -o "$work/train" "$work/train.c" -lm
 "$work/train" --quiet --log "$work/whole.csv" "$@" >"$work/whole.out"
-HALVES=1 "$work/train" --quiet --log "$work/halves.csv" "$@" >"$work/halves.out"
+HALVES=${PIECES:-2} "$work/train" --quiet --log "$work/halves.csv" "$@" >"$work/halves.out"
 paste -d, <(cut -d, -f1,2 "$work/whole.csv") <(cut -d, -f2 "$work/halves.csv") |
     awk -F, 'NR > 1 && $2 != $3 { if (!found) printf "training losses first differ at step %s: %s and %s\n", $1, $2, $3; found = 1 }
              END { if (!found) print "training losses identical at every step" }'
-echo "all rows at once            | two halves, then their sum"
+echo "all rows at once            | ${PIECES:-2} pieces, each added in turn"
 paste "$work/whole.out" "$work/halves.out" | awk -F'\t' '{ printf "%-27s | %s\n", $1, $2 }'

@@ -63,8 +63,8 @@ gpt|train.c --model gpt, makemore's Transformer on 1 process|-|./train $GPT
 gpt_tp|train_tp.c --model gpt --sp, heads and tokens split over 2 ranks|gpt|$MPIRUN -n 2 ./train_tp --sp $GPT
 gpt_cp|train_cp.c --model gpt, positions split over 2 ranks, ring attention|gpt|$MPIRUN -n 2 ./train_cp $GPT
 gpt_4d|train_3d.c --model gpt, $WHAT4D|gpt|$MPIRUN $GRID4D $GPT
-gptmoe|train.c --model gpt --experts 4, the GPT with 4 experts a block on 1 process|-|./train $GPTMOE
-gpt_5d|train_3d.c --model gpt --experts 4, $WHAT5D|gptmoe|$MPIRUN $GRID5D --microbatches 1 $GPTMOE"
+gptmoe|train.c --model gpt --experts 4 --microbatches 4, the GPT with 4 experts a block on 1 process, the batch in 4|-|./train --microbatches 4 $GPTMOE
+gpt_5d|train_3d.c --model gpt --experts 4, $WHAT5D, 4 microbatches|gptmoe|$MPIRUN $GRID5D --microbatches 4 $GPTMOE"
 # make cluster (CLUSTER=1) runs the GPT's tensor parallelism without --sp too (over a link,
 # what --sp's reduce-scatters and all-gathers change against the all-reduces), and leaves
 # out the GPT with experts: its 5D grid's 16 ranks would take turns on the cores of every
