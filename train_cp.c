@@ -27,9 +27,11 @@
  *   backward  ring: K and V round again, and with each rank's travel its gradients dK and dV,
  *             to which every rank adds its queries' terms: the N-th hop brings them home;
  *             all-gather: K and V all-gathered again, dK and dV reduce-scattered home
- *   (alltoall: forward q, k, v to the heads and y back; backward dO and y to the heads, and
- *   dq, dk, dv back)
+ *   (alltoall: forward q, k, v to the heads and y back; backward dO and D = dO . y to the
+ *   heads, and dq, dk, dv back)
  * then the parameter gradients all-reduced (exact sums) and the loss summed, as in train_dp.c.
+ * --microbatches M: the forward and backward of each microbatch in turn, the all-reduce once;
+ * --recompute: before a block's backward, its attention (selective) or the block (full) again.
  * K and V travel again in backward because keeping every block's gathered K and V until its
  * backward would hold N times a rank's own, per block; a rank's own stay in its q k v (*).
  *
@@ -42,6 +44,7 @@
  *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm allgather
  *   mpirun -n 2 ./train_cp --model gpt --cp-split contiguous --timeline  # the imbalance, drawn
  *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm alltoall  # Ulysses: a head a rank
+ *   mpirun -n 2 ./train_cp --model gpt --recompute selective --microbatches 2  # ./train's bits, same flags
  *
  * Sections: the strategy: 1. the positions; 2. attention across ranks (2a the ring, 2b the
  * all-gather; 2c Ulysses, by heads); 3. a block and the model. Then what only serves it, each
