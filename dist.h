@@ -15,7 +15,8 @@
  * avoids a trap: OpenMPI 4.1's MPI_Reduce_scatter_block took 28 ms here for a buffer this
  * ring reduce-scatters in 0.5 ms. The non-blocking ones (train_dp.c --overlap,
  * train_fsdp.c --prefetch) are MPI's own, MPI_Iallreduce and MPI_Iallgather; for those
- * the counter adds what the ring would send.
+ * the counter adds what the ring would send. So is the all-to-all (train_cp.c's Ulysses),
+ * counted piece by piece.
  *
  * Counting bytes: every send goes through a wrapper below that adds its bytes to its
  * group's counter, so what a program reports as sent is measured, not modelled.
@@ -67,7 +68,9 @@ static void count_received(Group* g, double bytes) {
 // A pipeline's activations and gradients are tagged with the stream they belong to, the
 // receiving chunk and the direction (train_pp.c's messages), from TAG_MICROBATCH up: MPI
 // promises tags up to 32767.
-enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT, TAG_MICROBATCH = 1024 };
+enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT,
+       TAG_KEYS, TAG_VALUES, TAG_KEY_GRADS, TAG_VALUE_GRADS, // ring attention's K, V, dK, dV (train_cp.c)
+       TAG_MICROBATCH = 1024 };
 
 static int type_bytes(MPI_Datatype t) {
     int s;
@@ -216,6 +219,21 @@ static void group_iallgather(Group* g, const void* send, void* recv, long shard,
     trace_event("comm", now_seconds(), now_seconds(), b, "start all-gather %s", g->name);
 }
 
+// All-to-all: every rank sends `count` elements to each rank (send holds N pieces, in rank
+// order) and receives `count` from each (into recv, in rank order): MPI's own. The piece a
+// rank addresses to itself is not sent: N - 1 messages, each counted.
+static void group_alltoall(Group* g, const void* send, void* recv, long count, MPI_Datatype type) {
+    if (count > INT_MAX) fatal("an all-to-all of %ld elements a rank, more than one MPI call sends; lower --batch", count);
+    double t = now_seconds(), b = (double)count * type_bytes(type);
+    static char what[64]; // for the watchdog's message
+    snprintf(what, sizeof what, "an all-to-all of the %s group", g->name);
+    waiting_for = what;
+    MPI_Alltoall(send, (int)count, type, recv, (int)count, type, g->comm);
+    waiting_for = NULL;
+    for (int q = 0; q < g->size - 1; q++) count_sent(g, b), count_received(g, b);
+    trace_event("comm", t, now_seconds(), (g->size - 1) * b, "all-to-all %s", g->name);
+}
+
 // What the textbook ring algorithm sends from each rank: an all-reduce of `bytes` over n
 // ranks, and a reduce-scatter or an all-gather whose whole buffer is `bytes`.
 static double ring_allreduce_bytes(double bytes, int n) { return 2.0 * (n - 1) / n * bytes; }
@@ -251,6 +269,16 @@ static void group_isend(Group* g, const void* buf, long count, MPI_Datatype type
 static void group_irecv(Group* g, void* buf, long count, MPI_Datatype type, int from, int tag, MPI_Request* req) {
     MPI_Irecv(buf, (int)count, type, from, tag, g->comm, req);
     count_received(g, (double)count * type_bytes(type));
+}
+// Waits for n posted messages of a group; `what` names them for the watchdog and --trace.
+static void group_waitall(Group* g, MPI_Request* req, int n, const char* what) {
+    double t = now_seconds();
+    waiting_for = what;
+    MPI_Status status[16]; // (not MPI_STATUSES_IGNORE: gcc warns on MPICH's)
+    if (n > 16) fatal("internal: group_waitall of %d requests, at most 16", n);
+    MPI_Waitall(n, req, status);
+    waiting_for = NULL;
+    trace_event("comm", t, now_seconds(), 0, "%s %s", what, g->name);
 }
 
 // ============================================================================

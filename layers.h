@@ -448,16 +448,15 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
                    "training has diverged; lower --lr or use --clip", terms, lim,
                    current_step > 0 ? " at step " : ", before step ", current_step > 0 ? current_step : 1L);
 }
-// The backward on one process: dqkv [R][Tq][3A] from dy = d atty.
-static void attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, const float* atty,
-                               const BlockDims* d, float* tmp, int64_t* acc) {
+// The backward on one process, every key in one block, given D (train_cp.c's Ulysses
+// computes D where y is, and sends it): dqkv [R][Tq][3A] from dy = d atty. vT: [HD][T] floats.
+static void attention_backward_from_d(float* dqkv, const float* dy, const float* qkv, const float* att, const float* D,
+                                      const BlockDims* d, float* vT, int64_t* acc) {
     long n = (long)d->R * d->Tq, ld = 3L * d->A;
-    float *D = tmp, *vT = tmp + (long)d->R * d->NH * d->Tq;
     int64_t *dq = acc, *dk = acc + n * d->A, *dv = acc + 2 * n * d->A;
     int kpos[d->T];
     for (int t = 0; t < d->T; t++) kpos[t] = t;
     fix_zero(acc, 3 * n * d->A);
-    attention_backward_d(D, dy, atty, d->A, d);
     attention_backward_block(dq, dk, dv, att, D, qkv, ld, qkv + d->A, ld, qkv + 2 * d->A, ld, dy, d->A, kpos, d->T, d,
                              vT, d->T);
     for (long t = 0; t < n; t++)
@@ -466,6 +465,13 @@ static void attention_backward(float* dqkv, const float* dy, const float* qkv, c
             dqkv[t * ld + d->A + x] = (float)fix_to(dk[t * d->A + x]);
             dqkv[t * ld + 2 * d->A + x] = (float)fix_to(dv[t * d->A + x]);
         }
+}
+// The backward on one process: D from dy and y, then the above.
+static void attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, const float* atty,
+                               const BlockDims* d, float* tmp, int64_t* acc) {
+    float *D = tmp, *vT = tmp + (long)d->R * d->NH * d->Tq;
+    attention_backward_d(D, dy, atty, d->A, d);
+    attention_backward_from_d(dqkv, dy, qkv, att, D, d, vT, acc);
 }
 
 // ----------------------------------------------------------------------------

@@ -152,8 +152,10 @@ typedef struct {
     Config cfg;
     Dataset ds;           // the data
     Grid grid;            // the axes and their groups
-    int ring, zigzag;     // --cp-comm, --cp-split
+    CpComm comm;          // --cp-comm
+    int zigzag;           // --cp-split
     int ring_given, split_given;
+    int recomputing;      // --recompute selective, in a block's backward: attention again, not its all-to-alls
     int zero, prefetch;   // --zero, --prefetch
     int M, sched, V, timeline; // --microbatches, --schedule, chunks a rank (--virtual; zbv, dualpipev: 2), --timeline
     int sp;               // --sp: sequence parallelism on the tensor axis (the GPT)
@@ -203,7 +205,8 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
 static void grid_attend(void* ctx, BlockActs* a) {
     Run* r = ctx;
     r->context.dims = r->tensor.dims; // its heads, at this pass's rows
-    cp_attention_forward(&r->context, a);
+    if (r->recomputing) cp_attention_again(&r->context, a);
+    else cp_attention_forward(&r->context, a);
 }
 static void grid_attend_backward(void* ctx, const BlockActs* a, const float* datty, float* dqkv) {
     Run* r = ctx;
@@ -238,7 +241,9 @@ static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, floa
     Run* r = ctx;
     for (int u = hi - 1; u >= lo; u--) {
         const float* w = fsdp_unit_params(&r->fsdp, u, u - 1 >= lo ? u - 1 : -1);    // ZeRO: gathered again
+        r->recomputing = r->cfg.recompute == RECOMPUTE_SELECTIVE;
         tp_unit_recompute(&r->tensor, &r->cfg, u, w, a, sc, R, &r->ws);              // --recompute (full: not with experts, cli.h)
+        r->recomputing = 0;
         if (is_moe(&r->cfg, u)) {
             grid_moe_backward(r, u, w, a, sc, R, batch, next_moe(r, u - 1, lo, hi));
         } else {
@@ -576,11 +581,8 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, d
         axis[0] += tp_sent_formula(&r->tensor, c, lo, hi, (double)rows);
         for (int u = lo; u < hi; u++) {
             if (u == 0 || u > c->layers) continue;
-            if (g->C > 1) { // K and V of each block: train_cp.c's formula, at this rank's heads
-                double N = g->C, blk = (double)rows * r->context.Tq * r->tensor.dims.A;
-                axis[3] += 2 * (2 * (N - 1) * 4 * blk) + (r->ring ? 2 * N * 8 * blk : 2 * (N - 1) * 8 * blk);
-                if (c->recompute) axis[3] += 2 * (N - 1) * 4 * blk; // attention's forward again: K and V once more
-            }
+            if (g->C > 1) // attention across the context axis, each block: train_cp.c's formula, at this rank's heads
+                axis[3] += cp_sent_per_block(&r->context, (double)rows * r->context.Tq * r->tensor.dims.A, c->recompute);
             if (!moe) continue;
             Expert e = moe_expert(c, u);
             axis[4] += per_step(pr, ep_a2a_bytes_of(&e, r->routed[u]));
@@ -655,7 +657,7 @@ static const CliFlag grid_flags[] = {
     {"dp", "D", "data-parallel ranks"},
     {"pp", "P", "pipeline stages"},
     {"cp", "C", "--model gpt: context-parallel ranks, each a share of every row's positions (default 1)"},
-    {"cp-comm", "HOW", "with --cp: ring (default) or allgather (train_cp.c)"},
+    {"cp-comm", "HOW", "with --cp: ring (default), allgather or alltoall (train_cp.c)"},
     {"cp-split", "HOW", "with --cp: zigzag (default) or contiguous"},
     {"ep", "E", "--model gpt --experts X: expert-parallel ranks, out of the data-parallel ones (E divides D; default 1)"},
     {"zero", "N", "ZeRO stage across the data-parallel ranks: 1, 2 or 3 (default 3)"},
@@ -672,9 +674,8 @@ static const char* grid_flag(void* ctx, int index, const char* value) {
     case 2: return cli_int("pp", value, 1, MAX_LAYERS + 2, &g->P);
     case 3: return cli_int("cp", value, 1, 1024, &g->C);
     case 4:
-        if (strcmp(value, "ring") && strcmp(value, "allgather")) return "--cp-comm must be ring or allgather";
-        r->ring = !strcmp(value, "ring"), r->ring_given = 1;
-        return NULL;
+        r->ring_given = 1;
+        return cp_comm_parse(value, &r->comm);
     case 5:
         if (strcmp(value, "zigzag") && strcmp(value, "contiguous")) return "--cp-split must be zigzag or contiguous";
         r->zigzag = !strcmp(value, "zigzag"), r->split_given = 1;
@@ -800,7 +801,7 @@ int main(int argc, char** argv) {
 
     // options
     Options o;
-    Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B, .ring = 1, .zigzag = 1};
+    Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B, .comm = CP_RING, .zigzag = 1};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 14, grid_flag, &run);
     grid_resolve(&run, &o);
     Grid* g = &run.grid;
@@ -815,6 +816,11 @@ int main(int argc, char** argv) {
         dist_exit(2, RUN_LINE, "--cp %d and %d positions: the %s split cuts T into %d equal chunks, so %d must divide T "
                   "(pass --context)", g->C, run.cfg.context, run.zigzag ? "zigzag" : "contiguous",
                   run.zigzag ? 2 * g->C : g->C, run.zigzag ? 2 * g->C : g->C);
+    if (g->C > 1 && run.comm == CP_ALLTOALL && run.cfg.heads / g->T % g->C != 0)
+        dist_exit(2, RUN_LINE, "--cp %d with --cp-comm alltoall and %d heads a tensor-parallel rank (--heads %d / --tp %d): "
+                  "Ulysses gives each context-parallel rank whole heads of those, so --cp must divide %d: %s (or use "
+                  "--cp-comm ring)", g->C, run.cfg.heads / g->T, run.cfg.heads, g->T, run.cfg.heads / g->T,
+                  ulysses_fits(run.cfg.heads / g->T, run.cfg.context, run.zigzag, "--cp"));
 
     // model: this rank's stage, its tensor-parallel slices, their ZeRO shards
     Config* cfg = &run.cfg;
@@ -824,7 +830,7 @@ int main(int argc, char** argv) {
     int rows = pass_rows(&o, mb_rows); // a microbatch, or a validation or sampling pass
     tp_init(&run.tensor, &g->axis[TENSOR], cfg, rows, run.sp);
     if (g->C > 1) { // the context axis inside the tensor block: its positions, and attention across them
-        cp_init(&run.context, &g->axis[CONTEXT], cfg, rows, run.ring, run.zigzag, 0);
+        cp_init(&run.context, &g->axis[CONTEXT], cfg, rows, run.comm, run.zigzag, 0);
         run.tensor.dims.Tq = run.context.Tq, run.tensor.dims.pos = run.context.dims.pos;
         run.tensor.attend = grid_attend, run.tensor.attend_backward = grid_attend_backward, run.tensor.attend_ctx = &run;
     }
@@ -848,7 +854,7 @@ int main(int argc, char** argv) {
     at += snprintf(layout + at, sizeof layout - at, "%d pipeline x %d data = %d ranks; ZeRO stage %d; %d microbatch%s, %s",
                    g->P, g->D, world_size, run.zero, run.M, run.M > 1 ? "es" : "", schedule_names[run.sched]);
     if (g->C > 1)
-        at += snprintf(layout + at, sizeof layout - at, "; attention by %s, %s split", run.ring ? "ring" : "all-gather",
+        at += snprintf(layout + at, sizeof layout - at, "; attention by %s, %s split", cp_comm_names[run.comm],
                        run.zigzag ? "zigzag" : "contiguous");
     if (run.sp) at += snprintf(layout + at, sizeof layout - at, "; sequence parallel");
     if (cfg->recompute) at += snprintf(layout + at, sizeof layout - at, "; %s recomputation", recompute_names[cfg->recompute]);

@@ -1,56 +1,58 @@
 /*
- * train_cp.c: context parallel. Every rank takes the whole batch and a share of each
- * row's positions. Everything but attention works token by token (embedding, LayerNorm,
- * the MLP, the residuals, the loss), so each rank runs it on its own positions alone;
- * attention needs every earlier position's keys and values, which the ranks exchange:
- * all-gathered (Llama 3's choice), or passed round a ring (ring attention). The parameters
- * are replicated and their gradients summed across the ranks, as in data parallelism. It
- * prints exactly what `./train --model gpt` prints for the same flags: no public context
- * parallelism does (they compare with a tolerance), because the one-pass online softmax
- * they use rescales partial sums that depend on how the keys were split (transformer.h).
+ * train_cp.c: context parallel. Every rank takes the whole batch and a share of each row's
+ * positions. Everything but attention works token by token (embedding, LayerNorm, the MLP,
+ * the residuals, the loss), so each rank runs train.c's layers on its own positions alone.
+ * Attention needs every earlier position's keys and values: the ranks exchange them. The
+ * parameters are replicated and their gradients summed across the ranks, as in data
+ * parallelism. It prints exactly what `./train --model gpt` prints for the same flags.
  *
- *   the load-balanced split ("zigzag", 2N chunks): T = 16 positions on N = 2 ranks
+ *   which positions (--cp-split): zigzag, T = 16 positions on N = 2 ranks, in 2N chunks
  *     positions  0  1  2  3 | 4  5  6  7 | 8  9 10 11 | 12 13 14 15
  *     rank       0            1            1             0
- *   rank i holds chunks i and 2N-1-i, so every rank has the same number of causal (query,
- *   key) pairs: 68 and 68 here, against 36 and 100 for the contiguous split (--cp-split).
+ *   rank i holds chunks i and 2N-1-i, so every rank has as many causal (query, key) pairs
+ *   (68 and 68 here; 36 and 100 for the contiguous split: rank i chunk i of N)
  *
- *   the ring: rank r sends to r + 1 and receives from r - 1 (mod N), so after h hops it holds
- *   the block of rank r - h; after N - 1 hops it has seen every rank's.
+ *   attention across ranks (--cp-comm): this rank's queries against every rank's K and V
+ *     ring       (ring attention, the default) each rank's K, then its V, passed round the
+ *                ring, one hop at a time: rank r sends to r + 1 and receives from r - 1, so
+ *                at hop h it holds rank r - h's, and computes on it while the next one comes
+ *     allgather  (Llama 3's) every rank's K and V all-gathered at once
+ *     alltoall   (Ulysses, section 2c) no attention across ranks at all: an all-to-all gives
+ *                each rank every position of NH/N of the NH heads, attention runs whole on
+ *                them, an all-to-all gives its output back by positions (N must divide NH)
  *
- *   attention on rank 0 (ring, N = 2): pass 1, the row max       K0 -> scores; K1 arrives -> scores
- *                                      pass 2, the exact sums     V0 -> sums;   V1 arrives -> sums
- *                                      backward                   K0 V0 -> dq, dK0 dV0; K1 V1 dK1 dV1 arrive -> ...
- *                                                                 dK0 dV0 come home after a round
+ * One step, in order, for each of the L blocks:
+ *   forward   ring: K round the ring (pass 1: the scores and their row max), then V (pass 2:
+ *             the exact sums); all-gather: K, then V, all-gathered
+ *   backward  ring: K and V round again, and with each rank's travel its gradients dK and dV,
+ *             to which every rank adds its queries' terms: the N-th hop brings them home;
+ *             all-gather: K and V all-gathered again, dK and dV reduce-scattered home
+ *   (alltoall: forward q, k, v to the heads and y back; backward dO and D = dO . y to the
+ *   heads, and dq, dk, dv back)
+ * then the parameter gradients all-reduced (exact sums) and the loss summed, as in train_dp.c.
+ * --microbatches M: the forward and backward of each microbatch in turn, the all-reduce once;
+ * --recompute: before a block's backward, its attention (selective) or the block (full) again.
+ * K and V travel again in backward because keeping every block's gathered K and V until its
+ * backward would hold N times a rank's own, per block; a rank's own stay in its q k v (*).
  *
- * Per rank and step, N ranks, batch B rows of T positions, C width, L blocks, P parameters
- * (a K or V block: B x T/N x C floats; sizes in bytes):
- *   sent  forward, each block: 2(N-1) K and V blocks of 4-byte floats (the ring's hops; the
- *         all-gather's (N-1)/N of N blocks each)
- *         backward, each block: 2(N-1) K and V blocks again, and the ring: 2N dK and dV blocks
- *         of 8-byte exact sums; the all-gather: a reduce-scatter of dK and dV, 2(N-1) blocks of 8
- *         and the gradient all-reduce, 2(N-1)/N x 8 x (P + 1 loss), as in data parallelism
- *   memory (4 + 8, + 8 with AdamW) x P + the activations of T/N positions (attention's
- *         probabilities: T/N x T a head) + the K and V blocks in flight (ring) or the whole
- *         K and V of the block at hand (all-gather)
- *   (Both gather K and V again in backward rather than keep every block's: a pipeline
- *   (train_3d.c) has several microbatches in flight between a block's forward and its
- *   backward, and each rank's own K and V are in its q k v.)
+ * Same bits as train.c: attention's softmax takes two passes (layers.h), the row max (exact
+ * in any order), then exact fixed-point sums, so it does not matter which rank's keys come
+ * first. Ring attention as usually written uses the one-pass "online" softmax, whose float
+ * rescaling depends on the split: --cp-softmax online runs it, for comparison (not the same bits).
  *
  *   make train_cp && mpirun -n 2 ./train_cp --model gpt                  # the ring, zigzag split
  *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm allgather
  *   mpirun -n 2 ./train_cp --model gpt --cp-split contiguous --timeline  # the imbalance, drawn
+ *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm alltoall  # Ulysses: a head a rank
+ *   mpirun -n 2 ./train_cp --model gpt --recompute selective --microbatches 2  # ./train's bits, same flags
  *
- * Compare with ./train --model gpt: the same losses, names and final checkpoint, whatever N.
+ * Sections: the strategy: 1. the positions; 2. attention across ranks (2a the ring, 2b the
+ * all-gather; 2c Ulysses, by heads); 3. a block and the model. Then what only serves it, each
+ * on its own: --cp-softmax online; buffers, bytes and memory (the formulas); the run,
+ * sampling, the --timeline, options and main.
  *
- * What exactness costs here: the softmax takes two passes over the keys (transformer.h),
- * so the ring goes round twice, K in the first pass and V in the second, where a one-pass
- * online softmax sends K and V together once: the same bytes, but 2(N-1) hops to wait for
- * instead of N-1, and the scores of every key held until the second pass (T/N x T a head,
- * which backward keeps anyway). Measured on this program in docs/cp.md.
- *
- * Sections: the strategy (positions; attention across ranks; a block; the model); the
- * state of one run; the forward pass and the figures; options; main.
+ * (*) train_3d.c includes this file for its context axis, where a pipeline keeps several
+ *     microbatches between a block's forward and its backward: the same reason, again.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -58,28 +60,46 @@
 #include "report.h"
 #include "dist.h"
 
-// ----------------------------------------------------------------------------
-// the strategy: a share of the positions
+typedef enum { CP_RING, CP_ALLGATHER, CP_ALLTOALL } CpComm; // --cp-comm
+static const char* cp_comm_names[] = {"ring", "all-gather", "all-to-all (Ulysses)"};
+static const char* cp_comm_flags[] = {"ring", "allgather", "alltoall"}; // --cp-comm's values
+
+// A tensor that travels round the ring (--cp-comm ring): the copy this rank holds now, and
+// the one arriving from the previous rank; they swap after each hop.
+typedef struct {
+    void *held, *arriving;
+} Travelling;
 
 typedef struct {
-    Group* cp;
-    int ring;         // --cp-comm: ring (1) or allgather (0)
-    int online;       // --cp-softmax online: the one-pass softmax, for comparison (not train.c's bits)
+    Group* cp;        // the N ranks that share each row's positions
+    CpComm comm;      // --cp-comm
     int zigzag;       // --cp-split: zigzag (1) or contiguous (0)
-    int Tq;           // positions a rank holds, T / N
-    int* pos;         // [N][Tq] every rank's positions, ascending; this rank's at pos + rank Tq
-    BlockDims dims;   // a block on this rank: every head, its positions (R set by each pass)
-    // attention across ranks: K and V of one rank, [rows][Tq][C] ("a block")
-    float *k[2], *v[2];        // ring: the block held and the one arriving
-    int64_t *dk[2], *dv[2];    // ring, backward: the accumulators travelling with them
-    float* kv_all;             // all-gather: [2][N][rows][Tq][C] every rank's K and V of the block at hand
-    int64_t *dk_all, *dv_all;  // all-gather, backward: [N][rows][Tq][C]
-    int64_t *dk_mine, *dv_mine; // [rows][Tq][C] this rank's keys' gradients, summed over every rank's queries
-    float *rowmax, *D, *kT;    // [rows][NH][Tq], [rows][NH][Tq], [C][Tq]
-    int64_t *expsum, *pv, *dq; // [rows][NH][Tq], [rows][Tq][C], [rows][Tq][C]
-    float *run_sum, *run_out;  // --cp-softmax online: [rows][NH][Tq], [rows][Tq][C]
-    int* targets;              // [rows][Tq] the targets at this rank's positions
+    int online;       // --cp-softmax online: the one-pass softmax, the comparison (its own section)
+    int Tq;           // T / N: the positions of each row a rank holds (its queries, its keys, and
+                      // the tokens of its per-token layers; layers.h's BlockDims calls it Tq too)
+    int* pos;         // [N][Tq] every rank's positions, ascending; rank q's at cp_pos_of(q)
+    BlockDims dims;   // attention's shapes here: NH heads of HD, A = NH HD wide, R rows (each pass's)
+    // the exact softmax of this rank's queries: [R][NH][Tq] one a query and head, [R][Tq][A] a row of A
+    float *rowmax, *D;         // pass 1's row max; backward's D = dO . y (layers.h; Ulysses' too)
+    int64_t *expsum, *pv, *dq; // pass 2's sums of e = exp(s - max) and of e v; backward's dq
+    float* kvT;                // [HD][Tq] layers.h's scratch: one head of a rank's K (backward: V), transposed
+    // 2a, the ring: a rank's K and V [R][Tq][A], and the gradients dK and dV travelling with them
+    Travelling k, v, dk, dv;
+    // 2b, the all-gather: every rank's K and V [N][R][Tq][A]; the dK and dV of every rank's
+    // keys from this rank's queries [N][R][Tq][A]; this rank's, summed over every rank's queries
+    float *k_all, *v_all;
+    int64_t *dk_all, *dv_all, *dk_mine, *dv_mine;
+    // 2c, Ulysses: what the all-to-alls send and receive [N][R][Tq][3A/N]; attention's y, dO and
+    // dq dk dv by heads [R][T][A/N], [R][T][A/N], [R][T][3A/N]; layers.h's scratch for them (and D)
+    float *send, *recv, *heads_y, *heads_dy, *heads_dqkv, *heads_tmp;
+    int64_t* heads_acc;
+    // --cp-softmax online: each query's running sum and output, and the row max of a rank's keys
+    float *run_sum, *run_out, *rank_max;
+    int* targets; // [R][Tq] the targets at this rank's positions
 } Cp;
+
+// ----------------------------------------------------------------------------
+// the strategy, 1: a share of the positions
 
 // The positions of rank i: chunks i and 2N-1-i of 2N (zigzag), or chunk i of N.
 static void cp_positions(int T, int N, int zigzag, int i, int* pos) {
@@ -87,239 +107,326 @@ static void cp_positions(int T, int N, int zigzag, int i, int* pos) {
     for (int p = i * chunk; p < (i + 1) * chunk; p++) pos[n++] = p;
     for (int p = (2 * N - 1 - i) * chunk; zigzag && p < (2 * N - i) * chunk; p++) pos[n++] = p;
 }
-// The causal (query, key) pairs of a rank's positions: its share of attention's work.
-static long cp_pairs(const int* pos, int Tq) {
-    long n = 0;
-    for (int i = 0; i < Tq; i++) n += pos[i] + 1;
-    return n;
-}
-
-static void cp_init(Cp* p, Group* cp, const Config* c, int rows, int ring, int zigzag, int online) {
-    int N = cp->size, T = c->context, C = c->emb;
-    *p = (Cp){.cp = cp, .ring = ring, .zigzag = zigzag, .online = online, .Tq = T / N};
-    p->pos = mallocCheck(sizeof(int) * T);
-    for (int q = 0; q < N; q++) cp_positions(T, N, zigzag, q, p->pos + q * p->Tq);
-    p->dims = gpt_dims(c, rows);
-    p->dims.Tq = p->Tq, p->dims.pos = p->pos + cp->rank * p->Tq;
-    long n = (long)rows * p->Tq * C, heads = (long)rows * c->heads * p->Tq;
-    for (int b = 0; b < 2 && ring; b++) {
-        p->k[b] = mallocCheck(sizeof(float) * n), p->v[b] = mallocCheck(sizeof(float) * n);
-        p->dk[b] = mallocCheck(sizeof(int64_t) * n), p->dv[b] = mallocCheck(sizeof(int64_t) * n);
-    }
-    if (!ring) p->kv_all = mallocCheck(sizeof(float) * 2 * N * n);
-    if (!ring) p->dk_all = mallocCheck(sizeof(int64_t) * N * n), p->dv_all = mallocCheck(sizeof(int64_t) * N * n);
-    p->dk_mine = mallocCheck(sizeof(int64_t) * n), p->dv_mine = mallocCheck(sizeof(int64_t) * n);
-    p->rowmax = mallocCheck(sizeof(float) * heads), p->D = mallocCheck(sizeof(float) * heads);
-    p->kT = mallocCheck(sizeof(float) * (long)C * p->Tq);
-    p->expsum = mallocCheck(sizeof(int64_t) * heads), p->pv = mallocCheck(sizeof(int64_t) * n);
-    p->dq = mallocCheck(sizeof(int64_t) * n);
-    if (online) p->run_sum = mallocCheck(sizeof(float) * heads), p->run_out = mallocCheck(sizeof(float) * n);
-    p->targets = mallocCheck(sizeof(int) * (long)rows * p->Tq);
-}
-static void cp_free(Cp* p) {
-    for (int b = 0; b < 2; b++) free(p->k[b]), free(p->v[b]), free(p->dk[b]), free(p->dv[b]);
-    free(p->kv_all);
-    free(p->pos), free(p->dk_all), free(p->dv_all), free(p->dk_mine), free(p->dv_mine), free(p->rowmax), free(p->D);
-    free(p->kT), free(p->expsum), free(p->pv), free(p->dq), free(p->targets), free(p->run_sum), free(p->run_out);
-}
 static const int* cp_pos_of(const Cp* p, int q) { return p->pos + q * p->Tq; }
 
 // ----------------------------------------------------------------------------
-// the strategy: attention across ranks
+// the strategy, 2: attention across ranks
 //
-// Two passes over every rank's keys (transformer.h): scores and the row max, then the exact
-// sums of exp(s - max) and of exp(s - max) v; int64 accumulators wherever a partial sum
-// crosses ranks (dK and dV, summed over every rank's queries). Each block of keys carries
-// its positions, and the causal mask compares positions, whichever rank a block came from.
+// In 2a and 2b (2c, Ulysses, needs none of this): this rank's queries against rank src's
+// keys and values (k, v [R][Tq][A], at src's positions), by layers.h's passes of the exact
+// softmax, which take any set of keys with their positions and mask by position, whichever
+// rank's they are. Each query's scores and probabilities land in a->att at their key's
+// position. The queries are in a->qkv, rows of 3A floats (q, then k, then v); d->T is the
+// count of a whole sum's terms, so that the limit of the exact sums is the same in every layout.
 
-// This rank's K and V, from its q k v rows [R Tq][3A], into k and v [R Tq][A] (A: the width of
-// the heads it holds, C here; a tensor-parallel rank's share in train_3d.c).
-static void cp_pack_kv(const float* qkv, float* k, float* v, long n_tokens, int A) {
-    for (long i = 0; i < n_tokens; i++) {
-        memcpy(k + i * A, qkv + i * 3 * A + A, A * sizeof(float));
-        memcpy(v + i * A, qkv + i * 3 * A + 2 * A, A * sizeof(float));
+// pass 1: the scores into a->att, and their row max
+static void scores_against(Cp* p, BlockActs* a, const float* k, int src) {
+    const BlockDims* d = &p->dims;
+    attention_scores(a->att, p->rowmax, a->qkv, 3L * d->A, k, d->A, cp_pos_of(p, src), p->Tq, d, p->kvT);
+}
+// pass 2: e = exp(s - max) in place of the scores, and the exact sums of e and of e v
+static void sums_against(Cp* p, BlockActs* a, const float* v, int src) {
+    const BlockDims* d = &p->dims;
+    attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, v, d->A, cp_pos_of(p, src), p->Tq, d, d->T);
+}
+// backward: dq += this rank's queries' terms over src's keys, and src's dk, dv += them too
+static void gradients_against(Cp* p, const BlockActs* a, const float* datty, const float* k, const float* v,
+                              int64_t* dk, int64_t* dv, int src) {
+    const BlockDims* d = &p->dims;
+    attention_backward_block(p->dq, dk, dv, a->att, p->D, a->qkv, 3L * d->A, k, d->A, v, d->A, datty, d->A,
+                             cp_pos_of(p, src), p->Tq, d, p->kvT, d->T);
+}
+
+// This rank's K and V, from its q k v rows [R Tq][3A], into k and v [R Tq][A].
+static void cp_pack_kv(const float* qkv, float* k, float* v, const BlockDims* d) {
+    long tokens = (long)d->R * d->Tq;
+    for (long i = 0; i < tokens; i++) {
+        memcpy(k + i * d->A, qkv + i * 3 * d->A + d->A, d->A * sizeof(float));
+        memcpy(v + i * d->A, qkv + i * 3 * d->A + 2 * d->A, d->A * sizeof(float));
     }
 }
-// The ring's hop: send the block held to the next rank while the previous rank's arrives.
-// K and V hops are posted before the compute on the block held and waited for after it, so
-// that they overlap; a dK, dV hop cannot: its block's sums must be finished before it travels.
-static void cp_hop_start(Cp* p, const void* held, void* arriving, long count, MPI_Datatype type, int tag,
-                         MPI_Request* req) {
-    int next = (p->cp->rank + 1) % p->cp->size, prev = (p->cp->rank + p->cp->size - 1) % p->cp->size;
-    group_irecv(p->cp, arriving, count, type, prev, TAG_MICROBATCH + tag, &req[0]);
-    group_isend(p->cp, held, count, type, next, TAG_MICROBATCH + tag, &req[1]);
-}
-static void cp_hop_wait(MPI_Request* req, int n) {
-    double t = now_seconds();
-    waiting_for = "a ring attention hop";
-    MPI_Status status[8]; // n <= 8: a backward hop's K, V, dK, dV (not MPI_STATUSES_IGNORE: gcc warns on MPICH's)
-    MPI_Waitall(n, req, status);
-    waiting_for = NULL;
-    trace_event("comm", t, now_seconds(), 0, "hop wait");
-}
-
-// Forward: atty and the probabilities att of this rank's queries, over every rank's keys.
-static void cp_attention_forward(Cp* p, BlockActs* a) {
+// The start of each pass: the row max at -infinity, the sums at zero; backward's D and dq.
+static void exact_forward_start(Cp* p) {
     const BlockDims* d = &p->dims;
-    int N = p->cp->size, A = d->A, me = p->cp->rank; // A: the width of the heads held
-    long tokens = (long)d->R * p->Tq, n = tokens * A, heads = (long)d->R * d->NH * p->Tq;
+    long heads = (long)d->R * d->NH * d->Tq, n = (long)d->R * d->Tq * d->A;
     for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY;
     fix_zero(p->expsum, heads), fix_zero(p->pv, n);
-    if (!p->ring) { // all-gather: every rank's K, then every rank's V, in rank order
-        float *kall = p->kv_all, *vall = kall + N * n;
-        cp_pack_kv(a->qkv, kall + me * n, vall + me * n, tokens, A);
-        group_allgather(p->cp, kall + me * n, kall, n, MPI_FLOAT); // K of every rank
-        group_allgather(p->cp, vall + me * n, vall, n, MPI_FLOAT); // V of every rank
-        double t = trace_clock();
-        for (int src = 0; src < N; src++) attention_scores(a->att, p->rowmax, a->qkv, 3 * A, kall + src * n, A, cp_pos_of(p, src), p->Tq, d, p->kT);
-        for (int src = 0; src < N; src++) attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, vall + src * n, A, cp_pos_of(p, src), p->Tq, d, d->T);
-        trace_event("compute", t, trace_clock(), 0, "attention");
-    } else { // the ring: pass 1 with K going round, pass 2 with V
-        cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, A);
-        for (int pass = 0; pass < 2; pass++) {
-            float** blk = pass == 0 ? p->k : p->v;
-            for (int hop = 0, b = 0; hop < N; hop++, b ^= 1) { // block of rank me - hop, held in blk[b]
-                MPI_Request req[2];
-                int src = (me - hop + N) % N;
-                if (hop < N - 1) cp_hop_start(p, blk[b], blk[b ^ 1], n, MPI_FLOAT, pass, req); // to the next rank
-                double t = trace_clock();
-                if (pass == 0) attention_scores(a->att, p->rowmax, a->qkv, 3 * A, blk[b], A, cp_pos_of(p, src), p->Tq, d, p->kT);
-                else attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, blk[b], A, cp_pos_of(p, src), p->Tq, d, d->T);
-                trace_event("compute", t, trace_clock(), 0, "%s block %d", pass == 0 ? "scores" : "sums", src);
-                if (hop < N - 1) cp_hop_wait(req, 2);
-            }
-        }
-    }
-    attention_finish(a->att, a->atty, A, p->expsum, p->pv, d);
 }
-
-// --cp-softmax online: ring attention as usually written, for comparison. K and V go round
-// together, once; for each block a query's running max m, sum S and output O are rescaled
-// by exp(m_old - m_new) and the block's terms added, in float. The rescaling depends on the
-// order in which the blocks raised the max, and the float sums on how the keys were
-// split: the result is within a rounding of train.c's, not its bits, and the difference
-// grows with the steps. Backward is the exact one, on P = exp(s - m) / S.
-static void cp_attention_forward_online(Cp* p, BlockActs* a) {
+static void exact_backward_start(Cp* p, const BlockActs* a, const float* datty) {
     const BlockDims* d = &p->dims;
-    int N = p->cp->size, A = d->A, HD = d->HD, me = p->cp->rank; // A: the width of the heads held
-    long tokens = (long)d->R * p->Tq, n = tokens * A, heads = (long)d->R * d->NH * p->Tq;
-    for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY, p->run_sum[i] = 0.0f;
-    memset(p->run_out, 0, n * sizeof(float));
-    cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, A);
-    for (int hop = 0, b = 0; hop < N; hop++, b ^= 1) {
-        MPI_Request req[4];
-        int src = (me - hop + N) % N;
-        const int* kpos = cp_pos_of(p, src);
-        if (hop < N - 1) cp_hop_start(p, p->k[b], p->k[b ^ 1], n, MPI_FLOAT, 0, req);     // K onward
-        if (hop < N - 1) cp_hop_start(p, p->v[b], p->v[b ^ 1], n, MPI_FLOAT, 1, req + 2); // V onward, with it
-        double t0 = trace_clock();
-        float* bmax = p->D; // this block's row maxima (D is backward's buffer, free in forward)
-        for (long i = 0; i < heads; i++) bmax[i] = -INFINITY;
-        attention_scores(a->att, bmax, a->qkv, 3 * A, p->k[b], A, kpos, p->Tq, d, p->kT);
-        for (int r = 0; r < d->R; r++)
-            for (int hd = 0; hd < d->NH; hd++)
-                for (int i = 0; i < p->Tq; i++) {
-                    long rhi = ((long)r * d->NH + hd) * p->Tq + i;
-                    if (bmax[rhi] == -INFINITY) continue; // the mask hides this whole block
-                    float m = p->rowmax[rhi] > bmax[rhi] ? p->rowmax[rhi] : bmax[rhi];
-                    float scale = expf(p->rowmax[rhi] - m), *o = p->run_out + ((long)r * p->Tq + i) * A + hd * HD;
-                    p->run_sum[rhi] *= scale;
-                    for (int x = 0; x < HD; x++) o[x] *= scale;
-                    for (int j = 0; j < p->Tq && kpos[j] <= d->pos[i]; j++) {
-                        float e = expf(a->att[rhi * d->T + kpos[j]] - m);
-                        const float* vj = p->v[b] + ((long)r * p->Tq + j) * A + hd * HD;
-                        p->run_sum[rhi] += e;
-                        for (int x = 0; x < HD; x++) o[x] += e * vj[x];
-                    }
-                    p->rowmax[rhi] = m;
-                }
-        trace_event("compute", t0, trace_clock(), 0, "online block %d", src);
-        if (hop < N - 1) cp_hop_wait(req, 4);
-    }
-    for (int r = 0; r < d->R; r++) // y = O / S; P = exp(s - m) / S for backward
-        for (int hd = 0; hd < d->NH; hd++)
-            for (int i = 0; i < p->Tq; i++) {
-                long rhi = ((long)r * d->NH + hd) * p->Tq + i;
-                float* prow = a->att + rhi * d->T;
-                for (int t = 0; t < d->T; t++) prow[t] = t <= d->pos[i] ? expf(prow[t] - p->rowmax[rhi]) / p->run_sum[rhi] : 0.0f;
-                for (int x = 0; x < HD; x++)
-                    a->atty[((long)r * p->Tq + i) * A + hd * HD + x] = p->run_out[((long)r * p->Tq + i) * A + hd * HD + x] / p->run_sum[rhi];
-            }
+    attention_backward_d(p->D, datty, a->atty, d->A, d); // D = dO . y, per query and head
+    fix_zero(p->dq, (long)d->R * d->Tq * d->A);
 }
-
-// Backward: dqkv of this rank's tokens from datty, dK and dV summed over every rank's
-// queries (exact) and brought home.
-static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
-    const BlockDims* d = &p->dims;
-    int N = p->cp->size, A = d->A, me = p->cp->rank; // A: the width of the heads held
-    long tokens = (long)d->R * p->Tq, n = tokens * A;
-    attention_backward_d(p->D, datty, a->atty, A, d);
-    fix_zero(p->dq, n);
-    if (!p->ring) { // every rank's K and V gathered again; dK and dV reduce-scattered home
-        float *kall = p->kv_all, *vall = kall + N * n;
-        cp_pack_kv(a->qkv, kall + me * n, vall + me * n, tokens, A);
-        group_allgather(p->cp, kall + me * n, kall, n, MPI_FLOAT); // K of every rank, again
-        group_allgather(p->cp, vall + me * n, vall, n, MPI_FLOAT); // V of every rank, again
-        fix_zero(p->dk_all, N * n), fix_zero(p->dv_all, N * n);
-        double t = trace_clock();
-        for (int src = 0; src < N; src++)
-            attention_backward_block(p->dq, p->dk_all + src * n, p->dv_all + src * n, a->att, p->D, a->qkv, 3 * A,
-                                     kall + src * n, A, vall + src * n, A, datty, A, cp_pos_of(p, src), p->Tq, d, p->kT, d->T);
-        trace_event("compute", t, trace_clock(), 0, "attention backward");
-        fix_zero(p->dk_mine, n), fix_zero(p->dv_mine, n);
-        group_reduce_scatter(p->cp, p->dk_all, n, MPI_INT64_T, MPI_SUM, p->dk_mine); // dK home, exact
-        group_reduce_scatter(p->cp, p->dv_all, n, MPI_INT64_T, MPI_SUM, p->dv_mine); // dV home, exact
-    } else { // K, V and their accumulators dK, dV go round; after the round, dK and dV one hop more, home
-        cp_pack_kv(a->qkv, p->k[0], p->v[0], tokens, A);
-        fix_zero(p->dk[0], n), fix_zero(p->dv[0], n);
-        int b = 0;
-        for (int hop = 0; hop < N; hop++, b ^= 1) {
-            MPI_Request req[8];
-            int src = (me - hop + N) % N, kv = hop < N - 1 ? 4 : 0; // K and V's requests: none after the last block
-            if (kv) cp_hop_start(p, p->k[b], p->k[b ^ 1], n, MPI_FLOAT, 4, req);     // K onward, during the block
-            if (kv) cp_hop_start(p, p->v[b], p->v[b ^ 1], n, MPI_FLOAT, 5, req + 2); // V onward
-            double t = trace_clock();
-            attention_backward_block(p->dq, p->dk[b], p->dv[b], a->att, p->D, a->qkv, 3 * A, p->k[b], A, p->v[b], A,
-                                     datty, A, cp_pos_of(p, src), p->Tq, d, p->kT, d->T);
-            trace_event("compute", t, trace_clock(), 0, "backward block %d", src);
-            cp_hop_start(p, p->dk[b], p->dk[b ^ 1], n, MPI_INT64_T, 2, req + kv);     // dK onward, once added to
-            cp_hop_start(p, p->dv[b], p->dv[b ^ 1], n, MPI_INT64_T, 3, req + kv + 2); // dV onward
-            cp_hop_wait(req, kv + 4);
-        }
-        memcpy(p->dk_mine, p->dk[b], n * sizeof(int64_t)), memcpy(p->dv_mine, p->dv[b], n * sizeof(int64_t));
-    }
+// The end of backward: dqkv [R Tq][3A] from the exact dq and this rank's dK, dV.
+static void exact_backward_end(Cp* p, float* dqkv, const int64_t* dk, const int64_t* dv) {
+    long tokens = (long)p->dims.R * p->Tq;
+    int A = p->dims.A;
     for (long i = 0; i < tokens; i++)
         for (int x = 0; x < A; x++) {
             dqkv[i * 3 * A + x] = (float)fix_to(p->dq[i * A + x]);
-            dqkv[i * 3 * A + A + x] = (float)fix_to(p->dk_mine[i * A + x]);
-            dqkv[i * 3 * A + 2 * A + x] = (float)fix_to(p->dv_mine[i * A + x]);
+            dqkv[i * 3 * A + A + x] = (float)fix_to(dk[i * A + x]);
+            dqkv[i * 3 * A + 2 * A + x] = (float)fix_to(dv[i * A + x]);
         }
 }
 
 // ----------------------------------------------------------------------------
-// the strategy: a block, and the model, on this rank's positions
+// the strategy, 2a: attention across ranks by ring (ring attention, --cp-comm ring)
 //
-// transformer.h's block with the attention above in its middle; the embedding and the head
-// are model.h's, on R rows of this rank's Tq positions.
+// The ring: rank r sends to r + 1 and receives from r - 1. A hop (ring_hop): post the K or V
+// held onward and the next rank's in, compute on the one held, wait; what arrived is then held.
+// At hop h a rank holds rank r - h's, so N hops make a round, every rank's used once (the
+// N-th posts nothing: all have been seen). Forward makes two rounds, one for each pass of the
+// softmax: K, then V. Backward makes one, of K and V, and with them travel their gradients dK
+// and dV: a rank adds its queries' terms to the ones it holds, then posts them on (after its
+// compute, so they cannot overlap it), on the N-th hop too, which brings each rank's home.
+
+typedef enum { SCORES, SUMS, GRADIENTS, ONLINE } Round; // what a round computes on each rank's K, V
+static const char* round_names[] = {"scores", "sums", "gradients", "online"};
+static void online_against(Cp* p, BlockActs* a, int src); // --cp-softmax online, the comparison: its own section
+
+// Posts t->held onward to the next rank and t->arriving in from the previous: 2 requests.
+static int ring_post(Cp* p, Travelling* t, long n, MPI_Datatype type, int tag, MPI_Request* req) {
+    int N = p->cp->size, next = (p->cp->rank + 1) % N, prev = (p->cp->rank + N - 1) % N;
+    group_irecv(p->cp, t->arriving, n, type, prev, tag, &req[0]);
+    group_isend(p->cp, t->held, n, type, next, tag, &req[1]);
+    return 2;
+}
+static void arrived(Travelling* t) {
+    void* was = t->held;
+    t->held = t->arriving, t->arriving = was;
+}
+
+// Hop `hop` of a round: this rank holds rank src's K and V (src = rank - hop), and in backward
+// their dK and dV. K travels in pass 1, V in pass 2, both in backward (and online).
+static void ring_hop(Cp* p, Round round, int hop, BlockActs* a, const float* datty) {
+    int N = p->cp->size, src = (p->cp->rank - hop + N) % N, last = hop == N - 1, m = 0;
+    int k_travels = !last && round != SUMS, v_travels = !last && round != SCORES;
+    long n = (long)p->dims.R * p->Tq * p->dims.A;
+    MPI_Request req[8];
+    if (k_travels) m += ring_post(p, &p->k, n, MPI_FLOAT, TAG_KEYS, req + m);   // K onward, the next in
+    if (v_travels) m += ring_post(p, &p->v, n, MPI_FLOAT, TAG_VALUES, req + m); // V onward, the next in
+    double t = trace_clock();
+    if (round == SCORES) scores_against(p, a, p->k.held, src);
+    if (round == SUMS) sums_against(p, a, p->v.held, src);
+    if (round == GRADIENTS) gradients_against(p, a, datty, p->k.held, p->v.held, p->dk.held, p->dv.held, src);
+    if (round == ONLINE) online_against(p, a, src);
+    trace_event("compute", t, trace_clock(), 0, "%s of rank %d", round_names[round], src);
+    if (round == GRADIENTS) m += ring_post(p, &p->dk, n, MPI_INT64_T, TAG_KEY_GRADS, req + m);   // dK and dV on,
+    if (round == GRADIENTS) m += ring_post(p, &p->dv, n, MPI_INT64_T, TAG_VALUE_GRADS, req + m); // with its terms
+    group_waitall(p->cp, req, m, "ring hop");
+    if (k_travels) arrived(&p->k);
+    if (v_travels) arrived(&p->v);
+    if (round == GRADIENTS) arrived(&p->dk), arrived(&p->dv);
+}
+
+static void ring_forward(Cp* p, BlockActs* a) {
+    int N = p->cp->size;
+    exact_forward_start(p);
+    cp_pack_kv(a->qkv, p->k.held, p->v.held, &p->dims);                  // this rank's K and V set out
+    for (int hop = 0; hop < N; hop++) ring_hop(p, SCORES, hop, a, NULL); // pass 1: K goes round
+    for (int hop = 0; hop < N; hop++) ring_hop(p, SUMS, hop, a, NULL);   // pass 2: V goes round
+    attention_finish(a->att, a->atty, p->dims.A, p->expsum, p->pv, &p->dims);
+}
+static void ring_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
+    int N = p->cp->size;
+    long n = (long)p->dims.R * p->Tq * p->dims.A;
+    exact_backward_start(p, a, datty);
+    cp_pack_kv(a->qkv, p->k.held, p->v.held, &p->dims); // K and V set out again,
+    fix_zero(p->dk.held, n), fix_zero(p->dv.held, n);   // with their gradients, empty
+    for (int hop = 0; hop < N; hop++) ring_hop(p, GRADIENTS, hop, (BlockActs*)a, datty); // (backward only reads a)
+    exact_backward_end(p, dqkv, p->dk.held, p->dv.held); // after N hops, this rank's own dK and dV
+}
+
+// ----------------------------------------------------------------------------
+// the strategy, 2b: attention across ranks by all-gather (Llama 3's, --cp-comm allgather)
+
+static void allgather_forward(Cp* p, BlockActs* a) {
+    int N = p->cp->size, me = p->cp->rank;
+    long n = (long)p->dims.R * p->Tq * p->dims.A; // a rank's K
+    exact_forward_start(p);
+    cp_pack_kv(a->qkv, p->k_all + me * n, p->v_all + me * n, &p->dims);
+    group_allgather(p->cp, p->k_all + me * n, p->k_all, n, MPI_FLOAT); // K of every rank
+    group_allgather(p->cp, p->v_all + me * n, p->v_all, n, MPI_FLOAT); // V of every rank
+    double t = trace_clock();
+    for (int src = 0; src < N; src++) scores_against(p, a, p->k_all + src * n, src); // pass 1
+    for (int src = 0; src < N; src++) sums_against(p, a, p->v_all + src * n, src);   // pass 2
+    trace_event("compute", t, trace_clock(), 0, "attention");
+    attention_finish(a->att, a->atty, p->dims.A, p->expsum, p->pv, &p->dims);
+}
+static void allgather_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
+    int N = p->cp->size, me = p->cp->rank;
+    long n = (long)p->dims.R * p->Tq * p->dims.A;
+    exact_backward_start(p, a, datty);
+    cp_pack_kv(a->qkv, p->k_all + me * n, p->v_all + me * n, &p->dims);
+    group_allgather(p->cp, p->k_all + me * n, p->k_all, n, MPI_FLOAT); // K of every rank, again
+    group_allgather(p->cp, p->v_all + me * n, p->v_all, n, MPI_FLOAT); // V of every rank, again
+    fix_zero(p->dk_all, N * n), fix_zero(p->dv_all, N * n);
+    double t = trace_clock();
+    for (int src = 0; src < N; src++)
+        gradients_against(p, a, datty, p->k_all + src * n, p->v_all + src * n, p->dk_all + src * n,
+                          p->dv_all + src * n, src);
+    trace_event("compute", t, trace_clock(), 0, "attention backward");
+    // each rank's slot of dk_all summed over every rank and added into its dk_mine: dK home, exact
+    fix_zero(p->dk_mine, n), fix_zero(p->dv_mine, n);
+    group_reduce_scatter(p->cp, p->dk_all, n, MPI_INT64_T, MPI_SUM, p->dk_mine); // dK home
+    group_reduce_scatter(p->cp, p->dv_all, n, MPI_INT64_T, MPI_SUM, p->dv_mine); // dV home
+    exact_backward_end(p, dqkv, p->dk_mine, p->dv_mine);
+}
+
+// ----------------------------------------------------------------------------
+// the strategy, 2c: attention by heads, not across ranks (Ulysses, --cp-comm alltoall)
+//
+// DeepSpeed-Ulysses turns the split around, for attention alone: an all-to-all gives each
+// rank all T positions of q, k and v for NH/N of the heads, attention runs on them whole
+// (layers.h's, as in train.c: heads do not meet, so nothing of the softmax crosses ranks), and
+// an all-to-all gives the output back by positions. Backward mirrors it: dO to the heads,
+// attention's backward, then dq, dk, dv back by positions. Attention's backward also needs
+// D = dO . y, a dot within a head: it is computed here, where y is (kept by positions as proj's
+// input), and sent by heads, 1/HD of y's bytes. Rank j takes heads [j NH/N, (j+1) NH/N): N must
+// divide NH, and each rank needs a head, so N stops at NH.
+//
+//   by positions  x [R][Tq][parts][NH heads]   (qkv: parts q, k, v; y, dO: one part)
+//   by heads      x [R][T][parts][NH/N heads]  (all-to-all: rank j gets this rank's positions
+//                                               at its heads, and puts them at their positions)
+
+// This rank's positions at every rank's heads -> every rank's positions at this rank's heads.
+// Ah: the width of a rank's heads; W: a position's row of them, in each part; x may be xh.
+static void ulysses_to_heads(Cp* p, const float* x, int parts, float* xh) {
+    const BlockDims* d = &p->dims;
+    int N = p->cp->size, Ah = d->A / N, W = parts * Ah;
+    long tokens = (long)d->R * p->Tq, piece = tokens * W; // piece: what goes to each rank
+    for (int j = 0; j < N; j++) // to rank j: this rank's positions, at rank j's heads
+        for (long t = 0; t < tokens; t++)
+            for (int part = 0; part < parts; part++)
+                memcpy(p->send + j * piece + t * W + part * Ah, x + (t * parts + part) * d->A + j * Ah, Ah * 4);
+    group_alltoall(p->cp, p->send, p->recv, piece, MPI_FLOAT);
+    for (int src = 0; src < N; src++) // from rank src: its positions, each put at its place in the row
+        for (int r = 0; r < d->R; r++)
+            for (int i = 0; i < p->Tq; i++) {
+                long at = (long)r * d->T + cp_pos_of(p, src)[i];
+                memcpy(xh + at * W, p->recv + src * piece + ((long)r * p->Tq + i) * W, W * 4);
+            }
+}
+// The reverse: every rank's positions at this rank's heads -> this rank's positions at every
+// rank's heads.
+static void ulysses_to_positions(Cp* p, const float* xh, int parts, float* x) {
+    const BlockDims* d = &p->dims;
+    int N = p->cp->size, Ah = d->A / N, W = parts * Ah;
+    long tokens = (long)d->R * p->Tq, piece = tokens * W;
+    for (int j = 0; j < N; j++) // to rank j: its positions, at this rank's heads
+        for (int r = 0; r < d->R; r++)
+            for (int i = 0; i < p->Tq; i++) {
+                long at = (long)r * d->T + cp_pos_of(p, j)[i];
+                memcpy(p->send + j * piece + ((long)r * p->Tq + i) * W, xh + at * W, W * 4);
+            }
+    group_alltoall(p->cp, p->send, p->recv, piece, MPI_FLOAT);
+    for (int src = 0; src < N; src++) // from rank src: this rank's positions, at rank src's heads
+        for (long t = 0; t < tokens; t++)
+            for (int part = 0; part < parts; part++)
+                memcpy(x + (t * parts + part) * d->A + src * Ah, p->recv + src * piece + t * W + part * Ah, Ah * 4);
+}
+// D [R][NH][Tq] by positions -> [R][NH/N][T] by heads, as the above.
+static void ulysses_d_to_heads(Cp* p, const float* D, float* Dh) {
+    const BlockDims* d = &p->dims;
+    int N = p->cp->size, nh = d->NH / N;
+    long piece = (long)d->R * nh * p->Tq;
+    for (int j = 0; j < N; j++) // to rank j: this rank's queries' D at rank j's heads
+        for (int r = 0; r < d->R; r++)
+            for (int h = 0; h < nh; h++)
+                memcpy(p->send + j * piece + ((long)r * nh + h) * p->Tq, D + ((long)r * d->NH + j * nh + h) * p->Tq, p->Tq * 4);
+    group_alltoall(p->cp, p->send, p->recv, piece, MPI_FLOAT);
+    for (int src = 0; src < N; src++) // from rank src: its queries' D, each at its position
+        for (int r = 0; r < d->R; r++)
+            for (int h = 0; h < nh; h++)
+                for (int i = 0; i < p->Tq; i++)
+                    Dh[((long)r * nh + h) * d->T + cp_pos_of(p, src)[i]] = p->recv[src * piece + ((long)r * nh + h) * p->Tq + i];
+}
+// attention's shapes by heads: NH/N heads, A/N wide, every position
+static BlockDims ulysses_dims(const Cp* p) {
+    BlockDims h = p->dims;
+    h.NH /= p->cp->size, h.A /= p->cp->size, h.Tq = h.T, h.pos = NULL;
+    return h;
+}
+
+// train.c's attention on this rank's NH/N heads, every position (--recompute selective runs it again)
+static void ulysses_attention(Cp* p, BlockActs* a) {
+    BlockDims h = ulysses_dims(p);
+    double t = trace_clock();
+    attention_forward(p->heads_y, a->att, a->qkv, &h, p->heads_tmp, p->heads_acc);
+    trace_event("compute", t, trace_clock(), 0, "attention");
+}
+static void ulysses_forward(Cp* p, BlockActs* a) {
+    ulysses_to_heads(p, a->qkv, 3, a->qkv); // q, k, v by heads, kept so for backward (attention alone reads them)
+    ulysses_attention(p, a);
+    ulysses_to_positions(p, p->heads_y, 1, a->atty); // y back by positions
+}
+static void ulysses_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
+    BlockDims h = ulysses_dims(p);
+    float *D = p->heads_tmp, *vT = p->heads_tmp + (long)h.R * h.NH * h.T; // D by heads; a head's V, transposed
+    attention_backward_d(p->D, datty, a->atty, p->dims.A, &p->dims); // D = dO . y, here, by positions
+    ulysses_to_heads(p, datty, 1, p->heads_dy);                       // dO by heads
+    ulysses_d_to_heads(p, p->D, D);                                   // D by heads
+    double t = trace_clock();
+    attention_backward_from_d(p->heads_dqkv, p->heads_dy, a->qkv, a->att, D, &h, vT, p->heads_acc);
+    trace_event("compute", t, trace_clock(), 0, "attention backward");
+    ulysses_to_positions(p, p->heads_dqkv, 3, dqkv); // dq, dk, dv back by positions
+}
+
+// ----------------------------------------------------------------------------
+// the strategy, 3: a block, and the model, on this rank's positions
+//
+// transformer.h's block with attention across ranks in its middle, in place of layers.h's
+// attention: y = a->atty and the probabilities a->att forward; dqkv from d y backward. (These
+// two are what train_3d.c calls, on the heads of a tensor-parallel rank.) The embedding and
+// the head are model.h's, on R rows of this rank's Tq positions.
+
+static void online_forward(Cp* p, BlockActs* a); // --cp-softmax online, the comparison: its own section
+static void cp_attention_forward(Cp* p, BlockActs* a) {
+    if (p->comm == CP_ALLTOALL) ulysses_forward(p, a);
+    else if (p->comm == CP_ALLGATHER) allgather_forward(p, a);
+    else if (p->online) online_forward(p, a);
+    else ring_forward(p, a);
+}
+// --recompute selective: the probabilities again, before the block's backward (the ring and
+// the all-gather bring every rank's K and V again; Ulysses kept its heads' q, k, v: no all-to-all)
+static void cp_attention_again(Cp* p, BlockActs* a) {
+    if (p->comm == CP_ALLTOALL) ulysses_attention(p, a);
+    else cp_attention_forward(p, a);
+}
+static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
+    if (p->comm == CP_ALLTOALL) ulysses_backward(p, a, datty, dqkv);
+    else if (p->comm == CP_ALLGATHER) allgather_backward(p, a, datty, dqkv);
+    else ring_backward(p, a, datty, dqkv);
+}
 
 static void cp_block_forward(Cp* p, const float* w, Acts* a, int u, Workspace* ws, int64_t* acc) {
     BlockParams prm = block_params(w, &p->dims);
-    BlockActs ba = block_acts(a->saved[u], &p->dims, a->rows);
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
     block_forward_qkv(a->out[u - 1], &prm, &ba, &p->dims, ws);
-    if (p->online) cp_attention_forward_online(p, &ba);
-    else cp_attention_forward(p, &ba);
+    cp_attention_forward(p, &ba);
     block_forward_out(a->out[u], a->out[u - 1], &prm, &ba, &p->dims, acc, ws);
 }
 static void cp_block_backward(Cp* p, const float* w, int64_t* g, Acts* a, int u, Scratch* s, long terms,
                               Workspace* ws) {
     BlockParams prm = block_params(w, &p->dims);
     BlockGrads gg = block_grads(g, &p->dims);
-    BlockActs ba = block_acts(a->saved[u], &p->dims, a->rows);
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
     BlockStash st = block_stash(s->stash, &p->dims, p->dims.R);
     block_backward_out(s->tmp, s->dout, &prm, &ba, &st, &p->dims, s->tmp, s->acc, ws);
     cp_attention_backward(p, &ba, s->tmp, st.dqkv);
     block_backward_qkv(s->din, a->out[u - 1], &prm, &ba, &st, &p->dims, s->acc, ws);
     block_backward_weight(&gg, a->out[u - 1], &ba, &st, &p->dims, terms, ws);
+}
+// --recompute, before block u's backward (model.h's unit_recompute, across ranks): selective,
+// attention's probabilities again (cp_attention_again); full, the whole block again from its
+// input, its attention's collectives with it.
+static void cp_unit_recompute(Cp* p, const Config* c, int u, const float* w, Acts* a, Workspace* ws, int64_t* acc) {
+    if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
+    double t = trace_clock();
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
+    if (c->recompute == RECOMPUTE_FULL) cp_block_forward(p, w, a, u, ws, acc);
+    else cp_attention_again(p, &ba);
+    trace_event("compute", t, trace_clock(), 0, "recompute %s", unit_name(c, u));
 }
 
 // The forward of R rows through the model on this rank's positions; returns the exact sum
@@ -343,7 +450,7 @@ static int64_t cp_model_forward(Cp* p, const Config* c, const float* params, Wor
 static void cp_model_backward(Cp* p, const Config* c, const float* params, int64_t* grads, Work* w, long batch) {
     Acts* a = &w->acts;
     Scratch* s = &w->scratch;
-    long terms = batch * c->context; // the whole rows' count: every layout has the same exactness bound (transformer.h)
+    long terms = batch * c->context; // the whole rows' count: every layout has the same exactness bound (layers.h)
     int u = c->layers + 1;
     double t = trace_clock();
     gpt_head_backward_input(c, params + unit_offset(c, u), a, p->targets, s, s->stash, &p->dims, &w->ws);
@@ -351,28 +458,200 @@ static void cp_model_backward(Cp* p, const Config* c, const float* params, int64
     trace_event("compute", t, trace_clock(), 0, "backward head");
     scratch_step_down(s);
     for (u = c->layers; u >= 1; u--) {
+        cp_unit_recompute(p, c, u, params + unit_offset(c, u), a, &w->ws, s->acc); // --recompute: what it did not keep
         cp_block_backward(p, params + unit_offset(c, u), grads + unit_offset(c, u), a, u, s, terms, &w->ws);
         scratch_step_down(s);
     }
     gpt_embedding_backward(grads, grads + (long)c->vocab * c->emb, a->tokens, s->dout, 0, c->vocab, &p->dims, terms);
 }
 
-// What context parallelism sends per step from each rank, by the formulas above, for B rows
-static double cp_sent_formula(const Cp* p, const Config* c, long B, long np) {
-    double N = p->cp->size, block = (double)B * p->Tq * c->emb, L = c->layers;
-    double fwd = 2 * (N - 1) * 4 * block, bwd = 2 * (N - 1) * 4 * block + (p->ring ? 2 * N * 8 * block : 2 * (N - 1) * 8 * block);
-    return L * (fwd + bwd) + ring_allreduce_bytes(8.0 * np + 8.0, p->cp->size);
+// ============================================================================
+// What only serves the strategy, each section on its own.
+
+// ----------------------------------------------------------------------------
+// --cp-softmax online: ring attention as usually written, for comparison
+//
+// K and V go round together, once (one round of ring_hop); for each rank's keys a query's
+// running max m, sum S and output O are rescaled by exp(m_old - m_new) and the new terms
+// added, in float. The rescaling depends on the order in which the ranks' keys raised the
+// max, and the float sums on how the keys were split: the result is within a rounding of
+// train.c's, not its bits, and the difference grows with the steps. Backward is the exact
+// one (2a), on P = exp(s - m) / S.
+
+static void online_against(Cp* p, BlockActs* a, int src) {
+    const BlockDims* d = &p->dims;
+    const int* kpos = cp_pos_of(p, src);
+    int A = d->A, HD = d->HD;
+    long heads = (long)d->R * d->NH * p->Tq;
+    for (long i = 0; i < heads; i++) p->rank_max[i] = -INFINITY;
+    attention_scores(a->att, p->rank_max, a->qkv, 3 * A, p->k.held, A, kpos, p->Tq, d, p->kvT);
+    for (int r = 0; r < d->R; r++)
+        for (int hd = 0; hd < d->NH; hd++)
+            for (int i = 0; i < p->Tq; i++) {
+                long rhi = ((long)r * d->NH + hd) * p->Tq + i;
+                if (p->rank_max[rhi] == -INFINITY) continue; // the mask hides all of src's keys
+                float m = p->rowmax[rhi] > p->rank_max[rhi] ? p->rowmax[rhi] : p->rank_max[rhi];
+                float scale = expf(p->rowmax[rhi] - m), *o = p->run_out + ((long)r * p->Tq + i) * A + hd * HD;
+                p->run_sum[rhi] *= scale;
+                for (int x = 0; x < HD; x++) o[x] *= scale;
+                for (int j = 0; j < p->Tq && kpos[j] <= d->pos[i]; j++) {
+                    float e = expf(a->att[rhi * d->T + kpos[j]] - m);
+                    const float* vj = (const float*)p->v.held + ((long)r * p->Tq + j) * A + hd * HD;
+                    p->run_sum[rhi] += e;
+                    for (int x = 0; x < HD; x++) o[x] += e * vj[x];
+                }
+                p->rowmax[rhi] = m;
+            }
 }
-// The attention buffers a rank holds besides train.c's activations of its positions: the
-// blocks in flight (ring: 2 K, 2 V, 2 dK, 2 dV), or every rank's K and V and the whole dK and
-// dV of the block at hand (all-gather); the accumulators of its own (dK, dV, P.V, dq; the
-// row max, D, the sums of exp), a block of K transposed, and --cp-softmax online's running
-// sums and outputs. (Each is cp_init's allocation.)
+static void online_forward(Cp* p, BlockActs* a) {
+    const BlockDims* d = &p->dims;
+    int N = p->cp->size, A = d->A, HD = d->HD;
+    long heads = (long)d->R * d->NH * p->Tq;
+    for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY, p->run_sum[i] = 0.0f;
+    memset(p->run_out, 0, (long)d->R * p->Tq * A * sizeof(float));
+    cp_pack_kv(a->qkv, p->k.held, p->v.held, d);
+    for (int hop = 0; hop < N; hop++) ring_hop(p, ONLINE, hop, a, NULL); // K and V go round together
+    for (int r = 0; r < d->R; r++) // y = O / S; P = exp(s - m) / S for backward
+        for (int hd = 0; hd < d->NH; hd++)
+            for (int i = 0; i < p->Tq; i++) {
+                long rhi = ((long)r * d->NH + hd) * p->Tq + i, at = ((long)r * p->Tq + i) * A + hd * HD;
+                float* prow = a->att + rhi * d->T;
+                for (int t = 0; t < d->T; t++) prow[t] = t <= d->pos[i] ? expf(prow[t] - p->rowmax[rhi]) / p->run_sum[rhi] : 0.0f;
+                for (int x = 0; x < HD; x++) a->atty[at + x] = p->run_out[at + x] / p->run_sum[rhi];
+            }
+}
+
+// ----------------------------------------------------------------------------
+// buffers, bytes and memory
+//
+// Per rank and step, for N ranks, L blocks, P parameters and B rows; a rank's K (or V, dK,
+// dV) holds kv = B x Tq x C elements (Tq = T / N), floats of 4 B, exact sums of 8 B:
+//   ring        forward: K round, then V: N - 1 hops each                    2 (N-1) x 4 kv
+//               backward: K and V round again                                2 (N-1) x 4 kv
+//                         and dK and dV, N hops each (the N-th: home)        2 N x 8 kv
+//   all-gather  forward: K and V all-gathered, N - 1 ranks' shares each       2 (N-1) x 4 kv
+//               backward: again                                              2 (N-1) x 4 kv
+//                         and dK and dV reduce-scattered: N - 1 shares each   2 (N-1) x 8 kv
+//   all-to-all  forward: q, k, v to the heads, y back: 4 all-to-alls of a    4 (N-1)/N x 4 kv
+//               rank's width, each sending the N - 1 others their (N-1)/N
+//               backward: dO to the heads, dq, dk, dv back; D, 1/HD of a     (4 + 1/HD) (N-1)/N x 4 kv
+//               width, to the heads
+//   --recompute selective: the ring's and the all-gather's forward again     + the forward's (Ulysses: 0)
+//   --recompute full: the forward again, for every --cp-comm                 + the forward's
+//   each of L blocks; then the gradients' all-reduce, the loss with them      2 (N-1)/N x 8 B x (P + 1)
+// (--microbatches M: the same; the blocks' bytes are per row, the all-reduce once a step)
+// Memory: train.c's replica, (4 + 8, + 8 with AdamW) B x P; train.c's activations of this
+// rank's Tq positions (attention's probabilities among them: Tq rows of T a head); and the
+// buffers of attention across ranks below, as cp_init allocates them.
+
+// The bytes a rank sends for one block's attention across ranks, forward and backward and
+// with --recompute, when a rank's K holds kv elements (train_3d.c calls it too, at its tensor
+// rank's heads).
+static double cp_sent_per_block(const Cp* p, double kv, int recompute) {
+    double N = p->cp->size, fwd = 2 * (N - 1) * 4 * kv, back = fwd; // the ring's and the all-gather's K and V again
+    if (p->comm == CP_RING) back += 2 * N * 8 * kv;
+    if (p->comm == CP_ALLGATHER) back += 2 * (N - 1) * 8 * kv;
+    if (p->comm == CP_ALLTOALL) fwd = 4 * (N - 1) / N * 4 * kv, back = (4 + 1.0 / p->dims.HD) * (N - 1) / N * 4 * kv;
+    int again = recompute == RECOMPUTE_FULL || (recompute == RECOMPUTE_SELECTIVE && p->comm != CP_ALLTOALL);
+    return fwd + back + again * fwd;
+}
+static double cp_sent_formula(const Cp* p, const Config* c, long B, long np) {
+    double kv = (double)B * p->Tq * c->emb;
+    return c->layers * cp_sent_per_block(p, kv, c->recompute) + ring_allreduce_bytes(8.0 * np + 8.0, p->cp->size);
+}
+
+// Allocates each buffer of the Cp struct that --cp-comm and --cp-softmax use, for up to
+// `rows` rows; cp_attention_bytes, below, counts each.
+static void cp_init(Cp* p, Group* cp, const Config* c, int rows, CpComm comm, int zigzag, int online) {
+    int N = cp->size, T = c->context, C = c->emb, HD = c->emb / c->heads;
+    *p = (Cp){.cp = cp, .comm = comm, .zigzag = zigzag, .online = online, .Tq = T / N};
+    p->pos = mallocCheck(sizeof(int) * T);
+    for (int q = 0; q < N; q++) cp_positions(T, N, zigzag, q, p->pos + q * p->Tq);
+    p->dims = gpt_dims(c, rows);
+    p->dims.Tq = p->Tq, p->dims.pos = p->pos + cp->rank * p->Tq;
+    long kv = (long)rows * p->Tq * C, heads = (long)rows * c->heads * p->Tq;
+    p->D = mallocCheck(sizeof(float) * heads);
+    if (comm != CP_ALLTOALL) {
+        p->rowmax = mallocCheck(sizeof(float) * heads);
+        p->expsum = mallocCheck(sizeof(int64_t) * heads);
+        p->pv = mallocCheck(sizeof(int64_t) * kv), p->dq = mallocCheck(sizeof(int64_t) * kv);
+        p->kvT = mallocCheck(sizeof(float) * HD * p->Tq);
+    }
+    if (comm == CP_RING) {
+        Travelling* f[2] = {&p->k, &p->v};
+        Travelling* x[2] = {&p->dk, &p->dv};
+        for (int i = 0; i < 2; i++) {
+            f[i]->held = mallocCheck(sizeof(float) * kv), f[i]->arriving = mallocCheck(sizeof(float) * kv);
+            x[i]->held = mallocCheck(sizeof(int64_t) * kv), x[i]->arriving = mallocCheck(sizeof(int64_t) * kv);
+        }
+    }
+    if (comm == CP_ALLGATHER) {
+        p->k_all = mallocCheck(sizeof(float) * N * kv), p->v_all = mallocCheck(sizeof(float) * N * kv);
+        p->dk_all = mallocCheck(sizeof(int64_t) * N * kv), p->dv_all = mallocCheck(sizeof(int64_t) * N * kv);
+        p->dk_mine = mallocCheck(sizeof(int64_t) * kv), p->dv_mine = mallocCheck(sizeof(int64_t) * kv);
+    }
+    if (comm == CP_ALLTOALL) { // by heads: R T A/N = R Tq A = kv elements a part
+        p->send = mallocCheck(sizeof(float) * 3 * kv), p->recv = mallocCheck(sizeof(float) * 3 * kv);
+        p->heads_y = mallocCheck(sizeof(float) * kv), p->heads_dy = mallocCheck(sizeof(float) * kv);
+        p->heads_dqkv = mallocCheck(sizeof(float) * 3 * kv);
+        p->heads_tmp = mallocCheck(sizeof(float) * (heads + (long)HD * T)); // row max or D by heads; k or v transposed
+        p->heads_acc = mallocCheck(sizeof(int64_t) * 3 * kv);              // sums of e, e v; or dq, dk, dv
+    }
+    if (online) {
+        p->run_sum = mallocCheck(sizeof(float) * heads), p->rank_max = mallocCheck(sizeof(float) * heads);
+        p->run_out = mallocCheck(sizeof(float) * kv);
+    }
+    p->targets = mallocCheck(sizeof(int) * (long)rows * p->Tq);
+}
+static void cp_free(Cp* p) {
+    Travelling* t[4] = {&p->k, &p->v, &p->dk, &p->dv};
+    for (int i = 0; i < 4; i++) free(t[i]->held), free(t[i]->arriving);
+    free(p->pos), free(p->rowmax), free(p->D), free(p->expsum), free(p->pv), free(p->dq), free(p->kvT);
+    free(p->k_all), free(p->v_all), free(p->dk_all), free(p->dv_all), free(p->dk_mine), free(p->dv_mine);
+    free(p->send), free(p->recv), free(p->heads_y), free(p->heads_dy), free(p->heads_dqkv), free(p->heads_tmp);
+    free(p->heads_acc), free(p->run_sum), free(p->rank_max), free(p->run_out), free(p->targets);
+}
+
+// The bytes of cp_init's buffers for `rows` rows (kv: a rank's K; heads: one a query and head)
 static double cp_attention_bytes(const Cp* p, const Config* c, long rows) {
-    double N = p->cp->size, block = (double)rows * p->Tq * c->emb, heads = (double)rows * c->heads * p->Tq;
-    double kv = p->ring ? 2 * (4 + 4 + 8 + 8) * block : 2 * N * 4 * block + 2 * N * 8 * block;
-    double online = p->online ? 4 * heads + 4 * block : 0;
-    return kv + (8 + 8 + 8 + 8) * block + (4 + 4 + 8) * heads + 4.0 * c->emb * p->Tq + online;
+    double N = p->cp->size, kv = (double)rows * p->Tq * c->emb, heads = (double)rows * c->heads * p->Tq;
+    double HD = c->emb / c->heads, bytes = 4 * heads; // D
+    if (p->comm != CP_ALLTOALL) bytes += (4 + 8) * heads // rowmax, expsum
+                                         + (8 + 8) * kv      // pv, dq
+                                         + 4 * HD * p->Tq;   // kvT
+    if (p->comm == CP_RING) bytes += 2 * (4 + 4) * kv  // K and V, held and arriving
+                                     + 2 * (8 + 8) * kv; // dK and dV, held and arriving
+    if (p->comm == CP_ALLGATHER) bytes += (4 + 4) * N * kv // every rank's K and V
+                                          + (8 + 8) * N * kv // dK and dV of every rank's keys
+                                          + (8 + 8) * kv;    // this rank's dK and dV
+    if (p->comm == CP_ALLTOALL) bytes += (4 + 4) * 3 * kv          // send, recv
+                                         + (4 + 4 + 4 * 3) * kv    // heads_y, heads_dy, heads_dqkv
+                                         + 4 * (heads + HD * c->context) + 8 * 3 * kv; // heads_tmp, heads_acc
+    if (p->online) bytes += (4 + 4) * heads + 4 * kv; // run_sum, rank_max; run_out
+    return bytes;
+}
+
+// --cp-comm's value (train_cp.c's flags, and train_3d.c's): NULL, or the error.
+static const char* cp_comm_parse(const char* value, CpComm* comm) {
+    for (int c = CP_RING; c <= CP_ALLTOALL; c++)
+        if (!strcmp(value, cp_comm_flags[c])) return *comm = (CpComm)c, NULL;
+    return "--cp-comm must be ring, allgather or alltoall";
+}
+
+// --cp-comm alltoall, for a refusal's message: which N > 1 would split `heads` heads (whole
+// ones a rank) and T positions (in 2N chunks, or N): "N = 2 or 4 would do", N named `n`
+// ("N", or a flag: "--cp 2 or 4 would do").
+static const char* ulysses_fits(int heads, int T, int zigzag, const char* n) {
+    static char fits[160];
+    int count = 0, at = 0;
+    for (int N = 2; N <= heads; N++) count += heads % N == 0 && T % (zigzag ? 2 * N : N) == 0;
+    if (count == 0) snprintf(fits, sizeof fits, "no %s above 1 would do", n);
+    else at = snprintf(fits, sizeof fits, "%s%s", n, n[0] == '-' ? " " : " = ");
+    for (int N = 2, k = 0; N <= heads && count > 0 && at < 120; N++)
+        if (heads % N == 0 && T % (zigzag ? 2 * N : N) == 0)
+            k++, at += snprintf(fits + at, sizeof fits - at, "%s%d%s", k == 1 ? "" : k == count ? " or " : ", ", N,
+                                k == count ? " would do" : "");
+    return fits;
 }
 
 #ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
@@ -390,7 +669,8 @@ typedef struct {
     Work work;      // activations of every row at this rank's positions
     Cp p;
     Group cp;       // every rank
-    int ring, zigzag, timeline, online; // --cp-comm, --cp-split, --timeline, --cp-softmax
+    CpComm comm;    // --cp-comm
+    int zigzag, timeline, online; // --cp-split, --timeline, --cp-softmax
 } Run;
 
 static void run_free(Run* r) {
@@ -404,19 +684,25 @@ static void save(void* ctx, const Options* o, long step) {
 }
 
 // ----------------------------------------------------------------------------
-// the forward pass: every row, this rank's positions
+// the forward pass: every row, this rank's positions; sampling
 
-// For sampling, the rank holding the position sampled broadcasts its probabilities.
+// The rank that holds position t, and t's index among its positions.
+static int cp_owner(const Cp* p, int t, int* at) {
+    for (int q = 0; q < p->cp->size; q++)
+        for (int i = 0; i < p->Tq; i++)
+            if (cp_pos_of(p, q)[i] == t) return *at = i, q;
+    return *at = 0, 0;
+}
+
+// For sampling (probs not NULL), the probabilities of the next token after position rows->pos
+// (data.h): its rank broadcasts them.
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
     Run* r = ctx;
     const Config* c = &r->cfg;
     work_load(&r->work, rows, first, R, c->context);
     int64_t loss = cp_model_forward(&r->p, c, r->st.params, &r->work, R, rows_total);
     if (probs) {
-        int owner = 0, at = 0, V = c->vocab;
-        for (int q = 0; q < r->cp.size; q++)
-            for (int i = 0; i < r->p.Tq; i++)
-                if (cp_pos_of(&r->p, q)[i] == rows->pos) owner = q, at = i;
+        int at, owner = cp_owner(&r->p, rows->pos, &at), V = c->vocab;
         const float* out = r->work.acts.out[c->layers + 1];
         for (int row = 0; row < R && owner == r->cp.rank; row++)
             memcpy(probs + (long)row * V, out + ((long)row * r->p.Tq + at) * V, V * sizeof(float));
@@ -433,23 +719,32 @@ static double validation_loss(void* ctx) {
     return mean_loss(total, &r->ds);
 }
 
-// The formulas of figures(), in words, for the report.
-static const char sent_words[] = "L x (2(N-1) K, V blocks of B T/N C floats forward, again backward, and dK, dV: "
-                                 "ring 2N blocks of exact sums, all-gather 2(N-1)) + 2(N-1)/N x 8 B x (P + 1)";
-static const char mem_words[] = "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + K, V blocks in flight "
-                                "(ring) or every rank's of the block at hand (all-gather)";
+// ----------------------------------------------------------------------------
+// the figures: bytes and memory, measured and by formula (see "buffers, bytes and memory")
 
-static Figures figures(const Run* r, const Progress* pr, int B) {
+// The formulas of figures(), in words, for the report, by --cp-comm (kv = B T/N C, a rank's K).
+static const char* sent_words[] = {
+    "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2N x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
+    "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2(N-1) x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
+    "L x (4 forward + 4 + 1/HD backward all-to-alls of (N-1)/N x 4 B x kv) + 2(N-1)/N x 8 B x (P + 1)"};
+static const char* mem_words[] = {
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + K, V, dK, dV held and arriving",
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + every rank's K, V, dK, dV",
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + all-to-all buffers and attention's, by heads"};
+
+static Figures figures(const Run* r, const Progress* pr, int B, int R) {
     const Config* c = &r->cfg;
     long np = r->st.n;
-    double opt_bytes = r->st.m ? 8.0 : 0.0, attn = cp_attention_bytes(&r->p, c, B), T = c->context, Tq = r->p.Tq;
-    // held, as allocated: every row's tokens and targets (loaded whole), and at this rank's
+    double N = r->cp.size, T = c->context, Tq = r->p.Tq;
+    double opt_bytes = r->st.m ? 8.0 : 0.0, attn = cp_attention_bytes(&r->p, c, R);
+    // held for the R rows of a microbatch (--recompute: model.h's acts_saved_per_row): every row's tokens and targets (loaded whole), and at this rank's
     // positions the embedding's output, each block's output and BlockActs, the head's
-    // LayerNorm and probabilities (sizes); and the targets at those positions
-    double held = B * (acts_bytes_per_row(c, 0, n_units(c), &r->sizes) + 4 * Tq);
-    // the formula: train.c's activations of B rows, every per-token tensor (attention's
-    // probabilities among them, T/N rows of T) over N; but the rows' tokens and targets, whole
-    double formula = B * (acts_bytes_per_row(c, 0, n_units(c), NULL) / r->cp.size + (1 - 1.0 / r->cp.size) * 8 * T + 4 * Tq);
+    // LayerNorm and probabilities (sizes); and the targets at those positions (4 B x Tq a row)
+    double held = R * (acts_bytes_per_row(c, 0, n_units(c), &r->sizes) + 4 * Tq);
+    // the formula: train.c's activations of a row over N (every tensor is per position, attention's
+    // probabilities Tq rows of T), but the row's tokens and targets, 4 B each a position, loaded
+    // whole on every rank: (1 - 1/N) x 8 B x T more; and the targets at its positions, 4 B x Tq
+    double formula = R * (acts_bytes_per_row(c, 0, n_units(c), NULL) / N + (1 - 1 / N) * 8 * T + 4 * Tq);
     Figures f = {.sent = per_step(pr, r->cp.sent), .received = per_step(pr, r->cp.received), .params = 4.0 * np,
                  .grads = 8.0 * np, .optim = opt_bytes * np, .acts = held + attn, .bubble = -1};
     f.sent_formula = cp_sent_formula(&r->p, c, B, np);
@@ -457,42 +752,42 @@ static Figures figures(const Run* r, const Progress* pr, int B) {
     return f;
 }
 
+// ----------------------------------------------------------------------------
 // --timeline: the last step on every rank, from its trace events: the ring's scores (K) and
-// sums (V) of each block, --cp-softmax online's blocks (O), the all-gather's attention (A),
-// backward blocks (b), waits for a hop (|) and the other communication (>)
+// sums (V) on each rank's keys, --cp-softmax online's (O), the gradients (b), the
+// all-gather's and Ulysses' attention (A, and b backward), waits for a hop (|) and the other
+// communication (>: the all-gathers, the all-to-alls)
+
 static char cp_mark(const TraceEvent* e) {
     if (!strncmp(e->name, "scores", 6)) return 'K';
     if (!strncmp(e->name, "sums", 4)) return 'V';
     if (!strncmp(e->name, "online", 6)) return 'O';
-    if (!strncmp(e->name, "backward block", 14)) return 'b';
+    if (!strncmp(e->name, "gradients", 9)) return 'b';
     if (!strncmp(e->name, "attention backward", 18)) return 'b';
     if (!strncmp(e->name, "attention", 9)) return 'A';
-    if (!strcmp(e->name, "hop wait")) return '|';
+    if (!strncmp(e->name, "ring hop", 8)) return '|';
     if (!strcmp(e->cat, "comm") && strncmp(e->name, "send", 4)) return '>'; // (a send is posted in no time)
     return 0;
 }
 static void cp_timeline(const Run* r, double step_t0) {
-    dist_trace_timeline(r->cp.comm, step_t0, cp_mark, "K scores of a block of keys, V its exact sums, O "
-                        "both in one pass (--cp-softmax online), b its backward, A attention over the gathered blocks, "
-                        "| waiting for a hop, > a collective");
+    dist_trace_timeline(r->cp.comm, step_t0, cp_mark, "K scores on a rank's keys, V its exact sums, O both in "
+                        "one pass (--cp-softmax online), b its gradients (or attention's backward), A attention over the "
+                        "gathered keys or (alltoall) on its heads, | waiting for a hop, > a collective");
 }
 
 // ----------------------------------------------------------------------------
 // options of this program
 
 static const CliFlag cp_flags[] = {
-    {"cp-comm", "HOW", "attention across ranks: ring (default; ring attention) or allgather (Llama 3's)"},
+    {"cp-comm", "HOW", "attention across ranks: ring (default; ring attention), allgather (Llama 3's) or alltoall "
+                       "(Ulysses: by heads; N must divide --heads)"},
     {"cp-split", "HOW", "positions per rank: zigzag (default; chunks i and 2N-1-i of 2N) or contiguous"},
-    {"timeline", NULL, "draw the last step of every rank: each block of keys, each hop"},
+    {"timeline", NULL, "draw the last step of every rank: each rank's keys, each hop"},
     {"cp-softmax", "HOW", "exact (default: two passes, train.c's bits) or online (one pass, for comparison: not its bits)"},
 };
 static const char* cp_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
-    if (index == 0) {
-        if (!strcmp(value, "ring")) r->ring = 1;
-        else if (!strcmp(value, "allgather")) r->ring = 0;
-        else return "--cp-comm must be ring or allgather";
-    }
+    if (index == 0) return cp_comm_parse(value, &r->comm);
     if (index == 1) {
         if (!strcmp(value, "zigzag")) r->zigzag = 1;
         else if (!strcmp(value, "contiguous")) r->zigzag = 0;
@@ -507,6 +802,13 @@ static const char* cp_flag(void* ctx, int index, const char* value) {
     return NULL;
 }
 
+// The causal (query, key) pairs of a rank's positions: its share of attention's work.
+static long cp_pairs(const int* pos, int Tq) {
+    long n = 0;
+    for (int i = 0; i < Tq; i++) n += pos[i] + 1;
+    return n;
+}
+
 // ----------------------------------------------------------------------------
 // main
 
@@ -515,10 +817,10 @@ int main(int argc, char** argv) {
 
     // options
     Options o;
-    Run run = {.cp = group_world("cp"), .ring = 1, .zigzag = 1};
+    Run run = {.cp = group_world("cp"), .comm = CP_RING, .zigzag = 1};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, cp_flags, 4, cp_flag, &run);
     dist_dense_only(&o, RUN_LINE);
-    if (run.online && !run.ring)
+    if (run.online && run.comm != CP_RING)
         dist_exit(2, RUN_LINE, "--cp-softmax online is ring attention's one-pass softmax: it applies to --cp-comm ring");
     if (!is_gpt(&o.model))
         dist_exit(2, RUN_LINE, "context parallelism splits a row's positions, which only the GPT has (--model gpt): "
@@ -535,18 +837,23 @@ int main(int argc, char** argv) {
     if (!run.zigzag && T % N != 0)
         dist_exit(2, RUN_LINE, "%d ranks and %d positions: the contiguous split cuts T into N equal chunks, so N must "
                   "divide T (pass --context)", N, T);
+    if (run.comm == CP_ALLTOALL && cfg->heads % N != 0)
+        dist_exit(2, RUN_LINE, "%d ranks and %d heads: --cp-comm alltoall (Ulysses) gives each rank whole heads, %d/N "
+                  "of them, so N must divide the heads: %s here (%d positions, %s split); or change --heads, or "
+                  "use --cp-comm ring", N, cfg->heads, cfg->heads, ulysses_fits(cfg->heads, T, run.zigzag, "N"),
+                  T, run.zigzag ? "zigzag" : "contiguous");
 
     // model: a whole replica, its exact gradient sums and optimizer state; activations
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
     long start = state_load(&run.st, &o, &run.ds, cfg);
-    int rows = pass_rows(&o, o.batch);
-    cp_init(&run.p, &run.cp, cfg, rows, run.ring, run.zigzag, run.online);
+    int B = o.batch, M = o.microbatches, rows = pass_rows(&o, (B + M - 1) / M); // a microbatch, or an eval pass
+    cp_init(&run.p, &run.cp, cfg, rows, run.comm, run.zigzag, run.online);
     gpt_unit_sizes(cfg, &run.p.dims, cfg->vocab, run.p.Tq, &run.sizes);
     work_init(&run.work, cfg, rows, &run.sizes);
     char layout[160];
     snprintf(layout, sizeof layout, "context parallel over %d ranks: %d of %d positions each (%s), attention by %s%s", N,
-             run.p.Tq, T, run.zigzag ? "zigzag" : "contiguous", run.ring ? "ring" : "all-gather",
+             run.p.Tq, T, run.zigzag ? "zigzag" : "contiguous", cp_comm_names[run.comm],
              run.online ? " with the one-pass online softmax (not exact)" : "");
     if (!o.quiet && world_rank == 0) {
         print_config(&o, &run.ds, layout);
@@ -558,17 +865,23 @@ int main(int argc, char** argv) {
     }
 
     // training loop
-    int B = o.batch;
     Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     progress.record_last = run.timeline; // the timeline is drawn from the last step's trace events
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // every rank: the whole batch's count
-        work_load(&run.work, &batch, 0, B, T);
-        int64_t loss = cp_model_forward(&run.p, cfg, run.st.params, &run.work, B, B); // this rank's positions
+        int64_t loss = 0;
         fix_zero(run.st.grads, np);
-        cp_model_backward(&run.p, cfg, run.st.params, run.st.grads, &run.work, B);
+        workspace_keep_weights(&run.work.ws, M > 1);
+        for (int m = 0; m < M; m++) { // --microbatches: every rank takes every row of each, at its positions
+            long first, end;
+            split_range(B, M, m, &first, &end);
+            work_load(&run.work, &batch, first, (int)(end - first), T);
+            loss += cp_model_forward(&run.p, cfg, run.st.params, &run.work, (int)(end - first), B);
+            cp_model_backward(&run.p, cfg, run.st.params, run.st.grads, &run.work, B);
+        }
+        workspace_keep_weights(&run.work.ws, 0);
         group_allreduce(&run.cp, run.st.grads, np, MPI_INT64_T, MPI_SUM); // every rank's positions' gradients, exact
         group_allreduce(&run.cp, &loss, 1, MPI_INT64_T, MPI_SUM);
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
@@ -579,8 +892,11 @@ int main(int argc, char** argv) {
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);
-    Figures fig = figures(&run, &progress, B);
-    Report rep = {"train_cp.c", layout, sent_words, mem_words};
+    Figures fig = figures(&run, &progress, B, (B + M - 1) / M); // a microbatch's activations
+    char sent[300]; // --recompute: the forward's collectives again, but Ulysses' selective
+    int again = cfg->recompute == RECOMPUTE_FULL || (cfg->recompute == RECOMPUTE_SELECTIVE && run.comm != CP_ALLTOALL);
+    snprintf(sent, sizeof sent, "%s%s", sent_words[run.comm], again ? " + L x the forward's again (--recompute)" : "");
+    Report rep = {"train_cp.c", layout, sent, mem_words[run.comm]};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
     if (run.timeline && progress.steps > 0) cp_timeline(&run, progress.t0);
     run_free(&run);

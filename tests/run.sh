@@ -1495,13 +1495,16 @@ section_gpt() {
             same_as $tag "gpt: tp --sp on $n ranks (heads and tokens split), $opt, same as train.c" $MPIRUN -n $n ./train_tp --sp $flags
         done
         for n in 1 2 4 8; do
-            for comm in ring allgather; do
+            for comm in ring allgather alltoall; do
+                [ $comm = alltoall ] && [ $n = 8 ] && continue # Ulysses: 4 heads, at most 4 ranks (refused below)
                 same_as $tag "gpt: cp on $n ranks, $comm, zigzag, $opt, same as train.c" $MPIRUN -n $n ./train_cp --cp-comm $comm $flags
             done
         done
         for n in 2 4; do
             same_as $tag "gpt: cp on $n ranks, ring, contiguous, $opt, same as train.c" $MPIRUN -n $n ./train_cp --cp-split contiguous $flags
         done
+        same_as $tag "gpt: cp on 4 ranks, alltoall (Ulysses: a head a rank), contiguous, $opt, same as train.c" \
+            $MPIRUN -n 4 ./train_cp --cp-comm alltoall --cp-split contiguous $flags
     done
     # 27 rows on 4 ranks (7, 7, 7, 6); a vocabulary of 27 in slices of 14 (one padded); T = 8, cutting longer names
     flags="$small --steps 30 --eval-every 0 --batch 27 --context 8 --clip 1"
@@ -1509,6 +1512,35 @@ section_gpt() {
     same_as gpt_odd "gpt: dp, 27 rows on 4 ranks, T=8 (names cut), same as train.c" $MPIRUN -n 4 ./train_dp $flags
     same_as gpt_odd "gpt: tp --sp on 2 ranks, 27 rows x 8 tokens, vocabulary slices of 14, same as train.c" $MPIRUN -n 2 ./train_tp --sp $flags
     same_as gpt_odd "gpt: cp on 4 ranks, T=8 (chunks of 1), same as train.c" $MPIRUN -n 4 ./train_cp $flags
+    same_as gpt_odd "gpt: cp alltoall on 2 ranks, 27 rows, T=8 (chunks of 2), same as train.c" $MPIRUN -n 2 ./train_cp --cp-comm alltoall $flags
+    # train_cp with cli.h's --recompute and --microbatches: train.c's bits for the same flags
+    flags="$small --steps 20 --eval-every 10 --clip 0.5"
+    for x in "--recompute selective" "--recompute full" "--microbatches 2" "--microbatches 3" "--microbatches 3 --recompute full"; do
+        local tagx=gpt_x${x//[^a-z0-9]/}
+        reference $tagx $flags $x
+        for comm in ring alltoall; do
+            same_as $tagx "gpt: cp on 2 ranks, $comm, $x, same as train.c $x" $MPIRUN -n 2 ./train_cp --cp-comm $comm $flags $x
+        done
+    done
+    same_as gpt_xmicrobatches3recomputefull "gpt: cp on 4 ranks, allgather, --microbatches 3 --recompute full, same as train.c" \
+        $MPIRUN -n 4 ./train_cp --cp-comm allgather $flags --microbatches 3 --recompute full
+    # what --recompute keeps and sends again: each rank's bytes and memory equal to their formulas,
+    # exactly; activations fall none > selective > full; selective sends the ring's K and V again
+    # but nothing more for Ulysses (its heads' q, k, v are kept); full sends every forward again
+    for comm in ring alltoall; do
+        for x in none selective full; do
+            run "$TMP/rc.out" $MPIRUN -n 2 ./train_cp --model gpt --cp-comm $comm --recompute $x --steps 2 --samples 0 --summary "$TMP/rc_$x.sum"
+        done
+        check "gpt: cp $comm --recompute none, selective, full: bytes and memory = formulas; activations fall; bytes again as the formula says" \
+            awk -v comm=$comm '/^rank=/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+                x = FILENAME; sub(/.*rc_/, "", x); sub(/[.]sum$/, "", x); n[x]++
+                if (v["sent"] != v["sent_formula"] || v["params"] + v["grads"] + v["optim"] + v["acts"] != v["mem_formula"]) bad = 1
+                acts[x] = v["acts"]; sent[x] = v["sent"] }
+                END { again = comm == "alltoall" ? sent["selective"] == sent["none"] : sent["selective"] > sent["none"]
+                      exit !(n["none"] == 2 && n["selective"] == 2 && n["full"] == 2 && !bad && again && sent["full"] > sent["none"] &&
+                             acts["none"] > acts["selective"] && acts["selective"] > acts["full"]) }' "$TMP/rc_none.sum" "$TMP/rc_selective.sum" "$TMP/rc_full.sum"
+        rm -f "$TMP"/rc_*.sum
+    done
     # pipelines of blocks (every schedule), and 3D grids with the heads split, with and without --sp
     flags="${small/--layers 2/--layers 6} --steps 20 --eval-every 10 --clip 1"
     reference gpt_deep $flags
@@ -1528,12 +1560,17 @@ section_gpt() {
         local tag4=gpt4d_${opt:2:4}
         reference $tag4 $flags $opt
         for g in "--tp 2 --cp 2 --pp 2 --dp 2" "--tp 1 --cp 4 --pp 2 --dp 1 --schedule zbv" "--tp 2 --cp 2 --pp 1 --dp 2 --sp --cp-comm allgather" \
-                 "--tp 1 --cp 2 --pp 2 --dp 2 --cp-split contiguous --zero 1"; do
+                 "--tp 1 --cp 2 --pp 2 --dp 2 --cp-split contiguous --zero 1" "--tp 2 --cp 2 --pp 1 --dp 1 --cp-comm alltoall"; do
             n=$(echo $g | awk '{ print $2 * $4 * $6 * $8 }')
             same_as $tag4 "gpt: 4d $g, ${opt%% *} ${opt#* }, same as train.c" $MPIRUN -n $n ./train_3d $g $flags $opt
         done
     done
     accounting "gpt: 4d 2 x 2 x 2 x 2 (the loss, 1 sum over 4 ranks in uneven chunks)" 128 $MPIRUN -n 16 ./train_3d --model gpt --tp 2 --cp 2 --pp 2 --dp 2
+    same_as gpt4d_opti "gpt: 4d --tp 1 --cp 2 --pp 2 --dp 1 --cp-comm alltoall --cp-split contiguous, same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 1 --cp 2 --pp 2 --dp 1 --cp-comm alltoall --cp-split contiguous $flags --optimizer sgd --lr 0.05
+    accounting "gpt: 4d 2 x 2 x 1 x 1, alltoall (Ulysses at a tensor rank's heads)" 128 $MPIRUN -n 4 ./train_3d --model gpt --tp 2 --cp 2 --pp 1 --dp 1 --cp-comm alltoall
+    expect_error 2 "so --cp must divide 2: --cp 2 would do" "gpt: 3d --cp 4 --cp-comm alltoall with 2 heads a tensor rank is refused, saying which --cp would do" \
+        -- $MPIRUN -n 8 ./train_3d --model gpt --tp 2 --cp 4 --pp 1 --dp 1 --cp-comm alltoall
     expect_error 2 "only the GPT has" "gpt: 3d --cp with the MLP is refused" -- $MPIRUN -n 2 ./train_3d --cp 2 --tp 1 --dp 1 --pp 1
     expect_error 2 "so 6 must divide T" "gpt: 3d --cp 3 (2C = 6 does not divide T = 16) is refused" -- $MPIRUN -n 3 ./train_3d --model gpt --cp 3 --tp 1 --dp 1 --pp 1
     expect_error 2 "apply with --cp 2 or more" "gpt: 3d --cp-comm without --cp is refused" -- $MPIRUN -n 2 ./train_3d --model gpt --tp 2 --dp 1 --pp 1 --cp-comm allgather
@@ -1570,6 +1607,8 @@ section_gpt() {
     accounting "gpt: tp --sp, 4 ranks, clipping (a norm of 1 element in chunks of 1, 0, 0, 0)" 128 $MPIRUN -n 4 ./train_tp --model gpt --sp --clip 1
     accounting "gpt: cp ring, 4 ranks (P + 1 sums in uneven chunks)" 128 $MPIRUN -n 4 ./train_cp --model gpt
     accounting "gpt: cp all-gather, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_cp --model gpt --cp-comm allgather
+    accounting "gpt: cp all-to-all (Ulysses), 2 ranks, exact" 0 $MPIRUN -n 2 ./train_cp --model gpt --cp-comm alltoall
+    accounting "gpt: cp all-to-all (Ulysses), 4 ranks, contiguous" 128 $MPIRUN -n 4 ./train_cp --model gpt --cp-comm alltoall --cp-split contiguous
     accounting "gpt: ZeRO-3, 2 ranks, exact" 0 $MPIRUN -n 2 ./train_fsdp --model gpt --zero 3
     run "$TMP/tp.out" $MPIRUN -n 2 ./train_tp --model gpt --sp --steps 2 --samples 0
     check "gpt: tp --sp prints the blocks' activations held beside Korthikanti et al.'s form, equal" \
@@ -1585,7 +1624,11 @@ section_gpt() {
     expect_error 2 "--sp applies to --model gpt" "gpt: --sp with the MLP is refused, saying why" -- $MPIRUN -n 2 ./train_tp --sp
     expect_error 2 "so 2N must divide T" "gpt: cp on 3 ranks (2N = 6 does not divide T = 16) is refused" -- $MPIRUN -n 3 ./train_cp --model gpt
     expect_error 2 "which only the GPT has" "gpt: cp with the MLP is refused, saying why" -- $MPIRUN -n 2 ./train_cp
-    expect_error 2 "--cp-comm must be ring or allgather" "gpt: a bad --cp-comm is refused" -- $MPIRUN -n 2 ./train_cp --model gpt --cp-comm tree
+    expect_error 2 "--cp-comm must be ring, allgather or alltoall" "gpt: a bad --cp-comm is refused" -- $MPIRUN -n 2 ./train_cp --model gpt --cp-comm tree
+    expect_error 2 "so N must divide the heads: N = 2 or 4 would do" "gpt: cp alltoall on 8 ranks and 4 heads is refused, saying which N would do" \
+        -- $MPIRUN -n 8 ./train_cp --model gpt --cp-comm alltoall
+    expect_error 2 "no N above 1 would do" "gpt: cp alltoall with 3 heads and T = 16 is refused: no N fits both" \
+        -- $MPIRUN -n 2 ./train_cp --model gpt --cp-comm alltoall --emb 12 --heads 3
     expect_error 1 "cannot open data file" "gpt: a missing data file ends every rank of train_cp" -- $MPIRUN -n 2 ./train_cp --model gpt --data /nonexistent
 }
 
@@ -1688,6 +1731,8 @@ section_recompute() {
             $MPIRUN -n 2 ./train_tp --sp $g --recompute $how
         same_as rc "recompute: train_pp, 2 stages, 1f1b, 4 microbatches, --recompute $how, same as train.c" \
             $MPIRUN -n 2 ./train_pp --schedule 1f1b --microbatches 4 $g --recompute $how
+        same_as rc "recompute: train_cp, 2 ranks, alltoall (Ulysses), --recompute $how, same as train.c" \
+            $MPIRUN -n 2 ./train_cp --cp-comm alltoall $g --recompute $how
     done
     same_as rc "recompute: train_dp --overlap, 2 ranks, --recompute full, same as train.c" \
         $MPIRUN -n 2 ./train_dp --overlap $g --recompute full
@@ -1701,6 +1746,8 @@ section_recompute() {
         $MPIRUN -n 4 ./train_3d --tp 2 --pp 2 --dp 1 $g --recompute full
     same_as rc "recompute: train_3d --tp 2 --cp 2 --pp 2 --dp 1 --sp, --recompute selective, same as train.c" \
         $MPIRUN -n 8 ./train_3d --tp 2 --cp 2 --pp 2 --dp 1 --sp $g --recompute selective
+    same_as rc "recompute: train_3d --tp 2 --cp 2 --pp 1 --dp 1 --cp-comm alltoall, --recompute selective (Ulysses' heads' attention again), same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 2 --cp 2 --pp 1 --dp 1 --cp-comm alltoall $g --recompute selective
     reference rc_x $g --experts 4
     same_as rc_x "recompute: train_ep, 4 experts over 2 ranks, --recompute selective, same as train.c" \
         $MPIRUN -n 2 ./train_ep --experts 4 $g --recompute selective
@@ -1722,6 +1769,8 @@ section_recompute() {
     done
     accounting "recompute: 3d --tp 2 --cp 2 --pp 2, selective (attention's K and V round the ring again)" 128 \
         $MPIRUN -n 8 ./train_3d $m --tp 2 --cp 2 --pp 2 --dp 1 --recompute selective
+    accounting "recompute: 3d --tp 2 --cp 2, alltoall, selective (Ulysses sends nothing again)" 128 \
+        $MPIRUN -n 4 ./train_3d $m --tp 2 --cp 2 --pp 1 --dp 1 --cp-comm alltoall --recompute selective
     # a pipeline's microbatches in flight keep what each block keeps, and share one block's room
     local p4="--model gpt --emb 16 --heads 4 --layers 4" held=""
     for how in none selective full; do

@@ -11,7 +11,7 @@
 # the same --experts; the all-to-all, the dropped tokens and the aux loss apart.
 # schedules: every pipeline schedule on 4 ranks, 8 and 16 microbatches (tools/schedule_table.sh).
 # gpt_tp, cp: the GPT (--model gpt) split by heads (tp, with and without --sp) and by positions
-# (cp, both splits, both ways of exchanging K and V), 200 steps each: bytes and memory per
+# (cp, both splits, the three ways of attention across ranks), 200 steps each: bytes and memory per
 # rank beside their formulas, and a block's activations beside Korthikanti et al.'s.
 # nd: the GPT on 4D grids (tensor, context, pipeline, data) and the 5D one (with experts).
 # This machine has 2 cores: runs with more ranks share them, which shows in their times
@@ -262,7 +262,8 @@ table_cp() {
     local f="--model gpt --steps 200 --eval-every 0" n comm split names="train"
     one train "$f" -- ./train
     for n in 2 4 8; do
-        for comm in ring allgather; do
+        for comm in ring allgather alltoall; do
+            [ $comm = alltoall ] && [ $n = 8 ] && continue # Ulysses: N must divide the 4 heads
             one cp$n-$comm "$f" -- $MPIRUN -n $n ./train_cp --cp-comm $comm
             names="$names cp$n-$comm"
         done
@@ -276,25 +277,29 @@ table_cp() {
     for r in cp2-ring cp2-ring-contiguous; do
         echo "- $r: $(grep '^  rank [0-9]* *positions' "$OUT/runs/$r.out" | sed 's/^ *//' | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
     done
-    # What exactness costs: the ring's two-pass softmax against the one-pass online softmax
-    # (--cp-softmax online, not train.c's bits), the same runs otherwise, alternated so that
-    # the machine's load falls on both; ms a step from each run's --summary, median of 3.
+    # What each exchange costs, and what exactness costs (the ring's two-pass softmax against the
+    # one-pass online softmax, --cp-softmax online, not train.c's bits): the same runs otherwise,
+    # alternated so that the machine's load falls on all; ms a step from each run's --summary,
+    # the median of 3 runs of 300 steps.
+    local how rep ms
+    median_ms() { # the median of the 3 runs sm-$1-*.sum, in ms a step
+        for rep in 1 2 3; do sed -n 's/^seconds=//p' "$OUT/runs/sm-$1-$rep.sum"; done | sort -g | sed -n 2p |
+            awk '{printf "%.2f", $1 * 1000 / 300}'
+    }
     echo
-    echo "two passes (exact) against one (online), ring, ms a step, median of 3 alternating runs of 300 steps:"
-    local sm rep ms ms_exact ms_online
+    echo "ms a step, median of 3 alternating runs of 300 steps: the three exchanges (exact), and the ring's one-pass online softmax:"
     for n in 2 4; do
         for rep in 1 2 3; do
-            for sm in exact online; do
-                $MPIRUN -n $n ./train_cp --model gpt --steps 300 --eval-every 0 --samples 0 --quiet --cp-softmax $sm \
-                    --summary "$OUT/runs/sm-$n-$sm-$rep.sum" </dev/null >/dev/null 2>&1
+            for how in ring allgather alltoall online; do
+                local arg="--cp-comm $how"
+                [ $how = online ] && arg="--cp-softmax online"
+                $MPIRUN -n $n ./train_cp --model gpt --steps 300 --eval-every 0 --samples 0 --quiet $arg \
+                    --summary "$OUT/runs/sm-$n-$how-$rep.sum" </dev/null >/dev/null 2>&1
             done
         done
-        for sm in exact online; do
-            ms=$(for rep in 1 2 3; do sed -n 's/^seconds=//p' "$OUT/runs/sm-$n-$sm-$rep.sum"; done |
-                sort -g | sed -n 2p | awk '{printf "%.2f", $1 * 1000 / 300}')
-            eval "ms_$sm=$ms"
-        done
-        echo "- $n ranks: exact $ms_exact ms, online $ms_online ms: the two passes cost $(awk -v a="$ms_exact" -v b="$ms_online" 'BEGIN { printf "%+.0f%%", (a / b - 1) * 100 }')"
+        echo "- $n ranks: ring $(median_ms $n-ring) ms, all-gather $(median_ms $n-allgather) ms, all-to-all (Ulysses)" \
+            "$(median_ms $n-alltoall) ms; the ring with the online softmax $(median_ms $n-online) ms: the two passes cost" \
+            "$(awk -v a="$(median_ms $n-ring)" -v b="$(median_ms $n-online)" 'BEGIN { printf "%+.0f%%", (a / b - 1) * 100 }')"
     done
 }
 
