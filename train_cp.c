@@ -538,7 +538,7 @@ static void online_forward(Cp* p, BlockActs* a) {
 //               width, to the heads
 //   --recompute selective: the ring's and the all-gather's forward again     + the forward's (Ulysses: 0)
 //   --recompute full: the forward again, for every --cp-comm                 + the forward's
-//   each of L blocks; then the gradients' all-reduce, the loss with them      2 (N-1)/N x 8 B x (P + 1)
+//   each of L blocks; then the gradients' all-reduce, and the loss's (1 more) 2 (N-1)/N x 8 B x (P + 1)
 // (--microbatches M: the same; the blocks' bytes are per row, the all-reduce once a step)
 // Memory: train.c's replica, (4 + 8, + 8 with AdamW) B x P; train.c's activations of this
 // rank's Tq positions (attention's probabilities among them: Tq rows of T a head); and the
@@ -737,7 +737,7 @@ static Figures figures(const Run* r, const Progress* pr, int B, int R) {
     long np = r->st.n;
     double N = r->cp.size, T = c->context, Tq = r->p.Tq;
     double opt_bytes = r->st.m ? 8.0 : 0.0, attn = cp_attention_bytes(&r->p, c, R);
-    // held for the R rows of a microbatch (--recompute: model.h's acts_saved_per_row): every row's tokens and targets (loaded whole), and at this rank's
+    // held for the R rows of a microbatch (model.h's acts_bytes_per_row; --recompute: its acts_saved_per_row): every row's tokens and targets (loaded whole), and at this rank's
     // positions the embedding's output, each block's output and BlockActs, the head's
     // LayerNorm and probabilities (sizes); and the targets at those positions (4 B x Tq a row)
     double held = R * (acts_bytes_per_row(c, 0, n_units(c), &r->sizes) + 4 * Tq);
