@@ -60,6 +60,7 @@ typedef struct {
     int overlap;    // --overlap
     long bucket_bytes; // --bucket-kb
     int sync_weights;  // --sync weights
+    int M;             // --microbatches
 } Run;
 
 static void run_free(Run* r) {
@@ -164,13 +165,14 @@ static Figures figures(const Run* r, const Progress* pr, int R, int B) {
     Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received), .params = 4.0 * P,
                  .grads = 8.0 * P, .optim = adam * P, .acts = R * acts_row, .bubble = -1};
     f.sent_formula = ring_allreduce_bytes(8.0 * P + 8.0, N);
-    f.mem_formula = (4.0 + 8.0 + adam) * P + (double)B / N * acts_row;
+    long mb = (B + r->M - 1) / r->M; // the largest microbatch, its rows shared by the N ranks
+    f.mem_formula = (4.0 + 8.0 + adam) * P + (double)((mb + N - 1) / N) * acts_row;
     return f;
 }
 // The formulas in words, for the report: P's value printed beside them.
 static void formula_words(const Run* r, char* sent, char* mem, int size) {
     snprintf(sent, size, "2(N-1)/N x 8 B x (P gradients + 1 loss), P = %ld", r->st.n);
-    snprintf(mem, size, "(4 + 8 + 8 with AdamW) B x P + activations of B/N rows");
+    snprintf(mem, size, "(4 + 8 + 8 with AdamW) B x P + activations of ceil(ceil(B/M)/N) rows, a microbatch's share");
 }
 
 // ----------------------------------------------------------------------------
@@ -224,7 +226,7 @@ int main(int argc, char** argv) {
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
     long start = state_load(&run.st, &o, &run.ds, cfg);
-    int B = o.batch, M = o.microbatches;
+    int B = o.batch, M = run.M = o.microbatches;
     long first;
     int R = microbatch_rows(B, M, 0, run.dp.size, 0, &first); // the most rows a rank takes at once
     work_init(&run.work, cfg, pass_rows(&o, R), NULL);
