@@ -312,6 +312,7 @@ typedef struct {
     Group dp;       // every rank
     int stage, prefetch; // --zero, --prefetch
     Holding mine;   // what this rank holds of the model, for checkpoints
+    int M;          // --microbatches
 } Run;
 
 static void run_free(Run* r) {
@@ -364,10 +365,10 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, i
     Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received),
                  .params = r->f.bytes_params, .grads = r->f.bytes_grads, .optim = r->f.bytes_opt,
                  .acts = R * acts_row, .bubble = -1};
-    f.sent_formula = fsdp_sent_formula(&r->f, 1) + ring_allreduce_bytes(8, r->dp.size) +
+    f.sent_formula = fsdp_sent_formula(&r->f, r->M) + ring_allreduce_bytes(8, r->dp.size) + // stages 2, 3: each microbatch's
                      (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->dp.size) : 0);
-    f.mem_formula = fsdp_mem_formula(&r->f, n_params(c), max_unit_params(c), opt->adamw) +
-                    (double)B / r->dp.size * acts_row;
+    long mb = (B + r->M - 1) / r->M, N = r->dp.size; // the largest microbatch, shared by the N ranks
+    f.mem_formula = fsdp_mem_formula(&r->f, n_params(c), max_unit_params(c), opt->adamw) + (double)((mb + N - 1) / N) * acts_row;
     return f;
 }
 // The formulas in words, for the report, with P's and U's values.
@@ -435,7 +436,7 @@ int main(int argc, char** argv) {
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
-    int B = o.batch, M = o.microbatches;
+    int B = o.batch, M = run.M = o.microbatches;
     GradSpan spans[MAX_LAYERS + 2];
     int n_spans = fsdp_grad_spans(&run.f, spans);
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);

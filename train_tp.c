@@ -778,18 +778,24 @@ static const char gpt_mem_words[] = "(4 + 8 + 8 AdamW) B x (P split / t + P whol
 
 // What this rank sent and holds, each beside its formula: every rank takes every row, and a
 // column-parallel layer's activations are its slice. The GPT's activations: the blocks' by
-// Korthikanti et al.'s form (tp_gpt_acts_formula), the rest as held.
-static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int B) {
+// Korthikanti et al.'s form (tp_gpt_acts_formula), the rest as held. R: a microbatch's rows
+// (the activations held); the bytes sent, each of the M microbatches of the B rows in turn.
+static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int R, int B, int M) {
     const Config* c = &r->cfg;
     long np = r->st.n;
     double acts_row = acts_bytes_per_row(c, 0, n_units(c), &r->sizes), opt_bytes = opt->adamw ? 8.0 : 0.0;
     Figures f = {.sent = per_step(pr, r->group.sent), .received = per_step(pr, r->group.received), .params = 4.0 * np,
-                 .grads = 8.0 * np, .optim = opt_bytes * np, .acts = B * acts_row, .bubble = -1};
-    double acts_formula = B * acts_row, room;
+                 .grads = 8.0 * np, .optim = opt_bytes * np, .acts = R * acts_row, .bubble = -1};
+    double acts_formula = R * acts_row, room;
     if (is_gpt(c)) // the blocks' by the paper's form, the rest as held
-        acts_formula += c->layers * tp_gpt_acts_formula(&r->tp, c, B, &room) + room - tp_gpt_blocks_held(c, &r->sizes, B);
+        acts_formula += c->layers * tp_gpt_acts_formula(&r->tp, c, R, &room) + room - tp_gpt_blocks_held(c, &r->sizes, R);
     double clip = opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->group.size) : 0; // the norm's max and sum of squares
-    f.sent_formula = tp_sent_formula(&r->tp, c, 0, n_units(c), B) + clip;
+    f.sent_formula = clip;
+    for (int m = 0; m < M; m++) {
+        long lo, hi;
+        split_range(B, M, m, &lo, &hi);
+        f.sent_formula += tp_sent_formula(&r->tp, c, 0, n_units(c), (double)(hi - lo));
+    }
     f.mem_formula = (4.0 + 8.0 + opt_bytes) * tp_params_formula(&r->tp, c, 0, n_units(c)) + acts_formula;
     return f;
 }
@@ -910,7 +916,7 @@ int main(int argc, char** argv) {
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);
-    Figures fig = figures(&run, &progress, &o.opt, (B + M - 1) / M); // a microbatch's activations
+    Figures fig = figures(&run, &progress, &o.opt, (B + M - 1) / M, B, M); // a microbatch's activations
     Report rep = {"train_tp.c", layout, is_gpt(cfg) ? gpt_sent_words : sent_words, is_gpt(cfg) ? gpt_mem_words : mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
     if (is_gpt(cfg) && !o.quiet && world_rank == 0) print_block_activations(&run, (B + M - 1) / M);

@@ -1826,6 +1826,12 @@ section_accumulation() {
     accounting "accumulation: ep, 2 ranks, 4 microbatches (the counts and loss each microbatch)" 128 \
         $MPIRUN -n 2 ./train_ep --experts 4 --microbatches 4
     accounting "accumulation: dp, 2 ranks, 3 microbatches (one all-reduce a step)" 0 $MPIRUN -n 2 ./train_dp --microbatches 3
+    accounting "accumulation: fsdp ZeRO-3, 2 ranks, 3 microbatches (each microbatch's gathers and reduce-scatters)" 0 \
+        $MPIRUN -n 2 ./train_fsdp --zero 3 --microbatches 3
+    accounting "accumulation: fsdp ZeRO-1, 2 ranks, 3 microbatches (one all-reduce a step)" 0 $MPIRUN -n 2 ./train_fsdp --zero 1 --microbatches 3
+    accounting "accumulation: tp --sp, GPT, 2 ranks, 3 microbatches (the LayerNorms' all-reduce each microbatch)" 0 \
+        $MPIRUN -n 2 ./train_tp --model gpt --emb 16 --heads 4 --layers 2 --sp --microbatches 3
+    accounting "accumulation: cp, GPT, 2 ranks, 3 microbatches" 128 $MPIRUN -n 2 ./train_cp --model gpt --emb 16 --heads 4 --layers 2 --microbatches 3
     expect_error 2 "cannot be cut into 8 microbatches" "accumulation: a batch smaller than M is refused" -- ./train --batch 4 --microbatches 8
     expect_error 2 "--microbatches must be an integer from 1 to 65536, got '0'" "accumulation: --microbatches 0 is refused" \
         -- ./train --microbatches 0
