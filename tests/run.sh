@@ -1223,13 +1223,13 @@ section_schedules() {
     # under a 5 s watchdog (the report used to build the schedule again, quadratic in M)
     check "schedules: tools/schedules builds and checks zbv for 2 ranks and 65,536 microbatches in under 10 s" \
         timeout 10 tools/schedules zbv 2 2 65536
-    run "$TMP/big" $MPIRUN -n 2 ./train_pp --layers 2 --hidden 16 --schedule zbv --microbatches 16384 --batch 16384 \
-        --steps 2 --eval-every 0 --samples 2 --timeout 60 --save "$TMP/big.ckpt"
+    run "$TMP/zbv_big" $MPIRUN -n 2 ./train_pp --layers 2 --hidden 16 --schedule zbv --microbatches 16384 --batch 16384 \
+        --steps 2 --eval-every 0 --samples 2 --timeout 60 --save "$TMP/zbv_big.ckpt"
     local status=$?
     # (a step of 16,384 microbatches takes about a second on an idle core, 5 s and more on a
     # loaded machine: the watchdog's limit is generous, the point is that the step ends)
     check "schedules: zbv with 16,384 microbatches under --timeout 60 finishes, saved, with its report (exit $status)" \
-        bash -c "test $status = 0 && grep -q '^  all ranks: bubble' '$TMP/big' && test -s '$TMP/big.ckpt'"
+        bash -c "test $status = 0 && grep -q '^  all ranks: bubble' '$TMP/zbv_big' && test -s '$TMP/zbv_big.ckpt'"
     # tools/schedules refuses nonsense, naming it
     expect_error 2 "--f must be a decimal number above 0 .* got 'nan'" "schedules: tools/schedules --f nan is refused, naming the flag" \
         -- tools/schedules zbv 4 2 8 --f nan
