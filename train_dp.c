@@ -112,9 +112,9 @@ static void backward_overlap(Run* r, int R, long B) {
             top = lo;
         }
         int done; // MPI advances a non-blocking collective only inside MPI calls: give it a chance
-        if (n_buckets > 0) MPI_Testall(n_buckets, bucket, &done, MPI_STATUSES_IGNORE);
-    }
-    MPI_Waitall(n_buckets, bucket, MPI_STATUSES_IGNORE); // every bucket summed before the optimizer reads them
+        for (int b = 0; b < n_buckets; b++) MPI_Test(&bucket[b], &done, MPI_STATUS_IGNORE); // (one by one: gcc
+    }                                                                                    // warns on MPICH's STATUSES_IGNORE)
+    for (int b = 0; b < n_buckets; b++) MPI_Wait(&bucket[b], MPI_STATUS_IGNORE); // every bucket summed before the optimizer reads them
 }
 
 // ----------------------------------------------------------------------------
