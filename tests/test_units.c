@@ -78,30 +78,40 @@ static void test_transpose(void) {
     }
 }
 
-// The exact kernel against llrint of every term, summed as integers.
+// The exact kernel against llrint of every term, summed as integers. The shapes take every
+// path of kernels.h: partial tiles and panels; reductions long enough that the panels
+// outgrow EXACT_PANELS_BYTES and the tiles go in groups of blocks, the last group partial
+// (70 x 600 x 130: groups of 13 blocks of 4 rows; 1000 x 300 x 600: of 27); and a read by
+// rows, by columns (a weight gradient's x^T), and both from inside a wider matrix.
 static void test_matmul_exact(void) {
-    const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {8, 16, 24}, {9, 31, 33}, {17, 64, 27}, {256, 32, 64}, {13, 100, 50}};
+    const int shapes[][3] = {{1, 1, 1},    {3, 5, 7},     {8, 16, 24},   {9, 31, 33},     {17, 64, 27},
+                             {256, 32, 64}, {13, 100, 50}, {70, 600, 130}, {1000, 300, 600}, {5, 1100, 3}};
+    const int n_shapes = sizeof shapes / sizeof shapes[0], pad = 3; // a inside a matrix `pad` wider
     Workspace ws;
-    workspace_init(&ws, 256, 256, 256 * 128);
-    for (int s = 0; s < 7; s++) {
+    workspace_init(&ws, 1000, 1100, 1100L * 600);
+    for (int s = 0; s < n_shapes; s++) {
         int M = shapes[s][0], red = shapes[s][1], N = shapes[s][2];
-        float *a = mallocCheck(sizeof(float) * M * red), *b = mallocCheck(sizeof(float) * red * N);
+        float *a = mallocCheck(sizeof(float) * (M + pad) * (red + pad)), *b = mallocCheck(sizeof(float) * red * N);
         int64_t *acc = callocCheck((size_t)M * N, 8), *ref = callocCheck((size_t)M * N, 8);
-        fill(a, (long)M * red, 7 + s, 3.0f);
+        fill(a, (long)(M + pad) * (red + pad), 7 + s, 3.0f);
         fill(b, (long)red * N, 70 + s, 0.5f);
-        for (int transposed = 0; transposed < 2; transposed++) {
-            // a read as a[m][i] (a forward) or as a[i][m] (a weight gradient)
-            long a_sm = transposed ? 1 : red, a_si = transposed ? M : 1;
+        for (int how = 0; how < 4; how++) {
+            // a read as a[m][i] (a forward) or as a[i][m] (a weight gradient), each inside a
+            // matrix as wide as it is or `pad` wider
+            int transposed = how % 2, wider = how / 2;
+            long a_sm = transposed ? 1 : red + wider * pad, a_si = transposed ? M + wider * pad : 1;
             memset(acc, 0, sizeof(int64_t) * M * N);
             memset(ref, 0, sizeof(int64_t) * M * N);
             matmul_exact(acc, a, a_sm, a_si, b, M, red, N, red, "test", &ws);
             matmul_exact_ref(ref, a, a_sm, a_si, b, M, red, N);
             check(!memcmp(acc, ref, sizeof(int64_t) * M * N),
-                  "matmul_exact %dx%dx%d%s equals per-term llrint sums bit for bit", M, red, N,
-                  transposed ? " (transposed a)" : "");
+                  "matmul_exact %dx%dx%d%s%s equals per-term llrint sums bit for bit", M, red, N,
+                  transposed ? " (transposed a)" : "", wider ? " (a in a wider matrix)" : "");
         }
         free(a), free(b), free(acc), free(ref);
     }
+    check(exact_group(70, 600, 130) == 13 && exact_group(1000, 300, 600) == 27 && exact_group(256, 32, 64) == 1,
+          "the shapes above take the tiles in groups of blocks, and block by block");
     workspace_free(&ws);
 }
 
