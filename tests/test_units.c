@@ -57,16 +57,20 @@ static void test_matmul_float(void) {
 }
 
 // The blocked transposes against plain loops, on shapes with whole blocks, parts of
-// blocks, and both.
+// blocks, and both; fix_transpose on sums of every magnitude up to 2^62 units, where the
+// conversion to double rounds too, and on sums halfway between two floats (ties to even).
 static void test_transpose(void) {
-    const int shapes[][2] = {{1, 1}, {16, 16}, {17, 33}, {64, 48}, {100, 27}, {256, 1024}};
-    for (int s = 0; s < 6; s++) {
+    const int shapes[][2] = {{1, 1}, {16, 16}, {17, 33}, {64, 48}, {100, 27}, {256, 1024}, {48, 80}};
+    for (int s = 0; s < 7; s++) {
         int R = shapes[s][0], C = shapes[s][1];
         float *src = mallocCheck(sizeof(float) * R * C), *dst = mallocCheck(sizeof(float) * R * C),
               *ref = mallocCheck(sizeof(float) * R * C);
         int64_t* acc = mallocCheck(sizeof(int64_t) * R * C);
         fill(src, (long)R * C, 200 + s, 1.0f);
-        for (long i = 0; i < (long)R * C; i++) acc[i] = fix_from(src[i]);
+        for (long i = 0; i < (long)R * C; i++) {
+            int64_t big = (int64_t)(rng_u64(300 + s, 1, i) >> (1 + rng_u64(300 + s, 2, i) % 63)); // 0 to 2^62
+            acc[i] = i % 3 == 0 ? fix_from(src[i]) : i % 3 == 1 ? (i % 2 ? -big : big) : (int64_t)(3 + 2 * (i % 7)) << 38;
+        }
         transpose(dst, src, R, C);
         transpose_ref(ref, src, R, C);
         int same = !memcmp(dst, ref, sizeof(float) * R * C);
