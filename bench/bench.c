@@ -454,6 +454,256 @@ static void gpt_ops(int C, int steps) {
     state_free(&st);
 }
 
+// ----------------------------------------------------------------------------
+// what exactness costs, op by op (bench/bench exact --model gpt --emb C): each op of the GPT's
+// step that sums exactly, timed beside a float twin written here with the same loops, whose
+// sums are float chains (the bits a layout would change, which is why train.c does not use
+// them). CPU time, the median of `steps` runs each, on the activations of a real step.
+
+// attention_exp_pv's twin: e = exp(s - max), S and e v summed in float
+static void exp_pv_float(float* att, float* expsum, float* acc, const float* rowmax, const float* v, long ldv,
+                         const BlockDims* d) {
+    for (int r = 0; r < d->R; r++)
+        for (int h = 0; h < d->NH; h++)
+            for (int i = 0; i < d->Tq; i++) {
+                long rhi = ((long)r * d->NH + h) * d->Tq + i;
+                float* srow = att + rhi * d->T;
+                float* a = acc + ((long)r * d->Tq + i) * d->A + h * d->HD;
+                for (int j = 0; j <= i; j++) {
+                    float e = expf(srow[j] - rowmax[rhi]);
+                    const float* vj = v + ((long)r * d->T + j) * ldv + h * d->HD;
+                    srow[j] = e;
+                    expsum[rhi] += e;
+                    for (int x = 0; x < d->HD; x++) a[x] = fmaf(e, vj[x], a[x]);
+                }
+            }
+}
+// attention_backward_block's twin: dq, dk, dv summed in float
+static void attention_backward_float(float* dq, float* dk, float* dv, const float* att, const float* D, const float* qkv,
+                                     long ld, const float* dy, const BlockDims* d, float* vT) {
+    float scale = 1.0f / sqrtf((float)d->HD);
+    const float *k = qkv + d->A, *v = qkv + 2 * d->A;
+    for (int r = 0; r < d->R; r++)
+        for (int h = 0; h < d->NH; h++) {
+            for (int j = 0; j < d->T; j++)
+                for (int e = 0; e < d->HD; e++) vT[(long)e * d->T + j] = v[((long)r * d->T + j) * ld + h * d->HD + e];
+            for (int i = 0; i < d->Tq; i++) {
+                long rhi = ((long)r * d->NH + h) * d->Tq + i;
+                const float *prow = att + rhi * d->T, *qi = qkv + ((long)r * d->Tq + i) * ld + h * d->HD;
+                const float* dyi = dy + ((long)r * d->Tq + i) * d->A + h * d->HD;
+                float* dqi = dq + ((long)r * d->Tq + i) * d->A + h * d->HD;
+                int n = i + 1;
+                float dp[n];
+                for (int j = 0; j < n; j++) dp[j] = 0.0f;
+                for (int e = 0; e < d->HD; e++)
+                    for (int j = 0; j < n; j++) dp[j] = fmaf(dyi[e], vT[(long)e * d->T + j], dp[j]);
+                for (int j = 0; j < n; j++) {
+                    float P = prow[j], ds = P * (dp[j] - D[rhi]) * scale;
+                    const float* kj = k + ((long)r * d->T + j) * ld + h * d->HD;
+                    float *dkj = dk + ((long)r * d->T + j) * d->A + h * d->HD, *dvj = dv + ((long)r * d->T + j) * d->A + h * d->HD;
+                    for (int x = 0; x < d->HD; x++) {
+                        dqi[x] = fmaf(ds, kj[x], dqi[x]);
+                        dkj[x] = fmaf(ds, qi[x], dkj[x]);
+                        dvj[x] = fmaf(P, dyi[x], dvj[x]);
+                    }
+                }
+            }
+        }
+}
+// layernorm_backward_params's twin
+static void layernorm_params_float(float* dg, float* db, const float* dy, const float* x, const float* mean,
+                                   const float* rstd, long N, int C) {
+    for (long n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            float xhat = (x[n * C + c] - mean[n]) * rstd[n];
+            dg[c] = fmaf(dy[n * C + c], xhat, dg[c]);
+            db[c] += dy[n * C + c];
+        }
+}
+
+#define TIMED(result, steps, STMT)                                  \
+    do {                                                            \
+        double* t_ = mallocCheck(sizeof(double) * (steps));        \
+        for (int i_ = 0; i_ < (steps); i_++) {                      \
+            double t0_ = cpu_seconds();                             \
+            STMT;                                                   \
+            t_[i_] = 1e3 * (cpu_seconds() - t0_);                   \
+        }                                                           \
+        (result) = median(t_, (steps));                             \
+        free(t_);                                                   \
+    } while (0)
+
+static void exact_cost(int C, int steps) {
+    Config c = {.model = MODEL_GPT, .heads = 4, .vocab = 27, .context = 16, .emb = C, .layers = 4, .hidden = 4 * C};
+    State st;
+    Work w;
+    Optimizer opt;
+    model_setup(&c, 32, &st, &w, &opt);
+    model_step(&c, &st, &w, &opt, 1); // the activations and gradients of a real step
+    int R = 32;
+    BlockDims d = gpt_dims(&c, R);
+    long N = (long)R * d.Tq, A = d.A, F = d.F, ld = 3 * A, rh = (long)R * d.NH * d.Tq;
+    BlockActs b = block_acts(w.acts.saved[1], &d, R);
+    BlockParams p = block_params(st.params + unit_offset(&c, 1), &d);
+    Workspace* ws = &w.ws;
+    float *f1 = callocCheck((size_t)N * F * 4 + rh * 2 + 1024, sizeof(float)), *rowmax = w.scratch.tmp, *kT = w.scratch.tmp + rh;
+    int64_t* acc = w.scratch.acc;
+    int kpos[16];
+    for (int t = 0; t < 16; t++) kpos[t] = t;
+    float *dy = mallocCheck(sizeof(float) * N * F), *out = mallocCheck(sizeof(float) * N * F);
+    for (long i = 0; i < N * F; i++) dy[i] = (float)((rng_uniform(11, 0, i) - 0.5) * 1e-3);
+    int64_t* g = callocCheck((size_t)F * C + F, sizeof(int64_t));
+    float* gf = callocCheck((size_t)F * C + F, sizeof(float));
+    double e[16], f[16];
+    const char* what[16];
+    int n = 0;
+    // products, at each of the block's shapes: exact as train.c computes them, and float
+    const struct { const char* name; int K, J; const float* in; const float* w; } L[] = {
+        {"qkv", C, 3 * (int)A, b.ln1, p.qkv_w}, {"proj", (int)A, C, b.atty, p.proj_w},
+        {"fc", C, (int)F, b.ln2, p.fc_w}, {"fc2", (int)F, C, b.gelu, p.fc2_w}};
+    for (int l = 0; l < 4; l++) {
+        int K = L[l].K, J = L[l].J;
+        double fe, ff, we, wf, ie, iF;
+        TIMED(fe, steps, linear_forward_exact(out, acc, L[l].in, L[l].w, NULL, (int)N, K, J, ws));
+        TIMED(ff, steps, linear_forward(out, L[l].in, L[l].w, NULL, (int)N, K, J, ws));
+        TIMED(we, steps, linear_backward_weight(g, g + (long)K * J, L[l].in, dy, (int)N, K, J, N, ws));
+        TIMED(wf, steps, (transpose(ws->tr, L[l].in, (int)N, K), matmul_float(gf, ws->tr, dy, K, (int)N, J, ws)));
+        TIMED(ie, steps, linear_backward_input_exact(out, acc, dy, L[l].w, (int)N, K, J, ws));
+        TIMED(iF, steps, linear_backward_input(out, dy, L[l].w, (int)N, K, J, ws));
+        printf("product|%s forward (%ldx%dx%d)|%.4f|%.4f\n", L[l].name, N, K, J, fe, ff);
+        printf("product|%s weight gradient|%.4f|%.4f\n", L[l].name, we, wf);
+        printf("product|%s input gradient|%.4f|%.4f\n", L[l].name, ie, iF);
+    }
+    // attention's exact sums
+    for (long i = 0; i < rh; i++) rowmax[i] = -INFINITY;
+    attention_scores(b.att, rowmax, b.qkv, ld, b.qkv + A, ld, kpos, d.T, &d, kT);
+    float* scores = mallocCheck(sizeof(float) * rh * d.T);
+    memcpy(scores, b.att, sizeof(float) * rh * d.T);
+    what[n] = "attention forward: exp, sums of e and e v (pass 2)";
+    TIMED(e[n], steps, (memcpy(b.att, scores, sizeof(float) * rh * d.T), fix_zero(acc, rh + N * A),
+                        attention_exp_pv(b.att, acc, acc + rh, rowmax, b.qkv + 2 * A, ld, kpos, d.T, &d, d.T)));
+    TIMED(f[n], steps, (memcpy(b.att, scores, sizeof(float) * rh * d.T), memset(f1, 0, sizeof(float) * (rh + N * A)),
+                        exp_pv_float(b.att, f1, f1 + rh, rowmax, b.qkv + 2 * A, ld, &d)));
+    n++;
+    attention_finish(b.att, b.atty, A, acc, acc + rh, &d);
+    float* D = mallocCheck(sizeof(float) * rh);
+    attention_backward_d(D, dy, b.atty, A, &d);
+    what[n] = "attention backward: dq, dk, dv";
+    TIMED(e[n], steps, (fix_zero(acc, 3 * N * A), attention_backward_block(acc, acc + N * A, acc + 2 * N * A, b.att, D, b.qkv, ld,
+                        b.qkv + A, ld, b.qkv + 2 * A, ld, dy, A, kpos, d.T, &d, kT, d.T)));
+    TIMED(f[n], steps, (memset(f1, 0, sizeof(float) * 3 * N * A),
+                        attention_backward_float(f1, f1 + N * A, f1 + 2 * N * A, b.att, D, b.qkv, ld, dy, &d, kT)));
+    n++;
+    what[n] = "LayerNorm gain and bias gradients";
+    TIMED(e[n], steps, layernorm_backward_params(g, g + C, dy, b.x1, b.ln2_mean, b.ln2_rstd, N, C, N));
+    TIMED(f[n], steps, layernorm_params_float(gf, gf + C, dy, b.x1, b.ln2_mean, b.ln2_rstd, N, C));
+    n++;
+    what[n] = "a bias gradient (fc's, F wide)";
+    TIMED(e[n], steps, for (long r = 0; r < N; r++) fix_add(g, dy + r * F, F, N, "bias"));
+    TIMED(f[n], steps, for (long r = 0; r < N; r++) for (int j = 0; j < F; j++) gf[j] += dy[r * F + j]);
+    n++;
+    for (int i = 0; i < n; i++) printf("op|%s|%.4f|%.4f\n", what[i], e[i], f[i]);
+    free(f1), free(dy), free(out), free(g), free(gf), free(scores), free(D);
+    work_free(&w);
+    state_free(&st);
+}
+
+// ----------------------------------------------------------------------------
+// a vector expf for the second phase (bench/bench expf [--all]): GELU and the softmaxes call
+// the C library's expf once an element, 22-26% of the GPT's step at C 64 (docs/performance.md).
+// This computes glibc's expf (__expf_fma, the variant glibc picks on a CPU with FMA) 8 floats
+// at a time, in the same double operations in the same order: x*32/ln2 rounded by adding
+// 1.5*2^52, a table of 2^(i/32), a cubic in the remainder, all as fused multiply-adds where
+// glibc's are (read from its disassembly; the constants are those of its __exp2f_data).
+// Lanes outside expf's quick range (|x| > 80 or so, NaN, infinities) are recomputed by expf.
+// `bench/bench expf --all` compares it with expf on all 2^32 floats (0 differ on glibc 2.36,
+// Debian 12); plain, it times both on N(0, 9) inputs. Not used by the programs yet.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+static const uint64_t EXP2F_TABLE[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+static double double_bits(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+ISA_AVX512 __attribute__((noinline)) static void expf_x8(float* y, const float* x, long n) {
+    const __m512d inv = _mm512_set1_pd(double_bits(0x40471547652b82fe)), shift = _mm512_set1_pd(0x1.8p52),
+                  c0 = _mm512_set1_pd(double_bits(0x3ebc6af84b912394)), c1 = _mm512_set1_pd(double_bits(0x3f2ebfce50fac4f3)),
+                  c2 = _mm512_set1_pd(double_bits(0x3f962e42ff0c52d6)), one = _mm512_set1_pd(1.0);
+    const __m512i t0 = _mm512_loadu_si512(EXP2F_TABLE), t1 = _mm512_loadu_si512(EXP2F_TABLE + 8),
+                  t2 = _mm512_loadu_si512(EXP2F_TABLE + 16), t3 = _mm512_loadu_si512(EXP2F_TABLE + 24);
+    long i = 0, whole = n / 8 * 8;
+    for (; i < whole; i += 8) {
+        __m256 xf = _mm256_loadu_ps(x + i);
+        __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(xf), 20), _mm256_set1_epi32(0x7ff));
+        int special = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x42a))));
+        __m512d xd = _mm512_cvtps_pd(xf);
+        __m512d kd = _mm512_fmadd_pd(inv, xd, shift); // k + 1.5*2^52: k = round(x 32/ln2)
+        __m512i ki = _mm512_castpd_si512(kd);
+        kd = _mm512_sub_pd(kd, shift);
+        __m512d r = _mm512_fmsub_pd(inv, xd, kd); // x 32/ln2 - k
+        __m512i j = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+        __m512i t = _mm512_mask_blend_epi64(_mm512_cmpge_epu64_mask(j, _mm512_set1_epi64(16)),
+                                            _mm512_permutex2var_epi64(t0, j, t1), _mm512_permutex2var_epi64(t2, j, t3));
+        __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64(ki, 47))); // 2^(k/32)
+        __m512d z = _mm512_fmadd_pd(c0, r, c1), r2 = _mm512_mul_pd(r, r), p = _mm512_fmadd_pd(r, c2, one);
+        p = _mm512_mul_pd(_mm512_fmadd_pd(z, r2, p), s);
+        _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(p));
+        for (int l = 0; special && l < 8; l++)
+            if (special >> l & 1) y[i + l] = expf(x[i + l]);
+    }
+    for (long k = whole; k < n; k++) y[k] = expf(x[k]);
+}
+static void expf_bench(int all) {
+    enum { B = 1 << 16 };
+    static float x[B], a[B], b[B];
+    if (cpu_isa() < 2) {
+        printf("expf: this prototype needs AVX-512\n");
+        return;
+    }
+    if (all) {
+        unsigned long long differ = 0;
+        for (uint64_t base = 0; base < (1ull << 32); base += B) {
+            for (int i = 0; i < B; i++) {
+                uint32_t u = (uint32_t)(base + (uint64_t)i);
+                memcpy(&x[i], &u, sizeof u);
+            }
+            expf_x8(b, x, B);
+            for (int i = 0; i < B; i++) {
+                a[i] = expf(x[i]);
+                differ += memcmp(&a[i], &b[i], sizeof a[i]) != 0;
+            }
+        }
+        printf("expf_x8 and expf differ on %llu of the 2^32 floats\n", differ);
+        return;
+    }
+    for (int i = 0; i < B; i++) x[i] = (float)(3.0 * rng_normal(12, 0, i));
+    double ta[21], tb[21];
+    for (int k = 0; k < 21; k++) {
+        double t = cpu_seconds();
+        for (int i = 0; i < B; i++) a[i] = expf(x[i]);
+        ta[k] = cpu_seconds() - t;
+        t = cpu_seconds();
+        expf_x8(b, x, B);
+        tb[k] = cpu_seconds() - t;
+    }
+    printf("expf %.3f ns an element, expf_x8 %.3f (CPU time, medians of 21 x 65536 N(0, 9) inputs), %s\n",
+           1e9 * median(ta, 21) / B, 1e9 * median(tb, 21) / B, memcmp(a, b, sizeof a) ? "DIFFERENT" : "the same bits");
+}
+#else
+static void expf_bench(int all) {
+    (void)all;
+    printf("expf: this prototype is for x86-64\n");
+}
+#endif
+
 // Peak throughput of one core. CHAINS independent accumulators hide the FMA's latency; the
 // empty asms keep the compiler from folding the loop or merging chains (it cannot see
 // through them).
@@ -500,11 +750,15 @@ int main(int argc, char** argv) {
         peak();
         return 0;
     }
+    if (argc >= 2 && !strcmp(argv[1], "expf")) {
+        expf_bench(argc == 3 && !strcmp(argv[2], "--all"));
+        return 0;
+    }
     int gpt = 0;
     if (argc < 2 || (strcmp(argv[1], "naive") && strcmp(argv[1], "sgemm") && strcmp(argv[1], "kernels") &&
-                     strcmp(argv[1], "ops") && strcmp(argv[1], "step"))) {
+                     strcmp(argv[1], "ops") && strcmp(argv[1], "step") && strcmp(argv[1], "exact"))) {
         fprintf(stderr, "usage: bench/bench peak, or bench/bench naive|sgemm|kernels|step [--context T] [--emb E] [--hidden H] [--layers L] "
-                        "[--batch B] [--steps N], or bench/bench step|ops --model gpt [--emb C] [--layers L] [--steps N]\n");
+                        "[--batch B] [--steps N], or bench/bench step|ops|exact --model gpt [--emb C] [--layers L] [--steps N]\n");
         return 2;
     }
     for (int i = 2; i + 1 < argc; i += 2) {
@@ -534,6 +788,7 @@ int main(int argc, char** argv) {
                     .layers = s.L == 1 ? 4 : s.L};
         c.hidden = 4 * c.emb;
         if (!strcmp(argv[1], "ops")) gpt_ops(c.emb, steps);
+        else if (!strcmp(argv[1], "exact")) exact_cost(c.emb, steps);
         else if (!strcmp(argv[1], "step")) step_cpu(&c, s.B, steps);
         else fatal("bench/bench %s has no --model gpt", argv[1]);
         return 0;
