@@ -1,6 +1,6 @@
 /*
- * bench/bench.c: the two yardsticks of the benchmark (bench/run.sh runs it; the programs
- * themselves never link OpenBLAS).
+ * bench/bench.c: the yardsticks and probes of the benchmark (bench/run.sh runs it; the
+ * programs themselves never link OpenBLAS).
  *
  *   bench/bench naive --emb 64 --hidden 1024 --batch 256 --steps 20
  *       times a straightforward triple-loop version of one training step of the model
@@ -8,22 +8,39 @@
  *   bench/bench sgemm --emb 64 --hidden 1024 --batch 256 --steps 20
  *       times OpenBLAS sgemm on exactly the matrix shapes of one training step (the
  *       forward, weight-gradient and input-gradient product of every linear layer)
- *
  *   bench/bench kernels --emb 64 --hidden 1024 --batch 256 --steps 20
  *       times model.h's kernels, one at a time, on the products of linear 1: each exact
  *       product beside the float version of it, and sgemm, to show what exactness costs;
  *       then each kernel's tile alone, on operands that stay in cache
+ *   bench/bench step [--model gpt] [--emb ...] --steps 20
+ *       times train.c's step (model_forward, model_backward, the optimizer) in CPU time
+ *   bench/bench ops --model gpt [--emb C] --steps 20
+ *       the GPT's step op by op, in CPU time, in the categories bench/torch_step.py
+ *       --profile uses for PyTorch's
+ *   bench/bench exact --model gpt [--emb C] --steps 20
+ *       each op of the GPT that sums exactly, beside a float twin with the same loops
+ *   bench/bench expf [--all]
+ *       a vector expf equal to glibc's, timed beside it (--all: checked on every float)
  *   bench/bench peak
  *       measures the peak float32 FLOP/s of one core: independent chains of vector fused
  *       multiply-adds, as wide as the compiler's -march allows, that never wait for each
  *       other (the best of 5 tries)
  *
  * naive and sgemm print "ms_per_step X" (the median over --steps repetitions after one
- * warm-up); kernels prints a table of medians.
+ * warm-up, wall clock); step prints "cpu_ms_per_step X"; kernels prints a table of medians.
  */
 #include "../model.h"
 
 #include <cblas.h>
+
+// This thread's CPU time: on a shared machine, the time another process holds the core is not
+// counted (the kernels table, the peak, and the GPT's ops use it; naive and sgemm, compared
+// with the programs' own per-step times, keep the wall clock as they do).
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 typedef struct {
     int T, E, H, L, V, B;
@@ -134,15 +151,15 @@ static void sgemm_step(const Shape* s, float* const* m) {
     }
 }
 
-// Median milliseconds of `steps` runs of STMT, after one warm-up.
+// Median milliseconds (CPU time) of `steps` runs of STMT, after one warm-up.
 #define MEDIAN_MS(result, steps, STMT)                             \
     do {                                                           \
         double* t_ = mallocCheck(sizeof(double) * (steps));        \
         STMT;                                                      \
         for (int i_ = 0; i_ < (steps); i_++) {                     \
-            double t0_ = now_seconds();                            \
+            double t0_ = cpu_seconds();                            \
             STMT;                                                  \
-            t_[i_] = 1e3 * (now_seconds() - t0_);                  \
+            t_[i_] = 1e3 * (cpu_seconds() - t0_);                  \
         }                                                          \
         (result) = median(t_, (steps));                            \
         free(t_);                                                  \
@@ -238,15 +255,9 @@ static int op_index(OpTimes* o, const char* cat, const char* name) {
     return o->n++;
 }
 // OP(category, name, statement): the statement timed, its time added to the op's in this step
-// Times are this thread's CPU time: on a shared machine, the time another process holds the
-// core is not counted against the op it interrupted. Reading that clock is a system call
+// Times are this thread's CPU time (cpu_seconds, above). Reading that clock is a system call
 // (about 2 us under KVM), part of which falls inside each op's window: the empty window's
 // median (clock_ms) is taken off every op.
-static double cpu_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 static double clock_ms(void) {
     double d[1001];
     for (int i = 0; i < 1001; i++) {
@@ -723,12 +734,12 @@ EXACT_KERNEL static double peak_once(void) { // EXACT_KERNEL: fused multiply-add
         acc[c] = x * (float)c; // each chain its own start, opaque: the compiler cannot merge them
         OPAQUE(acc[c]);
     }
-    double t = now_seconds();
+    double t = cpu_seconds();
     for (long k = 0; k < iters; k++) {
         for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * x + y;
         OPAQUE(x);
     }
-    double flops = 2.0 * 16 * CHAINS * iters / (now_seconds() - t);
+    double flops = 2.0 * 16 * CHAINS * iters / (cpu_seconds() - t);
     float sink = 0.0f;
     for (int c = 0; c < CHAINS; c++) sink += acc[c][0];
     if (sink == 12345.0f) printf("\n"); // uses every result: no chain is dead

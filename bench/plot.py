@@ -7,7 +7,8 @@
   scaling.tsv  strategy, ranks, speed-up over train.c (a median of ratios, one run)
   gflops.tsv   series, MFLOP per step, GFLOP/s, point label
   gpt_ops.tsv  width C, who (train.c or PyTorch), category, ms per step
-  meta.tsv     cpu, date, cores, peak (one core, float32 FMA), exact_bound (the exact tile alone)
+  meta.tsv     cpu, date, cores, peak (one core, float32 FMA), exact_bound (the exact tile alone),
+               load (the machine's load average: other work slows the wall clock)
 
 Every picture names the CPU and the date it was measured on.
 """
@@ -86,7 +87,8 @@ def axes(svg, x0, y0, w, h, yticks, ymax, ylabel, ysuffix=""):
 
 
 def footer(svg, meta, what):
-    svg.text(12, svg.h - 10, f"{what}; make bench on {meta['cores']} cores of {meta['cpu']}, {meta['date']}",
+    load = f", load average {meta['load']}" if meta.get("load") else ""
+    svg.text(12, svg.h - 10, f"{what}; make bench on {meta['cores']} cores of {meta['cpu']}, {meta['date']}{load}",
              10.5, color="#666")
 
 
