@@ -137,9 +137,9 @@ key_medians() {
 one_run() {
     local cmd=$1 flags=$2 steps=$3 warmup=$4
     if [[ $cmd == "bench/bench naive" ]]; then # slow: a few steps are enough
-        $cmd $flags --steps $((steps < 5 ? steps : 5)) | awk '/ms_per_step/ { print $2 }'
+        $cmd $flags --steps $((steps < 5 ? steps : 5)) | awk '$1 == "ms_per_step" { print $2 }'
     elif [[ $cmd == bench/bench* || $cmd == *torch_step.py* ]]; then
-        $cmd $flags --steps "$steps" | awk '/ms_per_step/ { print $2 }'
+        $cmd $flags --steps "$steps" | awk '$1 == "ms_per_step" { print $2 }' # the wall clock (not cpu_ms_per_step)
     else
         $cmd $flags --data "$TMP/names.txt" --steps $((steps + warmup)) --eval-every 0 --samples 0 --quiet \
             --log "$TMP/log.csv" >/dev/null
@@ -321,9 +321,9 @@ gpt_ops() {
 rank_scaling() {
     local what name cores cmd r
     echo
-    echo "speed-up over train.c against ranks (median of $REPS per-repetition ratios; $MANY ranks share $(nproc) cores):"
+    echo "speed-up over train.c against ranks (median of $REPS per-repetition ratios; $MANY ranks share $CORES cores):"
     echo
-    echo "| strategy | 1 rank | 2 ranks | $MANY ranks (on $(nproc) cores) |"
+    echo "| strategy | 1 rank | 2 ranks | $MANY ranks (on $CORES cores) |"
     echo "| --- | --- | --- | --- |"
     : >"$OUT/scaling.tsv"
     for what in "large|--emb 64 --hidden 1024 --batch 256" "deep|--emb 64 --hidden 1024 --batch 256 --layers 2" "gpt|--model gpt --context 16"; do
@@ -338,11 +338,11 @@ rank_scaling() {
 }
 
 # cpu_ratio FLAGS STEPS: train.c's step (bench/bench step) over PyTorch's, in CPU time, REPS
-# alternating pairs, the median of the pairs' ratios (the goals against PyTorch: on a shared
+# alternating pairs (at least 5), the median of the pairs' ratios (the goals against PyTorch: on a shared
 # machine the wall clock also counts the time other processes hold the core)
 cpu_ratio() {
     local rep t p
-    for rep in $(seq 1 "$REPS"); do
+    for rep in $(seq 1 $((REPS > 5 ? REPS : 5))); do
         t=$(bench/bench step $1 --steps "$2" | awk '/cpu_ms_per_step/ { print $2 }')
         p=$(/usr/bin/python3 bench/torch_step.py $1 --steps "$2" | awk '/cpu_ms_per_step/ { print $2 }')
         awk -v t="$t" -v p="$p" 'BEGIN { print t / p }'
@@ -423,7 +423,10 @@ FAMILY=$(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ') MODEL=$(
 ISA=$(grep -o -m1 -w avx512f /proc/cpuinfo || grep -o -m1 -w avx2 /proc/cpuinfo || echo "neither AVX-512 nor AVX2")
 PEAK=$(bench/bench peak | awk '/peak_gflops/ { print $2 }')
 SCALE_REPS=${SCALE_REPS:-3}
-MANY=$(tools/mpirun --ranks $((2 * $(nproc)))) # more ranks than cores (under MPICH: as many as the cores)
+# the cores (nproc alone would say 1: it obeys OMP_NUM_THREADS, set to 1 above), and more ranks
+# than cores (under MPICH, which cannot run them, as many as the cores)
+CORES=$(nproc --all)
+MANY=$(env -u OMP_NUM_THREADS tools/mpirun --ranks $((2 * CORES)))
 OUT=out/bench
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg) # other work on the machine: it slows the wall clock, not CPU time
 mkdir -p "$OUT"
@@ -446,7 +449,7 @@ rank_scaling
 goals
 # the pictures: out/bench/*.svg, copied into docs/ (docs/performance.md shows them)
 printf 'cpu\t%s (cpu family %s, model %s)\ndate\t%s\ncores\t%s\npeak\t%s\nexact_bound\t%s\nload\t%s at the start, %s at the end\n' \
-    "$CPU" "$FAMILY" "$MODEL" "$(date -u +%Y-%m-%d)" "$(nproc)" "$PEAK" "$(awk -F'|' '/exact tile alone/ { print $4 + 0 }' "$TMP/kernels")" \
+    "$CPU" "$FAMILY" "$MODEL" "$(date -u +%Y-%m-%d)" "$CORES" "$PEAK" "$(awk -F'|' '/exact tile alone/ { print $4 + 0 }' "$TMP/kernels")" \
     "$LOAD_START" "$(cut -d' ' -f1 /proc/loadavg)" >"$OUT/meta.tsv"
 gflops_data
 echo
