@@ -31,7 +31,7 @@ ifeq ($(OMP),1)
 CFLAGS += -fopenmp
 endif
 
-HEADERS = util.h kernels.h model.h transformer.h data.h ckpt.h cli.h report.h
+HEADERS = util.h kernels.h layers.h transformer.h config.h moe.h model.h optim.h data.h ckpt.h cli.h report.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d train_ep train_cp
 TESTS = tests/test_units tools/compare tools/report tools/schedules tools/costmodel tools/pingpong
 

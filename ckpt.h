@@ -19,9 +19,7 @@
 #include "model.h" // first: util.h sets the POSIX feature level
 #include "cli.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stddef.h>
 #include <unistd.h>
 
@@ -131,32 +129,88 @@ static void ckpt_header_free(CkptHeader* h) {
     h->code_points = NULL;
 }
 
-// Reads and checks a header: this project's, this byte order, sizes that fit the file; adds
-// its bytes, as they are in the file, to the checksum *sum. A header of format 2 or 3 reads
-// as format 4's: an MLP, its vocabulary's bytes the code points (U+0000..U+00FF), the
-// losses unknown; format 2's model is dense (experts 0). The caller frees the vocabulary
-// (ckpt_header_free).
-static void ckpt_read_header(FILE* f, const char* path, CkptHeader* h, uint64_t* sum) {
+// The first field of a header that no run of this project writes, as "field value: the
+// values it takes", or NULL: a checksum vouches for the bytes, not for the writer, and a
+// header that passed it with heads 0 or a width of 0 would be answered with advice no one can
+// follow ("pass --heads 0"). The ranges are cli.h's; the parameter count is the sizes'.
+static const char* ckpt_header_inconsistent(const CkptHeader* h, char* buf, size_t n) {
+    int gpt = h->model == MODEL_GPT, X = h->experts;
+#define CKPT_FIELD(bad, ...) \
+    if (bad) return snprintf(buf, n, __VA_ARGS__), buf
+    CKPT_FIELD(h->context < 1 || h->context > 1024, "context %d: it is 1 to 1024", h->context);
+    CKPT_FIELD(h->emb < 1 || h->emb > 4096, "%s %d: it is 1 to 4096", gpt ? "width" : "emb", h->emb);
+    CKPT_FIELD(gpt && h->hidden != 0, "hidden %d: a GPT's is 0 (its MLP is 4 x its width)", h->hidden);
+    CKPT_FIELD(!gpt && (h->hidden < 1 || h->hidden > 16384), "hidden %d: it is 1 to 16384", h->hidden);
+    CKPT_FIELD(h->layers < 1 || h->layers > MAX_LAYERS, "layers %d: it is 1 to %d", h->layers, MAX_LAYERS);
+    CKPT_FIELD(gpt && (h->heads < 1 || h->emb % h->heads != 0), "heads %d: a GPT has 1 or more, dividing its width %d",
+               h->heads, h->emb);
+    CKPT_FIELD(!gpt && h->heads != 0, "heads %d: an MLP has none", h->heads);
+    CKPT_FIELD(X > 0 && (h->top_k < 1 || h->top_k > 2 || h->top_k > X), "top-k %d: it is 1 or 2, at most its %d experts",
+               h->top_k, X);
+    CKPT_FIELD(X > 0 && !(h->capacity > 0 && h->capacity <= 1e6f), "capacity %g: it is above 0, at most 1e6", h->capacity);
+    CKPT_FIELD(X > 0 && !(h->aux_loss >= 0 && h->aux_loss <= 1), "aux loss %g: it is 0 to 1", h->aux_loss);
+    CKPT_FIELD(h->batch < 1 || h->batch > 65536, "batch %d: it is 1 to 65536", h->batch);
+    CKPT_FIELD(!(h->lr > 0 && h->lr <= 100), "lr %g: it is above 0, at most 100", h->lr);
+    CKPT_FIELD(!(h->weight_decay >= 0 && h->weight_decay <= 10), "weight decay %g: it is 0 to 10", h->weight_decay);
+    CKPT_FIELD(!(h->clip >= 0 && h->clip <= 1e6f), "clip %g: it is 0 to 1e6", h->clip);
+    CKPT_FIELD(!(h->beta1 >= 0 && h->beta1 < 1 && h->beta2 >= 0 && h->beta2 < 1 && h->eps > 0 && h->eps < 1),
+               "AdamW's betas %g and %g, eps %g: each is 0 to 1", h->beta1, h->beta2, h->eps);
+    Config c = {.model = h->model, .heads = h->heads, .vocab = h->vocab, .context = h->context, .emb = h->emb,
+                .hidden = h->hidden, .layers = h->layers, .experts = X, .top_k = h->top_k};
+    CKPT_FIELD(h->n_params != n_params(&c), "%lld parameters: its sizes make %ld", (long long)h->n_params, n_params(&c));
+#undef CKPT_FIELD
+    return NULL;
+}
+
+// A token of a checkpoint's vocabulary that no data file gives, as "token t is ...", or
+// NULL. Every format: a Unicode character (not a UTF-16 surrogate, not past U+10FFFF), so
+// that messages print it as UTF-8. Format 4, written from data.h's vocabulary: token 0 is
+// '.', then code points of text (no control character) in increasing order.
+static const char* ckpt_vocab_invalid(const CkptHeader* h, char* buf, size_t n) {
+    for (int t = 0; t < h->vocab; t++) {
+        uint32_t cp = h->code_points[t];
+        const char* why = cp > 0x10FFFF ? "past U+10FFFF, the last code point of Unicode"
+                        : cp >= 0xD800 && cp <= 0xDFFF ? "a UTF-16 surrogate, not a character"
+                        : h->format < 4 ? NULL
+                        : t == 0 ? (cp != '.' ? "not '.', the boundary every vocabulary begins with" : NULL)
+                        : cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp < 0xA0) ? "a control character, which no data file holds"
+                        : t > 1 && cp <= h->code_points[t - 1] ? "out of order (a vocabulary's code points increase)"
+                                                               : NULL;
+        if (why) return snprintf(buf, n, "token %d is U+%04X, %s", t, cp, why), buf;
+    }
+    return NULL;
+}
+
+// Reads and checks a header: this project's, this byte order, fields that a run of this
+// project writes, sizes that fit the file; adds its bytes, as they are in the file, to the
+// checksum *sum. A header of format 2 or 3 reads as format 4's: an MLP, its vocabulary's
+// bytes the code points (U+0000..U+00FF), the losses unknown; format 2's model is dense
+// (experts 0). Returns 0; or 1 if the file is not a checkpoint at all, 2 if it is one that
+// cannot be used (another format or byte order, corrupt, cut short), and why, a phrase
+// that follows the file's name. The caller frees the vocabulary (ckpt_header_free).
+static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, size_t n) {
     memset(h, 0, sizeof *h);
-    char magic[8];
+#define CKPT_BAD(code, ...) \
+    do { snprintf(why, n, __VA_ARGS__); ckpt_header_free(h); return code; } while (0)
+    char magic[8], detail[200];
     if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "MLPCKPT", 7) != 0)
-        fatal("'%s' is not a checkpoint of this project (bad header)", path);
+        CKPT_BAD(1, "is not a checkpoint of this project (bad header)");
     int format = magic[7] - '0';
     if (format < 2 || format > 4)
-        fatal("checkpoint '%s' has format %.8s, this program reads %s, %s and %s: save it again with the program "
-              "that wrote it", path, magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC);
+        CKPT_BAD(2, "has format %.8s, this program reads %s, %s and %s: save it again with the program that wrote it",
+                 magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC);
     if (format == 4) {
         memcpy(h->magic, magic, 8);
         if (fread((char*)h + 8, 1, CKPT_FIXED_BYTES - 8, f) != CKPT_FIXED_BYTES - 8)
-            fatal("'%s' is not a checkpoint of this project (bad header)", path);
+            CKPT_BAD(1, "is not a checkpoint of this project (bad header)");
+        h->code_points = NULL; // (the read stopped before it)
         *sum = fnv1a(*sum, h, CKPT_FIXED_BYTES);
     } else {
         CkptHeaderV3 old;
         memset(&old, 0, sizeof old);
         memcpy(old.magic, magic, 8);
         size_t bytes = format == 2 ? CKPT_V2_BYTES : sizeof old;
-        if (fread((char*)&old + 8, 1, bytes - 8, f) != bytes - 8)
-            fatal("'%s' is not a checkpoint of this project (bad header)", path);
+        if (fread((char*)&old + 8, 1, bytes - 8, f) != bytes - 8) CKPT_BAD(1, "is not a checkpoint of this project (bad header)");
         *sum = fnv1a(*sum, &old, bytes);
         memcpy(h->magic, old.magic, 8);
         h->byte_order = old.byte_order;
@@ -174,13 +228,12 @@ static void ckpt_read_header(FILE* f, const char* path, CkptHeader* h, uint64_t*
     }
     h->format = format;
     if (h->byte_order != CKPT_BYTE_ORDER)
-        fatal("checkpoint '%s' was written on a machine of the other byte order; this program reads its own only", path);
+        CKPT_BAD(2, "was written on a machine of the other byte order; this program reads its own only");
     if (h->vocab < 1 || h->vocab > (format == 4 ? DATA_MAX_VOCAB : 256))
-        fatal("checkpoint '%s' is corrupt (a vocabulary of %d tokens)", path, h->vocab);
+        CKPT_BAD(2, "is corrupt (a vocabulary of %d tokens)", h->vocab);
     if (format == 4) { // the vocabulary follows
         h->code_points = mallocCheck((size_t)h->vocab * sizeof(uint32_t));
-        if (fread(h->code_points, sizeof(uint32_t), (size_t)h->vocab, f) != (size_t)h->vocab)
-            fatal("checkpoint '%s' is truncated", path);
+        if (fread(h->code_points, sizeof(uint32_t), (size_t)h->vocab, f) != (size_t)h->vocab) CKPT_BAD(2, "is truncated");
         *sum = fnv1a(*sum, h->code_points, (size_t)h->vocab * sizeof(uint32_t));
         h->bytes = (long)CKPT_FIXED_BYTES + h->vocab * (long)sizeof(uint32_t);
     }
@@ -190,8 +243,43 @@ static void ckpt_read_header(FILE* f, const char* path, CkptHeader* h, uint64_t*
         (h->model != MODEL_MLP && h->model != MODEL_GPT) || h->heads < 0 || h->heads > 4096 ||
         h->experts < 0 || h->experts > 1024 || (h->experts > 0 && (h->top_k < 1 || h->top_k > 2)) ||
         size != h->bytes + ckpt_floats(h) * (long)sizeof(float) + (long)sizeof(uint64_t))
-        fatal("checkpoint '%s' is corrupt or truncated (its header does not match its size)", path);
+        CKPT_BAD(2, "is corrupt or truncated (its header does not match its size)");
+    if (ckpt_header_inconsistent(h, detail, sizeof detail))
+        CKPT_BAD(2, "is corrupt: its header is inconsistent (%s), which no run writes", detail);
+    if (ckpt_vocab_invalid(h, detail, sizeof detail))
+        CKPT_BAD(2, "is corrupt: its vocabulary's %s", detail);
+#undef CKPT_BAD
     fseek(f, h->bytes, SEEK_SET);
+    return 0;
+}
+static void ckpt_read_header(FILE* f, const char* path, CkptHeader* h, uint64_t* sum) {
+    char why[512];
+    int bad = ckpt_parse_header(f, h, sum, why, sizeof why);
+    if (bad) fatal("%s'%s' %s", bad == 1 ? "" : "checkpoint ", path, why);
+}
+
+// Whether a file is a checkpoint of this project, whole (cli.h's recogniser): its header
+// read and checked as above, its size the header's, and its checksum that of its bytes.
+static const char* ckpt_recognise(FILE* f) {
+    char magic[8], why[512];
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "MLPCKPT", 7) != 0) NOT_OURS("does not begin with a checkpoint's header");
+    rewind(f);
+    CkptHeader h;
+    uint64_t sum = FNV_START, stored = 0;
+    int bad = ckpt_parse_header(f, &h, &sum, why, sizeof why);
+    if (bad == 1) NOT_OURS("is shorter than a checkpoint's header");
+    if (bad) NOT_OURS("%s", why);
+    ckpt_header_free(&h);
+    unsigned char buf[1 << 16];
+    for (long left = ckpt_floats(&h) * (long)sizeof(float); left > 0;) {
+        size_t k = fread(buf, 1, left < (long)sizeof buf ? (size_t)left : sizeof buf, f);
+        if (k == 0) NOT_OURS("is truncated");
+        sum = fnv1a(sum, buf, k);
+        left -= (long)k;
+    }
+    if (fread(&stored, 1, sizeof stored, f) != sizeof stored) NOT_OURS("is truncated");
+    if (stored != sum) NOT_OURS("is corrupt (checksum mismatch)");
+    return NULL;
 }
 
 // The vocabulary of a checkpoint against the data's, of the same size: the first token
@@ -202,17 +290,28 @@ static int ckpt_vocab_differs(const CkptHeader* h, const Dataset* ds) {
     return -1;
 }
 
+// The programs that train the model of a checkpoint, and so resume it: train.c every model;
+// a dense model train_dp, train_fsdp, train_tp, train_pp and train_3d, and the GPT's also
+// train_cp (positions split: the MLP's rows have none); a mixture of experts train_ep, and
+// the GPT's also train_3d (--ep).
+static const char* ckpt_programs(const CkptHeader* h) {
+    if (h->experts > 0)
+        return h->model == MODEL_GPT ? "train.c, train_ep or train_3d (--ep)" : "train.c or train_ep";
+    return h->model == MODEL_GPT ? "train.c, train_dp, train_fsdp, train_tp, train_pp, train_cp or train_3d"
+                                 : "train.c, train_dp, train_fsdp, train_tp, train_pp or train_3d";
+}
+
 // Refuses a checkpoint that does not fit this run, naming every difference.
 static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* c, const Options* o, const Dataset* ds) {
     if (h->model != c->model)
         fatal("checkpoint '%s' is of the %s and this run trains the %s: %s", path, h->model == MODEL_GPT ? "GPT" : "MLP",
               is_gpt(c) ? "GPT" : "MLP", h->model == MODEL_GPT ? "pass --model gpt" : "leave out --model gpt");
-    if (h->experts != c->experts) { // which programs train which: train.c both, train_ep mixtures only, the others dense only
+    if (h->experts != c->experts) {
         if (h->experts == 0)
             fatal("checkpoint '%s' is of a dense model and this run has --experts %d: resume it without --experts, "
-                  "with train.c, train_dp, train_fsdp, train_tp, train_pp or train_3d", path, c->experts);
+                  "with %s", path, c->experts, ckpt_programs(h));
         fatal("checkpoint '%s' is of a mixture of %d experts and this run's model has %d: resume it with --experts %d, "
-              "with train.c or train_ep", path, h->experts, c->experts, h->experts);
+              "with %s", path, h->experts, c->experts, h->experts, ckpt_programs(h));
     }
     if (is_gpt(c) && h->heads != c->heads)
         fatal("checkpoint '%s' is of a GPT with %d attention heads and this run's has %d: pass --heads %d", path,
@@ -280,58 +379,32 @@ static void ckpt_write(CkptWriter* w, const void* data, size_t n) {
     if (fwrite(data, 1, n, w->f) != n) ckpt_fail(w, "write");
     w->sum = fnv1a(w->sum, data, n);
 }
-// The folder of a path, and the name in it.
-static void split_path(const char* path, char* dir, size_t n, const char** name) {
-    const char* slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, n, "."), *name = path;
-    else if (slash == path) snprintf(dir, n, "/"), *name = slash + 1;
-    else snprintf(dir, n, "%.*s", (int)(slash - path), path), *name = slash + 1;
-}
-// Removes the temporaries of checkpoint `path` (path.tmp-PID, path.K.tmp-PID) whose process
-// no longer runs on this machine.
-static void ckpt_remove_stale(const char* path) {
-    char dir[4096], full[8400];
-    const char* base;
-    split_path(path, dir, sizeof dir, &base);
-    DIR* d = opendir(dir);
-    if (!d) return;
-    size_t nb = strlen(base);
-    for (struct dirent* e; (e = readdir(d));) {
-        const char* rest = e->d_name + nb;
-        if (strncmp(e->d_name, base, nb) != 0 || *rest != '.') continue;
-        if (rest[1] >= '0' && rest[1] <= '9') // path.K.tmp-PID
-            for (rest++; *rest >= '0' && *rest <= '9'; rest++) {}
-        if (strncmp(rest, ".tmp-", 5) != 0 || rest[5] < '1' || rest[5] > '9' || strlen(rest + 5) > 9 ||
-            strspn(rest + 5, "0123456789") != strlen(rest + 5))
-            continue;
-        long pid = atol(rest + 5);
-        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; // it runs (or may)
-        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
-        unlink(full);
-    }
-    closedir(d);
-}
 static void ckpt_create(CkptWriter* w, const char* path, int keep, const CkptHeader* h) {
     *w = (CkptWriter){.sum = FNV_START, .path = path, .keep = keep};
-    ckpt_remove_stale(path);
+    remove_stale_temporaries(path);
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
     w->f = fopen(w->tmp, "wb");
     if (!w->f) ckpt_fail(w, "create");
     ckpt_write(w, h, CKPT_FIXED_BYTES);
     ckpt_write(w, h->code_points, (size_t)h->vocab * sizeof(uint32_t));
 }
-// A file of this project's that the rotation may rename or replace: a checkpoint (or
-// nothing, or an empty file). Anything else stops the save (the check before step 1 refused
-// it; something put it there since).
+// A file of this project's that the save may replace, or the rotation rename or replace: a
+// checkpoint, whole (or nothing, or an empty file). Anything else stops the save (the check
+// before step 1 refused it; something put it there since), naming what would have replaced
+// it: the save itself at the path, the rotation (--keep) at a path.N.
 static void ckpt_may_replace(CkptWriter* w, const char* path) {
-    int held = path_holds(path, CKPT_SIGNATURE);
+    int held = path_holds(path, ckpt_recognise);
     if (held == PATH_FOREIGN || held == PATH_NOT_FILE) {
-        errno = EEXIST;
+        const char* why = held == PATH_NOT_FILE ? "is not a regular file" : path_why;
         if (w->f) fclose(w->f);
         w->f = NULL;
         remove(w->tmp);
-        fatal("cannot save checkpoint '%s': '%s' is not a checkpoint of this project (it appeared during the run), and "
-              "the rotation (--keep) would replace it; the previous checkpoint is untouched", w->path, path);
+        if (!strcmp(path, w->path))
+            fatal("cannot save checkpoint '%s': the file there now is not a checkpoint of this project (it %s; it "
+                  "appeared during the run), and the save would replace it; nothing was written", w->path, why);
+        fatal("cannot save checkpoint '%s': '%s' is not a checkpoint of this project (it %s; it appeared during the "
+              "run), and the rotation (--keep %d) would replace it; the checkpoint at '%s' is untouched", w->path, path,
+              why, w->keep, w->path);
     }
 }
 // A copy of `from` as `to`, through to's temporary (where the file system has no hard links).
@@ -365,10 +438,10 @@ static void ckpt_close(CkptWriter* w) {
         snprintf(from, sizeof from, "%s.%d", w->path, i - 1);
         snprintf(to, sizeof to, "%s.%d", w->path, i);
         ckpt_may_replace(w, from), ckpt_may_replace(w, to);
-        if (path_holds(from, CKPT_SIGNATURE) == PATH_OURS && rename(from, to) != 0) ckpt_fail(w, "keep the previous");
+        if (path_holds(from, ckpt_recognise) == PATH_OURS && rename(from, to) != 0) ckpt_fail(w, "keep the previous");
     }
     ckpt_may_replace(w, w->path);
-    if (w->keep >= 2 && path_holds(w->path, CKPT_SIGNATURE) == PATH_OURS) {
+    if (w->keep >= 2 && path_holds(w->path, ckpt_recognise) == PATH_OURS) {
         snprintf(to, sizeof to, "%s.1", w->path);
         ckpt_may_replace(w, to);
         if ((unlink(to) != 0 && errno != ENOENT) || (link(w->path, to) != 0 && ckpt_copy(w->path, to) != 0))
@@ -400,21 +473,24 @@ static void ckpt_save(const Options* o, const Dataset* ds, const Config* c, long
 // a process's share of the model
 
 // What one process holds of the model's state, unit by unit: n[u] elements of unit u, the
-// parameters at at[0][u] and AdamW's m and v at at[1][u] and at[2][u]. Element e of them
-// is element canonical(ctx, u, e) of unit u in train.c's layout, or padding if that is -1
-// (padding stays 0). Without a canonical function, element e is element first[u] + e, or
-// padding past the unit's end.
+// parameters at at[0][u] and AdamW's m and v at at[1][u] and at[2][u]. Element e of them is
+// element first[u] + e of share[u] (config.h's Share: a tensor-parallel slice, experts; all
+// zeros: the whole unit), mapped to train.c's layout by config.h's table_canonical; or, with a
+// canonical function, element canonical(ctx, table, u, e). Padding (-1, or past the unit's
+// end) stays 0.
 typedef struct {
     long n[MAX_LAYERS + 2];
     float* at[3][MAX_LAYERS + 2];
+    Share share[MAX_LAYERS + 2];
     long first[MAX_LAYERS + 2];
-    long (*canonical)(const void* ctx, int u, long e);
+    long (*canonical)(const void* ctx, const UnitTable* t, int u, long e);
     const void* ctx;
 } Holding;
 
-static long holding_index(const Holding* h, const Config* c, int u, long e) {
-    if (h->canonical) return h->canonical(h->ctx, u, e);
-    long k = h->first[u] + e;
+static long holding_index(const Holding* h, const Config* c, const UnitTable* t, int u, long e) {
+    if (h->canonical) return h->canonical(h->ctx, t, u, e);
+    Share s = h->share[u].t > 0 ? h->share[u] : share_whole(c);
+    long k = table_canonical(t, s, h->first[u] + e);
     return k < unit_params(c, u) ? k : -1;
 }
 
@@ -446,10 +522,11 @@ static long holding_load(const Holding* h, const Options* o, const Dataset* ds, 
                         fatal("checkpoint '%s' holds a value that is not finite (%s of %s, element %ld): the run it "
                               "saved had diverged", path, part == 0 ? "a parameter" : "optimizer state", unit_name(c, u), e);
             } else {
-                for (long e = 0; e < count; e++) unit[e] = unit_init_value(c, o->seed, u, e);
+                unit_init(unit, c, u, o->seed);
             }
+            UnitTable table = unit_table(c, u);
             for (long e = 0; e < h->n[u]; e++) {
-                long k = holding_index(h, c, u, e);
+                long k = holding_index(h, c, &table, u, e);
                 h->at[part][u][e] = k < 0 ? 0.0f : unit[k];
             }
         }

@@ -13,13 +13,16 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 
+#include <dirent.h>
 #include <float.h>
 #include <getopt.h>
 #include <limits.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "model.h"
+#include "optim.h"
 
 typedef struct {
     const char* data; // --data
@@ -41,6 +44,7 @@ typedef struct {
     int allow_changes; // --allow-changes
     long save_every;  // --save-every
     int keep;         // --keep
+    int microbatches; // --microbatches (gradient accumulation; train_pp and train_3d take their own)
     int timeout;      // --timeout
 } Options;
 
@@ -68,17 +72,22 @@ static const CliFlag cli_common[] = {
     {"layers", "N", "mlp: hidden layers L (default 1); gpt: blocks (default 4)"},
     {"heads", "N", "gpt: attention heads, dividing --emb (default 4)"},
     {"experts", "X", "make every hidden layer (mlp) or every block's MLP (gpt) a mixture of X experts (default 0: "
-                     "dense; train.c and train_ep.c)"},
+                     "dense; train.c, train_ep.c, and the GPT's train_3d.c --ep)"},
     {"top-k", "K", "with --experts: experts per token, 1 or 2 (default 1)"},
     {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (gpt: its "
                       "positions with a target) (default 1.25)"},
     {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01)"},
+    {"microbatches", "M", "the global batch as M microbatches, their gradients summed before one optimizer step "
+                          "(default 1; the pipelines' own default is 4)"},
+    {"recompute", "HOW", "gpt: activation recomputation: none (default), selective (attention's probabilities "
+                         "recomputed in backward) or full (each block's activations from its input)"},
     {"seed", "N", "seed of every random number (default 42)"},
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
     {"samples", "N", "names to generate at the end (default 10)"},
     {"log", "FILE", "write a CSV line per step: step, train loss, val loss, ms, tokens/s (--load: continues its own log)"},
     {"log-overwrite", NULL, "with --log: replace the file even if it is not a log of this run"},
-    {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end, or on SIGINT or SIGTERM"},
+    {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end, or on SIGINT or SIGTERM, "
+                     "then stop with exit status 75 (resume with --load)"},
     {"save-every", "N", "with --save: also write it every N steps"},
     {"keep", "K", "with --save: keep the last K checkpoints, FILE, FILE.1, ... (default 2)"},
     {"load", "FILE", "start from a checkpoint written by --save (any program's)"},
@@ -97,10 +106,18 @@ static void cli_usage_flag(FILE* f, const CliFlag* flag) {
     snprintf(left, sizeof left, "--%s%s%s", flag->name, flag->value ? " " : "", flag->value ? flag->value : "");
     fprintf(f, "  %-22s %s\n", left, flag->help);
 }
+// A program's own flag of a common flag's name replaces it (train_pp's --microbatches, whose
+// default is 4).
+static int cli_overridden(const CliFlag* common, const CliFlag* extra, int n_extra) {
+    for (int i = 0; i < n_extra; i++)
+        if (!strcmp(extra[i].name, common->name)) return 1;
+    return 0;
+}
 static void cli_usage(FILE* f, const char* run_line, const CliFlag* extra, int n_extra) {
-    fprintf(f, "usage: %s [flags]\n", run_line);
+    fprintf(f, "usage: %s [flags] (each flag once)\n", run_line);
     for (int i = 0; i < n_extra; i++) cli_usage_flag(f, &extra[i]);
-    for (int i = 0; i < CLI_N_COMMON; i++) cli_usage_flag(f, &cli_common[i]);
+    for (int i = 0; i < CLI_N_COMMON; i++)
+        if (!cli_overridden(&cli_common[i], extra, n_extra)) cli_usage_flag(f, &cli_common[i]);
 }
 
 // Strict number parsing: the whole value must be a number within [lo, hi].
@@ -150,79 +167,334 @@ static int same_file(const char* a, const char* b) {
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-// How each output of this project begins: what tells a file it wrote (which a run may
-// replace) from any other (which no run replaces).
-#define CKPT_SIGNATURE "MLPCKPT"                               // ckpt.h, any format
-#define LOG_HEADER "step,train_loss,val_loss,ms,tokens_per_s" // report.h's --log
-#define SUMMARY_SIGNATURE "program="                         // report.h's --summary
-#define TRACE_SIGNATURE "{\"displayTimeUnit\""               // report.h's --trace
+// ----------------------------------------------------------------------------
+// the files a run writes, and how to tell them from any other
+//
+// A run replaces the file at an output's path only if this project wrote it: if it reads as
+// one of that kind, whole (a checkpoint: its header, its size and its checksum; a --log: its
+// header and every line; a --summary and a --trace: every line), not if it merely begins as
+// one would. A recogniser reads a whole file from its start and returns NULL if it is one of
+// its kind, or why not: a phrase that follows "it" ("is cut short at line 3"). tests/fuzz.c
+// runs each on any bytes (make fuzz). The checkpoint's is ckpt.h's, since it reads the
+// checkpoint's header: ckpt.h is included at the end of this file, so that either may be
+// included first.
+typedef const char* (*Recogniser)(FILE* f);
+static const char* ckpt_recognise(FILE* f); // ckpt.h
+
+#define LOG_HEADER "step,train_loss,val_loss,ms,tokens_per_s" // report.h's --log, its first line
+#define LOG_LINE_MAX 256                                       // the longest line it writes
+#define TRACE_FIRST_LINE "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [" // report.h's --trace
+
+static char recognise_why[600];
+#define NOT_OURS(...) return snprintf(recognise_why, sizeof recognise_why, __VA_ARGS__), recognise_why
+
+// A line of f: its length in bytes, '\n' included, or -1 at the end of the file. Its first
+// cap - 1 bytes are kept in buf, NUL-terminated (the rest read and dropped); *ended: it
+// ends with '\n' (the last line of a file cut short does not).
+static long recognise_line(FILE* f, char* buf, long cap, int* ended) {
+    long n = 0;
+    int c = EOF;
+    while ((c = getc(f)) != EOF) {
+        if (n < cap - 1) buf[n] = (char)c;
+        n++;
+        if (c == '\n') break;
+    }
+    buf[n < cap - 1 ? n : cap - 1] = 0;
+    *ended = c == '\n';
+    return n == 0 && c == EOF ? -1 : n;
+}
+// The line just read is whole in buf: it fits, and holds no NUL byte.
+#define LINE_FITS(buf, n) ((n) < (long)sizeof(buf) && (long)strlen(buf) == (n))
+// A number as report.h writes one (%.17g, %.4f, %.0f): decimal digits, a point, an exponent,
+// a sign; or nan or inf. Not hexadecimal, not empty, nothing after it.
+static int recognise_number(const char* s, size_t n) {
+    static const char* const words[] = {"nan", "-nan", "inf", "-inf"};
+    for (int i = 0; i < 4; i++)
+        if (n == strlen(words[i]) && !memcmp(s, words[i], n)) return 1;
+    char buf[64], *end;
+    if (n == 0 || n >= sizeof buf) return 0;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    if (strspn(buf, "0123456789.eE+-") != n) return 0;
+    errno = 0;
+    strtod(buf, &end);
+    return *end == 0 && errno == 0; // (1e999 is written inf)
+}
+// A whole number of digits only, from lo to hi.
+static int recognise_count(const char* s, size_t n, long lo, long hi) {
+    if (n == 0 || n > 10 || strspn(s, "0123456789") < n || (n > 1 && s[0] == '0')) return 0;
+    long v = 0;
+    for (size_t i = 0; i < n; i++) v = 10 * v + (s[i] - '0');
+    return v >= lo && v <= hi;
+}
+
+// report.h's --log: its header (with --experts, ",aux_loss" after it), then a line a step,
+// "step,training loss,validation loss or nothing,ms,tokens/s" (and ",aux loss"), the steps
+// in a row from any first (a run resumed with --log-overwrite starts after its checkpoint's).
+// The last line may be cut short, where a run was killed while writing it (a resumed run
+// continues that log): then what is there is the start of a line.
+static const char* log_recognise(FILE* f) {
+    char line[LOG_LINE_MAX + 2];
+    int ended;
+    long n = recognise_line(f, line, sizeof line, &ended), fields, step = 0;
+    if (n == (long)strlen(LOG_HEADER) + 1 && !strcmp(line, LOG_HEADER "\n")) fields = 5;
+    else if (n == (long)strlen(LOG_HEADER ",aux_loss") + 1 && !strcmp(line, LOG_HEADER ",aux_loss\n")) fields = 6;
+    else NOT_OURS("does not begin with the header of a --log file ('%s')", LOG_HEADER);
+    for (long no = 2; (n = recognise_line(f, line, sizeof line, &ended)) >= 0; no++) {
+        if (!LINE_FITS(line, n)) NOT_OURS("has a line %ld that no run writes (too long, or a NUL byte)", no);
+        if (!ended) { // the last line, cut short: the start of a line
+            long commas = 0;
+            for (long i = 0; i < n; i++) commas += line[i] == ',';
+            if ((long)strspn(line, "0123456789.eE+-naif,") != n || commas >= fields)
+                NOT_OURS("ends in a line %ld that no run writes", no);
+            break;
+        }
+        line[--n] = 0;
+        const char* at = line;
+        for (long k = 0; k < fields; k++) { // field k ends at a comma (the last at the line's end)
+            const char* comma = strchr(at, ',');
+            size_t len = comma ? (size_t)(comma - at) : strlen(at);
+            if ((comma != NULL) != (k < fields - 1))
+                NOT_OURS("has a line %ld of another number of fields than a --log line's %ld", no, fields);
+            int ok = k == 0 ? recognise_count(at, len, step ? step + 1 : 1, step ? step + 1 : 1000000000L)
+                   : k == 2 ? len == 0 || recognise_number(at, len) : recognise_number(at, len);
+            if (!ok && k == 0) NOT_OURS("has a line %ld whose step does not follow the line before's", no);
+            if (!ok) NOT_OURS("has a line %ld that is not a --log line (its field %ld)", no, k + 1);
+            if (k == 0) step = strtol(at, NULL, 10);
+            at += len + 1;
+        }
+    }
+    if (ferror(f)) NOT_OURS("cannot be read");
+    return NULL;
+}
+
+// report.h's --summary: program, layout, ranks, val_loss, seconds, steps and batch, a line
+// each in that order; a name= line per name generated; then a rank= line per rank, in
+// order, each of key=number pairs; nothing after.
+static const char* summary_recognise(FILE* f) {
+    static const char* const keys[] = {"program=", "layout=", "ranks=", "val_loss=", "seconds=", "steps=", "batch="};
+    char line[1024];
+    long n, no = 0, ranks = 0, rank = 0;
+    int ended;
+    while ((n = recognise_line(f, line, sizeof line, &ended)) >= 0) {
+        no++;
+        if (!ended) NOT_OURS("is cut short in its line %ld", no);
+        int fits = LINE_FITS(line, n);
+        if (fits) line[--n] = 0; // without its '\n'
+        if (no <= 7) {
+            size_t k = strlen(keys[no - 1]);
+            const char* v = line + k;
+            int ok = fits && !strncmp(line, keys[no - 1], k);
+            if (ok && no == 1) ok = (size_t)n > k;
+            if (ok && no == 3) ok = recognise_count(v, (size_t)n - k, 1, 1L << 20), ranks = atol(v);
+            if (ok && (no == 4 || no == 5)) ok = recognise_number(v, (size_t)n - k);
+            if (ok && no >= 6) ok = recognise_count(v, (size_t)n - k, 0, 1000000000L);
+            if (!ok) NOT_OURS("has no line '%s...' as its line %ld, as a --summary file does", keys[no - 1], no);
+        } else if (rank == 0 && !strncmp(line, "name=", 5)) {
+            // a name generated: any characters, any length
+        } else {
+            if (!fits || strncmp(line, "rank=", 5)) NOT_OURS("has a line %ld that is not a --summary file's", no);
+            if (rank == ranks) NOT_OURS("has more rank lines than its %ld ranks", ranks);
+            for (char* at = line; *at;) { // key=number, separated by spaces; the first rank=this rank
+                char* end = at + strcspn(at, " ");
+                char* eq = memchr(at, '=', (size_t)(end - at));
+                size_t klen = eq ? (size_t)(eq - at) : 0, vlen = eq ? (size_t)(end - eq - 1) : 0;
+                int ok = klen > 0 && strspn(at, "abcdefghijklmnopqrstuvwxyz_") == klen &&
+                         (at == line ? recognise_count(eq + 1, vlen, rank, rank) : recognise_number(eq + 1, vlen));
+                if (!ok) NOT_OURS("has a line %ld that is not a --summary file's line of rank %ld", no, rank);
+                at = *end ? end + 1 : end;
+            }
+            rank++;
+        }
+    }
+    if (ferror(f)) NOT_OURS("cannot be read");
+    if (no < 7) NOT_OURS("ends at line %ld, before its line '%s...', as a --summary file has", no, keys[no]);
+    if (rank != ranks) NOT_OURS("is cut short: it ends at line %ld, with %ld of its %ld rank lines", no, rank, ranks);
+    return NULL;
+}
+
+// report.h's --trace: its first line, an event a line, "]}" last.
+static const char* trace_recognise(FILE* f) {
+    char line[1024];
+    int ended, end = 0;
+    long n = recognise_line(f, line, sizeof line, &ended), no = 1;
+    if (n < 0 || strcmp(line, TRACE_FIRST_LINE "\n")) NOT_OURS("does not begin as a --trace file does");
+    while ((n = recognise_line(f, line, sizeof line, &ended)) >= 0) {
+        no++;
+        if (end) NOT_OURS("goes on after its end (line %ld)", no);
+        end = !strcmp(line, "]}\n");
+        int event = LINE_FITS(line, n) && !strncmp(line, "{\"name\": \"", 10) &&
+                    (!strcmp(line + n - 2, "}\n") || !strcmp(line + n - 3, "},\n"));
+        if (!event && !end) NOT_OURS("has a line %ld that is not a trace event", no);
+    }
+    if (ferror(f)) NOT_OURS("cannot be read");
+    if (!end) NOT_OURS("is cut short (it does not end with ']}')");
+    return NULL;
+}
 
 // What is at an output's path: nothing; an empty file (nothing to lose); a file of this
-// project, one that starts with `signature`; a file of something else; or not a regular
-// file at all (a folder, a device, a named pipe: stat, not open, so that a pipe never blocks).
+// project, one the recogniser reads whole as its kind; a file of something else (why not
+// ours is in path_why); or not a regular file at all (a folder, a device, a named pipe, a
+// symbolic link: lstat, not open, so that a pipe never blocks; an output given as a link
+// is followed first, output_follow below).
 enum { PATH_ABSENT, PATH_EMPTY, PATH_OURS, PATH_FOREIGN, PATH_NOT_FILE };
-static int path_holds(const char* path, const char* signature) {
+static const char* path_why;
+static int path_holds(const char* path, Recogniser ours) {
     struct stat st;
-    if (stat(path, &st) != 0) return errno == ENOENT ? PATH_ABSENT : PATH_NOT_FILE;
+    path_why = "";
+    if (lstat(path, &st) != 0) return errno == ENOENT ? PATH_ABSENT : PATH_NOT_FILE;
     if (!S_ISREG(st.st_mode)) return PATH_NOT_FILE;
     if (st.st_size == 0) return PATH_EMPTY;
-    char head[64] = "";
-    size_t n = strlen(signature);
     FILE* f = fopen(path, "rb");
-    int ours = f && fread(head, 1, n, f) == n && !memcmp(head, signature, n);
-    if (f) fclose(f);
-    return ours ? PATH_OURS : PATH_FOREIGN;
+    if (!f) return path_why = "cannot be read", PATH_FOREIGN;
+    path_why = ours(f);
+    fclose(f);
+    return path_why ? PATH_FOREIGN : PATH_OURS;
+}
+
+// An output given as a symbolic link is the file the link leads to (through any chain of
+// links; a link to nothing yet, the file it names): the run writes there and the link stays,
+// where a save, which renames a new file into place, would have replaced the link itself.
+// The path to write into out; NULL, or why the link cannot be followed.
+static const char* output_follow(const char* path, char* out, size_t n) {
+    char at[4096], target[4096];
+    if (snprintf(at, sizeof at, "%s", path) >= (int)sizeof at) return "is too long a path";
+    for (int hops = 0; hops < 40; hops++) {
+        struct stat st;
+        if (lstat(at, &st) != 0 || !S_ISLNK(st.st_mode)) {
+            if (snprintf(out, n, "%s", at) >= (int)n) return "is too long a path";
+            return NULL;
+        }
+        ssize_t k = readlink(at, target, sizeof target - 1);
+        if (k < 0) return "is a symbolic link that cannot be read";
+        target[k] = 0;
+        const char* slash = strrchr(at, '/');
+        if (target[0] != '/' && slash) { // relative to the link's folder
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%.*s", (int)(slash - at), at);
+            if (snprintf(at, sizeof at, "%s/%s", dir, target) >= (int)sizeof at) return "leads to too long a path";
+        } else {
+            snprintf(at, sizeof at, "%s", target);
+        }
+    }
+    return "is a symbolic link in a chain of more than 40 (a loop?)";
+}
+
+// The folder of a path, and the name in it.
+static void split_path(const char* path, char* dir, size_t n, const char** name) {
+    const char* slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, n, "."), *name = path;
+    else if (slash == path) snprintf(dir, n, "/"), *name = slash + 1;
+    else snprintf(dir, n, "%.*s", (int)(slash - path), path), *name = slash + 1;
+}
+// Removes the temporaries of output `path` (path.tmp-PID, and the checkpoint rotation's
+// path.K.tmp-PID) whose process no longer runs on this machine (killed while writing).
+static void remove_stale_temporaries(const char* path) {
+    char dir[4096], full[8400];
+    const char* base;
+    split_path(path, dir, sizeof dir, &base);
+    DIR* d = opendir(dir);
+    if (!d) return;
+    size_t nb = strlen(base);
+    for (struct dirent* e; (e = readdir(d));) {
+        const char* rest = e->d_name + nb;
+        if (strncmp(e->d_name, base, nb) != 0 || *rest != '.') continue;
+        if (rest[1] >= '0' && rest[1] <= '9') // path.K.tmp-PID
+            for (rest++; *rest >= '0' && *rest <= '9'; rest++) {}
+        if (strncmp(rest, ".tmp-", 5) != 0 || rest[5] < '1' || rest[5] > '9' || strlen(rest + 5) > 9 ||
+            strspn(rest + 5, "0123456789") != strlen(rest + 5))
+            continue;
+        long pid = atol(rest + 5);
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; // it runs (or may)
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        unlink(full);
+    }
+    closedir(d);
+}
+
+// An output written whole at once (--summary, --trace, tools/schedules' picture): into
+// PATH.tmp-PID, then renamed over PATH, so that PATH is the old file or the new one, whole,
+// at every moment, never one cut short by a kill or a full disk (which a later run would
+// refuse to replace, as it would not read as one of this project's files).
+typedef struct {
+    FILE* f;
+    const char *path, *what;
+    char tmp[4200];
+} WholeFile;
+static FILE* whole_open(WholeFile* w, const char* path, const char* what) {
+    remove_stale_temporaries(path);
+    w->path = path, w->what = what;
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
+    w->f = fopen(w->tmp, "w");
+    if (!w->f) fatal("cannot create %s '%s': %s", what, path, strerror(errno));
+    return w->f;
+}
+static void whole_close(WholeFile* w) {
+    int failed = ferror(w->f) || fflush(w->f) != 0, err = errno;
+    if (fclose(w->f) != 0 && !failed) failed = 1, err = errno;
+    w->f = NULL;
+    if (!failed && rename(w->tmp, w->path) != 0) failed = 1, err = errno;
+    if (failed) {
+        remove(w->tmp);
+        fatal("cannot write %s '%s': %s; the file there before, if any, is untouched", w->what, w->path, strerror(err));
+    }
 }
 
 // Before any training: every output can be written where it is asked for, and writing it
-// loses nothing the user had. An output's path is not empty; its folder exists and can be
-// written; it is not an input (--save may be --load: resuming overwrites the checkpoint it
-// started from, safely, ckpt.h) nor another output; and whatever is there already is a file
-// of this project of the same kind, or nothing: a run never replaces a file it did not
-// write, nor anything but a regular file. --save also checks the files its rotation renames
-// (FILE.1 .. FILE.K-1 with --keep K). --log may replace another file with --log-overwrite;
-// whether an existing log is this run's (to continue it) is report.h's check, once the
-// checkpoint is read.
-static const char* cli_check_outputs(const Options* o) {
+// loses nothing the user had. An output's path is not empty; a symbolic link there is
+// followed (output_follow: the output is the file it leads to, and o's path becomes that
+// file's); its folder exists and can be written; it is not an input (--save may be --load:
+// resuming overwrites the checkpoint it started from, safely, ckpt.h) nor another output; and
+// whatever is there already is a file of this project of the same kind, whole, or nothing: a
+// run never replaces a file it did not write, nor anything but a regular file. --save also
+// checks the files its rotation renames (FILE.1 .. FILE.K-1 with --keep K). --log may
+// replace another file with --log-overwrite; whether an existing log is this run's (to
+// continue it) is report.h's check, once the checkpoint is read.
+static const char* cli_check_outputs(Options* o) {
     const char* names[] = {"log", "save", "trace", "summary"};
-    const char* paths[] = {o->log, o->save, o->trace, o->summary};
+    const char** paths[] = {&o->log, &o->save, &o->trace, &o->summary};
     const char* kinds[] = {"--log file", "checkpoint", "--trace file", "--summary file"};
-    const char* signatures[] = {LOG_HEADER, CKPT_SIGNATURE, TRACE_SIGNATURE, SUMMARY_SIGNATURE};
+    Recogniser ours[] = {log_recognise, ckpt_recognise, trace_recognise, summary_recognise};
+    static char followed[4][4096];
     for (int i = 0; i < 4; i++) {
-        if (!paths[i]) continue;
-        char dir[4096], what[5000] = "", file[4200];
-        snprintf(dir, sizeof dir, "%s", paths[i]);
+        const char* given = *paths[i];
+        if (!given) continue;
+        char dir[4096], what[5000] = "", file[4200], link[4200] = "";
+        const char* why = !given[0] ? "is empty: give a file name" : output_follow(given, followed[i], sizeof followed[i]);
+        const char* path = why ? given : (*paths[i] = followed[i]);
+        if (strcmp(path, given)) snprintf(link, sizeof link, "(a symbolic link to '%s') ", path);
+        snprintf(dir, sizeof dir, "%s", path);
         char* slash = strrchr(dir, '/');
         if (slash) slash == dir ? (void)(dir[1] = 0) : (void)(*slash = 0);
         else snprintf(dir, sizeof dir, ".");
-        const char* why = !paths[i][0] ? "is empty: give a file name"
-                          : same_file(paths[i], o->data) ? "is the --data file"
-                          : (i != 1 && same_file(paths[i], o->load)) ? "is the --load checkpoint"
-                          : access(dir, W_OK) != 0 ? "is in a folder that does not exist or cannot be written"
-                          : (access(paths[i], F_OK) == 0 && access(paths[i], W_OK) != 0) ? "exists and cannot be written"
-                                                                                            : NULL;
+        if (!why)
+            why = same_file(path, o->data) ? "is the --data file"
+                  : (i != 1 && same_file(path, o->load)) ? "is the --load checkpoint"
+                  : access(dir, W_OK) != 0 ? "is in a folder that does not exist or cannot be written"
+                  : (access(path, F_OK) == 0 && access(path, W_OK) != 0) ? "exists and cannot be written"
+                                                                          : NULL;
         for (int j = 0; j < i && !why; j++)
-            if (paths[j] && same_file(paths[i], paths[j])) why = "is also another output";
+            if (*paths[j] && same_file(path, *paths[j])) why = "is also another output";
         // what is there: the path itself, and for --save the files its rotation renames
         for (int k = 0; !why && k < (i == 1 ? o->keep : 1); k++) {
-            if (k == 0) snprintf(file, sizeof file, "%s", paths[i]);
-            else snprintf(file, sizeof file, "%s.%d", paths[i], k);
-            int held = path_holds(file, signatures[i]);
+            if (k == 0) snprintf(file, sizeof file, "%s", path);
+            else snprintf(file, sizeof file, "%s.%d", path, k);
+            int held = path_holds(file, ours[i]);
             struct stat st;
-            if (held == PATH_NOT_FILE && stat(file, &st) == 0)
+            if (held == PATH_NOT_FILE && lstat(file, &st) == 0)
                 snprintf(what, sizeof what, "%s%s%sis %s, not a regular file", k ? "with --keep, '" : "",
                          k ? file : "", k ? "' " : "", file_kind(st.st_mode));
             else if (held == PATH_NOT_FILE)
                 snprintf(what, sizeof what, "cannot be looked at (%s)", strerror(errno));
             else if (held == PATH_FOREIGN && !(i == 0 && o->log_overwrite))
-                snprintf(what, sizeof what, "%s%s%sexists and is not a %s of this project (a run replaces only its "
-                         "own files%s)", k ? "with --keep, '" : "", k ? file : "", k ? "' (which the rotation would rename) " : "",
-                         kinds[i], i == 0 ? "; pass --log-overwrite to replace it anyway" : "");
+                snprintf(what, sizeof what, "%s%s%sexists and is not a %s of this project (a run replaces only its own "
+                         "files%s): it %s", k ? "with --keep, '" : "", k ? file : "", k ? "' (which the rotation would rename) " : "",
+                         kinds[i], i == 0 ? "; pass --log-overwrite to replace it anyway" : "", path_why);
             if (what[0]) why = what;
         }
         if (why) {
-            snprintf(cli_error, sizeof cli_error, "--%s '%s' %s: refusing to start (nothing was written)", names[i],
-                     paths[i], why);
+            snprintf(cli_error, sizeof cli_error, "--%s '%s' %s%s: refusing to start (nothing was written)", names[i],
+                     given, link, why);
             return cli_error;
         }
     }
@@ -245,13 +517,15 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                    .eval_every = 2500,
                    .samples = 10,
                    .keep = 2,
+                   .microbatches = 1,
                    .timeout = 300};
     struct option longopts[CLI_N_COMMON + 32 + 1];
     if (n_extra > 32) n_extra = 32;
     int n = 0;
     for (int i = 0; i < CLI_N_COMMON; i++)
-        longopts[n++] = (struct option){cli_common[i].name, cli_common[i].value ? required_argument : no_argument, 0,
-                                        1000 + i};
+        if (!cli_overridden(&cli_common[i], extra, n_extra))
+            longopts[n++] = (struct option){cli_common[i].name, cli_common[i].value ? required_argument : no_argument,
+                                            0, 1000 + i};
     for (int i = 0; i < n_extra; i++)
         longopts[n++] = (struct option){extra[i].name, extra[i].value ? required_argument : no_argument, 0, 2000 + i};
     longopts[n] = (struct option){0, 0, 0, 0};
@@ -263,6 +537,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
 #endif
     *err = NULL;
     int c;
+    const char* first[CLI_N_COMMON + 32]; // each flag's value where it was given (or "" for a switch), or NULL
+    for (int i = 0; i < n; i++) first[i] = NULL;
     while (!*err && (c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
         if (c == '?' || c == ':') {
             const char* bad = argv[optind - 1];
@@ -270,6 +546,20 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
             *err = cli_error;
             break;
         }
+        // a flag given twice is refused, as every tool of the project does: the last one does
+        // not silently win (a run line built from pieces, one of them stale, says so)
+        int index = c >= 2000 ? CLI_N_COMMON + c - 2000 : c - 1000;
+        if (index >= 0 && index < n && first[index]) {
+            const char* flag = c >= 2000 ? extra[c - 2000].name : cli_common[c - 1000].name;
+            if (optarg)
+                snprintf(cli_error, sizeof cli_error, "--%s is given twice ('%s', then '%s'): give each flag once", flag,
+                         first[index], optarg);
+            else
+                snprintf(cli_error, sizeof cli_error, "--%s is given twice: give each flag once", flag);
+            *err = cli_error;
+            break;
+        }
+        if (index >= 0 && index < n) first[index] = optarg ? optarg : "";
         if (c >= 2000) {
             *err = handle(ctx, c - 2000, optarg);
             continue;
@@ -310,6 +600,16 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                 *err = cli_error;
             } else o->model.top_k = optarg[0] - '0';
         } else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
+        else if (!strcmp(name, "microbatches")) *err = cli_int(name, optarg, 1, 65536, &o->microbatches);
+        else if (!strcmp(name, "recompute")) {
+            int k = 0;
+            while (k < 3 && strcmp(optarg, recompute_names[k])) k++;
+            if (k < 3) o->model.recompute = k;
+            else {
+                snprintf(cli_error, sizeof cli_error, "--recompute must be none, selective or full, got '%s'", optarg);
+                *err = cli_error;
+            }
+        }
         else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
         else if (!strcmp(name, "seed")) {
             char* end;
@@ -384,6 +684,22 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         snprintf(cli_error, sizeof cli_error, "--top-k, --capacity and --aux-loss apply with --experts X only");
         *err = cli_error;
     }
+    if (!*err && o->batch < o->microbatches) {
+        snprintf(cli_error, sizeof cli_error, "a batch of %d rows cannot be cut into %d microbatches (raise --batch "
+                 "or lower --microbatches)", o->batch, o->microbatches);
+        *err = cli_error;
+    }
+    if (!*err && m->recompute && !gpt) {
+        snprintf(cli_error, sizeof cli_error, "--recompute applies to --model gpt: the MLP's units keep only their "
+                 "outputs, which the next units need as inputs anyway, so there is nothing to recompute");
+        *err = cli_error;
+    }
+    if (!*err && m->recompute == RECOMPUTE_FULL && m->experts > 0) {
+        snprintf(cli_error, sizeof cli_error, "--recompute full with --experts: recomputing a block would route its "
+                 "tokens again, and the experts' plan and load figures would count them twice; use --recompute "
+                 "selective (attention's probabilities only)");
+        *err = cli_error;
+    }
     if (m->top_k < 0) m->top_k = 1;
     if (m->capacity < 0) m->capacity = 1.25f;
     if (m->aux_loss < 0) m->aux_loss = 0.01f;
@@ -433,6 +749,30 @@ static void cli_parse_or_exit(Options* o, int argc, char** argv, const char* run
     }
 }
 
+// The GPT's context is by default the longest line + 1, so one long line makes every row
+// long: said before step 1, once, when the longest line more than doubles the positions that
+// 99 lines in 100 need (and at least every line but the longest): which line, how long,
+// what it costs, and --context. The result is the same; the warning says what it costs.
+// (names.txt's longest name, 15 characters, sets a context of 16 for names of up to 11 in
+// 99 cases in 100: no word.)
+static void gpt_context_warning(const Dataset* ds, const char* path) {
+    long* count = callocCheck((size_t)ds->max_len + 1, sizeof(long)); // lines of each length
+    for (int i = 0; i < ds->n_lines; i++) count[ds->line_len[i]]++;
+    long most = ds->n_lines / 100 > 1 ? ds->n_lines / 100 : 1, longer = 0; // lines that may be longer than `need`
+    int need = ds->max_len;
+    while (need > 0 && longer + count[need] <= most) longer += count[need--];
+    free(count);
+    int T = ds->max_len + 1;
+    double r = (double)T / (need + 1);
+    if (T <= 2 * (need + 1) || !prints_for_job) return;
+    fprintf(stderr, "warning: line %ld of '%s' has %d characters, so the GPT's context (by default the longest line + 1) "
+            "is %d positions in every row, where %ld of its %d lines have at most %d characters: a step takes about %.0f "
+            "times the time and memory of --context %d (its attention %.0f times). Pass --context N to cut the lines "
+            "longer than N - 1 characters (each then trains on its first N), or shorten that line\n",
+            ds->max_len_line, path, ds->max_len, T, ds->n_lines - longer, ds->n_lines, need, r, need + 1, r * r);
+    fflush(stderr);
+}
+
 // The data of --data, read and checked; its vocabulary completes the model's configuration.
 static void load_data(Dataset* ds, Options* o, Config* cfg) {
     dataset_load(ds, o->data, o->max_line, o->seed);
@@ -442,6 +782,7 @@ static void load_data(Dataset* ds, Options* o, Config* cfg) {
             fatal("the longest line of '%s' has %d characters: the GPT would need %d positions, more than 1024; pass "
                   "--context N to cut longer lines", o->data, ds->max_len, ds->max_len + 1);
         o->model.context = ds->max_len + 1;
+        gpt_context_warning(ds, o->data);
     }
     dataset_use_rows(ds, o->model.model == MODEL_GPT ? o->model.context : 0);
     if (n_params(&o->model) > 512L * 1024 * 1024) // cli_parse's estimate took a vocabulary of 256
@@ -459,4 +800,8 @@ static int pass_rows(const Options* o, long share) {
 }
 
 #pragma GCC diagnostic pop
+
+// ckpt.h's checkpoint reader (ckpt_recognise, above), which needs this file's Options: either
+// header may be included first, and each then has the other whole.
+#include "ckpt.h"
 #endif // CLI_H

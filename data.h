@@ -65,6 +65,7 @@ typedef struct {
                                     // pages without a character of the file are NULL (dataset_token)
     int n_lines, n_train, n_val;    // lines [0, n_train) train, [n_train, n_lines) validate
     int max_len;                    // longest line, in characters
+    long max_len_line;              // its line number in the file (the first, if several)
     int32_t* tokens;                // every line's tokens, concatenated, in split order
     long* line_start;               // [n_lines] offset of each line in tokens
     int* line_len;                  // [n_lines], in characters
@@ -82,7 +83,7 @@ typedef struct {
 // What a path that is not a regular file is, for messages.
 static const char* file_kind(mode_t mode) {
     return S_ISDIR(mode) ? "a folder" : S_ISFIFO(mode) ? "a named pipe" : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
-         : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+         : S_ISSOCK(mode) ? "a socket" : S_ISLNK(mode) ? "a symbolic link" : "not a regular file";
 }
 
 // Opens an input (the data, a checkpoint, a log) without ever waiting: opening a named pipe
@@ -224,6 +225,7 @@ static void dataset_load(Dataset* ds, const char* path, int max_line, uint64_t s
             }
             start[n] = (long)pos;
             len[n] = (int)column;
+            if (column > ds->max_len) ds->max_len = (int)column, ds->max_len_line = line_no;
             total += column;
             n++;
         }

@@ -278,11 +278,19 @@ static void fatal_end_job(const char* message) {
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+// A deliberate end before the program's own (util.h's exit_program): every rank calls it.
+static void dist_exit_program(int status) {
+    MPI_Finalize();
+    exit(status);
+}
+
 static void dist_init(int* argc, char*** argv) {
     MPI_Init(argc, argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     fatal_end = fatal_end_job; // from now on, fatal() ends every rank (util.h, "fatal errors")
+    exit_program = dist_exit_program;
+    prints_for_job = world_rank == 0;
 }
 
 __attribute__((format(printf, 3, 4), noreturn)) static void dist_exit(int status, const char* run_line,
@@ -324,11 +332,12 @@ static void dist_parse_or_exit(Options* o, int argc, char** argv, const char* ru
     exit(rc == 1 ? 0 : 2);
 }
 
-// The programs that train the dense model only: --experts belongs to train.c and train_ep.c.
+// The programs that train the dense model only: --experts belongs to train.c, train_ep.c,
+// and for the GPT train_3d.c (--ep).
 static void dist_dense_only(const Options* o, const char* run_line) {
     if (o->model.experts > 0)
         dist_exit(2, run_line, "--experts: this program trains the dense model; the mixture of experts trains in "
-                  "train.c (one process) and train_ep.c (experts spread over ranks)");
+                  "train.c (one process) and train_ep.c (experts spread over ranks), the GPT's also in train_3d.c (--ep)");
 }
 
 // Data parallelism (train_dp.c, train_fsdp.c) gives every rank a share of each batch's rows.
@@ -363,7 +372,8 @@ static void dist_ckpt_save(const Holding* h, const Options* o, const Dataset* ds
     for (int part = 0; part < (adamw ? 3 : 1); part++)
         for (int u = 0; u < n_units(c); u++) {
             int n = (int)h->n[u], total = 0;
-            for (long e = 0; e < n; e++) index[e] = holding_index(h, c, u, e);
+            UnitTable table = unit_table(c, u);
+            for (long e = 0; e < n; e++) index[e] = holding_index(h, c, &table, u, e);
             MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
             if (root) {
                 for (int q = 0; q < world_size; q++) displs[q] = total, total += counts[q];

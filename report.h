@@ -44,9 +44,13 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
     fflush(stdout);
 }
 
-static void print_results(double val_loss, long n_val, double seconds, long steps, int batch, const int* names,
-                          int n_names, int max_len, const Dataset* ds, int quiet) {
-    printf("validation loss %.4f (%ld examples)\n", val_loss, n_val);
+// The validation loss is the mean over the validation split's targets (model.h's mean_loss),
+// and the count printed is theirs: the MLP's examples, a target each; the GPT's characters
+// and ends of its lines within --context (a line cut by it scores its first T characters).
+static void print_results(double val_loss, double seconds, long steps, int batch, const int* names, int n_names,
+                          int max_len, const Dataset* ds, int quiet) {
+    if (ds->seq_len) printf("validation loss %.4f (%ld targets, in %d lines)\n", val_loss, ds->n_val_targets, ds->n_val);
+    else printf("validation loss %.4f (%ld examples)\n", val_loss, ds->n_val_targets);
     if (!quiet && steps > 0)
         printf("training time %.2f s: %.4f ms/step, %.0f tokens/s\n", seconds, 1e3 * seconds / steps,
                seconds > 0 ? (double)steps * batch / seconds : 0.0);
@@ -82,13 +86,23 @@ typedef struct {
     double aux;          // --experts: the load-balancing loss of the step ending (the program sets it)
     double aux_sum, interval_aux, aux_last;
     double t0;       // when the current step began
+    int stopped;     // a signal stopped training (step_end): save_at ends the run, EXIT_STOPPED
 } Progress;
 
 // SIGINT or SIGTERM with --save: the first asks training to stop after the current step,
-// with a checkpoint; a second ends the process at once.
+// with a checkpoint, and the run then ends with status EXIT_STOPPED (util.h); a second, a
+// second or more later, ends the process at once. Signals within a second of the first are
+// the same request, come by
+// several ways: a scheduler signals every process of a job, and mpirun forwards what it got
+// to the ranks too, so a rank may get two at once and must still save.
 static volatile sig_atomic_t stop_signals;
+static struct timespec stop_first; // when the first came (CLOCK_MONOTONIC)
 static void on_stop_signal(int sig) {
-    if (stop_signals++) signal(sig, SIG_DFL), raise(sig);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now); // async-signal-safe
+    long ms = (now.tv_sec - stop_first.tv_sec) * 1000L + (now.tv_nsec - stop_first.tv_nsec) / 1000000L;
+    if (stop_signals && ms >= 1000) signal(sig, SIG_DFL), raise(sig);
+    if (!stop_signals++) stop_first = now;
 }
 
 // --timeout: when no training step has begun for that long, a rank is stuck (a stopped or
@@ -114,7 +128,6 @@ static void watchdog_wind(const Options* o) {
 // its lines after S (steps trained after the last checkpoint, before a kill) are cut, and
 // training appends from S + 1. Another log is refused unless --log-overwrite says to
 // replace it (cli.h has refused, before this, any file that is not a log of this project).
-#define LOG_LINE_MAX 256
 // NULL if the log at `path` is this run's up to step S (and *end is the offset after its line
 // of step S), or why it is not.
 static const char* log_is_this_run(const char* path, int moe, long S, uint64_t losses, long* end) {
@@ -148,7 +161,7 @@ static const char* log_is_this_run(const char* path, int moe, long S, uint64_t l
 }
 static FILE* log_open(const Options* o) {
     int moe = o->model.experts > 0;
-    if (o->load && !o->log_overwrite && path_holds(o->log, LOG_HEADER) == PATH_OURS) {
+    if (o->load && !o->log_overwrite && path_holds(o->log, log_recognise) == PATH_OURS) {
         long end = 0;
         const char* why = log_is_this_run(o->log, moe, ckpt_losses.step, ckpt_losses.sum, &end);
         if (why)
@@ -230,13 +243,27 @@ static void step_begin(Progress* p, long step) {
     step_window_open((p->o->trace || p->record_last) && step == p->o->steps);
     p->t0 = now_seconds();
 }
-// The checkpoint of --save at `step`, unless it is written already.
+static void progress_end(Progress* p) {
+    if (p->o->timeout > 0) alarm((unsigned)p->o->timeout); // validation and sampling: one more span
+    if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
+    p->log = NULL;
+}
+// The checkpoint of --save at `step`, unless it is written already. After training a signal
+// stopped (step_end), the run ends here, its checkpoint written and its log closed, with
+// status EXIT_STOPPED (util.h: 75, "stopped: resume it"), not 0, which says it finished; in
+// an MPI program every rank ends so, together (dist.h's dist_init).
 static void save_at(Progress* p, long step) {
-    if (!p->o->save || p->saved == step) return;
-    watchdog_wind(p->o); // a finished run is not stopped before its checkpoint is written
-    if (p->log && fflush(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno)); // the log holds what the checkpoint records
-    p->save(p->save_ctx, p->o, step);
-    p->saved = step;
+    if (p->o->save && p->saved != step) {
+        watchdog_wind(p->o); // a finished run is not stopped before its checkpoint is written
+        if (p->log && fflush(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno)); // the log holds what the checkpoint records
+        p->save(p->save_ctx, p->o, step);
+        p->saved = step;
+    }
+    if (p->stopped) {
+        progress_end(p);
+        if (fflush(stdout) != 0 || ferror(stdout)) fatal("cannot write to the standard output: %s", strerror(errno));
+        exit_program(EXIT_STOPPED);
+    }
 }
 
 // A training step ends, with its mean training loss; `validate` runs when a progress line
@@ -252,14 +279,10 @@ static int step_end(Progress* p, long step, double train_loss, ValidateFn valida
     int stop = p->agree ? p->agree(stop_signals > 0) : stop_signals > 0;
     if (stop || (p->o->save_every > 0 && step % p->o->save_every == 0)) save_at(p, step);
     if (stop && p->printing)
-        fprintf(stderr, "stopped by a signal after step %ld: checkpoint '%s' written; resume with --load %s\n", step,
-                p->o->save, p->o->save);
+        fprintf(stderr, "stopped by a signal after step %ld: checkpoint '%s' written; resume with --load %s (exit status "
+                "%d: stopped, not finished)\n", step, p->o->save, p->o->save, EXIT_STOPPED);
+    p->stopped = stop; // the caller breaks out of its loop, and save_at ends the run
     return stop;
-}
-static void progress_end(Progress* p) {
-    if (p->o->timeout > 0) alarm((unsigned)p->o->timeout); // validation and sampling: one more span
-    if (p->log && fclose(p->log) != 0) fatal("cannot write log '%s': %s", p->o->log, strerror(errno));
-    p->log = NULL;
 }
 
 // ----------------------------------------------------------------------------
@@ -304,14 +327,23 @@ static void figures_print(const Figures* f, int n, const char* sent_words, const
     }
 }
 
+// The model a run trained, as its --summary's model= line gives it: tools/costmodel compute
+// prints the same line above its table, and replay refuses a run whose model is not its table's.
+static void model_words(const Config* c, char* s, size_t n) {
+    snprintf(s, n, "%s vocab=%d context=%d emb=%d hidden=%d layers=%d heads=%d experts=%d top_k=%d", model_names[c->model], c->vocab,
+             c->context, c->emb, c->hidden, c->layers, c->heads, c->experts, c->top_k);
+}
+
 // --summary: the run's figures as key=value lines (every rank's in order), and its names.
 static void summary_write(const char* path, const char* program, const char* layout, double val_loss,
                           const Progress* pr, const Figures* f, int n, const int* names, int max_len,
                           const Dataset* ds) {
-    FILE* out = fopen(path, "w");
-    if (!out) fatal("cannot create summary '%s': %s", path, strerror(errno));
-    fprintf(out, "program=%s\nlayout=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
-            layout, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
+    WholeFile whole;
+    FILE* out = whole_open(&whole, path, "summary");
+    char model[256];
+    model_words(&pr->o->model, model, sizeof model);
+    fprintf(out, "program=%s\nlayout=%s\nmodel=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
+            layout, model, n, val_loss, pr->seconds, pr->steps, pr->o->batch);
     for (int i = 0; i < pr->o->samples; i++) {
         fputs("name=", out);
         dataset_write_name(ds, names + (long)i * (max_len + 1), max_len + 1, out);
@@ -323,7 +355,7 @@ static void summary_write(const char* path, const char* program, const char* lay
                 q, f[q].sent, f[q].sent_axis[0], f[q].sent_axis[1], f[q].sent_axis[2], f[q].sent_axis[3], f[q].sent_axis[4],
                 f[q].sent_formula, f[q].received,
                 f[q].params, f[q].grads, f[q].optim, f[q].acts, f[q].mem_formula, f[q].bubble, f[q].messages);
-    if (fclose(out) != 0) fatal("cannot write summary '%s': %s", path, strerror(errno));
+    whole_close(&whole);
 }
 
 // What a program says of itself in its report: its name, its layout, and the formulas
@@ -341,7 +373,7 @@ typedef struct {
 static void report_print(const Options* o, const Report* rep, Progress* pr, double val_loss, const int* names,
                          const Dataset* ds, const Figures* all, int n) {
     progress_end(pr);
-    print_results(val_loss, ds->n_val_examples, pr->seconds, pr->steps, o->batch, names, o->samples, ds->max_len, ds,
+    print_results(val_loss, pr->seconds, pr->steps, o->batch, names, o->samples, ds->max_len, ds,
                   o->quiet);
     if (!o->quiet) figures_print(all, n, rep->sent_words, rep->mem_words);
     if (o->summary) summary_write(o->summary, rep->program, rep->layout, val_loss, pr, all, n, names, ds->max_len, ds);
@@ -430,18 +462,18 @@ static void draw_timeline(int lanes, const char* lane_name, int n, const double*
 // or to process 0 if proc is NULL): open it in https://ui.perfetto.dev or
 // chrome://tracing. One event per line, times in microseconds since the first event.
 static void trace_write(const char* path, const TraceEvent* events, const int* proc, long n) {
-    FILE* f = fopen(path, "w");
-    if (!f) fatal("cannot create trace '%s': %s", path, strerror(errno));
+    WholeFile whole;
+    FILE* f = whole_open(&whole, path, "trace");
     double start = n ? events[0].t0 : 0;
     for (long i = 0; i < n; i++) start = events[i].t0 < start ? events[i].t0 : start;
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    fprintf(f, "%s\n", TRACE_FIRST_LINE);
     for (long i = 0; i < n; i++)
         fprintf(f, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, "
                    "\"dur\": %.3f, \"args\": {\"bytes\": %.0f}}%s\n",
                 events[i].name, events[i].cat, proc ? proc[i] : 0, 1e6 * (events[i].t0 - start), 1e6 * (events[i].t1 - events[i].t0),
                 events[i].bytes, i + 1 < n ? "," : "");
     fprintf(f, "]}\n");
-    if (fclose(f) != 0) fatal("cannot write trace '%s': %s", path, strerror(errno));
+    whole_close(&whole);
 }
 
 // The end of train.c: the names sampled with its forward pass, the report, the --trace.

@@ -1,36 +1,42 @@
 /*
  * schedules.h: pipeline schedules as data, and a checker that runs them without MPI.
  *
- * A schedule is, for each of the S ranks of a pipeline, the ordered list of its actions:
+ * A pipeline cuts the model's units into S x V chunks (V a rank, S ranks) and the batch
+ * into M microbatches. A schedule is, for each rank, the ordered list of its actions, with
+ * torch.distributed.pipelining's names:
  *
- *   F  forward of microbatch m through chunk c
- *   B  full backward of microbatch m through chunk c (I then W at once)
- *   I  the input-gradient half of B: what the chunk before needs, sent at once
- *   W  the weight-gradient half of B: needed by no one until the optimizer step, so a
- *      zero-bubble schedule runs it later, in time that would otherwise be idle
+ *   F    forward of microbatch m through chunk k
+ *   B    full backward of m through k (I, then W, at once)
+ *   I    the input-gradient half of B: what chunk k-1 is waiting for, sent at once
+ *   W    the weight-gradient half: needed by no one before the optimizer step, so a
+ *        zero-bubble schedule runs it later, in time that would otherwise be idle
+ *   F&B  (DualPipeV) an F and a B of two microbatches as one action, run overlapped
  *
- * The model's units are cut into S x V chunks (V "virtual stages" per rank); a schedule
- * also says which rank holds which chunk. train_pp.c runs any list with one executor; the
- * checker below simulates one with given durations of F, I and W and a message latency.
+ * train_pp.c runs any list with one executor. The checker (schedule_check) runs the lists
+ * with durations in place of computation; train_pp.c runs it on its lists before training.
  *
- *   schedule     chunks per rank   rank r holds         rule
- *   naive        1                 chunk r              -
- *   gpipe        1                 chunk r              -
- *   1f1b         1                 chunk r              -
- *   interleaved  V                 chunks r, r+S, ...   M a multiple of S (Megatron's)
- *   zb1          1                 chunk r              -
- *   zbv          2                 chunks r, 2S-1-r     -
+ * Which rank holds chunk k (chunk_owner):
+ *   naive, gpipe, 1f1b, zb1   one chunk a rank: rank r holds chunk r
+ *   interleaved               V a rank, round-robin: r, r+S, r+2S, ...
+ *   zbv, dualpipev            two a rank, in a V: r on the way down, 2S-1-r on the way back
+ *                             up, so rank 0 holds the first and the last chunk
  *
- * Bubble, the idle fraction of a step, with F, I and W taking f, i and w (B = i + w) and
- * no latency, by the papers' closed forms:
- *   naive (S-1)/S; gpipe and 1f1b (S-1)/(M+S-1); interleaved (S-1)/(V M + S-1);
- *   zb1 (S-1)(f+i-w) / (M(f+i+w) + (S-1)(f+i-w)), a third of 1f1b's when f = i = w;
- *   zb1's holds when M >= S; zbv has none: the checker measures it.
- * Peak activations held by rank r, in microbatches through a whole stage (a chunk holds
- * 1/V of one), counted at once over all its chunks: naive 1; gpipe M; 1f1b min(S-r, M);
- * zb1 min(S, M) on every rank (1F1B's largest, rank 0's); interleaved
- * min(V M, 2(S-1-r) + (V-1) S + 1) / V (Megatron's warm-up, and one more F); zbv min(S, M)
- * on every rank (its play's cap of 2S chunks, reached once M >= S).
+ * Closed forms, each derived (or cited) where its list is built below. f, i, w: the time
+ * of a chunk's F, I and W (b = i + w, a B), fb of an F&B; no latency. The bubble is the
+ * fraction of S x the step that ranks idle; peak activations of rank r count microbatches
+ * through a whole stage (a chunk holds 1/V of one), over all its chunks at once.
+ *
+ *   schedule     bubble                               peak of rank r         rule
+ *   naive        (S-1)/S                              1
+ *   gpipe        (S-1)/(M+S-1)                        M
+ *   1f1b         (S-1)/(M+S-1)                        min(S-r, M)
+ *   interleaved  (S-1)/(V M+S-1)                      min(2(S-1-r)+(V-1)S+1, V M)/V  M a multiple of S
+ *   zb1          (S-1)(f+i-w)/(M(f+b)+(S-1)(f+i-w))   min(S, M)              (bubble: M >= S)
+ *   zbv          none: the checker measures it        min(S, M)
+ *   dualpipev    (S-1)(fb+b-3w)/(2M(f+b)+(S-1)(fb+b-3w))  S + 1/2            M >= 2S
+ *
+ * Sections: names and places; the schedules, one function each; the checker; the closed
+ * forms as functions.
  */
 #ifndef SCHEDULES_H
 #define SCHEDULES_H
@@ -41,177 +47,259 @@
 
 #include "util.h"
 
-typedef struct {
-    char op;   // 'F', 'B', 'I' or 'W'
-    int chunk; // which of this rank's chunks, 0..V-1
-    int mb;    // microbatch
-} Action;
+// ----------------------------------------------------------------------------
+// names and places
 
-enum { SCHEDULE_NAIVE, SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB1, SCHEDULE_ZBV, N_SCHEDULES };
-static const char* const schedule_names[N_SCHEDULES] = {"naive", "gpipe", "1f1b", "interleaved", "zb1", "zbv"};
+typedef struct {
+    char op;          // 'F', 'B', 'I', 'W', or '&' for an F&B
+    int chunk, mb;    // the chunk of the model (0..S V-1) and the microbatch; of an F&B, its F's
+    int b_chunk, b_mb; // an F&B's B
+} Action;
+static Action act(char op, int chunk, int mb) { return (Action){op, chunk, mb, 0, 0}; }
+
+enum { SCHEDULE_NAIVE, SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB1, SCHEDULE_ZBV,
+       SCHEDULE_DUALPIPEV, N_SCHEDULES };
+static const char* const schedule_names[N_SCHEDULES] = {"naive", "gpipe", "1f1b", "interleaved", "zb1", "zbv", "dualpipev"};
 
 // --schedule NAME: NULL, or the error message (written to err)
 static const char* schedule_parse(const char* value, int* sched, char* err, size_t n) {
-    for (int k = 0; k < N_SCHEDULES; k++)
-        if (!strcmp(value, schedule_names[k])) {
-            *sched = k;
+    for (int s = 0; s < N_SCHEDULES; s++)
+        if (!strcmp(value, schedule_names[s])) {
+            *sched = s;
             return NULL;
         }
-    snprintf(err, n, "--schedule must be naive, gpipe, 1f1b, interleaved, zb1 or zbv, got '%s'", value);
+    snprintf(err, n, "--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev, got '%s'", value);
     return err;
 }
 
-// Chunks per rank: --virtual for interleaved, 2 for zbv, else 1.
+// Whether the schedule's chunks form a V (rank 0 then holds the first and the last chunk).
+static int schedule_v_shaped(int sched) { return sched == SCHEDULE_ZBV || sched == SCHEDULE_DUALPIPEV; }
+// Chunks per rank: --virtual for interleaved, 2 for the V-shaped, else 1.
 static int schedule_chunks(int sched, int virtual_stages) {
-    return sched == SCHEDULE_INTERLEAVED ? virtual_stages : sched == SCHEDULE_ZBV ? 2 : 1;
+    return sched == SCHEDULE_INTERLEAVED ? virtual_stages : schedule_v_shaped(sched) ? 2 : 1;
 }
-// The chunk of the model (0..S*V-1, in model order) that rank r holds as its chunk v.
+// The chunk of the model (0..S V-1, in model order) that rank r holds as its v-th.
 static int chunk_global(int sched, int S, int r, int v) {
-    if (sched == SCHEDULE_ZBV) return v == 0 ? r : 2 * S - 1 - r; // down the ranks, then back up: a V
-    return v * S + r;                                                // interleaved: round-robin
+    if (schedule_v_shaped(sched)) return v == 0 ? r : 2 * S - 1 - r; // down the ranks, then back up
+    return v * S + r;                                                 // round-robin
 }
-// Which rank holds model chunk k (of S V), and as which of its chunks; -1 for no chunk.
+// The rank that holds chunk k, and (*v) as which of its chunks; -1 past either end.
 static int chunk_owner(int sched, int S, int V, int k, int* v) {
     if (k < 0 || k >= S * V) return *v = -1, -1;
-    if (sched == SCHEDULE_ZBV) return k < S ? (*v = 0, k) : (*v = 1, 2 * S - 1 - k);
+    if (schedule_v_shaped(sched)) return k < S ? (*v = 0, k) : (*v = 1, 2 * S - 1 - k);
     return *v = k / S, k % S;
 }
 
 // Whether S ranks, V chunks each and M microbatches fit the schedule; NULL, or why not.
 static const char* schedule_rule(int sched, int S, int V, int M, char* err, size_t n) {
-    if (sched == SCHEDULE_INTERLEAVED && V > 1 && M % S != 0) {
+    if (S > 64)
+        snprintf(err, n, "%d pipeline stages: the schedules' checker (schedules.h) simulates up to 64", S);
+    else if (sched == SCHEDULE_INTERLEAVED && V > 1 && M % S != 0)
         snprintf(err, n, "--schedule interleaved sends microbatches round the ranks in groups of S: the "
                  "microbatches (%d) must be a multiple of the stages (%d)", M, S);
-        return err;
-    }
-    (void)V;
-    return NULL;
+    else if (sched == SCHEDULE_DUALPIPEV && M < 2 * S)
+        snprintf(err, n, "--schedule dualpipev fills both arms of its V before its steady state: it needs at least "
+                 "2 x %d stages = %d microbatches, got %d (raise --microbatches to %d or more)", S, 2 * S, M, 2 * S);
+    else
+        return NULL;
+    return err;
 }
 
 // ----------------------------------------------------------------------------
 // the schedules: each fills rank r's list (room for 3 V M actions) and returns its length
 
-static int schedule_naive(int S, int V, int M, int r, Action* a) {
-    (void)S, (void)V, (void)r;
+static int schedule_naive(int S, int V, int M, int r, Action* a) { // one microbatch in the pipeline at a time
+    (void)S, (void)V;
     int n = 0;
-    for (int m = 0; m < M; m++) a[n++] = (Action){'F', 0, m}, a[n++] = (Action){'B', 0, m};
+    for (int m = 0; m < M; m++) a[n++] = act('F', r, m), a[n++] = act('B', r, m);
     return n;
 }
+// GPipe (Huang et al. 2019): every forward, then every backward. The pipeline fills in S-1
+// forwards and drains in S-1 backwards, so each rank idles (S-1)(f+b) of a step of
+// (M+S-1)(f+b); it holds all M microbatches before the first backward.
 static int schedule_gpipe(int S, int V, int M, int r, Action* a) {
-    (void)S, (void)V, (void)r;
+    (void)S, (void)V;
     int n = 0;
-    for (int m = 0; m < M; m++) a[n++] = (Action){'F', 0, m};
-    for (int m = 0; m < M; m++) a[n++] = (Action){'B', 0, m};
+    for (int m = 0; m < M; m++) a[n++] = act('F', r, m);
+    for (int m = 0; m < M; m++) a[n++] = act('B', r, m);
     return n;
 }
-// 1F1B: S-1-r forwards to fill the pipeline, then one forward, one backward, ..., then the
-// remaining backwards; rank r holds at most S-r microbatches, not M.
+// 1F1B (PipeDream-Flush, Narayanan et al. 2021): S-1-r forwards to fill the pipeline, then
+// one forward and one backward in turn, then the backwards left. The same fill and drain
+// as GPipe, so the same bubble; but rank r holds at most S-r microbatches (its warm-up and
+// one more), not M.
 static int schedule_1f1b(int S, int V, int M, int r, Action* a) {
     (void)V;
     int n = 0, f = 0, b = 0, warmup = S - 1 - r < M ? S - 1 - r : M;
-    while (f < warmup) a[n++] = (Action){'F', 0, f++};
-    while (f < M) a[n++] = (Action){'F', 0, f++}, a[n++] = (Action){'B', 0, b++};
-    while (b < M) a[n++] = (Action){'B', 0, b++};
+    while (f < warmup) a[n++] = act('F', r, f++);
+    while (f < M) a[n++] = act('F', r, f++), a[n++] = act('B', r, b++);
+    while (b < M) a[n++] = act('B', r, b++);
     return n;
 }
-// Interleaved 1F1B (Megatron): the same pattern over V M chunk-passes. The k-th forward of
-// a rank is microbatch (k / (S V)) S + k % S through its chunk (k / S) % V: groups of S
-// microbatches go through chunk 0, then chunk 1, ...; backwards run the chunks in reverse.
-// The warm-up is longer: 2 (S-1-r) + (V-1) S forwards.
-static void interleaved_pass(int S, int V, int k, int forward, int* chunk, int* mb) {
-    int v = (k / S) % V;
-    *chunk = forward ? v : V - 1 - v;
-    *mb = (k / (S * V)) * S + k % S;
+// Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021): rank r holds chunks r, r+S, ...
+// (its "rounds" 0..V-1) and runs 1F1B over V M chunk-passes. Its j-th forward is microbatch
+// (j / (S V)) S + j % S in round (j / S) % V: groups of S microbatches go through round 0,
+// then round 1, ... (S = 2, V = 2: rounds and microbatches (0,0) (0,1) (1,0) (1,1) (0,2)
+// (0,3) ...); backwards the same with the rounds reversed. A chunk is 1/V of a stage, so
+// the fill and drain take (S-1)(f+b)/V: the bubble (S-1)/(V M+S-1). The warm-up is longer,
+// Megatron's 2(S-1-r) + (V-1)S forwards (before rank r's first backward, microbatch 0 runs
+// V-1 rounds on every rank, and goes down to the last rank and back), so the peak is one
+// more chunk-pass than that, in microbatches /V.
+static void interleaved_pass(int S, int V, int r, int j, int forward, int* chunk, int* mb) {
+    int round = (j / S) % V;
+    *chunk = (forward ? round : V - 1 - round) * S + r;
+    *mb = (j / (S * V)) * S + j % S;
 }
 static int schedule_interleaved(int S, int V, int M, int r, Action* a) {
-    int total = V * M, n = 0, f = 0, b = 0, c, m;
+    int total = V * M, n = 0, f = 0, b = 0, k, m;
     int warmup = V == 1 ? S - 1 - r : 2 * (S - 1 - r) + (V - 1) * S;
     warmup = warmup < total ? warmup : total;
-    while (f < warmup) interleaved_pass(S, V, f++, 1, &c, &m), a[n++] = (Action){'F', c, m};
+    while (f < warmup) interleaved_pass(S, V, r, f++, 1, &k, &m), a[n++] = act('F', k, m);
     while (f < total) {
-        interleaved_pass(S, V, f++, 1, &c, &m), a[n++] = (Action){'F', c, m};
-        interleaved_pass(S, V, b++, 0, &c, &m), a[n++] = (Action){'B', c, m};
+        interleaved_pass(S, V, r, f++, 1, &k, &m), a[n++] = act('F', k, m);
+        interleaved_pass(S, V, r, b++, 0, &k, &m), a[n++] = act('B', k, m);
     }
-    while (b < total) interleaved_pass(S, V, b++, 0, &c, &m), a[n++] = (Action){'B', c, m};
+    while (b < total) interleaved_pass(S, V, r, b++, 0, &k, &m), a[n++] = act('B', k, m);
     return n;
 }
-
-// ZB-H1 (zero bubble, Qi et al. 2023): 1F1B's order of forwards and input gradients, with
-// each W delayed: rank r runs W of microbatch j after the I of microbatch j + r, and its
-// last r + 1 W's at the end, where 1F1B would idle in its cool-down. Rank r then holds at
-// most S microbatches' activations (S - r before their I, r waiting for their W): the
-// peak of 1F1B's rank 0, on every rank.
+// ZB-H1 (zero bubble, Qi et al. 2023, section 3): 1F1B's order of forwards and input
+// gradients, with each W delayed: rank r runs the W of microbatch j after the I of j + r,
+// and its last r + 1 W's at the end, where 1F1B idles in its drain. The paper's bubble:
+// (S-1)(f+i-w) a rank (1F1B's is (S-1)(f+i+w)), a third of 1F1B's when f = i = w, once
+// M >= S. Rank r holds at most S microbatches (S-r before their I, r waiting for their W):
+// the peak of 1F1B's rank 0, on every rank.
 static int schedule_zb1(int S, int V, int M, int r, Action* a) {
     (void)V;
     int n = 0, f = 0, b = 0, w = 0, warmup = S - 1 - r < M ? S - 1 - r : M;
-    while (f < warmup) a[n++] = (Action){'F', 0, f++};
+    while (f < warmup) a[n++] = act('F', r, f++);
     while (b < M) {
-        if (f < M) a[n++] = (Action){'F', 0, f++};
-        a[n++] = (Action){'I', 0, b++};
-        if (b - 1 >= r && w < M) a[n++] = (Action){'W', 0, w++};
+        if (f < M) a[n++] = act('F', r, f++);
+        a[n++] = act('I', r, b++);
+        if (b - 1 >= r && w < M) a[n++] = act('W', r, w++);
     }
-    while (w < M) a[n++] = (Action){'W', 0, w++};
+    while (w < M) a[n++] = act('W', r, w++);
     return n;
 }
 
-// ZB-V (zero bubble, V-shaped): each rank holds two chunks, r and 2S-1-r, so that the
-// first and last chunks of the model share rank 0 and the pipeline turns round on rank
-// S-1. The list is built by playing the pipeline forward in unit time steps (F, I and W
-// one step each, messages instant), every rank greedily taking, whenever it is free: an I
-// that is ready (the chunk after has sent its gradient), else an F that is ready if it
-// holds fewer than 2S chunk activations (S microbatches, 1F1B's rank 0), else a pending W,
-// which fills what would be a bubble; within a kind, the oldest microbatch first, then the
-// later chunk. Each rank's list is the order it took them in: a play that completes has
-// no cycle of waits, so neither has any run of it.
+// ZB-V (zero bubble, V-shaped, Qi et al.): chunks r and 2S-1-r on rank r, so that the
+// pipeline turns round on rank S-1 and ends on rank 0. No closed form: the lists come from
+// playing the pipeline in unit time steps (F, I and W one step each, messages instant),
+// every free rank taking, of its two chunks' oldest actions not yet run: a ready I (the
+// chunk after has sent its gradient), else a ready F while it holds fewer than 2S chunk
+// activations (S microbatches, 1F1B's rank 0: the peak min(S, M)), else a pending W, in
+// what would be a bubble; the older microbatch first, then the later chunk. Each rank's
+// list is the order it took them in; a play that finishes has no cycle of waits.
 //
-// Each chunk runs each kind in microbatch order (the chunk before runs its F in that
-// order, the chunk after its I), so the only candidate of a kind on a chunk is its oldest
-// microbatch not yet run: a time step looks at V of them per kind and rank, and the whole
+// Each chunk takes each kind in microbatch order (the chunk before sends its F's in that
+// order, the chunk after its I's), so its only candidate of a kind is the oldest it has
+// not taken, next[kind][k]: a time step looks at 2 candidates per kind and rank, and the
 // play takes time linear in the actions.
-static int play_done(const int* end, long x, int t) { return end[x] >= 0 && end[x] <= t; } // by time step t
-static void schedule_play(int sched, int S, int V, int M, Action** lists, int* counts) {
-    enum { I, F, W }; // the kinds, in the order a free rank prefers them
-    int K = S * V;
-    long total = (long)K * M, done = 0;
-    // end[kind][k M + m]: when that action of chunk k on microbatch m ends (-1: not taken);
-    // next[kind][k]: the oldest microbatch chunk k has not taken that kind for
-    int *end[3], *next[3], *live = callocCheck(S, sizeof(int)), (*taken)[3] = mallocCheck(sizeof(int[3]) * S);
-    for (int kind = I; kind <= W; kind++) {
-        end[kind] = mallocCheck(sizeof(int) * total), next[kind] = callocCheck(K, sizeof(int));
-        for (long x = 0; x < total; x++) end[kind][x] = -1;
+enum { PLAY_I, PLAY_F, PLAY_W }; // the kinds, in the order a free rank prefers them
+typedef struct {
+    int S, M;
+    int* end[3];  // end[kind][k M + m]: the time step that action of chunk k on microbatch m ends (-1: not taken)
+    int* next[3]; // next[kind][k]: the oldest microbatch chunk k has not taken that kind for
+} Play;
+// Whether an action has ended by time step t; none is needed past either end of the model.
+static int play_ended(const Play* p, int kind, int k, int m, int t) {
+    if (k < 0 || k >= 2 * p->S) return 1;
+    int end = p->end[kind][(long)k * p->M + m];
+    return end >= 0 && end <= t;
+}
+static int play_ready(const Play* p, int kind, int k, int m, int t, int live) {
+    if (kind == PLAY_I) return play_ended(p, PLAY_F, k, m, t) && play_ended(p, PLAY_I, k + 1, m, t);
+    if (kind == PLAY_F) return live < 2 * p->S && play_ended(p, PLAY_F, k - 1, m, t);
+    return play_ended(p, PLAY_I, k, m, t);
+}
+static void schedule_zbv(int S, int M, Action** lists, int* counts) {
+    Play p = {S, M, {0}, {0}};
+    long actions = 3L * 2 * S * M;
+    for (int kind = PLAY_I; kind <= PLAY_W; kind++) {
+        p.end[kind] = mallocCheck(sizeof(int) * 2 * S * M), p.next[kind] = callocCheck(2 * S, sizeof(int));
+        for (long x = 0; x < 2L * S * M; x++) p.end[kind][x] = -1;
     }
+    int* live = callocCheck(S, sizeof(int)); // chunk activations rank r holds
     for (int r = 0; r < S; r++) counts[r] = 0;
-    for (int t = 0; done < 3 * total; t++) {
-        if (t > 3 * total) fatal("internal: the %s schedule cannot be played for S=%d M=%d", schedule_names[sched], S, M);
-        int n_taken = 0; // what ranks take at t ends at t + 1
+    for (int t = 0; actions > 0; t++) {
+        if (t > 6L * S * M) fatal("internal: the zbv schedule cannot be played for S=%d M=%d", S, M);
         for (int r = 0; r < S; r++) {
-            int best = -1, bk = 0, bm = 0, bv = 0;
-            for (int kind = I; kind <= W && best < 0; kind++)
-                for (int v = V - 1; v >= 0; v--) { // the oldest microbatch, then the later chunk
-                    int k = chunk_global(sched, S, r, v), m = next[kind][k];
-                    if (m >= M || (best >= 0 && m >= bm)) continue;
-                    long x = (long)k * M + m;
-                    int ready = kind == I ? play_done(end[F], x, t) && (k == K - 1 || play_done(end[I], x + M, t))
-                              : kind == F ? live[r] < 2 * S && (k == 0 || play_done(end[F], x - M, t))
-                              : play_done(end[I], x, t);
-                    if (ready) best = kind, bk = k, bm = m, bv = v;
+            int kind = -1, k = 0, m = 0;
+            for (int want = PLAY_I; want <= PLAY_W && kind < 0; want++)
+                for (int v = 1; v >= 0; v--) { // the later chunk first, then the older microbatch
+                    int kv = chunk_global(SCHEDULE_ZBV, S, r, v), mv = p.next[want][kv];
+                    if (mv >= M || (kind >= 0 && mv >= m) || !play_ready(&p, want, kv, mv, t, live[r])) continue;
+                    kind = want, k = kv, m = mv;
                 }
-            if (best < 0) continue;
-            lists[r][counts[r]++] = (Action){"IFW"[best], bv, bm};
-            live[r] += best == F ? 1 : best == W ? -1 : 0;
-            next[best][bk]++;
-            taken[n_taken][0] = best, taken[n_taken][1] = bk, taken[n_taken][2] = bm, n_taken++;
+            if (kind < 0) continue; // idle at t
+            lists[r][counts[r]++] = act("IFW"[kind], k, m);
+            p.end[kind][(long)k * M + m] = t + 1, p.next[kind][k]++, actions--;
+            live[r] += kind == PLAY_F ? 1 : kind == PLAY_W ? -1 : 0;
         }
-        for (int j = 0; j < n_taken; j++, done++) end[taken[j][0]][(long)taken[j][1] * M + taken[j][2]] = t + 1;
     }
-    for (int kind = I; kind <= W; kind++) free(end[kind]), free(next[kind]);
-    free(live), free(taken);
+    for (int kind = PLAY_I; kind <= PLAY_W; kind++) free(p.end[kind]), free(p.next[kind]);
+    free(live);
+}
+
+// DualPipeV (DeepSeek's DualPipe cut in half, Sea AI Lab; deepseek-ai/DualPipe): ZB-V's
+// chunks, r going down and 2S-1-r coming back up, and a steady state of F&B's: the
+// forward of one microbatch overlapped with the backward of another, each hiding the
+// other's communication. Rank r, in eight phases (the down arm's chunk "d", the up arm's
+// "u"; every count for M >= 2S):
+//   1. 2(S-1-r) F(d)              fill the down arm
+//   2. r+1 x  F(d) F(u)           the turn: rank r's first microbatch comes back up
+//   3. S-1-r x  I(u) W(u) F(u)    a backward split so that its gradient leaves first
+//   4. M-2S+1+r x  F(d)&B(u), F(u)&B(d)   the steady state (on the last rank, the first
+//                                 F(d)&B(u) is an F then a B: the F needs no gradient)
+//   5. S-1-r x  B(u), F(u)&B(d)   the forwards run out
+//   6. r+1 x  B(u) B(d)           the drain; its last r+1 backwards are I's
+//   7. S-1-r x  W, I(d)           ... whose W's fill the drain's idle time, oldest first
+//   8. r+1 x  W
+// The peak: phases 1-2 leave 2S chunk activations; each F&B's F adds one before its B
+// frees one: 2S+1 chunks, S + 1/2 microbatches, on every rank (DualPipe's "PP+1" with PP =
+// 2S stages). The bubble, by DualPipe's README: (PP/2-1)(F&B+B-3W) = (S-1)(fb+b-3w) a rank.
+typedef struct {
+    Action* a;
+    int n, k[2], f[2], b[2]; // the list so far; the two arms' chunks, and their next F and B
+    int w_first, w_last;     // the I's whose W is pending: a[w_at[w_first..w_last-1]]
+    int* w_at;
+} Dual;
+enum { DOWN, UP };
+static void dual_f(Dual* d, int arm) { d->a[d->n++] = act('F', d->k[arm], d->f[arm]++); }
+static void dual_b(Dual* d, int arm, char op) { // 'B', or 'I' with its W pending
+    if (op == 'I') d->w_at[d->w_last++] = d->n;
+    d->a[d->n++] = act(op, d->k[arm], d->b[arm]++);
+}
+static void dual_w(Dual* d) {
+    const Action* i = &d->a[d->w_at[d->w_first++]];
+    d->a[d->n++] = act('W', i->chunk, i->mb);
+}
+static void dual_fb(Dual* d, int f_arm, int b_arm) {
+    d->a[d->n++] = (Action){'&', d->k[f_arm], d->f[f_arm]++, d->k[b_arm], d->b[b_arm]++};
+}
+static int schedule_dualpipev(int S, int V, int M, int r, Action* a) {
+    (void)V;
+    Dual d = {a, 0, {r, 2 * S - 1 - r}, {0, 0}, {0, 0}, 0, 0, mallocCheck(sizeof(int) * 2 * M)};
+    int last = r == S - 1;
+    for (int j = 0; j < 2 * (S - 1 - r); j++) dual_f(&d, DOWN);          // 1
+    for (int j = 0; j < r + 1; j++) dual_f(&d, DOWN), dual_f(&d, UP);     // 2
+    for (int j = 0; j < S - 1 - r; j++) dual_b(&d, UP, 'I'), dual_w(&d), dual_f(&d, UP); // 3
+    for (int j = 0; j < M - 2 * S + 1 + r; j++) {                        // 4
+        if (j == 0 && last) dual_f(&d, DOWN), dual_b(&d, UP, 'B');
+        else dual_fb(&d, DOWN, UP);
+        dual_fb(&d, UP, DOWN);
+    }
+    for (int j = 0; j < S - 1 - r; j++) dual_b(&d, UP, 'B'), dual_fb(&d, UP, DOWN); // 5
+    for (int j = 0; j < 2 * (r + 1); j++) dual_b(&d, j % 2 ? DOWN : UP, j < r + 1 ? 'B' : 'I'); // 6
+    for (int j = 0; j < S - 1 - r; j++) dual_w(&d), dual_b(&d, DOWN, 'I'); // 7
+    while (d.w_first < d.w_last) dual_w(&d);                              // 8
+    free(d.w_at);
+    return d.n;
 }
 
 // Every rank's list of a schedule: lists[r] needs room for 3 V M actions.
 static void schedule_build(int sched, int S, int V, int M, Action** lists, int* counts) {
     if (sched == SCHEDULE_ZBV) {
-        schedule_play(sched, S, V, M, lists, counts);
+        schedule_zbv(S, M, lists, counts);
         return;
     }
     for (int r = 0; r < S; r++) {
@@ -220,15 +308,24 @@ static void schedule_build(int sched, int S, int V, int M, Action** lists, int* 
         if (sched == SCHEDULE_1F1B) counts[r] = schedule_1f1b(S, V, M, r, lists[r]);
         if (sched == SCHEDULE_INTERLEAVED) counts[r] = schedule_interleaved(S, V, M, r, lists[r]);
         if (sched == SCHEDULE_ZB1) counts[r] = schedule_zb1(S, V, M, r, lists[r]);
+        if (sched == SCHEDULE_DUALPIPEV) counts[r] = schedule_dualpipev(S, V, M, r, lists[r]);
     }
 }
 
+// The computations of an action: itself, or an F&B's F and then its B. Returns how many.
+static int action_parts(const Action* a, Action part[2]) {
+    if (a->op != '&') return part[0] = *a, 1;
+    part[0] = act('F', a->chunk, a->mb), part[1] = act('B', a->b_chunk, a->b_mb);
+    return 2;
+}
+
 // ----------------------------------------------------------------------------
-// the checker: a list run without MPI, with durations and a latency
+// the checker: every rank's list run without MPI, with durations and a latency
 
 typedef struct {
-    double f, i, w;   // durations of F, I, W (B takes i + w)
-    double latency;   // of a message between two ranks (none within a rank)
+    double f, i, w;  // durations of a chunk's F, I and W (B takes i + w)
+    double latency;  // of a message between two ranks (none within a rank)
+    double fb;       // of an F&B: 0 for f + i + w, the two in turn (as on one core)
 } Durations;
 
 typedef struct {
@@ -243,90 +340,108 @@ typedef struct {
     double* t1;
 } Check;
 
+__attribute__((format(printf, 2, 3))) static void check_fails(Check* c, const char* fmt, ...) {
+    if (!c->ok) return; // the first failure is the one reported
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    va_end(ap);
+    c->ok = 0;
+}
+
 // Runs every rank's list in order, each action starting when its rank is free and its
-// inputs exist, and checks: every chunk of every microbatch gets one F and one B (or one I
-// and one W), on the rank that holds the chunk, W after its I; no rank waits for an action
-// that can never come (that would be a deadlock with train_pp.c's blocking receives).
+// inputs exist: an F the activations of chunk k-1, a B or I the gradient from chunk k+1
+// (a message: + latency, unless the chunk is on the same rank), a W its I. Checks:
+//  - each action names a chunk its rank holds and a microbatch of the step;
+//  - each chunk runs its F's in microbatch order, and its backwards (B or I) too, each
+//    once: train_pp.c's messages need no microbatch in their tags;
+//  - a B, I or W comes after what it needs on its own rank (its F, its I);
+//  - no rank waits for an action that never comes (with train_pp.c's blocking receives,
+//    a deadlock), and every chunk of every microbatch gets its F, its backward and its W.
 static Check schedule_check(int sched, int S, int V, int M, Action* const* lists, const int* counts, Durations d,
                             double* t0, double* t1, int stride) {
     Check c = {.ok = 1, .t0 = t0, .t1 = t1};
-    int K = S * V, total = K * M;
-    double *f_end = mallocCheck(sizeof(double) * total), *i_end = mallocCheck(sizeof(double) * total),
+    int n_chunks = S * V, v;
+    long total = (long)n_chunks * M;
+    if (S > 64) {
+        check_fails(&c, "more than 64 ranks");
+        return c;
+    }
+    // each action of the pipeline, each chunk's F's and backwards in microbatch order
+    int *f_next = callocCheck(n_chunks, sizeof(int)), *b_next = callocCheck(n_chunks, sizeof(int));
+    for (int r = 0; r < S && c.ok; r++)
+        for (int j = 0; j < counts[r] && c.ok; j++) {
+            Action part[2];
+            int n = action_parts(&lists[r][j], part);
+            if (!strchr("FBIW&", lists[r][j].op) || lists[r][j].op == 0) n = 0, check_fails(&c, "rank %d action %d is not an action", r, j);
+            for (int q = 0; q < n && c.ok; q++) {
+                int k = part[q].chunk, m = part[q].mb, op = part[q].op;
+                if (k < 0 || k >= n_chunks || m < 0 || m >= M)
+                    check_fails(&c, "rank %d action %d is not an action of this pipeline", r, j);
+                else if (chunk_owner(sched, S, V, k, &v) != r)
+                    check_fails(&c, "rank %d runs chunk %d, which it does not hold", r, k);
+                else if (op == 'F' && f_next[k]++ != m)
+                    check_fails(&c, "chunk %d runs F of microbatch %d twice or out of microbatch order", k, m);
+                else if ((op == 'B' || op == 'I') && b_next[k]++ != m)
+                    check_fails(&c, "chunk %d runs the backward of microbatch %d twice or out of microbatch order", k, m);
+            }
+        }
+    // the lists run, a rank at a time as far as its inputs allow, until none can move
+    double *f_end = mallocCheck(sizeof(double) * total), *b_end = mallocCheck(sizeof(double) * total),
            *w_end = mallocCheck(sizeof(double) * total), *free_at = callocCheck(S, sizeof(double)),
            *live = callocCheck(S, sizeof(double));
-    int *f_rank = mallocCheck(sizeof(int) * total), *i_rank = mallocCheck(sizeof(int) * total),
-        *next = callocCheck(S, sizeof(int));
-    for (int x = 0; x < total; x++) f_end[x] = i_end[x] = w_end[x] = -1, f_rank[x] = i_rank[x] = -1;
-    if (S > 64) {
-        snprintf(c.why, sizeof c.why, "more than 64 ranks");
-        c.ok = 0, S = 0; // nothing more to run or count
-    }
-    for (int r = 0; r < S && c.ok; r++) // each action once, on the chunk's rank
-        for (int j = 0; j < counts[r]; j++) {
-            const Action* a = &lists[r][j];
-            if (a->chunk < 0 || a->chunk >= V || a->mb < 0 || a->mb >= M || !strchr("FBIW", a->op)) {
-                snprintf(c.why, sizeof c.why, "rank %d action %d is not an action of this pipeline", r, j);
-                c.ok = 0;
-                break;
-            }
-        }
-    int progress = 1;
-    while (c.ok && progress) {
-        progress = 0;
-        for (int r = 0; r < S; r++) {
-            while (next[r] < counts[r]) {
+    int* next = callocCheck(S, sizeof(int));
+    for (long x = 0; x < total; x++) f_end[x] = b_end[x] = w_end[x] = -1;
+    for (int moved = 1; moved && c.ok;) {
+        moved = 0;
+        for (int r = 0; r < S && c.ok; r++)
+            for (; next[r] < counts[r]; next[r]++) {
                 const Action* a = &lists[r][next[r]];
-                int k = chunk_global(sched, S, r, a->chunk), x = k * M + a->mb, v, owner;
-                double ready = free_at[r], dur = a->op == 'F' ? d.f : a->op == 'I' ? d.i : a->op == 'W' ? d.w : d.i + d.w;
-                if (a->op == 'F') {
-                    if (f_end[x] >= 0) { snprintf(c.why, sizeof c.why, "F of chunk %d microbatch %d twice", k, a->mb); c.ok = 0; break; }
-                    if (k > 0) {
-                        if (f_end[x - M] < 0) break; // waits for the chunk before
-                        owner = f_rank[x - M];
-                        ready = fmax(ready, f_end[x - M] + (owner == r ? 0 : d.latency));
+                Action part[2];
+                int n = action_parts(a, part), waits = 0;
+                double start = free_at[r];
+                for (int q = 0; q < n && !waits; q++) {
+                    int k = part[q].chunk, op = part[q].op;
+                    long x = (long)k * M + part[q].mb;
+                    if (op == 'F' && k > 0) { // the activations of chunk k-1
+                        if (f_end[x - M] < 0) waits = 1;
+                        else start = fmax(start, f_end[x - M] + (chunk_owner(sched, S, V, k - 1, &v) == r ? 0 : d.latency));
+                    } else if (op == 'B' || op == 'I') { // its F, on this rank; the gradient of chunk k+1
+                        if (f_end[x] < 0) check_fails(&c, "rank %d runs %c of chunk %d microbatch %d before its F", r, op, k, part[q].mb);
+                        start = fmax(start, f_end[x]);
+                        if (k == n_chunks - 1) continue;
+                        if (b_end[x + M] < 0) waits = 1;
+                        else start = fmax(start, b_end[x + M] + (chunk_owner(sched, S, V, k + 1, &v) == r ? 0 : d.latency));
+                    } else if (op == 'W') { // its I, on this rank
+                        if (b_end[x] < 0 || w_end[x] >= 0) check_fails(&c, "rank %d runs W of chunk %d microbatch %d twice or before its I", r, k, part[q].mb);
+                        start = fmax(start, b_end[x]);
                     }
-                } else if (a->op == 'B' || a->op == 'I') {
-                    if (i_end[x] >= 0) { snprintf(c.why, sizeof c.why, "backward of chunk %d microbatch %d twice", k, a->mb); c.ok = 0; break; }
-                    if (f_end[x] < 0 || f_rank[x] != r) { snprintf(c.why, sizeof c.why, "rank %d runs %c of chunk %d microbatch %d before its F", r, a->op, k, a->mb); c.ok = 0; break; }
-                    ready = fmax(ready, f_end[x]);
-                    if (k < K - 1) {
-                        if (i_end[x + M] < 0) break; // waits for the chunk after
-                        owner = i_rank[x + M];
-                        ready = fmax(ready, i_end[x + M] + (owner == r ? 0 : d.latency));
-                    }
-                } else { // W
-                    if (w_end[x] >= 0 || i_end[x] < 0 || i_rank[x] != r) { snprintf(c.why, sizeof c.why, "rank %d runs W of chunk %d microbatch %d twice or before its I", r, k, a->mb); c.ok = 0; break; }
-                    ready = fmax(ready, i_end[x]);
                 }
-                if (chunk_owner(sched, S, V, k, &v) != r) { snprintf(c.why, sizeof c.why, "rank %d runs chunk %d, which it does not hold", r, k); c.ok = 0; break; }
-                double end = ready + dur;
-                if (t0) t0[r * stride + next[r]] = ready, t1[r * stride + next[r]] = end;
-                if (a->op == 'F') f_end[x] = end, f_rank[x] = r, live[r] += 1.0 / V;
-                if (a->op == 'B' || a->op == 'I') i_end[x] = end, i_rank[x] = r;
-                if (a->op == 'B') w_end[x] = end;
-                if (a->op == 'W') w_end[x] = end;
-                if (a->op == 'B' || a->op == 'W') live[r] -= 1.0 / V;
-                c.peak[r] = fmax(c.peak[r], live[r]);
+                if (waits || !c.ok) break;
+                double dur = a->op == 'F' ? d.f : a->op == 'I' ? d.i : a->op == 'W' ? d.w : a->op == 'B' ? d.i + d.w
+                           : d.fb > 0 ? d.fb : d.f + d.i + d.w, end = start + dur;
+                for (int q = 0; q < n; q++) { // an F&B's F holds its activations before its B frees others
+                    long x = (long)part[q].chunk * M + part[q].mb;
+                    if (part[q].op == 'F') f_end[x] = end, live[r] += 1.0 / V;
+                    if (part[q].op == 'B' || part[q].op == 'I') b_end[x] = end;
+                    if (part[q].op == 'B' || part[q].op == 'W') w_end[x] = end, live[r] -= 1.0 / V;
+                    c.peak[r] = fmax(c.peak[r], live[r]);
+                }
+                if (t0) t0[r * stride + next[r]] = start, t1[r * stride + next[r]] = end;
                 c.busy[r] += dur;
                 free_at[r] = c.end[r] = end;
-                next[r]++;
-                progress = 1;
+                moved = 1;
             }
-            if (!c.ok) break;
-        }
     }
     for (int r = 0; r < S && c.ok; r++)
         if (next[r] < counts[r]) {
             const Action* a = &lists[r][next[r]];
-            snprintf(c.why, sizeof c.why, "deadlock: rank %d waits forever at its action %d (%c of its chunk %d, microbatch %d)",
-                     r, next[r], a->op, a->chunk, a->mb);
-            c.ok = 0;
+            check_fails(&c, "deadlock: rank %d waits forever at its action %d (%c of chunk %d, microbatch %d)", r, next[r],
+                        a->op, a->chunk, a->mb);
         }
-    for (int x = 0; x < total && c.ok; x++)
-        if (f_end[x] < 0 || i_end[x] < 0 || w_end[x] < 0) {
-            snprintf(c.why, sizeof c.why, "chunk %d of microbatch %d misses its F, its backward or its W", x / M, x % M);
-            c.ok = 0;
-        }
+    for (long x = 0; x < total && c.ok; x++)
+        if (f_end[x] < 0 || b_end[x] < 0 || w_end[x] < 0)
+            check_fails(&c, "chunk %ld of microbatch %ld misses its F, its backward or its W", x / M, x % M);
     double busy = 0;
     for (int r = 0; r < S; r++) {
         c.makespan = fmax(c.makespan, c.end[r]);
@@ -334,21 +449,26 @@ static Check schedule_check(int sched, int S, int V, int M, Action* const* lists
         busy += c.busy[r];
     }
     c.bubble_total = c.makespan > 0 ? 1 - busy / (S * c.makespan) : 0;
-    free(f_end), free(i_end), free(w_end), free(free_at), free(live), free(f_rank), free(i_rank), free(next);
+    free(f_next), free(b_next), free(f_end), free(b_end), free(w_end), free(free_at), free(live), free(next);
     return c;
 }
 
-// The closed forms (-1 where there is none): the bubble as a fraction of S x makespan, by
-// the papers (none for zbv), and rank r's peak activations in microbatches through a stage
-// (every schedule; tools/schedules --grid checks each against the lists).
+// ----------------------------------------------------------------------------
+// the closed forms of the table above (-1 where there is none; tools/schedules --grid
+// checks each against the checker's run of the lists)
+
 static double schedule_bubble_formula(int sched, int S, int V, int M, Durations d) {
-    double b = d.i + d.w;
+    double b = d.i + d.w, fb = d.fb > 0 ? d.fb : d.f + b;
     if (sched == SCHEDULE_NAIVE) return (S - 1.0) / S;
     if (sched == SCHEDULE_GPIPE || sched == SCHEDULE_1F1B) return (S - 1.0) / (M + S - 1.0);
     if (sched == SCHEDULE_INTERLEAVED) return (S - 1.0) / ((double)V * M + S - 1.0);
     if (sched == SCHEDULE_ZB1) {
         double idle = (S - 1.0) * (d.f + d.i - d.w);
         return idle / (M * (d.f + b) + idle);
+    }
+    if (sched == SCHEDULE_DUALPIPEV) {
+        double idle = (S - 1.0) * (fb + b - 3 * d.w);
+        return idle / (2.0 * M * (d.f + b) + idle);
     }
     return -1;
 }
@@ -357,7 +477,8 @@ static double schedule_peak_formula(int sched, int S, int V, int M, int r) {
     if (sched == SCHEDULE_GPIPE) return M;
     if (sched == SCHEDULE_1F1B || (sched == SCHEDULE_INTERLEAVED && V == 1)) return S - r < M ? S - r : M;
     if (sched == SCHEDULE_ZB1 || sched == SCHEDULE_ZBV) return S < M ? S : M;
-    if (sched == SCHEDULE_INTERLEAVED) { // Megatron's warm-up, and one more: in chunk activations
+    if (sched == SCHEDULE_DUALPIPEV) return S + 0.5;
+    if (sched == SCHEDULE_INTERLEAVED) {
         int chunks = 2 * (S - 1 - r) + (V - 1) * S + 1;
         return (chunks < V * M ? chunks : V * M) / (double)V;
     }

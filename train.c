@@ -99,20 +99,29 @@ int main(int argc, char** argv) {
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
     long start = state_load(&run.st, &o, &run.ds, cfg);
-    work_init(&run.work, cfg, pass_rows(&o, o.batch), NULL);
+    work_init(&run.work, cfg, pass_rows(&o, (o.batch + o.microbatches - 1) / o.microbatches), NULL);
     if (!o.quiet) print_config(&o, &run.ds, "1 process");
 
     // training loop
-    int B = o.batch;
+    int B = o.batch, M = o.microbatches;
     Progress progress = progress_start(&o, 1, save, &run, NULL);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // the loss is the mean over n targets
-        int64_t loss = forward(&run, &batch, 0, B, B, NULL);
-        progress.aux = fix_to(run.work.acts.aux) / n; // --experts: the load-balancing loss, reported apart
+        int64_t loss = 0, aux = 0;
         fix_zero(run.st.grads, np);
-        model_backward(cfg, run.st.params, run.st.grads, &run.work, B, B);
+        workspace_keep_weights(&run.work.ws, M > 1); // unchanged until the step: packed once (kernels.h)
+        for (int m = 0; m < M; m++) { // --microbatches: rows [first, first + R) at a time, every sum exact: the same bits
+            long first, end;
+            split_range(B, M, m, &first, &end);
+            int R = (int)(end - first);
+            loss += forward(&run, &batch, first, R, B, NULL);
+            aux += run.work.acts.aux; // --experts: the load-balancing loss (its capacity and balance per microbatch)
+            model_backward(cfg, run.st.params, run.st.grads, &run.work, R, B);
+        }
+        workspace_keep_weights(&run.work.ws, 0);
+        progress.aux = fix_to(aux) / n; // reported apart
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
         if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
@@ -121,10 +130,13 @@ int main(int argc, char** argv) {
 
     // validation, sampling and report
     double val_loss = validation_loss(&run);
-    Figures fig = figures(&run, B);
-    char layout[64] = "1 process";
+    Figures fig = figures(&run, (B + M - 1) / M); // a microbatch's activations
+    char layout[128] = "1 process";
     if (cfg->experts) snprintf(layout, sizeof layout, "1 process, %d experts a %s, top-%d", cfg->experts,
                                   cfg->model == MODEL_GPT ? "block" : "layer", cfg->top_k);
+    if (M > 1) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), ", %d microbatches", M);
+    if (cfg->recompute) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), ", %s recomputation",
+                                 recompute_names[cfg->recompute]);
     Report rep = {"train.c", layout, "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations"};
     report_end(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run);
     if (!o.quiet) moe_print_load(cfg, &run.work.acts, &progress);

@@ -218,6 +218,12 @@ static void grid_attend_backward(void* ctx, const BlockActs* a, const float* dat
 // loss (DeepSeek-V3 drops no tokens and uses no batch-wise auxiliary loss); the plan is
 // then train_ep.c's, over the EP group's tokens of the microbatch.
 
+// A block with experts on this rank: its attention split by heads as the dense block's, its
+// LayerNorms, row-parallel bias and router whole, in transformer.h's moe_block_layout; its
+// experts held apart, whole, by the expert axis.
+static MoeBlockLayout grid_moe_layout(const Tp* t, const Config* c) {
+    return moe_block_layout(c->emb, t->dims.A, 4 * c->emb, c->experts);
+}
 // A block with experts on this rank: its heads (train_tp.c's dims) and no MLP of its own
 static BlockDims grid_moe_dims(Run* r, int R) {
     r->tensor.dims.R = R;
@@ -268,8 +274,8 @@ static void grid_plan(void* ctx, const Config* c, MoeLayer* m, int n, int traini
             if (all[e] >= 0 && r->keep[e]) kept[all[e]]++;
     }
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < k; j++) m->slot[(long)i * k + j] = r->keep[me * share + (long)m->token[i] * k + j] ? 0 : -1;
-    moe_dispatch(c, m, ep, n);
+        for (int j = 0; j < k; j++) m->keep[(long)i * k + j] = r->keep[me * share + (long)m->token[i] * k + j];
+    moe_dispatch(c, m, ep, r->experts.x_first, n);
     // the load-balancing loss, f_x over the whole batch (its counts, summed as one rank's)
     memset(place, 0, sizeof(int) * k * X);
     for (long i = 0; i < (long)r->D * Cp * share; i++)
@@ -284,19 +290,19 @@ static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Act
     Tp* t = &r->tensor;
     double t0 = trace_clock();
     BlockDims d = grid_moe_dims(r, R);
-    MoeBlockLayout l = tp_moe_layout(t, c);
+    MoeBlockLayout l = grid_moe_layout(t, c);
     BlockParams p = moe_block_params(w, &l);
-    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
-    TpTokens k = tp_tokens(t, R);
+    BlockActs ba = acts_block(a, u, &d, d.Tq);
+    Tokens k = tp_tokens(t, R);
     MoeLayer* m = &a->moe[u];
     tp_block_forward_attention(t, &p, &ba, a->out[u - 1], s, k, &r->ws); // x1 and ln2's output, every token
     m->n = gpt_moe_tokens(c, m, a, &d);
     gpt_moe_gather(m->in, m, ba.ln2, c->emb);
     ep_moe_forward(&r->experts, c, w + l.router_w, we, m, m->in, s->tmp, m->n, a->training, &r->aux, &r->ws);
-    gpt_moe_residual(a->out[u], ba.x1, m, s->tmp, k.N, c->emb);
+    gpt_moe_residual(a->out[u], ba.x1, m, s->tmp, k.all, c->emb);
     if (a->training) { // for the all-to-all's formula
         int me = r->experts.ep->rank;
-        r->routed[u] += (double)(m->n_sent - m->send_rows[me]) + (double)(m->n_recv - m->recv_rows[me]);
+        r->routed[u] += (double)(m->n_routed - m->routed_to[me]) + (double)(m->n_received - m->expert_from[me]);
     }
     trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
 }
@@ -311,17 +317,17 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
     const float* we = fsdp_unit_params(&r->expert_fsdp, u, prev);
     int64_t *g = fsdp_unit_grads(&r->fsdp, u), *ge = fsdp_unit_grads(&r->expert_fsdp, u);
     BlockDims d = grid_moe_dims(r, R);
-    MoeBlockLayout l = tp_moe_layout(t, c);
+    MoeBlockLayout l = grid_moe_layout(t, c);
     BlockParams p = moe_block_params(w, &l);
     BlockGrads gg = moe_block_grads(g, &l);
-    BlockActs ba = block_acts(a->saved[u], &d, a->rows);
+    BlockActs ba = acts_block(a, u, &d, d.Tq);
     BlockStash st = block_stash(s->stash, &d, R);
-    TpTokens k = tp_tokens(t, R);
+    Tokens k = tp_tokens(t, R);
     MoeLayer* m = &a->moe[u];
     long terms = batch * c->context;
     gpt_moe_gather(s->tmp, m, s->dout, c->emb); // the tokens' output gradients
     ep_moe_backward(&r->experts, c, w + l.router_w, we, g + l.router_w, ge, m, m->in, s->tmp, s->din, terms, &r->ws);
-    gpt_moe_scatter(st.dln2, m, s->din, k.N, c->emb); // ln2's output gradient: the tokens', 0 elsewhere
+    gpt_moe_scatter(st.dln2, m, s->din, k.all, c->emb); // ln2's output gradient: the tokens', 0 elsewhere
     tp_block_backward_input_attention(t, &p, &ba, &st, a->out[u - 1], s, k, &r->ws);
     tp_block_backward_weight_attention(t, &gg, &ba, &st, a->out[u - 1], k, terms, &r->ws);
     fsdp_reduce_unit_grads(&r->fsdp, u);
@@ -341,9 +347,9 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
 // (Unit u if it is a block with experts of the chunk [lo, hi), else -1: the next unit whose
 // experts FSDP may prefetch.)
 static int next_moe(const Run* r, int u, int lo, int hi) { return u >= lo && u < hi && is_moe(&r->cfg, u) ? u : -1; }
-static void stage_forward(void* ctx, int v, Acts* a, Scratch* sc, int R, long rows_total) {
+static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
-    int lo = r->pipe.u_lo[v], hi = r->pipe.u_hi[v], T = r->cfg.context, Tq = r->context.Tq;
+    int T = r->cfg.context, Tq = r->context.Tq;
     a->training = r->training;
     for (int u = lo; u < hi; u++) {
         if (r->Cp > 1 && u == n_units(&r->cfg) - 1) // the head's, after the blocks (whose tokens are read from the
@@ -360,9 +366,8 @@ static void unit_weight(Run* r, int u, const Acts* a, const float* stash, int R,
     tp_unit_backward_weight(&r->tensor, &r->cfg, u, fsdp_unit_grads(&r->fsdp, u), a, stash, R, batch, &r->ws);
     fsdp_reduce_unit_grads(&r->fsdp, u);
 }
-static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
+static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    int lo = r->pipe.u_lo[v], hi = r->pipe.u_hi[v];
     for (int u = hi - 1; u >= lo; u--) {
         const float* w = fsdp_unit_params(&r->fsdp, u, u - 1 >= lo ? u - 1 : -1);
         if (is_moe(&r->cfg, u)) {
@@ -375,9 +380,9 @@ static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const*
         scratch_step_down(sc);
     }
 }
-static void stage_backward_weight(void* ctx, int v, const Acts* a, float* const* stash, int R, long batch) {
+static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    for (int u = r->pipe.u_lo[v]; u < r->pipe.u_hi[v]; u++)
+    for (int u = lo; u < hi; u++)
         if (!is_moe(&r->cfg, u)) unit_weight(r, u, a, stash[u], R, batch); // a block with experts ran whole at I
 }
 
@@ -391,7 +396,7 @@ static int grid_grad_spans(const Run* r, GradSpan* spans) {
     int n = 0;
     for (int u = 0; u < n_units(&r->cfg); u++) {
         if (r->fsdp.size[u] == 0) continue; // a unit of another rank's chunks
-        long lo, hi, counted = tp_counted(&r->tensor, &r->cfg, u);
+        long lo, hi, counted = share_counted(&r->cfg, u, r->tensor.share);
         fsdp_range(&r->fsdp, u, &lo, &hi);
         if (hi > counted) hi = counted > lo ? counted : lo;
         spans[n++] = (GradSpan){fsdp_shard_grads(&r->fsdp, u), hi - lo};
@@ -402,18 +407,19 @@ static int grid_grad_spans(const Run* r, GradSpan* spans) {
     return n;
 }
 
-// Element e of what this rank holds of unit u, in train.c's layout (ckpt.h's Holding):
-// element lo + e of its tensor-parallel slice, for e in its FSDP shard of it; after that
-// shard, a block with experts has its FSDP shard of its experts, which follow the block's
-// dense part in train.c's layout, expert x_lo first.
-static long canonical(const void* ctx, int u, long e) {
+// Element e of what this rank holds of unit u, in train.c's layout (ckpt.h's Holding, with
+// the unit's table t): element lo + e of its tensor-parallel slice, for e in its FSDP shard
+// of it; after that shard, a block with experts has its FSDP shard of its experts, which
+// follow the slice in its share of the unit (config.h's Share: slice, then experts x_lo ..).
+static long canonical(const void* ctx, const UnitTable* t, int u, long e) {
     const Run* r = ctx;
+    Share s = {r->tensor.share.r, r->tensor.share.t, r->experts.x_lo, r->experts.x_hi};
     long lo, hi;
     fsdp_range(&r->fsdp, u, &lo, &hi);
-    if (e < hi - lo) return tp_canonical(&r->tensor, &r->cfg, u, lo + e);
+    if (e < hi - lo) return table_canonical(t, s, lo + e);
     long elo, ehi;
     fsdp_range(&r->expert_fsdp, u, &elo, &ehi);
-    return gpt_moe_layout(&r->cfg).shared + (long)r->experts.x_lo * expert_params(&r->cfg, u) + elo + (e - (hi - lo));
+    return table_canonical(t, s, table_own(t, s.t) + elo + (e - (hi - lo)));
 }
 // ckpt.h's Holding has one array a unit, and a block with experts is two shards here, each
 // with its FSDP: for checkpoints (with --experts) they are copied into one array a unit,
@@ -686,8 +692,9 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, l
     }
     int G = r->D * r->Cp, k = c->top_k, X = c->experts;
     for (int v = 0; v < r->V; v++) {
-        axis[0] += tp_sent_formula(&r->tensor, c, r->pipe.u_lo[v], r->pipe.u_hi[v], (double)rows);
-        for (int u = r->pipe.u_lo[v]; u < r->pipe.u_hi[v]; u++) {
+        int lo = r->first[r->pipe.chunk[v]], hi = r->first[r->pipe.chunk[v] + 1];
+        axis[0] += tp_sent_formula(&r->tensor, c, lo, hi, (double)rows);
+        for (int u = lo; u < hi; u++) {
             if (u == 0 || u > c->layers) continue;
             if (r->Cp > 1) { // K and V of each block: train_cp.c's formula, at this rank's heads
                 double N = r->Cp, blk = (double)rows * r->context.Tq * r->tensor.dims.A;

@@ -1,9 +1,9 @@
 /*
  * train_dp.c: data parallel. Every rank holds a whole replica of the model and takes a
- * share of every global batch; after backward the gradients are summed across ranks with
- * one all-reduce and every rank takes the same optimizer step. It prints exactly what
- * train.c prints for the same flags: the same loss at every step, the same final
- * parameters bit for bit, the same names.
+ * share of every global batch; after backward one all-reduce sums the gradients across
+ * ranks, and every rank takes the same optimizer step. It prints exactly what train.c
+ * prints for the same flags: the same loss at every step, the same final parameters bit
+ * for bit, the same names.
  *
  *                       global batch, B = 32 rows
  *               rows 0-15                      rows 16-31
@@ -12,17 +12,33 @@
  *            grads: exact sums  <-- all-reduce (sum) -->  grads: exact sums
  *            optimizer step               optimizer step    (the same on both)
  *
- * Per rank and step, P parameters on N ranks:
- *   sent    2(N-1)/N x 8 B x (P gradient sums + 1 loss sum)   (a ring all-reduce)
- *   memory  (4 + 8, + 8 with AdamW) B x P + the activations of B/N rows
+ * One step, in the order it communicates (main's training loop):
+ *   1. forward and backward on this rank's rows     nothing sent
+ *   2. all-reduce (sum) the P gradient sums          backward(), in "the strategy" below
+ *   3. all-reduce (sum) the loss sum                 main
+ *   4. the optimizer step, the same on every rank    nothing sent
+ * Then, each a section of its own, read apart: --overlap (step 2 in buckets while backward
+ * runs), --sync weights (average the weights after the step instead), the figures.
  *
- *   make train_dp && mpirun -n 2 ./train_dp            # --oversubscribe for more ranks than cores
- *   mpirun -n 3 ./train_dp --overlap                   # all-reduce each bucket as backward produces it
- *   mpirun -n 2 ./train_dp --sync weights              # average the weights instead (SGD only)
+ * Per rank and step, on N ranks, for P parameters (the default model has P = 18,635: the
+ * embedding 27 x 16 = 432, linear 1 256 x 64 + 64 = 16,448 (its input: 16 positions x 16),
+ * linear 2 64 x 27 + 27 = 1,755; docs/model.md):
+ *   sent   = ring x (8 B x P + 8 B)          ring = 2(N-1)/N, the share of its buffer a ring
+ *                                            all-reduce sends; 8 B a gradient sum (int64),
+ *                                            and the loss sum
+ *          = 1 x 8 B x 18,636 = 149.1 KB     (the default, N = 2)
+ *   memory = (4 + 8 + adam) B x P + acts     4 B a parameter, 8 a gradient sum, adam = 8 for
+ *                                            AdamW's m and v (else 0); acts: the activations
+ *                                            of this rank's B/N rows
+ *
+ *   make train_dp && mpirun -n 2 ./train_dp           # --oversubscribe: more ranks than cores
+ *   mpirun -n 3 --oversubscribe ./train_dp --overlap  # all-reduce buckets during backward
+ *   mpirun -n 2 ./train_dp --sync weights             # average the weights instead (SGD only)
  *
  * Compare with ./train: the same losses, names and final checkpoint, whatever N.
  *
- * Sections: the state of one run; the strategy; the forward pass and the figures; options; main.
+ * Sections: the state of one run; the strategy: backward, then the all-reduce; --overlap;
+ * --sync weights; the forward pass; the figures; options; main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -38,8 +54,8 @@
 typedef struct {
     Config cfg;
     Dataset ds;     // the data
-    State st;       // a whole replica, identical on every rank; its gradients are exact sums
-    Work work;      // over this rank's rows, then over every rank's
+    State st;       // a whole replica, identical on every rank: parameters, gradient sums, m, v
+    Work work;      // activations (of this rank's rows), scratch, kernel workspace
     Group dp;       // every rank
     int overlap;    // --overlap
     long bucket_bytes; // --bucket-kb
@@ -57,55 +73,68 @@ static void save(void* ctx, const Options* o, long step) {
 }
 
 // ----------------------------------------------------------------------------
-// the strategy: gradients summed across ranks
+// the strategy: backward, then the gradient sums all-reduced
 //
-// The global batch of B rows is split into contiguous shares (32 rows on 3 ranks: 11, 11,
-// 10; see split_range). Each rank sums, exactly, the gradients of its own rows; the
-// all-reduce adds those sums; the optimizer divides once by B. So every row counts the
-// same, whichever rank holds it. Averaging each rank's mean gradient instead would give
-// the 10 rows of the last rank more weight than the 11 of the others.
+// The global batch of B rows is cut into contiguous shares (32 rows on 3 ranks: 11, 11, 10;
+// util.h's split_range). Each rank sums, exactly, the gradients of its own rows; the
+// all-reduce adds those sums; the optimizer divides once by the batch's n targets (B for the
+// MLP). So every row weighs the same, whichever rank holds it: averaging each rank's mean
+// gradient instead would weigh the 10 rows of the last rank more than the 11 of the others.
+// The sums are 64-bit integers (kernels.h), so adding them in any order gives the same bits.
 
-// Backward with --overlap: buckets of consecutive units, last unit first, each at least
-// --bucket-kb; as soon as backward has produced a bucket's gradients, a non-blocking
-// all-reduce of it starts, and runs while backward goes on with the units below.
-static void dp_backward_overlap(Run* r, int R, long B) {
-    const Config* c = &r->cfg;
-    MPI_Request reqs[MAX_LAYERS + 2];
-    MPI_Status statuses[MAX_LAYERS + 2];
-    int n_req = 0, bucket_top = n_units(c); // the bucket being filled: units [u, bucket_top)
-    for (int u = n_units(c) - 1; u >= 0; u--) {
-        long off = unit_offset(c, u);
-        unit_backward(c, u, r->st.params + off, r->st.grads + off, &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
-        scratch_step_down(&r->work.scratch);
-        long bytes = (unit_offset(c, bucket_top) - off) * (long)sizeof(int64_t);
-        if (bytes >= r->bucket_bytes || u == 0) {
-            group_iallreduce(&r->dp, r->st.grads + off, unit_offset(c, bucket_top) - off, MPI_INT64_T, MPI_SUM,
-                             &reqs[n_req++]);
-            bucket_top = u;
-        }
-        // MPI advances a non-blocking collective only inside MPI calls: give it a chance
-        if (n_req > 0) {
-            int done;
-            MPI_Testall(n_req, reqs, &done, statuses);
-        }
-    }
-    MPI_Waitall(n_req, reqs, statuses);
+static void backward(Run* r, int R, long B) {
+    model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B); // sums over this rank's R rows
+    group_allreduce(&r->dp, r->st.grads, r->st.n, MPI_INT64_T, MPI_SUM); // + every other rank's: all B rows
 }
 
-// --sync weights: each rank steps on the gradient of its own rows, scaled by N / n (n: the
-// batch's targets, B for the MLP) so that the mean of the N ranks' parameters is gradient
-// averaging, then the parameters are
-// averaged (an exact sum, divided by N and rounded once). With SGD that is the same update
-// as train.c's in exact arithmetic, but not bit for bit: train.c rounds one step,
-// p - lr * g, while here every rank rounds its own step before the average, so the last
-// bits differ from step 2 on, and like any perturbation of training the difference grows
-// with the steps (docs/exactness.md). With AdamW or clipping it is not even the same update: refused.
-static void dp_step_sync_weights(Run* r, const Optimizer* opt, long np, long n, long step) {
-    optimizer_step(opt, r->st.params, r->st.grads, r->st.m, r->st.v, np, grad_factor(n) * r->dp.size, 1.0f, step);
-    int64_t* sum = r->st.grads; // the gradients are spent: reuse their buffer for the exact sum
-    for (long i = 0; i < np; i++) sum[i] = fix_from(r->st.params[i]);
-    group_allreduce(&r->dp, sum, np, MPI_INT64_T, MPI_SUM);
-    for (long i = 0; i < np; i++) r->st.params[i] = (float)(fix_to(sum[i]) / r->dp.size);
+// ----------------------------------------------------------------------------
+// --overlap: the same all-reduce, in buckets, while backward runs
+//
+// Backward produces the gradients last unit first. A bucket is the units whose gradients
+// backward has produced since the last bucket was sent: as soon as it holds --bucket-kb
+// (or backward is done), a non-blocking all-reduce of it starts and runs while backward goes
+// on with the units below. The sums are the same as backward()'s; only when they travel
+// differs. (On 2 cores it is slower: docs/dp.md.)
+
+static void backward_overlap(Run* r, int R, long B) {
+    const Config* c = &r->cfg;
+    MPI_Request bucket[MAX_LAYERS + 2]; // each bucket's all-reduce (at most one a unit)
+    int n_buckets = 0;
+    long top = r->st.n; // the bucket being filled: gradients [unit_offset(c, u), top)
+    for (int u = n_units(c) - 1; u >= 0; u--) {
+        long lo = unit_offset(c, u);
+        unit_recompute(c, u, r->st.params + lo, &r->work.acts, &r->work.scratch, R, &r->work.ws); // --recompute
+        unit_backward(c, u, r->st.params + lo, r->st.grads + lo, &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
+        scratch_step_down(&r->work.scratch);
+        if ((top - lo) * (long)sizeof(int64_t) >= r->bucket_bytes || u == 0) { // the bucket is full, or the last
+            group_iallreduce(&r->dp, r->st.grads + lo, top - lo, MPI_INT64_T, MPI_SUM, &bucket[n_buckets++]);
+            top = lo;
+        }
+        int done; // MPI advances a non-blocking collective only inside MPI calls: give it a chance
+        if (n_buckets > 0) MPI_Testall(n_buckets, bucket, &done, MPI_STATUSES_IGNORE);
+    }
+    MPI_Waitall(n_buckets, bucket, MPI_STATUSES_IGNORE); // every bucket summed before the optimizer reads them
+}
+
+// ----------------------------------------------------------------------------
+// --sync weights: average the weights after the step, instead of the gradients before it
+//
+// Each rank steps on the gradient sums of its own rows alone, with the factor N / n instead
+// of 1 / n (n: the whole batch's targets), so that the mean of the N ranks' new parameters is
+// train.c's update; then the parameters are averaged (an exact sum, divided by N and rounded
+// once). With SGD that is train.c's update in exact arithmetic, but not bit for bit: train.c
+// rounds one step, p - lr * g, while here every rank rounds its own step before the average,
+// so the last bits differ from step 2 on and the difference grows with the steps
+// (docs/exactness.md). With AdamW or clipping it is not even the same update: refused.
+
+static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step) {
+    long P = r->st.n;
+    int N = r->dp.size;
+    optimizer_step(opt, r->st.params, r->st.grads, r->st.m, r->st.v, P, grad_factor(n) * N, 1.0f, step);
+    int64_t* sum = r->st.grads; // the gradients are spent: their buffer takes the exact sum
+    for (long i = 0; i < P; i++) sum[i] = fix_from(r->st.params[i]);
+    group_allreduce(&r->dp, sum, P, MPI_INT64_T, MPI_SUM);
+    for (long i = 0; i < P; i++) r->st.params[i] = (float)(fix_to(sum[i]) / N);
 }
 
 // ----------------------------------------------------------------------------
@@ -124,22 +153,24 @@ static double validation_loss(void* ctx) {
     return mean_loss(total, &r->ds);
 }
 
-// The formulas of figures(), in words, for the report.
-static const char sent_words[] = "2(N-1)/N x 8 B x (P gradients + 1 loss)";
-static const char mem_words[] = "(4 + 8 + 8 with AdamW) B x P + activations of B/N rows";
+// ----------------------------------------------------------------------------
+// the figures (they only serve the report): what this rank sent and holds, each beside the
+// header's formula
 
-// What this rank sent and holds, each beside its formula: every rank all-reduces the P
-// gradient sums (8 bytes each: exact sums travel as integers) and the loss sum; every rank
-// holds a whole replica, train.c's 4 + 8 + 8 bytes a parameter, and the activations of its
-// R of the B rows.
 static Figures figures(const Run* r, const Progress* pr, int R, int B) {
-    long np = r->st.n;
-    double acts_row = acts_bytes_per_row(&r->cfg, 0, n_units(&r->cfg), NULL), opt_bytes = r->st.m ? 8.0 : 0.0;
-    Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received), .params = 4.0 * np,
-                 .grads = 8.0 * np, .optim = opt_bytes * np, .acts = R * acts_row, .bubble = -1};
-    f.sent_formula = ring_allreduce_bytes(8.0 * np + 8.0, r->dp.size);
-    f.mem_formula = (4.0 + 8.0 + opt_bytes) * np + (double)B / r->dp.size * acts_row;
+    long P = r->st.n;
+    int N = r->dp.size;
+    double acts_row = acts_bytes_per_row(&r->cfg, 0, n_units(&r->cfg), NULL), adam = r->st.m ? 8.0 : 0.0;
+    Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received), .params = 4.0 * P,
+                 .grads = 8.0 * P, .optim = adam * P, .acts = R * acts_row, .bubble = -1};
+    f.sent_formula = ring_allreduce_bytes(8.0 * P + 8.0, N);
+    f.mem_formula = (4.0 + 8.0 + adam) * P + (double)B / N * acts_row;
     return f;
+}
+// The formulas in words, for the report: P's value printed beside them.
+static void formula_words(const Run* r, char* sent, char* mem, int size) {
+    snprintf(sent, size, "2(N-1)/N x 8 B x (P gradients + 1 loss), P = %ld", r->st.n);
+    snprintf(mem, size, "(4 + 8 + 8 with AdamW) B x P + activations of B/N rows");
 }
 
 // ----------------------------------------------------------------------------
@@ -193,33 +224,35 @@ int main(int argc, char** argv) {
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
     long start = state_load(&run.st, &o, &run.ds, cfg);
-    long lo, hi; // this rank's rows of every global batch
-    split_range(o.batch, run.dp.size, run.dp.rank, &lo, &hi);
-    work_init(&run.work, cfg, pass_rows(&o, hi - lo), NULL);
-    char layout[128];
-    snprintf(layout, sizeof layout, "data parallel over %d ranks (%ld rows each at most), %s%s", run.dp.size,
-             hi - lo, run.sync_weights ? "weights averaged" : "gradients all-reduced",
+    int B = o.batch, M = o.microbatches;
+    long first;
+    int R = microbatch_rows(B, M, 0, run.dp.size, 0, &first); // the most rows a rank takes at once
+    work_init(&run.work, cfg, pass_rows(&o, R), NULL);
+    char layout[160];
+    snprintf(layout, sizeof layout, "data parallel over %d ranks (%d rows each at most), %s%s", run.dp.size,
+             R, run.sync_weights ? "weights averaged" : "gradients all-reduced",
              run.overlap ? " in buckets during backward" : "");
+    if (M > 1) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), "; %d microbatches", M);
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
-    int B = o.batch, R = (int)(hi - lo);
     Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
         Rows batch = training_rows(&run.ds, o.seed, step, 0);
         long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
-        int64_t loss = forward(&run, &batch, lo, R, B, NULL); // this rank's rows
+        int64_t loss = 0;
         fix_zero(run.st.grads, np);
-        if (run.overlap) {
-            dp_backward_overlap(&run, R, B);
-        } else {
-            model_backward(cfg, run.st.params, run.st.grads, &run.work, R, B);
-            if (!run.sync_weights) group_allreduce(&run.dp, run.st.grads, np, MPI_INT64_T, MPI_SUM); // exact
+        for (int m = 0; m < M; m++) { // --microbatches: each adds its sums; the last one's backward all-reduces
+            int Rm = microbatch_rows(B, M, m, run.dp.size, run.dp.rank, &first); // this rank's rows of it
+            loss += forward(&run, &batch, first, Rm, B, NULL);
+            if (m < M - 1 || run.sync_weights) model_backward(cfg, run.st.params, run.st.grads, &run.work, Rm, B);
+            else if (run.overlap) backward_overlap(&run, Rm, B); // --overlap: the same sums, all-reduced in buckets
+            else backward(&run, Rm, B); // the plain path: backward, then the all-reduce
         }
-        group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM);
+        group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
         if (run.sync_weights) {
-            dp_step_sync_weights(&run, &o.opt, np, n, step);
+            step_sync_weights(&run, &o.opt, n, step); // --sync weights: step on own rows, then average
         } else { // every rank holds the whole summed gradient: the norm needs no communication
             float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
             optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
@@ -231,6 +264,8 @@ int main(int argc, char** argv) {
     // validation, sampling and report
     double val_loss = validation_loss(&run);
     Figures fig = figures(&run, &progress, R, B);
+    char sent_words[128], mem_words[128];
+    formula_words(&run, sent_words, mem_words, sizeof sent_words);
     Report rep = {"train_dp.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
     run_free(&run);

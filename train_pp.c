@@ -1,33 +1,33 @@
 /*
- * train_pp.c: pipeline parallel. The model's units are cut into chunks, one or more per
- * rank; each global batch is cut into M microbatches that stream through the chunks,
- * activations flowing forward and gradients backward as point-to-point messages, in the
- * order of a schedule (schedules.h): naive, GPipe, 1F1B, interleaved 1F1B, and the
- * zero-bubble ZB-H1 and ZB-V. It prints exactly what train.c prints for the same flags,
- * whatever S, M and schedule.
+ * train_pp.c: pipeline parallel. The model's units are cut into chunks, one or more a rank,
+ * and each global batch into M microbatches that stream through them: activations flow
+ * forward and gradients backward as point-to-point messages, in the order of a schedule,
+ * which is for each rank a list of actions (schedules.h: naive, GPipe, 1F1B, interleaved
+ * 1F1B, the zero-bubble ZB-H1 and ZB-V, DualPipeV). It prints exactly what train.c prints
+ * for the same flags, whatever the ranks, M and schedule.
  *
  *   rank 0: embedding, linear 1 --activations--> rank 1: linear 2 + loss
  *                               <--gradients----
- *   (each microbatch's rows drawn by every rank itself; only activations and gradients travel)
+ *   1F1B, 4 microbatches:  rank 0  F0 F1 B0 F2 B1 F3 B2 B3     (F: forward, B: backward,
+ *                          rank 1  F0 B0 F1 B1 F2 B2 F3 B3      of the microbatch numbered)
+ *   (every rank draws each microbatch's rows itself: only activations and gradients travel)
  *
- * Per rank and step, batch B, through a chunk with output width w_out and input width w_in:
- *   sent    4 B x B x w_out (activations, to the next chunk's rank) + 4 B x B x w_in
- *           (gradients, to the previous chunk's rank), for each chunk whose neighbour is
- *           on another rank
- *   memory  (4 + 8, + 8 with AdamW) B x its parameters + peak x a microbatch's activations,
- *           peak by schedule (schedules.h: 1 naive, M GPipe, min(S-r, M) 1F1B, ...)
- *   bubble  (S-1)/(M+S-1) of each rank's time idle for GPipe and 1F1B with equal stages,
- *           (S-1)/(V M + S-1) interleaved, about a third of 1F1B's for ZB-H1
+ * Per rank and step, for each of its chunks whose neighbour chunk is on another rank:
+ *   sent    4 bytes x the rows of the batch x (the chunk's output width, to the next chunk,
+ *           + its input width, the gradients to the chunk before)
+ *   memory  4 + 8 (+ 8 with AdamW) bytes a parameter of its chunks, and the activations of
+ *           its microbatches in flight: at the peak, schedules.h's count (1F1B: S-r on rank r)
+ *   bubble  the fraction of the step a rank waits: (S-1)/(M+S-1) for GPipe and 1F1B on S
+ *           ranks; every schedule's in schedules.h
  *
- *   make train_pp && mpirun -n 3 ./train_pp --layers 2 --microbatches 4 --schedule 1f1b
+ *   make train_pp && mpirun -n 2 ./train_pp --layers 2 --microbatches 4 --schedule 1f1b
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule interleaved --virtual 2
- *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule zbv --timeline
+ *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule dualpipev --timeline
  *
- * Compare with ./train: the same losses, names and final checkpoint, for every S, M and schedule.
- *
- * Sections: the strategy (chunks of units; the executor's plumbing, skippable; the executor
- * that runs any schedule's list: receive, compute, send); the state of one run; the
- * forward pass and the figures; options; main.
+ * Sections: the strategy (chunks of units; messages; the executor: for each action of the
+ * list, receive, compute, send); what serves it (forward-only passes; the report: timeline,
+ * bubble, formulas); the state of one run; a chunk's work and the forward pass; options;
+ * main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -39,16 +39,14 @@
 // ----------------------------------------------------------------------------
 // the strategy: chunks of units
 //
-// The global batch of B rows is cut into M microbatches of contiguous rows (32 rows into 3
-// microbatches: 11, 11, 10; split_range), every rank drawing the rows of a microbatch
-// itself (the counter-based sampler makes that free), so only activations and gradients
-// travel. Each rank adds the gradients of all M microbatches into one exact sum, so the
-// gradient is the mean over the whole batch, as in train.c, whatever M or schedule.
+// The global batch is cut into M microbatches of contiguous rows (32 rows into 3: 11, 11,
+// 10; split_range), every rank drawing a microbatch's rows itself (the counter-based
+// sampler makes that free). Each rank adds the gradients of all M microbatches into one
+// exact sum, so the gradient is the mean over the whole batch, as in train.c.
 
 // Splits the units into n contiguous, non-empty chunks, balancing the work (model.h's
-// unit_cost, multiply-adds a row: a linear layer's K J, a GPT block's, T*E for the MLP's
-// embedding): the split whose most expensive chunk is cheapest. first[k] is chunk k's first
-// unit; first[n] = n_units.
+// unit_cost, multiply-adds a row): the split whose most expensive chunk is cheapest.
+// first[k] is chunk k's first unit; first[n] = n_units.
 static void pp_split(const Config* c, int n_chunks, int* first) {
     int n = n_units(c);
     double cost[MAX_LAYERS + 3] = {0}, best[MAX_LAYERS + 3][MAX_LAYERS + 3];
@@ -72,252 +70,215 @@ static void pp_print_units(const Config* c, const int* first, int k) {
     for (int u = first[k]; u < first[k + 1]; u++) printf(" %s", unit_name(c, u));
 }
 
-// What a rank computes on a microbatch through one of its chunks (train_pp.c: the chunk's
-// units; train_3d.c: their tensor-parallel slices, FSDP-sharded). Backward reads the
-// gradient of the chunk's output from s->dout and leaves the gradient of its input in
-// s->dout; with stash NULL it adds the weight gradients at once (B), otherwise it keeps
-// what each unit's weight half needs in stash[u] for backward_weight to use later (I, then W).
+// What a rank computes on a microbatch through a chunk, units [lo, hi) (train_pp.c: the
+// units; train_3d.c: their tensor-parallel slices, FSDP-sharded). The chunk's activations
+// (model.h's Acts) hold out[lo-1], its input, where F receives it, and each unit's output.
+// backward reads the gradient of the chunk's output from s->dout (the model's last unit
+// starts from its loss instead) and leaves the gradient of the chunk's input in s->dout
+// (each unit writes its input's gradient to s->din; scratch_step_down swaps the two). With
+// stash NULL it adds the weight gradients at once (B); else it copies what each unit's
+// weight half needs into stash[u] (I), for backward_weight to use later (W).
 typedef struct {
-    void (*forward)(void* ctx, int chunk, Acts* a, Scratch* s, int R, long rows_total);
-    void (*backward)(void* ctx, int chunk, Acts* a, Scratch* s, float* const* stash, int R, long batch);
-    void (*backward_weight)(void* ctx, int chunk, const Acts* a, float* const* stash, int R, long batch);
+    void (*forward)(void* ctx, int lo, int hi, Acts* a, Scratch* s, int R, long rows_total);
+    void (*backward)(void* ctx, int lo, int hi, Acts* a, Scratch* s, float* const* stash, int R, long batch);
+    void (*backward_weight)(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch);
     void* ctx;
 } StageWork;
 
-// The activations of one microbatch through one of this rank's chunks, held from its F to
-// its B or W; with an I/W schedule, also what its I leaves for its W.
+// The activations of microbatch mb through chunk `chunk`, held from its F to its B or W;
+// with an I/W schedule, also what its I leaves for its W.
 typedef struct {
+    int chunk, mb; // mb -1: a free slot
     Acts acts;
     float* stash[MAX_LAYERS + 2];
-    int chunk, mb; // mb -1: this place holds nothing
 } Held;
 
-// A message this rank sent: its own copy of the data, so that the sender moves on at once;
-// MPI's request while it travels to another rank, or, for a chunk of this same rank (ZB-V's
-// turn), its key until that chunk takes it.
-typedef struct {
-    float* data;
-    MPI_Request req;
-    long key; // -1: not for this rank, or taken
-} Message;
+typedef struct { // one computation of the last step, for --timeline and the report
+    char op;
+    int mb;
+    double t0, t1; // seconds since the step began
+} Timed;
 
 typedef struct {
-    Group* pp;
-    int S, s;          // ranks, and this one
-    int V, K, M, sched; // chunks per rank, chunks in all (S V), microbatches, schedule
-    int u_lo[4], u_hi[4]; // chunk v's units [u_lo, u_hi) on this rank
-    int k[4];          // and its place in the model, 0..K-1
-    int rows, B;       // rows this pipeline streams per step (of a global batch of B)
-    int context;       // T, for drawing rows
-    int in_width[4], out_width[4]; // activations received by chunk v, sent by it
-    StageWork work;
-    Action* actions;   // this rank's list, from its schedule
-    int n_actions;
-    Action** lists;    // rank 0 of the pipeline: every rank's list (counts[r] actions), for the report
-    int* counts;
-    int split;         // whether the list runs I and W apart (then W needs what I stashed)
-    // the executor's buffers (the plumbing section below)
+    Group* group;     // the pipeline's ranks
+    int S, rank;      // how many, and this one
+    int sched, V, M;  // the schedule, chunks a rank, microbatches
+    int n_chunks;     // S V: the model's chunks
+    int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
+    int chunk[4];     // this rank's chunks, its v-th being chunk[v]
+    int rows;         // rows this pipeline streams a step (train_3d.c: its replica's share)
+    long batch;       // rows of the global batch: losses and gradients are means over it
+    int mb_rows;      // the largest microbatch
     const Config* c;
-    const UnitSizes* sizes; // what each unit holds on this rank (train_3d.c's slices and shares), or NULL
-    int mb_rows;       // the largest microbatch
-    Held* held;        // [room] the activations in flight
-    int room, n_held, most_held, held_at_most[4]; // the list's peak; held now, at most, and of each chunk then
-    Message* outbox;   // [n_outbox] messages sent, a ring from the oldest at next_out; msg_floats each
-    int n_outbox, next_out;
+    const UnitSizes* sizes; // what each unit holds a row on this rank (train_3d.c's slices), or NULL
+    StageWork work;
+    Action** lists;   // every rank's list of actions (counts[r] of them), checked
+    int* counts;
+    Action* actions;  // this rank's
+    int n_actions;
+    int split;        // the list runs I and W apart (then I stashes what W needs)
+    Held* held;       // [room] the activations in flight; room: the most the list holds at once
+    int room;
+    float* outbox;    // the copy of each message sent this step: a slot each (chunk v, microbatch, direction)
+    MPI_Request* sent; //   and its request; msg_floats a slot
     long msg_floats;
-    Acts pass[4];      // forward-only passes (validation, sampling), one per chunk
     Scratch scratch;
-    int64_t loss;      // the rank with the last chunk: the exact loss sum of the step's microbatches
-    double idle, busy; // seconds waiting for messages, and computing, over the whole run
-    double* t0;        // the last step's actions, for --timeline: when each one's computation
-    double* t1;        //   started and ended, seconds since the step began
+    Acts pass[4];     // forward-only passes (validation, sampling), one per chunk
+    int64_t loss;     // the rank of the last chunk: the exact loss sum of the step's microbatches
+    double idle, busy; // for the report: seconds waiting for messages, and computing, over the run
     double step_start;
+    Timed* timed;     // the last step's computations
+    int n_timed;
 } Pp;
 
-// The most chunk activations a list holds at once: one from each F to its B or W.
+// The most (chunk, microbatch) activations a list holds at once: each from its F to its B
+// or W (an F&B's F holds its own before its B lets one go).
 static int pp_list_peak(const Action* a, int n) {
     int live = 0, peak = 0;
     for (int i = 0; i < n; i++) {
-        live += a[i].op == 'F' ? 1 : a[i].op == 'I' ? 0 : -1;
+        live += a[i].op == 'F' || a[i].op == '&';
         peak = live > peak ? live : peak;
+        live -= a[i].op == 'B' || a[i].op == 'W' || a[i].op == '&';
     }
     return peak;
 }
-
-// This rank's part of a pipeline of S V chunks cut at `first`, streaming `rows` rows per
-// step (of a global batch of B). `extra_rows`: forward-only passes (validation, sampling)
-// of up to that many rows. `sizes`: what each unit holds per row on this rank (model.h's
-// UnitSizes), or NULL.
-static void pp_init(Pp* p, Group* pp, const Config* c, int M, int sched, int V, const int* first, int rows, int B,
-                    int extra_rows, const UnitSizes* sizes, StageWork work) {
-    *p = (Pp){.pp = pp, .S = pp->size, .s = pp->rank, .V = V, .K = pp->size * V, .M = M, .sched = sched,
-              .rows = rows, .B = B, .context = c->context, .work = work, .c = c, .sizes = sizes,
-              .mb_rows = (rows + M - 1) / M};
-    int most = 0, pass_rows = extra_rows > p->mb_rows ? extra_rows : p->mb_rows;
-    for (int v = 0; v < V; v++) {
-        int k = p->k[v] = chunk_global(sched, p->S, p->s, v);
-        p->u_lo[v] = first[k], p->u_hi[v] = first[k + 1];
-        int lo = p->u_lo[v], hi = p->u_hi[v];
-        p->in_width[v] = lo > 0 ? unit_out(c, sizes, lo - 1) : 0;
-        p->out_width[v] = unit_out(c, sizes, hi - 1);
-        most = p->in_width[v] > most ? p->in_width[v] : most;
-        most = p->out_width[v] > most ? p->out_width[v] : most;
-        acts_init(&p->pass[v], c, pass_rows, lo, hi, sizes);
-    }
-    // the schedule, built once: this rank's list, and on rank 0 every rank's, for the report
-    p->lists = mallocCheck(sizeof(Action*) * p->S);
-    p->counts = mallocCheck(sizeof(int) * p->S);
-    for (int r = 0; r < p->S; r++) p->lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
-    schedule_build(sched, p->S, V, M, p->lists, p->counts);
-    p->actions = p->lists[p->s], p->n_actions = p->counts[p->s];
-    if (p->s != 0) {
-        for (int r = 0; r < p->S; r++)
-            if (r != p->s) free(p->lists[r]);
-        free(p->lists), free(p->counts), p->lists = NULL, p->counts = NULL;
-    }
-    for (int i = 0; i < p->n_actions; i++) p->split |= p->actions[i].op == 'W';
-    p->room = pp_list_peak(p->actions, p->n_actions);
-    p->held = callocCheck(p->room > 0 ? p->room : 1, sizeof(Held));
-    for (int j = 0; j < p->room; j++) p->held[j].mb = -1;
-    p->msg_floats = (long)p->mb_rows * (most > 0 ? most : 1);
-    p->n_outbox = 2 * (p->room + 1);
-    p->outbox = mallocCheck(sizeof(Message) * p->n_outbox);
-    for (int j = 0; j < p->n_outbox; j++) p->outbox[j] = (Message){mallocCheck(sizeof(float) * p->msg_floats), MPI_REQUEST_NULL, -1};
-    scratch_init(&p->scratch, c, pass_rows);
-    p->t0 = callocCheck(p->n_actions, sizeof(double));
-    p->t1 = callocCheck(p->n_actions, sizeof(double));
-}
-
-static void pp_free(Pp* p) {
-    for (int v = 0; v < p->V; v++) acts_free(&p->pass[v]);
-    for (int j = 0; j < p->n_outbox; j++) free(p->outbox[j].data);
-    if (p->lists)
-        for (int r = 0; r < p->S; r++) free(p->lists[r]);
-    else
-        free(p->actions);
-    free(p->lists), free(p->counts), free(p->held), free(p->outbox), free(p->t0), free(p->t1);
-    scratch_free(&p->scratch);
-}
-
-// ----------------------------------------------------------------------------
-// the executor's plumbing: activations held, and messages
-//
-// Deadlock: every send is non-blocking (the data is copied into the outbox, and MPI_Isend
-// completes later), so a rank never waits on a send while its neighbour waits on it;
-// receives block, in list order; each message is tagged with the chunk it is for, its
-// microbatch and its direction, so a receive can only match its own message. The checker
-// (schedules.h) proves every list free of cycles of waits. A message to a chunk of this
-// same rank (ZB-V's turn) stays in the outbox until that chunk takes it.
-
-enum { ACTIVATIONS, GRADIENT };
-
-// Waits for a message, counting the wait as idle time.
-static void pp_wait(Pp* p, MPI_Request* req) {
-    double t = now_seconds();
-    waiting_for = "a pipeline message";
-    MPI_Wait(req, MPI_STATUS_IGNORE);
-    waiting_for = NULL;
-    p->idle += now_seconds() - t;
-}
-// The message into model chunk k for microbatch m: its key, and its MPI tag (MPI promises
-// tags up to 32767; messages between two ranks keep their order, so tags may repeat).
-static long pp_key(const Pp* p, int k, int m, int what) { return ((long)m * p->K + k) * 2 + what; }
-static int pp_tag(const Pp* p, int k, int m, int what) {
-    return TAG_MICROBATCH + (int)(pp_key(p, k, m, what) % (32768 - TAG_MICROBATCH));
-}
-// The rank that sends chunk k its input (the activations of chunk k-1) or its output's
-// gradient (from chunk k+1); -1 past either end of the model.
-static int pp_sender(const Pp* p, int k, int what) {
-    int v;
-    return chunk_owner(p->sched, p->S, p->V, what == ACTIVATIONS ? k - 1 : k + 1, &v);
-}
-static int pp_receiver(const Pp* p, int k) {
+// Floats a row of unit u's output (of the embedding's, for u = 0), on this rank.
+static int pp_width(const Pp* p, int u) { return unit_out(p->c, p->sizes, u); }
+// The rank that holds chunk k (schedules.h), -1 past either end of the model.
+static int pp_rank_of(const Pp* p, int k) {
     int v;
     return chunk_owner(p->sched, p->S, p->V, k, &v);
 }
 
-// Room in the outbox for a message: the buffer of the oldest message in the ring, once MPI
-// says that message has left, or else a new buffer, placed before it. No send waits. The
-// ring starts with 2 (room + 1) buffers, twice the activations the rank holds at most, so
-// the oldest message has almost always arrived: asking MPI about one still on its way
-// (MPI_Test) is rare, as it should be, since OpenMPI then yields the core when ranks
-// outnumber cores.
-static Message* pp_outbox_slot(Pp* p) {
-    Message* msg = &p->outbox[p->next_out];
-    int done = msg->key < 0; // a message to a chunk of this rank has left once that chunk takes it
-    if (done) MPI_Test(&msg->req, &done, MPI_STATUS_IGNORE);
-    if (!done) {
-        p->outbox = reallocCheck(p->outbox, sizeof(Message) * (p->n_outbox + 1));
-        msg = &p->outbox[p->next_out];
-        memmove(msg + 1, msg, sizeof(Message) * (p->n_outbox - p->next_out));
-        p->n_outbox++;
-        *msg = (Message){mallocCheck(sizeof(float) * p->msg_floats), MPI_REQUEST_NULL, -1};
+// This rank's part of a pipeline of S V chunks cut at `first`, streaming `rows` rows a
+// step of a global batch of `batch`; forward-only passes (validation, sampling) of up to
+// `pass_capacity` rows; sizes: as in Pp, or NULL. Every rank builds every rank's list and
+// runs the checker on them (schedules.h): lists it passes cannot deadlock, and each
+// chunk's messages come in microbatch order (pp_tag).
+static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int V, const int* first, int rows,
+                    long batch, int pass_capacity, const UnitSizes* sizes, StageWork work) {
+    *p = (Pp){.group = group, .S = group->size, .rank = group->rank, .sched = sched, .V = V, .M = M,
+              .n_chunks = group->size * V, .rows = rows, .batch = batch, .mb_rows = (rows + M - 1) / M, .c = c,
+              .sizes = sizes, .work = work};
+    memcpy(p->first, first, sizeof(int) * (p->n_chunks + 1));
+    // the schedule, built once: every rank's list, checked
+    p->lists = mallocCheck(sizeof(Action*) * p->S), p->counts = mallocCheck(sizeof(int) * p->S);
+    for (int r = 0; r < p->S; r++) p->lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
+    schedule_build(sched, p->S, V, M, p->lists, p->counts);
+    Check check = schedule_check(sched, p->S, V, M, p->lists, p->counts, (Durations){1, 1, 1, 0, 0}, NULL, NULL, 0);
+    if (!check.ok) fatal("internal: the %s schedule's lists fail the checker: %s", schedule_names[sched], check.why);
+    p->actions = p->lists[p->rank], p->n_actions = p->counts[p->rank];
+    for (int i = 0; i < p->n_actions; i++) p->split |= p->actions[i].op == 'W';
+    // a slot for each activations in flight, as many as the list holds at once
+    p->room = pp_list_peak(p->actions, p->n_actions);
+    p->held = callocCheck(p->room > 0 ? p->room : 1, sizeof(Held));
+    for (int j = 0; j < p->room; j++) p->held[j].mb = -1;
+    // a slot for each message of a step, as wide as the widest a chunk of this rank sends
+    int widest = 1;
+    for (int v = 0; v < V; v++) {
+        int k = p->chunk[v] = chunk_global(sched, p->S, p->rank, v), lo = first[k], hi = first[k + 1];
+        widest = pp_width(p, hi - 1) > widest ? pp_width(p, hi - 1) : widest;
+        if (lo > 0) widest = pp_width(p, lo - 1) > widest ? pp_width(p, lo - 1) : widest;
+        acts_init(&p->pass[v], c, pass_capacity > p->mb_rows ? pass_capacity : p->mb_rows, lo, hi, sizes);
     }
-    p->next_out = (p->next_out + 1) % p->n_outbox; // the oldest again
-    return msg;
+    p->msg_floats = (long)p->mb_rows * widest;
+    p->outbox = mallocCheck(sizeof(float) * 2 * V * M * p->msg_floats);
+    p->sent = mallocCheck(sizeof(MPI_Request) * 2 * V * M);
+    for (int j = 0; j < 2 * V * M; j++) p->sent[j] = MPI_REQUEST_NULL;
+    scratch_init(&p->scratch, c, pass_capacity > p->mb_rows ? pass_capacity : p->mb_rows);
+    p->timed = mallocCheck(sizeof(Timed) * 2 * (p->n_actions > 0 ? p->n_actions : 1));
 }
 
-// Sends n floats to model chunk k for microbatch m: a copy, to its rank, or kept for it.
-static void pp_send(Pp* p, int k, int m, int what, const float* data, long n) {
-    Message* msg = pp_outbox_slot(p);
-    memcpy(msg->data, data, n * sizeof(float));
-    int to = pp_receiver(p, k);
-    if (to == p->s) msg->key = pp_key(p, k, m, what);
-    else group_isend(p->pp, msg->data, n, MPI_FLOAT, to, pp_tag(p, k, m, what), &msg->req);
+static void pp_free(Pp* p) {
+    for (int v = 0; v < p->V; v++) acts_free(&p->pass[v]);
+    for (int r = 0; r < p->S; r++) free(p->lists[r]);
+    free(p->lists), free(p->counts), free(p->held), free(p->outbox), free(p->sent), free(p->timed);
+    scratch_free(&p->scratch);
 }
-// Receives into buf the n floats model chunk k gets for microbatch m, waiting for them.
-static void pp_receive(Pp* p, int k, int m, int what, float* buf, long n) {
-    int from = pp_sender(p, k, what);
-    if (from != p->s) {
-        MPI_Request req;
-        group_irecv(p->pp, buf, n, MPI_FLOAT, from, pp_tag(p, k, m, what), &req);
-        pp_wait(p, &req);
+
+// ----------------------------------------------------------------------------
+// the strategy: messages
+//
+// Every send is non-blocking and every receive blocks, in the list's order: a rank never
+// waits on a send while its neighbour waits on it, and the checker has shown that no
+// receive waits for a message that cannot come. A message is a copy, in its own slot of
+// the outbox, never written again before the end of the step, where every send is waited
+// for (MPI_Wait on a send: its buffer may be written again; the data may still be on its
+// way). A message between two chunks of the same rank (where zbv and dualpipev turn round,
+// or interleaved on one rank) is not sent: the receiving chunk copies it from the outbox.
+
+enum { ACTIVATIONS, GRADIENT };
+
+// A message's tag names its stream, chunk k's input (ACTIVATIONS) or its output's gradient
+// (GRADIENT), never its microbatch: each chunk runs its F's, and its B's or I's, in
+// microbatch order (the checker checks it), so a stream's messages are sent and received
+// in microbatch order, and MPI keeps in order the messages of one tag between two ranks.
+// (2 S V tags, at most 2 x 64 x 4 from TAG_MICROBATCH: below MPI's least 32767.)
+static int pp_tag(int k, int what) { return TAG_MICROBATCH + 2 * k + what; }
+
+// Chunk k's (this rank's) slot for what it sends for microbatch m: its output (ACTIVATIONS)
+// or its input's gradient (GRADIENT).
+static long pp_slot(const Pp* p, int k, int m, int what) {
+    int v;
+    chunk_owner(p->sched, p->S, p->V, k, &v);
+    return ((long)v * p->M + m) * 2 + what;
+}
+// Waits for n requests, counting the wait as idle time.
+static void pp_wait(Pp* p, int n, MPI_Request* req) {
+    double t = now_seconds();
+    waiting_for = "a pipeline message";
+    MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+    waiting_for = NULL;
+    p->idle += now_seconds() - t;
+}
+
+// Sends n floats from chunk k (this rank's) for microbatch m: its output to chunk k+1
+// (ACTIVATIONS), or its input's gradient to chunk k-1 (GRADIENT).
+static void pp_send(Pp* p, int what, int k, int m, const float* data, long n) {
+    long slot = pp_slot(p, k, m, what);
+    float* copy = p->outbox + slot * p->msg_floats;
+    memcpy(copy, data, n * sizeof(float));
+    int to_chunk = what == ACTIVATIONS ? k + 1 : k - 1, to = pp_rank_of(p, to_chunk);
+    if (to != p->rank) group_isend(p->group, copy, n, MPI_FLOAT, to, pp_tag(to_chunk, what), &p->sent[slot]);
+}
+// Receives into buf the n floats chunk k gets for microbatch m: its input from chunk k-1
+// (ACTIVATIONS), or its output's gradient from chunk k+1 (GRADIENT).
+static void pp_receive(Pp* p, int what, int k, int m, float* buf, long n) {
+    int from_chunk = what == ACTIVATIONS ? k - 1 : k + 1, from = pp_rank_of(p, from_chunk);
+    if (from == p->rank) { // a chunk of this rank sent it: its copy in the outbox
+        memcpy(buf, p->outbox + pp_slot(p, from_chunk, m, what) * p->msg_floats, n * sizeof(float));
         return;
     }
-    long key = pp_key(p, k, m, what);
-    for (int j = 0; j < p->n_outbox; j++)
-        if (p->outbox[j].key == key) {
-            memcpy(buf, p->outbox[j].data, n * sizeof(float));
-            p->outbox[j].key = -1;
-            return;
-        }
-    fatal("internal: chunk %d runs before its message for microbatch %d from a chunk of its rank", k, m);
-}
-// The end of a step: every message has left, so that the next step may reuse their tags.
-static void pp_outbox_empty(Pp* p) {
-    for (int j = 0; j < p->n_outbox; j++) {
-        if (p->outbox[j].key >= 0) fatal("internal: a message to a chunk of this rank was never taken");
-        pp_wait(p, &p->outbox[j].req);
-    }
+    MPI_Request req;
+    group_irecv(p->group, buf, n, MPI_FLOAT, from, pp_tag(k, what), &req);
+    pp_wait(p, 1, &req);
 }
 
-// Room for the activations of microbatch m through chunk v, from its F to its B or W
-// (pp_drop): allocated then, freed then, so that a rank holds what its list has in
-// flight and no more, whichever chunk it is for.
-static Held* pp_hold(Pp* p, int v, int m) {
+// ----------------------------------------------------------------------------
+// the strategy: the executor, which runs any schedule's list of actions
+
+// A slot for the activations of microbatch m through chunk k, from its F to its B or W
+// (pp_drop): allocated then, freed then, so that a rank holds what its list has in flight.
+// There is a free slot: room is the list's peak.
+static Held* pp_hold(Pp* p, int k, int m) {
     Held* h = p->held;
-    while (h->mb >= 0) h++; // there is room: room is the list's peak
-    acts_init(&h->acts, p->c, p->mb_rows, p->u_lo[v], p->u_hi[v], p->sizes);
-    for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++)
+    while (h->mb >= 0) h++;
+    int lo = p->first[k], hi = p->first[k + 1];
+    acts_init(&h->acts, p->c, p->mb_rows, lo, hi, p->sizes);
+    for (int u = lo; u < hi && p->split; u++)
         h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * unit_stash_at(p->c, p->sizes, u));
-    h->chunk = v, h->mb = m;
-    if (++p->n_held > p->most_held) {
-        p->most_held = p->n_held;
-        for (int w = 0; w < p->V; w++) p->held_at_most[w] = 0;
-        for (int j = 0; j < p->room; j++) p->held_at_most[p->held[j].chunk] += p->held[j].mb >= 0;
-    }
+    h->chunk = k, h->mb = m;
     return h;
 }
-static Held* pp_held(Pp* p, int v, int m) {
+static Held* pp_held(Pp* p, int k, int m) {
     for (int j = 0; j < p->room; j++)
-        if (p->held[j].mb == m && p->held[j].chunk == v) return &p->held[j];
-    fatal("internal: no activations of microbatch %d in chunk %d", m, p->k[v]);
+        if (p->held[j].chunk == k && p->held[j].mb == m) return &p->held[j];
+    fatal("internal: no activations of microbatch %d in chunk %d", m, k);
 }
-static void pp_drop(Pp* p, Held* h) {
+static void pp_drop(Held* h) {
     acts_free(&h->acts);
     for (int u = 0; u < MAX_LAYERS + 2; u++) free(h->stash[u]), h->stash[u] = NULL;
     h->mb = -1;
-    p->n_held--;
 }
 
 // Microbatch m: its first row, and (returned) how many.
@@ -326,193 +287,211 @@ static int pp_mb_rows(const Pp* p, int m, long* first) {
     split_range(p->rows, p->M, m, first, &end);
     return (int)(end - *first);
 }
-// Action i computed from t to now: busy time, the timeline, the trace.
-static void pp_computed(Pp* p, int i, double t) {
+// A computation ran from t to now: busy time; for the report, the timeline and the trace.
+static void pp_timed(Pp* p, char op, int k, int m, double t) {
     double now = now_seconds();
     p->busy += now - t;
-    p->t0[i] = t - p->step_start, p->t1[i] = now - p->step_start;
-    const Action* a = &p->actions[i];
-    trace_event("pipeline", t, now, 0, "%c%d chunk %d", a->op, a->mb, p->k[a->chunk]);
+    p->timed[p->n_timed++] = (Timed){op, m, t - p->step_start, now - p->step_start};
+    trace_event("pipeline", t, now, 0, "%c%d chunk %d", op, m, k);
+}
+
+// F of microbatch m through chunk k: its input from chunk k-1 (the first chunk draws the
+// rows itself), forward, its output to chunk k+1 (the last chunk adds its loss instead).
+static void pp_forward(Pp* p, const Rows* rows, int k, int m) {
+    int lo = p->first[k], hi = p->first[k + 1];
+    long row;
+    int R = pp_mb_rows(p, m, &row);
+    Held* h = pp_hold(p, k, m);
+    rows_load(rows, row, R, p->c->context, h->acts.tokens, h->acts.targets);
+    if (k > 0) pp_receive(p, ACTIVATIONS, k, m, h->acts.out[lo - 1], (long)R * pp_width(p, lo - 1));
+    double t = now_seconds();
+    p->work.forward(p->work.ctx, lo, hi, &h->acts, &p->scratch, R, p->batch);
+    pp_timed(p, 'F', k, m, t);
+    if (k < p->n_chunks - 1) pp_send(p, ACTIVATIONS, k, m, h->acts.out[hi - 1], (long)R * pp_width(p, hi - 1));
+    else p->loss += h->acts.loss;
+}
+// B, or its input half I, of microbatch m through chunk k: the gradient of its output from
+// chunk k+1 (the last chunk starts from its loss), backward, the gradient of its input to
+// chunk k-1. B adds the weight gradients and lets the activations go; I stashes what W needs.
+static void pp_backward(Pp* p, char op, int k, int m) {
+    int lo = p->first[k], hi = p->first[k + 1];
+    long row;
+    int R = pp_mb_rows(p, m, &row);
+    Held* h = pp_held(p, k, m);
+    if (k < p->n_chunks - 1) pp_receive(p, GRADIENT, k, m, p->scratch.dout, (long)R * pp_width(p, hi - 1));
+    double t = now_seconds();
+    p->work.backward(p->work.ctx, lo, hi, &h->acts, &p->scratch, op == 'I' ? h->stash : NULL, R, p->batch);
+    pp_timed(p, op, k, m, t);
+    if (k > 0) pp_send(p, GRADIENT, k, m, p->scratch.dout, (long)R * pp_width(p, lo - 1));
+    if (op == 'B') pp_drop(h);
+}
+// W of microbatch m through chunk k: the weight gradients, from what its I stashed.
+static void pp_weight(Pp* p, int k, int m) {
+    long row;
+    int R = pp_mb_rows(p, m, &row);
+    Held* h = pp_held(p, k, m);
+    double t = now_seconds();
+    p->work.backward_weight(p->work.ctx, p->first[k], p->first[k + 1], &h->acts, h->stash, R, p->batch);
+    pp_timed(p, 'W', k, m, t);
+    pp_drop(h);
+}
+
+// One training step: this rank's actions, in its list's order. Returns, on the rank of the
+// last chunk, the exact loss sum over the pipeline's rows.
+static int64_t pp_step(Pp* p, const Rows* rows) {
+    p->loss = 0, p->n_timed = 0, p->step_start = now_seconds();
+    for (int i = 0; i < p->n_actions; i++) {
+        const Action* a = &p->actions[i];
+        if (a->op == 'F') pp_forward(p, rows, a->chunk, a->mb);
+        if (a->op == 'B' || a->op == 'I') pp_backward(p, a->op, a->chunk, a->mb);
+        if (a->op == 'W') pp_weight(p, a->chunk, a->mb);
+        if (a->op == '&') { // F&B (DualPipeV). Here the F, then the B. Overlapped, as DualPipe
+            // runs them, a rank would post both receives, run the two at once (two streams, or
+            // their layers interleaved) so that each one's communication (DeepSeek-V3's experts'
+            // all-to-alls) travels while the other computes, then send both: the same bits.
+            pp_forward(p, rows, a->chunk, a->mb);
+            pp_backward(p, 'B', a->b_chunk, a->b_mb);
+        }
+    }
+    pp_wait(p, 2 * p->V * p->M, p->sent); // every send of the step: the next step writes the slots again
+    return p->loss;
 }
 
 // ----------------------------------------------------------------------------
-// the strategy: the executor, which runs any schedule's list of actions
-//
-// For each action of this rank's list, in order: receive what it needs, compute, send what
-// it made. F of microbatch m through chunk k: the activations of chunk k-1 in (the first
-// chunk draws the rows itself), forward, the activations out to chunk k+1 (the last chunk
-// adds the loss instead). B, or its input half I: the gradient of chunk k's output in from
-// chunk k+1 (the last chunk starts from the loss), backward, the gradient of its input out
-// to chunk k-1. W: the weight gradients from what I stashed. The activations of m through
-// k are held from its F to its B or W. Returns, on the rank of the last chunk, the exact
-// loss sum over the pipeline's rows.
-static int64_t pp_step(Pp* p, const Rows* rows) {
-    p->loss = 0;
-    p->step_start = now_seconds();
-    for (int i = 0; i < p->n_actions; i++) {
-        int v = p->actions[i].chunk, m = p->actions[i].mb, k = p->k[v], lo = p->u_lo[v], hi = p->u_hi[v];
-        char op = p->actions[i].op;
-        long first;
-        int R = pp_mb_rows(p, m, &first);
-        long n_in = (long)R * p->in_width[v], n_out = (long)R * p->out_width[v];
-        Held* h = op == 'F' ? pp_hold(p, v, m) : pp_held(p, v, m);
-        double t;
-        if (op == 'F') {
-            rows_load(rows, first, R, p->context, h->acts.tokens, h->acts.targets);
-            if (k > 0) pp_receive(p, k, m, ACTIVATIONS, h->acts.out[lo - 1], n_in);
-            t = now_seconds();
-            p->work.forward(p->work.ctx, v, &h->acts, &p->scratch, R, p->B);
-            pp_computed(p, i, t);
-            if (k < p->K - 1) pp_send(p, k + 1, m, ACTIVATIONS, h->acts.out[hi - 1], n_out);
-            else p->loss += h->acts.loss;
-        } else if (op == 'B' || op == 'I') {
-            if (k < p->K - 1) pp_receive(p, k, m, GRADIENT, p->scratch.dout, n_out);
-            t = now_seconds();
-            p->work.backward(p->work.ctx, v, &h->acts, &p->scratch, op == 'I' ? h->stash : NULL, R, p->B);
-            pp_computed(p, i, t);
-            if (k > 0) pp_send(p, k - 1, m, GRADIENT, p->scratch.dout, n_in);
-            if (op == 'B') pp_drop(p, h);
-        } else { // W
-            t = now_seconds();
-            p->work.backward_weight(p->work.ctx, v, &h->acts, h->stash, R, p->B);
-            pp_computed(p, i, t);
-            pp_drop(p, h);
-        }
-    }
-    pp_outbox_empty(p);
-    return p->loss;
-}
+// what serves the strategy: forward-only passes, the loss to rank 0, the flags
 
 // A forward-only pass of R rows through the whole pipeline (validation, sampling), chunk by
 // chunk in model order: blocking messages suffice, they all flow one way. Each chunk has
 // its own activations for these passes. Returns the loss sum on the rank of the last
-// chunk (whose pass activations hold the probabilities).
-static Acts* pp_last_acts(Pp* p) { return &p->pass[p->V - 1]; }
+// chunk, whose pass activations hold the probabilities (pp_last_acts).
 static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first, int R, long rows_total, int tag) {
     int64_t loss = 0;
-    for (int k = 0; k < p->K; k++) {
-        int v, w;
-        if (chunk_owner(p->sched, p->S, p->V, k, &v) != p->s) continue;
+    for (int k = 0; k < p->n_chunks; k++) {
+        int v, w, lo = p->first[k], hi = p->first[k + 1];
+        if (chunk_owner(p->sched, p->S, p->V, k, &v) != p->rank) continue;
         Acts* a = &p->pass[v];
-        rows_load(rows, first, R, p->context, a->tokens, a->targets);
-        float* in = k > 0 ? a->out[p->u_lo[v] - 1] : NULL;
-        int prev = pp_sender(p, k, ACTIVATIONS), next = pp_receiver(p, k + 1);
-        if (k > 0 && prev == p->s) { // the chunk before is this rank's chunk w (ZB-V's turn)
-            chunk_owner(p->sched, p->S, p->V, k - 1, &w);
-            memcpy(in, p->pass[w].out[p->u_hi[w] - 1], (size_t)R * p->in_width[v] * sizeof(float));
-        } else if (k > 0) {
-            MPI_Recv(in, R * p->in_width[v], MPI_FLOAT, prev, tag, p->pp->comm, MPI_STATUS_IGNORE);
-        }
-        p->work.forward(p->work.ctx, v, a, &p->scratch, R, rows_total);
-        if (next >= 0 && next != p->s) MPI_Send(a->out[p->u_hi[v] - 1], R * p->out_width[v], MPI_FLOAT, next, tag, p->pp->comm);
-        if (k == p->K - 1) loss = a->loss;
+        rows_load(rows, first, R, p->c->context, a->tokens, a->targets);
+        int prev = chunk_owner(p->sched, p->S, p->V, k - 1, &w), next = pp_rank_of(p, k + 1);
+        if (k > 0 && prev == p->rank) // chunk k-1 is this rank's too, its w-th
+            memcpy(a->out[lo - 1], p->pass[w].out[lo - 1], (size_t)R * pp_width(p, lo - 1) * sizeof(float));
+        else if (k > 0)
+            MPI_Recv(a->out[lo - 1], R * pp_width(p, lo - 1), MPI_FLOAT, prev, tag, p->group->comm, MPI_STATUS_IGNORE);
+        p->work.forward(p->work.ctx, lo, hi, a, &p->scratch, R, rows_total);
+        if (next >= 0 && next != p->rank) MPI_Send(a->out[hi - 1], R * pp_width(p, hi - 1), MPI_FLOAT, next, tag, p->group->comm);
+        if (k == p->n_chunks - 1) loss = a->loss;
     }
     return loss;
 }
-// The flags of a pipeline, in train_pp.c and in train_3d.c.
-#define PIPELINE_FLAGS                                                                                          \
-    {"microbatches", "M", "microbatches per global batch, or per data-parallel share of it (default 4)"},     \
-    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1 or zbv (default 1f1b)"},                       \
-    {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},             \
-    {"timeline", NULL, "draw the last step's timeline, one row per pipeline rank (train_3d.c: tensor rank 0, data replica 0)"}
-
+// The last chunk is the last of its rank's, in every schedule.
+static Acts* pp_last_acts(Pp* p) { return &p->pass[p->V - 1]; }
 // The rank that holds the last chunk: it has the loss and the probabilities.
-static int pp_last_rank(const Pp* p) {
-    int v;
-    return chunk_owner(p->sched, p->S, p->V, p->K - 1, &v);
-}
-
-// --timeline: the last step's actions of every rank, gathered to rank 0 of the pipeline
-// and drawn there: F of microbatch m with m's digit (0-9, then more digits from A), B or
-// its input half I with m's letter (a-z), W with m's letter in capitals.
-static void pp_timeline(const Pp* p) {
-    int n = p->n_actions;
-    char* mark = callocCheck((size_t)(n > 0 ? n : 1), 1);
-    for (int i = 0; i < n; i++) {
-        int m = p->actions[i].mb;
-        char op = p->actions[i].op;
-        mark[i] = op == 'F' ? (m < 10 ? (char)('0' + m) : (char)('A' + (m - 10) % 26))
-                : op == 'W' ? (char)('A' + m % 26) : (char)('a' + m % 26);
-    }
-    dist_draw_timeline(p->pp->comm, n, p->t0, p->t1, mark, "stage", 100, "forward of microbatch 0, 1, 2 ... drawn as "
-                       "0 1 2 ..., its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
-    free(mark);
-}
-
+static int pp_last_rank(const Pp* p) { return pp_rank_of(p, p->n_chunks - 1); }
 // The step's loss lives on the rank of the last chunk: send it to rank 0, which prints.
 static void pp_loss_to_first(Pp* p, int64_t* loss) {
     int last = pp_last_rank(p);
     if (last == 0) return;
-    if (p->s == last) group_send(p->pp, loss, 1, MPI_INT64_T, 0, TAG_LOSS);
-    if (p->s == 0) group_recv(p->pp, loss, 1, MPI_INT64_T, last, TAG_LOSS);
+    if (p->rank == last) group_send(p->group, loss, 1, MPI_INT64_T, 0, TAG_LOSS);
+    if (p->rank == 0) group_recv(p->group, loss, 1, MPI_INT64_T, last, TAG_LOSS);
+}
+
+// The flags of a pipeline, in train_pp.c and in train_3d.c.
+#define PIPELINE_FLAGS                                                                                          \
+    {"microbatches", "M", "microbatches per global batch, or per data-parallel share of it (default 4)"},     \
+    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev (default 1f1b)"},            \
+    {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},             \
+    {"timeline", NULL, "draw the last step's timeline, one row per pipeline rank (train_3d.c: tensor rank 0, data replica 0)"}
+
+// ----------------------------------------------------------------------------
+// the report: the timeline, the bubble, the formulas beside what was measured
+
+// --timeline: the last step's computations on every rank, gathered to rank 0 of the
+// pipeline and drawn there: F of microbatch m with m's digit (0-9, then more digits from
+// A), B or its input half I with m's letter (a-z), W with m's letter in capitals.
+static void pp_timeline(const Pp* p) {
+    int n = p->n_timed;
+    char* mark = callocCheck((size_t)(n > 0 ? n : 1), 1);
+    double *t0 = callocCheck((size_t)(n > 0 ? n : 1), sizeof(double)), *t1 = callocCheck((size_t)(n > 0 ? n : 1), sizeof(double));
+    for (int i = 0; i < n; i++) {
+        int m = p->timed[i].mb;
+        char op = p->timed[i].op;
+        mark[i] = op == 'F' ? (m < 10 ? (char)('0' + m) : (char)('A' + (m - 10) % 26))
+                : op == 'W' ? (char)('A' + m % 26) : (char)('a' + m % 26);
+        t0[i] = p->timed[i].t0, t1[i] = p->timed[i].t1;
+    }
+    dist_draw_timeline(p->group->comm, n, t0, t1, mark, "stage", 100, "forward of microbatch 0, 1, 2 ... drawn as "
+                       "0 1 2 ..., its backward (B, or the input half I) as a b c ..., the weight half W as A B C ...");
+    free(mark), free(t0), free(t1);
 }
 
 // The bubble this rank measured: the fraction of its time spent waiting for messages.
 static double pp_bubble(const Pp* p) { return p->idle / (p->idle + p->busy > 0 ? p->idle + p->busy : 1); }
 
 // What a rank sends per step, by the formula: for each of its chunks, the activations of
-// every row of its pipeline to the next chunk and their gradients to the chunk before (4 B
-// an element), when that chunk is on another rank; and the loss sum to rank 0 (8 B).
+// every row of its pipeline to the next chunk and their gradients to the chunk before (4
+// bytes an element), where that chunk is on another rank; and the loss sum to rank 0 (8).
 static double pp_sent_formula(const Pp* p) {
     double sent = 0;
     for (int v = 0; v < p->V; v++) {
-        int next = pp_receiver(p, p->k[v] + 1), prev = pp_sender(p, p->k[v], ACTIVATIONS);
-        if (next >= 0 && next != p->s) sent += 4.0 * p->rows * p->out_width[v];
-        if (prev >= 0 && prev != p->s) sent += 4.0 * p->rows * p->in_width[v];
+        int k = p->chunk[v], next = pp_rank_of(p, k + 1), prev = pp_rank_of(p, k - 1);
+        if (next >= 0 && next != p->rank) sent += 4.0 * p->rows * pp_width(p, p->first[k + 1] - 1);
+        if (prev >= 0 && prev != p->rank) sent += 4.0 * p->rows * pp_width(p, p->first[k] - 1);
     }
-    if (p->s == pp_last_rank(p) && p->s != 0) sent += 8;
+    if (p->rank == pp_last_rank(p) && p->rank != 0) sent += 8;
     return sent;
 }
-// The activations a rank held at its peak, in bytes: what the executor held of each chunk
-// when it held the most (with what W needs, for I/W schedules), rows of `mb_rows`.
-static double pp_chunk_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows, int v) {
-    double row = acts_bytes_per_row(c, p->u_lo[v], p->u_hi[v], sizes);
-    for (int u = p->u_lo[v]; u < p->u_hi[v] && p->split; u++) row += 4.0 * unit_stash_at(c, sizes, u);
+// The bytes of one microbatch of mb_rows through chunk k (with what W needs, for I/W lists).
+static double pp_chunk_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows, int k) {
+    double row = acts_bytes_per_row(c, p->first[k], p->first[k + 1], sizes);
+    for (int u = p->first[k]; u < p->first[k + 1] && p->split; u++) row += 4.0 * unit_stash_at(c, sizes, u);
     return (double)mb_rows * row;
 }
+// The activations this rank holds at its peak, in bytes: its list walked as the executor
+// runs it (each chunk's microbatch held from its F to its B or W), the most at any time.
 static double pp_acts_bytes(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
-    double bytes = 0;
-    for (int v = 0; v < p->V; v++) bytes += p->held_at_most[v] * pp_chunk_bytes(p, c, sizes, mb_rows, v);
-    return bytes;
+    double held = 0, most = 0;
+    for (int i = 0; i < p->n_actions; i++) {
+        const Action* a = &p->actions[i];
+        if (a->op == 'F' || a->op == '&') held += pp_chunk_bytes(p, c, sizes, mb_rows, a->chunk);
+        most = held > most ? held : most;
+        if (a->op == 'B' || a->op == 'W') held -= pp_chunk_bytes(p, c, sizes, mb_rows, a->chunk);
+        if (a->op == '&') held -= pp_chunk_bytes(p, c, sizes, mb_rows, a->b_chunk);
+    }
+    return most;
 }
-// The same by the schedule's formula (schedules.h) with one chunk per rank; with more, whose
-// sizes differ, as the executor held them.
+// The same by the schedule's closed form (schedules.h: microbatches through a whole stage)
+// times a microbatch through this rank's chunks: exact when its chunks hold the same.
 static double pp_acts_formula(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
-    if (p->V > 1) return pp_acts_bytes(p, c, sizes, mb_rows);
-    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->s) * pp_chunk_bytes(p, c, sizes, mb_rows, 0);
+    double stage = 0;
+    for (int v = 0; v < p->V; v++) stage += pp_chunk_bytes(p, c, sizes, mb_rows, p->chunk[v]);
+    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->rank) * stage;
 }
 
-// The end of the report (rank 0 of the pipeline): the bubble every rank measured beside
-// what the checker predicts for this list with the durations measured here, and the
-// papers' closed form; the activations every rank held at its peak beside the formula.
+// The end of the report (rank 0 of the pipeline): the bubble every rank measured beside the
+// checker's for the same lists with the durations measured here, and the closed form's;
+// the activations every rank's list holds at its peak beside the formula.
 static void pp_print_theory(const Pp* p) {
-    // this rank's mean time per F, per backward (B or I) and per W, over the run
-    double f = 0, b = 0, w = 0;
-    int nf = 0, nb = 0, nw = 0;
-    for (int i = 0; i < p->n_actions; i++) {
-        double d = p->t1[i] - p->t0[i];
-        if (p->actions[i].op == 'F') f += d, nf++;
-        else if (p->actions[i].op == 'W') w += d, nw++;
-        else b += d, nb++;
+    // the time of each kind of computation in the last step, summed over the ranks
+    double sum[8] = {0}, tot[8]; // F, B, I, W: seconds, then how many
+    for (int j = 0; j < p->n_timed; j++) {
+        int kind = (int)(strchr("FBIW", p->timed[j].op) - "FBIW");
+        sum[kind] += p->timed[j].t1 - p->timed[j].t0, sum[4 + kind] += 1;
     }
-    double mine[4] = {pp_bubble(p), 0, 0, 0}, *all = p->pp->rank == 0 ? mallocCheck(sizeof mine * p->S) : NULL;
-    mine[1] = (double)p->most_held / p->V; // in microbatches through a whole stage
-    MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, p->pp->comm);
-    double sums[6] = {f, nf, b, nb, w, nw}, tot[6];
-    MPI_Reduce(sums, tot, 6, MPI_DOUBLE, MPI_SUM, 0, p->pp->comm);
-    if (p->pp->rank == 0) {
-        int split = tot[5] > 0;
-        Durations d = {tot[0] / (tot[1] > 0 ? tot[1] : 1), 0, 0, 0};
-        double back = tot[2] / (tot[3] > 0 ? tot[3] : 1), wt = tot[4] / (tot[5] > 0 ? tot[5] : 1);
-        d.i = split ? back : back / 2, d.w = split ? wt : back / 2; // B taken as half I, half W
+    MPI_Reduce(sum, tot, 8, MPI_DOUBLE, MPI_SUM, 0, p->group->comm);
+    double mine[2] = {pp_bubble(p), (double)p->room / p->V}, *all = p->rank == 0 ? mallocCheck(sizeof mine * p->S) : NULL;
+    MPI_Gather(mine, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, p->group->comm);
+    if (p->rank == 0) {
+        double mean[4];
+        for (int q = 0; q < 4; q++) mean[q] = tot[4 + q] > 0 ? tot[q] / tot[4 + q] : 0;
+        Durations d = {mean[0], tot[6] > 0 ? mean[2] : mean[1] / 2, tot[7] > 0 ? mean[3] : mean[1] / 2, 0, 0}; // B: half I, half W
         Check c = schedule_check(p->sched, p->S, p->V, p->M, p->lists, p->counts, d, NULL, NULL, 0);
         double closed = schedule_bubble_formula(p->sched, p->S, p->V, p->M, d);
-        printf("pipeline, %s: F %.3f ms, %s %.3f ms, W %.3f ms on average; per rank: bubble measured (checker's, same "
-               "durations), peak activations in microbatches (formula)\n", schedule_names[p->sched], d.f * 1e3,
-               split ? "I" : "B", back * 1e3, d.w * 1e3);
+        printf("pipeline, %s: on average", schedule_names[p->sched]);
+        for (int q = 0; q < 4; q++)
+            if (tot[4 + q] > 0) printf(" %c %.3f ms", "FBIW"[q], mean[q] * 1e3);
+        printf("; per rank: bubble measured (checker's, same durations), peak activations in microbatches (formula)\n");
         for (int r = 0; r < p->S; r++) {
             double pf = schedule_peak_formula(p->sched, p->S, p->V, p->M, r);
-            printf("  rank %d: bubble %.3f (%.3f), peak %.2f", r, all[4 * r], c.ok ? c.bubble[r] : -1, all[4 * r + 1]);
+            printf("  rank %d: bubble %.3f (%.3f), peak %.2f", r, all[2 * r], c.ok ? c.bubble[r] : -1, all[2 * r + 1]);
             if (pf >= 0) printf(" (%.2f)", pf);
             printf("\n");
         }
@@ -523,9 +502,9 @@ static void pp_print_theory(const Pp* p) {
     free(all);
 }
 
-#ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
+#ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the pipeline above
 
-#define RUN_LINE "mpirun -n 3 ./train_pp"
+#define RUN_LINE "mpirun -n 2 ./train_pp"
 
 // ----------------------------------------------------------------------------
 // the state of one run
@@ -550,25 +529,24 @@ static void run_free(Run* r) {
 // ----------------------------------------------------------------------------
 // a chunk's work, and the forward pass through the whole pipeline
 
-// Chunk v's units in order, and back (the pipeline's StageWork).
-static void stage_forward(void* ctx, int v, Acts* a, Scratch* sc, int R, long rows_total) {
+// Units [lo, hi) in order, and back (the pipeline's StageWork).
+static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
-    for (int u = r->p.u_lo[v]; u < r->p.u_hi[v]; u++)
-        unit_forward(&r->cfg, u, r->st.params + r->off[u], a, sc, R, rows_total, &r->ws);
+    for (int u = lo; u < hi; u++) unit_forward(&r->cfg, u, r->st.params + r->off[u], a, sc, R, rows_total, &r->ws);
 }
-static void stage_backward(void* ctx, int v, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
+static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    for (int u = r->p.u_hi[v] - 1; u >= r->p.u_lo[v]; u--) {
+    for (int u = hi - 1; u >= lo; u--) {
         unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
-        if (stash) memcpy(stash[u], unit_stash(&r->cfg, u, sc), (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float)); // for W
-        else unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, unit_stash(&r->cfg, u, sc), R, batch, &r->ws);
-        scratch_step_down(sc);
+        float* dout = unit_stash(&r->cfg, u, sc); // what the weight half reads (model.h)
+        if (stash) memcpy(stash[u], dout, (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float)); // I: kept for W
+        else unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, dout, R, batch, &r->ws);
+        scratch_step_down(sc); // the input's gradient becomes the unit below's output gradient
     }
 }
-static void stage_backward_weight(void* ctx, int v, const Acts* a, float* const* stash, int R, long batch) {
+static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch) {
     Run* r = ctx;
-    for (int u = r->p.u_lo[v]; u < r->p.u_hi[v]; u++)
-        unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, stash[u], R, batch, &r->ws);
+    for (int u = lo; u < hi; u++) unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, stash[u], R, batch, &r->ws);
 }
 
 // Validation and sampling stream through the pipeline; the last chunk's probabilities are
@@ -577,7 +555,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     Run* r = ctx;
     int64_t loss = pp_forward_rows(&r->p, rows, first, R, rows_total, probs ? TAG_SAMPLE : TAG_EVAL);
     if (probs) {
-        if (r->p.s == pp_last_rank(&r->p)) model_probs(&r->cfg, rows, pp_last_acts(&r->p)->out[r->cfg.layers + 1], R, probs);
+        if (r->p.rank == pp_last_rank(&r->p)) model_probs(&r->cfg, rows, pp_last_acts(&r->p)->out[r->cfg.layers + 1], R, probs);
         MPI_Bcast(probs, R * r->cfg.vocab, MPI_FLOAT, pp_last_rank(&r->p), r->pp.comm);
     }
     return loss;
@@ -594,14 +572,14 @@ static double validation_loss(void* ctx) {
 }
 
 // The formulas of figures(), in words, for the report.
-static const char sent_words[] = "4 B x B x (activations out + gradients in, of each chunk whose neighbour is on another rank) + 8 B loss";
-static const char mem_words[] = "(4 + 8 + 8 AdamW) B x its parameters + peak x microbatch activations";
+static const char sent_words[] = "4 bytes x rows x (activations out + gradients in, of each chunk whose neighbour is on another rank) + 8 loss";
+static const char mem_words[] = "(4 + 8 + 8 AdamW) bytes x its parameters + peak x microbatch activations";
 
 // What this rank sent and holds, each beside its formula, and the bubble it measured.
-static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int B) {
+static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int batch) {
     const Config* c = &r->cfg;
     long np = r->st.n;
-    int mb_rows = (B + r->M - 1) / r->M;
+    int mb_rows = (batch + r->M - 1) / r->M;
     double opt_bytes = opt->adamw ? 8.0 : 0.0, acts = pp_acts_bytes(&r->p, c, NULL, mb_rows);
     Figures f = {.sent = per_step(pr, r->pp.sent), .received = per_step(pr, r->pp.received), .params = 4.0 * np,
                  .grads = 8.0 * np, .optim = opt_bytes * np, .acts = acts, .bubble = pp_bubble(&r->p)};
@@ -660,21 +638,21 @@ int main(int argc, char** argv) {
     // model: this rank's chunks of units, their exact gradient sums and optimizer state
     Config* cfg = &run.cfg;
     pp_split(cfg, S * V, run.first);
-    int rows = pass_rows(&o, (o.batch + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
-    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, V, run.first, o.batch, o.batch, rows, NULL,
+    int capacity = pass_rows(&o, (o.batch + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
+    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, V, run.first, o.batch, o.batch, capacity, NULL, // the whole batch
             (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
     long np = 0;
     for (int v = 0; v < V; v++)
-        for (int u = run.p.u_lo[v]; u < run.p.u_hi[v]; u++) run.off[u] = np, np += unit_params(cfg, u);
+        for (int u = run.first[run.p.chunk[v]]; u < run.first[run.p.chunk[v] + 1]; u++) run.off[u] = np, np += unit_params(cfg, u);
     run.st = state_alloc(np, o.opt.adamw);
-    run.mine = (Holding){0};
+    run.mine = (Holding){0}; // for checkpoints (ckpt.h): each of this rank's units, whole, at off[u]
     for (int v = 0; v < V; v++)
-        for (int u = run.p.u_lo[v]; u < run.p.u_hi[v]; u++) {
-            Holding one = holding_units(cfg, &run.st, u, u + 1, unit_offset(cfg, u) - run.off[u]);
-            run.mine.n[u] = one.n[u], run.mine.at[0][u] = one.at[0][u], run.mine.at[1][u] = one.at[1][u], run.mine.at[2][u] = one.at[2][u];
+        for (int u = run.first[run.p.chunk[v]]; u < run.first[run.p.chunk[v] + 1]; u++) {
+            run.mine.n[u] = unit_params(cfg, u), run.mine.at[0][u] = run.st.params + run.off[u];
+            run.mine.at[1][u] = run.st.m ? run.st.m + run.off[u] : NULL, run.mine.at[2][u] = run.st.v ? run.st.v + run.off[u] : NULL;
         }
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
-    workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
+    workspace_init(&run.ws, capacity, max_width(cfg), max_linear_weight(cfg));
     char layout[200];
     snprintf(layout, sizeof layout, "pipeline of %d stages x %d chunks, %d microbatches, %s schedule", S, V, run.M,
              schedule_names[run.sched]);

@@ -148,6 +148,20 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fatal(const char* fm
     exit(1); // fatal_end does not return; if it did, still stop here
 }
 
+// Exit statuses: 0 done; 1 an error in the inputs or while running (fatal); 2 bad usage,
+// refused before anything was read or written; EXIT_STOPPED, stopped by SIGTERM or SIGINT
+// with its checkpoint written (report.h), to be resumed with --load. 75 is sysexits.h's
+// EX_TEMPFAIL ("a temporary failure: try again later"): distinct from the others, so that a
+// scheduler's requeue rule (Slurm's RequeueExit=75, LSF's bsub -Q 75) or a job script can
+// tell a run to resume from a finished or a failed one.
+#define EXIT_STOPPED 75
+// How a program ends on purpose before its end (a stop): exit in train.c and the tools; in an
+// MPI program dist_init points it at MPI_Finalize, then exit, every rank stopping together.
+static void (*exit_program)(int status) __attribute__((unused)) = exit;
+// Whether this process says what is said once per job (a warning): in an MPI program only
+// world rank 0 (dist_init).
+static int prints_for_job __attribute__((unused)) = 1;
+
 static void* malloc_check(size_t size, const char* file, int line) {
     void* p = malloc(size ? size : 1);
     if (!p) fatal("%s:%d: out of memory allocating %zu bytes", file, line, size);

@@ -2,8 +2,10 @@
  * tests/fuzz.c: the readers of outside input, driven by libFuzzer: the data loader
  * (data.h), the checkpoint reader (ckpt.h) and the flag parser (cli.h); and the tools'
  * parsers (tools/compare's logs and checkpoints, tools/costmodel's cluster files,
- * tools/schedules' command line and traces). One file, one target per build, chosen with
- * -DTARGET_data, _ckpt, _cli, _compare, _cluster or _schedules.
+ * tools/schedules' command line and traces); and the recognisers that decide whether a run
+ * may replace the file at an output's path (a checkpoint, a log, a summary or a trace of
+ * this project: one that reads as one, whole). One file, one target per build, chosen with
+ * -DTARGET_data, _ckpt, _cli, _compare, _cluster, _schedules, _ckpt_whole or _log_summary.
  *
  *   make fuzz                                     # each target, 1 million inputs or more
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DTARGET_ckpt tests/fuzz.c -o fuzz_ckpt -lm
@@ -98,9 +100,12 @@ static void release_all(void) {
 #define fclose fuzz_fclose
 
 #include "../ckpt.h"
-#ifdef TARGET_compare
+#if defined(TARGET_compare) || defined(TARGET_ckpt_whole) || defined(TARGET_log_summary)
 #define COMPARE_NO_MAIN
 #include "../tools/compare.c"
+#endif
+#ifdef TARGET_log_summary
+#include "../tools/summary.h"
 #endif
 
 #undef malloc
@@ -147,6 +152,69 @@ static int run_one(const uint8_t* data, size_t size) {
         float* x = read_ckpt(input_path, &h, &n);
         if (n != ckpt_floats(&h) || h.code_points) abort();
         fuzz_free(x);
+    }
+    release_all();
+    return 0;
+}
+#elif defined(TARGET_ckpt_whole)
+// ----------------------------------------------------------------------------
+// ckpt_whole: any bytes as the file at a --save path, read by the recogniser that decides
+// whether a run may replace it (ckpt.h's ckpt_recognise: a checkpoint of this project is
+// one that reads as one, whole, not one that begins as one would). It says why not, or the
+// file is a checkpoint: tools/compare's reader, which checks the header, the values and
+// the checksum as a run's --load does, takes it whole.
+static int run_one(const uint8_t* data, size_t size) {
+    input_set(data, size);
+    FILE* f = fuzz_fopen(input_path, "rb");
+    if (!f) abort();
+    if (setjmp(back) != 0) abort(); // a recogniser says why; it never ends the program
+    const char* why = ckpt_recognise(f);
+    fuzz_fclose(f);
+    if (why && !why[0]) abort();
+    release_all();
+    if (!why) {
+        CkptHeader h;
+        long n = -1;
+        if (setjmp(back) != 0) abort(); // a whole checkpoint reads
+        float* x = read_ckpt(input_path, &h, &n);
+        if (n != ckpt_floats(&h)) abort();
+        fuzz_free(x);
+    }
+    release_all();
+    return 0;
+}
+#elif defined(TARGET_log_summary)
+// ----------------------------------------------------------------------------
+// log_summary: any bytes as the file at a --log, --summary or --trace path (the first byte
+// chooses which), read by cli.h's recogniser of that kind. It says why not, or the file
+// reads as one: a log ending in a whole line, as tools/compare reads it (steps in a row); a
+// summary, as tools/summary.h reads it (make run's table), with as many rank lines as ranks.
+static int run_one(const uint8_t* data, size_t size) {
+    if (size < 1) return 0;
+    input_set(data + 1, size - 1);
+    static const Recogniser kinds[3] = {log_recognise, summary_recognise, trace_recognise};
+    int kind = data[0] % 3;
+    FILE* f = fuzz_fopen(input_path, "rb");
+    if (!f) abort();
+    if (setjmp(back) != 0) abort();
+    const char* why = kinds[kind](f);
+    fuzz_fclose(f);
+    if (why && !why[0]) abort();
+    release_all();
+    if (!why && kind == 0 && size > 1 && data[size - 1] == '\n') {
+        long n = -1, first = 0;
+        if (setjmp(back) != 0) abort();
+        double* losses = read_losses(input_path, &n, &first);
+        if (n < 0 || (n > 0 && first < 1)) abort();
+        fuzz_free(losses);
+    }
+    long rank_lines = 0;
+    for (size_t i = 1; i + 5 < size; i++) rank_lines += data[i] == '\n' && !memcmp(data + i + 1, "rank=", 5);
+    if (!why && kind == 1 && rank_lines <= MAX_RANKS) {
+        static Summary s;
+        if (setjmp(back) != 0) abort();
+        summary_read(&s, input_path); // (it reads at most MAX_RANKS ranks: make run's)
+        if (s.ranks < 1 || !s.program[0]) abort();
     }
     release_all();
     return 0;
@@ -225,13 +293,15 @@ static int run_one(const uint8_t* data, size_t size) {
         return 0;
     }
     double all[] = {c.flops, c.efficiency, c.fp8_flops, c.fp8_efficiency, c.memory, c.alpha_intra, c.beta_intra,
-                    c.alpha_inter, c.beta_inter, c.attention_efficiency, c.hbm};
+                    c.alpha_inter, c.beta_inter, c.attention_efficiency, c.hbm, c.attention_half_seq, c.collective_latency,
+                    c.sustained};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!isfinite(all[i]) || all[i] < 0) abort();
     if (c.nodes < 1 || c.per_node < 1 || (double)c.nodes * c.per_node > CLUSTER_MAX_DEVICES || !(c.flops > 0) ||
         !(c.efficiency > 0) || c.efficiency > 1 || c.fp8_efficiency > 1 || !(c.memory > 0) || !(c.beta_intra > 0) ||
         !(c.beta_inter > 0) || !c.name[0] || (c.fp8_flops > 0) != (c.fp8_efficiency > 0) ||
-        !(c.attention_efficiency > 0) || c.attention_efficiency > 1 || !(c.hbm > 0) || c.sms < 0 || c.sms > 100000)
+        !(c.attention_efficiency > 0) || c.attention_efficiency > 1 || !(c.hbm > 0) || c.sms < 0 || c.sms > 100000 ||
+        c.nics < 1 || c.nics > 1024 || !(c.sustained > 0) || c.sustained > 1)
         abort();
     return 0;
 }

@@ -35,6 +35,61 @@ static void fill(float* x, long n, uint64_t seed, float scale) {
 }
 
 // ----------------------------------------------------------------------------
+// the tables of tensors (config.h): the mapper every layout's slices go through
+
+// For t tensor-parallel ranks: every element of a unit's own tensors is held by exactly one
+// rank's slice of each split tensor (padding maps to -1) and by every rank for a whole one,
+// and counted in the norm exactly once over the ranks; each slice's size is what the table
+// says; the GPT's blocks' slices sit where transformer.h's block_layout(C, C/t, 4C/t) puts
+// them (the layout the layers read), and experts follow, each whole.
+static void test_tables(const Config* c, int t, const char* what) {
+    int ok = 1, counted_ok = 1, layout_ok = 1;
+    for (int u = 0; u < n_units(c); u++) {
+        UnitTable tab = unit_table(c, u);
+        long own = 0;
+        for (int i = 0; i < tab.own; i++) own += tab.t[i].rows * tab.t[i].cols;
+        if (own + (long)tab.experts * table_expert(&tab) != unit_params(c, u)) ok = 0;
+        int* seen = callocCheck((size_t)own, sizeof(int));
+        int* count = callocCheck((size_t)own, sizeof(int));
+        for (int r = 0; r < t; r++) {
+            Share s = {r, t, 0, 0};
+            long held = table_own(&tab, t), counted = share_counted(c, u, s);
+            for (long e = 0; e < held; e++) {
+                long k = table_canonical(&tab, s, e);
+                if (k < -1 || k >= own) ok = 0;
+                else if (k >= 0) seen[k]++, count[k] += e < counted;
+            }
+        }
+        for (int i = 0, at = 0; i < tab.own; at += (int)(tab.t[i].rows * tab.t[i].cols), i++)
+            for (long e = 0; e < tab.t[i].rows * tab.t[i].cols; e++) {
+                if (seen[at + e] != (tab.t[i].split == WHOLE ? t : 1)) ok = 0;
+                if (count[at + e] != 1) counted_ok = 0;
+            }
+        free(seen), free(count);
+        if (is_gpt(c) && u >= 1 && u <= c->layers) { // the table's slice against the layout the block reads
+            int C = c->emb, A = C / t, F = 4 * C / t;
+            long l[MAX_TENSORS + 1] = {0};
+            for (int i = 0; i < tab.own; i++) l[i + 1] = l[i] + tensor_held(&tab.t[i], t);
+            if (is_moe(c, u)) {
+                MoeBlockLayout m = moe_block_layout(C, A, 4 * C, c->experts);
+                long want[] = {m.qkv_w, m.qkv_b, m.proj_w, m.ln1_g, m.ln1_b, m.proj_b, m.ln2_g, m.ln2_b, m.router_w, m.shared};
+                for (int i = 0; i <= tab.own; i++) layout_ok &= l[i] == want[i];
+                layout_ok &= table_expert(&tab) == m.expert;
+            } else {
+                BlockLayout b = block_layout(C, A, F);
+                long want[] = {b.qkv_w, b.qkv_b, b.proj_w, b.fc_w, b.fc_b, b.fc2_w, b.ln1_g, b.ln1_b, b.proj_b, b.ln2_g,
+                               b.ln2_b, b.fc2_b, b.n};
+                for (int i = 0; i <= tab.own; i++) layout_ok &= l[i] == want[i];
+            }
+        }
+    }
+    check(ok, "tables: %s, %d tensor-parallel ranks: every element held by one rank (a whole tensor by all), "
+          "padding unmapped", what, t);
+    check(counted_ok, "tables: %s, %d ranks: every element counted in the norm once", what, t);
+    if (is_gpt(c)) check(layout_ok, "tables: %s, %d ranks: a block's slices where transformer.h's layout reads them", what, t);
+}
+
+// ----------------------------------------------------------------------------
 // kernels against their plain reference loops (kernels.h)
 
 static void test_matmul_float(void) {
@@ -552,8 +607,7 @@ static void test_grad_model(int layers, int hidden, int context, int emb) {
     int R = 5;
     long np = n_params(&c);
     float* params = mallocCheck(sizeof(float) * np);
-    for (int u = 0; u < n_units(&c); u++)
-        for (long e = 0; e < unit_params(&c, u); e++) params[unit_offset(&c, u) + e] = unit_init_value(&c, 1234 + layers, u, e);
+    for (int u = 0; u < n_units(&c); u++) unit_init(params + unit_offset(&c, u), &c, u, 1234 + layers);
     int tokens[5 * 8], targets[5];
     for (int i = 0; i < R * context; i++) tokens[i] = (int)(rng_u64(61, 61, i) % c.vocab);
     for (int r = 0; r < R; r++) targets[r] = (int)(rng_u64(62, 62, r) % c.vocab);
@@ -824,8 +878,7 @@ static void test_grad_gpt(int layers, int heads, int context, int emb) {
     int R = 3, T = context;
     long np = n_params(&c);
     float* params = mallocCheck(sizeof(float) * np);
-    for (int u = 0; u < n_units(&c); u++)
-        for (long e = 0; e < unit_params(&c, u); e++) params[unit_offset(&c, u) + e] = unit_init_value(&c, 77 + layers, u, e);
+    for (int u = 0; u < n_units(&c); u++) unit_init(params + unit_offset(&c, u), &c, u, 77 + layers);
     int tokens[3 * 8], targets[3 * 8], len[3] = {2, T > 4 ? 4 : T - 1, T - 1}; // padding, and a full row
     Work w;
     gpt_test_batch(&c, &w, R, len, 63, tokens, targets);
@@ -987,9 +1040,8 @@ static void test_grad_moe(int layers, int experts, int top_k, float capacity, in
                 .top_k = top_k, .capacity = capacity, .aux_loss = 0.05f};
     long np = n_params(&c);
     float* params = mallocCheck(sizeof(float) * np);
-    for (int u = 0; u < n_units(&c); u++)
-        for (long e = 0; e < unit_params(&c, u); e++)
-            params[unit_offset(&c, u) + e] = unit_init_value(&c, 99 + layers + experts, u, e) * (u == 1 ? 3.0f : 1.0f);
+    for (int u = 0; u < n_units(&c); u++) unit_init(params + unit_offset(&c, u), &c, u, 99 + layers + experts);
+    for (long e = 0; e < unit_params(&c, 1); e++) params[unit_offset(&c, 1) + e] *= 3.0f;
     int tokens[16 * 3], targets[16];
     for (int i = 0; i < R * c.context; i++) tokens[i] = (int)(rng_u64(71, 71, i) % c.vocab);
     for (int r = 0; r < R; r++) targets[r] = (int)(rng_u64(72, 72, r) % c.vocab);
@@ -1134,10 +1186,10 @@ static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity
     long np = n_params(&c);
     MoeBlockLayout bl = gpt_moe_layout(&c);
     float* params = mallocCheck(sizeof(float) * np);
-    for (int u = 0; u < n_units(&c); u++)
-        for (long e = 0; e < unit_params(&c, u); e++) // a sure router: uneven loads
-            params[unit_offset(&c, u) + e] = unit_init_value(&c, 81 + layers + experts, u, e) *
-                                             (is_moe(&c, u) && e >= bl.router_w && e < bl.shared ? 3.0f : 1.0f);
+    for (int u = 0; u < n_units(&c); u++) {
+        unit_init(params + unit_offset(&c, u), &c, u, 81 + layers + experts);
+        for (long e = bl.router_w; e < bl.shared && is_moe(&c, u); e++) params[unit_offset(&c, u) + e] *= 3.0f; // a sure router: uneven loads
+    }
     int tokens[3 * 5], targets[3 * 5], len[3] = {1, 3, T - 1}; // padding, and a full row
     Work w;
     gpt_test_batch(&c, &w, R, len, 64, tokens, targets);
@@ -1195,9 +1247,11 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     long nr = router_params(&c, 1), np = nr + X * e.params; // the layer's: the router, then the experts
     float *w = mallocCheck(sizeof(float) * np), *in = mallocCheck(sizeof(float) * n_total * K);
     float *dout = mallocCheck(sizeof(float) * n_total * H);
+    float* unit = mallocCheck(sizeof(float) * unit_params(&c, 1));
+    unit_init(unit, &c, 1, 5);
     for (long i = 0; i < np; i++) // from the unit's initial values; a sure router: uneven loads
-        w[i] = i < nr ? 4.0f * unit_init_value(&c, 5, 1, moe_router_at(&c) + i)
-                      : unit_init_value(&c, 5, 1, moe_shared_params(&c, 1) + i - nr);
+        w[i] = i < nr ? 4.0f * unit[moe_router_at(&c) + i] : unit[moe_shared_params(&c, 1) + i - nr];
+    free(unit);
     fill(in, (long)n_total * K, 11, 1.0f);
     fill(dout, (long)n_total * H, 12, 1.0f);
     Workspace ws;
@@ -1212,6 +1266,7 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     // N ranks
     MoeLayer m[4];
     long lo[4], hi[4], x_lo[4], x_hi[4];
+    int x_first[5] = {0};
     float *wq[4], *send[4], *recv[4];
     int64_t* gq[4];
     int *send_rows[4], *recv_rows[4], *counts = mallocCheck(sizeof(int) * N * k * X), ok = 1;
@@ -1220,6 +1275,7 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     for (int q = 0; q < N; q++) {
         split_range(n_total, N, q, &lo[q], &hi[q]);
         split_range(X, N, q, &x_lo[q], &x_hi[q]);
+        x_first[q + 1] = (int)x_hi[q];
         long n = nr + (x_hi[q] - x_lo[q]) * e.params;
         wq[q] = mallocCheck(sizeof(float) * n), gq[q] = callocCheck(n, sizeof(int64_t));
         memcpy(wq[q], w, sizeof(float) * nr); // the router, replicated
@@ -1228,32 +1284,32 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     }
     for (int q = 0; q < N; q++) {
         moe_route(&c, &m[q], in + lo[q] * K, wq[q], (int)(hi[q] - lo[q]), &ws);
-        memcpy(counts + (long)q * k * X, m[q].mine, sizeof(int) * k * X); // the all-gather
+        memcpy(counts + (long)q * k * X, m[q].counts, sizeof(int) * k * X); // the all-gather
     }
     long C = moe_capacity(&c, moe_batch_tokens(&c, counts, N), 1);
     for (int q = 0; q < N; q++) {
-        moe_plan(&c, &m[q], counts, N, q, (int)(hi[q] - lo[q]), C);
+        moe_plan(&c, &m[q], counts, N, q, x_first, (int)(hi[q] - lo[q]), C);
         moe_balance(&c, &m[q], counts, N, q, (int)(hi[q] - lo[q]), n_total, C, &aux);
         moe_permute(&m[q], in + lo[q] * K);
-        send_rows[q] = m[q].send_rows, recv_rows[q] = m[q].recv_rows;
+        send_rows[q] = m[q].routed_to, recv_rows[q] = m[q].expert_from;
     }
-    for (int q = 0; q < N; q++) send[q] = m[q].sent, recv[q] = m[q].recv_in;
+    for (int q = 0; q < N; q++) send[q] = m[q].routed_in, recv[q] = m[q].expert_in;
     ok &= sim_all_to_all(N, send, send_rows, recv, recv_rows, K); // dispatch
     for (int q = 0; q < N; q++) { // each rank's experts on what it received: by source rank, then expert
         MoeLayer* p = &m[q];
         for (int s = 0, at = 0; s < N; s++)
             for (int x = (int)x_lo[q]; x < x_hi[q]; at += p->kept[s * X + x], x++)
                 if (p->kept[s * X + x] > 0)
-                    expert_forward(&e, p->recv_h + (long)at * H, p->recv_saved + (long)at * e.saved,
-                                   p->recv_in + (long)at * K, wq[q] + nr + moe_expert_at(&e, x, (int)x_lo[q]),
+                    expert_forward(&e, p->expert_out + (long)at * H, p->expert_saved + (long)at * e.saved,
+                                   p->expert_in + (long)at * K, wq[q] + nr + moe_expert_at(&e, x, (int)x_lo[q]),
                                    p->kept[s * X + x], p->tmp, p->acc, &ws);
     }
-    for (int q = 0; q < N; q++) send[q] = m[q].recv_h, recv[q] = m[q].back;
+    for (int q = 0; q < N; q++) send[q] = m[q].expert_out, recv[q] = m[q].routed_out;
     ok &= sim_all_to_all(N, send, recv_rows, recv, send_rows, H); // combine
     for (int q = 0; q < N; q++) moe_unpermute(&c, &m[q], out + lo[q] * H, (int)(hi[q] - lo[q]));
     // backward
     for (int q = 0; q < N; q++) moe_unpermute_backward(&c, &m[q], dout + lo[q] * H, (int)(hi[q] - lo[q]));
-    for (int q = 0; q < N; q++) send[q] = m[q].sent, recv[q] = m[q].recv_d;
+    for (int q = 0; q < N; q++) send[q] = m[q].routed_dout, recv[q] = m[q].expert_dout;
     ok &= sim_all_to_all(N, send, send_rows, recv, recv_rows, H); // the output gradients to the experts
     for (int q = 0; q < N; q++) {
         MoeLayer* p = &m[q];
@@ -1261,13 +1317,13 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
             for (int x = (int)x_lo[q]; x < x_hi[q]; at += p->kept[s * X + x], x++)
                 if (p->kept[s * X + x] > 0) {
                     long off = nr + moe_expert_at(&e, x, (int)x_lo[q]);
-                    expert_backward(&e, p->recv_din + (long)at * K, gq[q] + off, p->recv_d + (long)at * H,
-                                    p->recv_in + (long)at * K, p->recv_h + (long)at * H,
-                                    p->recv_saved + (long)at * e.saved, wq[q] + off, p->kept[s * X + x], n_total,
+                    expert_backward(&e, p->expert_din + (long)at * K, gq[q] + off, p->expert_dout + (long)at * H,
+                                    p->expert_in + (long)at * K, p->expert_out + (long)at * H,
+                                    p->expert_saved + (long)at * e.saved, wq[q] + off, p->kept[s * X + x], n_total,
                                     p->tmp, p->acc, &ws);
                 }
     }
-    for (int q = 0; q < N; q++) send[q] = m[q].recv_din, recv[q] = m[q].back;
+    for (int q = 0; q < N; q++) send[q] = m[q].expert_din, recv[q] = m[q].routed_din;
     ok &= sim_all_to_all(N, send, recv_rows, recv, send_rows, K); // the input gradients back
     for (int q = 0; q < N; q++) {
         int n = (int)(hi[q] - lo[q]);
@@ -1523,6 +1579,16 @@ int main(void) {
     test_transpose();
     test_fix();
     test_split_invariance();
+    {
+        Config mlp = {.vocab = 27, .context = 3, .emb = 5, .hidden = 7, .layers = 3};
+        Config mlp2 = {.vocab = 27, .context = 4, .emb = 3, .hidden = 64, .layers = 2};
+        Config moe = {.vocab = 11, .context = 3, .emb = 4, .hidden = 6, .layers = 2, .experts = 5, .top_k = 2};
+        Config gpt = {.model = MODEL_GPT, .vocab = 27, .context = 6, .emb = 24, .heads = 6, .layers = 2};
+        Config gmoe = {.model = MODEL_GPT, .vocab = 29, .context = 5, .emb = 12, .heads = 6, .layers = 2, .experts = 3, .top_k = 1};
+        for (int t = 1; t <= 4; t++) test_tables(&mlp, t, "the MLP, hidden 7 (padded)"), test_tables(&mlp2, t, "the MLP, even layers");
+        test_tables(&moe, 1, "the MLP's experts");
+        for (int t = 1; t <= 6; t += t == 3 ? 3 : 1) test_tables(&gpt, t, "the GPT"), test_tables(&gmoe, t, "the GPT's experts");
+    }
     test_grad_linear(0, 0, 5, 7, 6);
     test_grad_linear(1, 1, 4, 9, 5);
     test_grad_linear(1, 0, 3, 16, 24);

@@ -38,11 +38,14 @@ if [ "${1:-}" = --agent ]; then
     exec ip netns exec "${CLUSTER_PREFIX}_$host" unshare --uts sh -c "hostname $host && $*"
 fi
 
-hosts=2 link=none limit=600
+hosts=2 link=none limit=600 given=" "
 die() { echo "tools/cluster.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
-        --hosts | --link | --timeout) [ $# -ge 2 ] || die "$1 needs a value (usage: tools/cluster.sh [--hosts N] [--link RATE] [--timeout S] -- MPIRUN-ARGS...)" ;;&
+        --hosts | --link | --timeout) [ $# -ge 2 ] || die "$1 needs a value (usage: tools/cluster.sh [--hosts N] [--link RATE] [--timeout S] -- MPIRUN-ARGS...)"
+            # one rule for every program and tool: a flag given twice is refused
+            [[ $given == *" $1 "* ]] && die "$1 is given twice: give each flag once"
+            given="$given$1 " ;;&
         --hosts) hosts=$2; shift 2 ;;
         --link) link=$2; shift 2 ;;
         --timeout) limit=$2; shift 2 ;;

@@ -50,22 +50,32 @@ static double* read_losses(const char* path, long* n, long* first) {
     return loss;
 }
 
+// The checkpoint's values, read as a run reads them: its header checked (it refuses a header
+// that claims more than the file holds), and the checksum of every byte, so that a flipped
+// byte is "corrupt", never compared as a value.
 static float* read_ckpt(const char* path, CkptHeader* h, long* n) {
     FILE* f = open_input(path, "checkpoint");
-    uint64_t sum = FNV_START;
-    ckpt_read_header(f, path, h, &sum); // refuses a header that claims more than the file holds
+    uint64_t sum = FNV_START, stored;
+    ckpt_read_header(f, path, h, &sum);
     ckpt_header_free(h);
     *n = ckpt_floats(h);
     float* x = mallocCheck((size_t)*n * sizeof(float));
     if (fread(x, sizeof(float), (size_t)*n, f) != (size_t)*n) fatal("checkpoint '%s' is truncated", path);
+    sum = fnv1a(sum, x, (size_t)*n * sizeof(float));
+    if (fread(&stored, 1, sizeof stored, f) != sizeof stored) fatal("checkpoint '%s' is truncated", path);
+    if (stored != sum) fatal("checkpoint '%s' is corrupt (checksum mismatch)", path);
     fclose(f);
     return x;
 }
 
 #ifndef COMPARE_NO_MAIN // tests/fuzz.c takes the readers above, not what follows
+// Two logged losses are the same when their text is: the same number, or both nan (a run that
+// diverged logs nan, and two runs that diverged alike are the same run).
+static int same_loss(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
 static double rel(double a, double b) {
+    if (same_loss(a, b)) return 0;
     double d = fabs(a - b), s = fabs(a) > fabs(b) ? fabs(a) : fabs(b);
-    return d == 0 ? 0 : d / (s > 1e-30 ? s : 1e-30);
+    return isnan(d) ? INFINITY : d / (s > 1e-30 ? s : 1e-30);
 }
 
 // A file that cannot be read is not "the runs differ": exit 2.
@@ -78,6 +88,9 @@ int main(int argc, char** argv) {
     fatal_end = fatal_exit_2;
     float tol = 0;
     int a = 1;
+    for (int i = 3; i < argc; i++) // one rule for every program and tool: a flag given twice is refused
+        if (!strcmp(argv[i], "--tolerance") && argc > 1 && !strcmp(argv[1], "--tolerance"))
+            fatal("--tolerance is given twice: give each flag once");
     if (argc > 1 && !strcmp(argv[1], "--tolerance")) {
         const char* err = argc > 2 ? cli_float("tolerance", argv[2], 0.0, 1.0, 0, &tol) : "--tolerance needs a value";
         if (err) fatal("%s", err);
@@ -94,7 +107,7 @@ int main(int argc, char** argv) {
     double loss_rel = 0;
     for (long step = lo; step < hi; step++) {
         double x = la[step - fa], y = lb[step - fb];
-        if (x != y && first < 0) first = step;
+        if (!same_loss(x, y) && first < 0) first = step;
         double r = rel(x, y);
         loss_rel = r > loss_rel ? r : loss_rel;
     }
@@ -119,8 +132,12 @@ int main(int argc, char** argv) {
         printf("different runs: steps %ld-%ld vs %ld-%ld, %ld vs %ld values\n", fa, fa + na - 1, fb, fb + nb - 1, pa, pb);
         return 1;
     }
-    printf("differ: first at step %ld; losses up to %.2e relative; %ld of %ld values differ, by up to %.2e of "
-           "the largest\n", first, loss_rel, differ, pa, param_rel);
+    if (first < 0) // the same losses at every step, other values (a run saved at another moment, a corrupt save)
+        printf("differ: the losses are the same at every step (%ld); %ld of %ld values differ, by up to %.2e of the "
+               "largest\n", hi - lo, differ, pa, param_rel);
+    else
+        printf("differ: first at step %ld; losses up to %.2e relative; %ld of %ld values differ, by up to %.2e of "
+               "the largest\n", first, loss_rel, differ, pa, param_rel);
     return (loss_rel < tol && param_rel < tol) ? 0 : 1;
 }
 #endif

@@ -16,7 +16,7 @@
  *
  *   tools/costmodel predict CLUSTER SHAPE LAYOUT   # one layout: step time, MFU, memory, each term
  *   tools/costmodel rank CLUSTER SHAPE [LAYOUT]    # every layout that fits, best first
- *   tools/costmodel published                      # Llama 3 405B and DeepSeek-V3: rank, predicted vs published
+ *   tools/costmodel published                      # seven published runs: rank, predicted vs published
  *   tools/costmodel selftest                       # every formula, on cases computed by hand
  *
  * replay's model, for one step (every term per rank; ranks work in parallel):
@@ -37,6 +37,7 @@
  * block (train_dp --overlap aside), so that is what they do.
  */
 #include "../ckpt.h"
+#include "../report.h"
 #include "../schedules.h"
 #include "costmodel_cluster.h"
 #include "costmodel_llm.h"
@@ -73,20 +74,24 @@ static double step_seconds(const Options* o, const Config* c, int R) {
     holding_load(&all, o, &names, c);
     Work w;
     work_init(&w, c, R, NULL);
-    enum { REPS = 41 };
-    double t[REPS];
-    for (int rep = -5; rep < REPS; rep++) {
+    // the mean of 41 steps or more, over half a second at least, as a run's step time is a
+    // mean (seconds / steps): on a machine shared with other jobs the steps that wait for a
+    // core count too, and a measurement shorter than a few of a scheduler's slices misses them
+    double total = 0, start = 0;
+    int reps = 0;
+    for (int rep = -5; rep < 41 || (now_seconds() - start < 0.5 && rep < 1000000); rep++) {
+        if (rep == 0) start = now_seconds();
         double t0 = now_seconds();
         Rows rows = training_rows(&names, o->seed, rep + 10, 0);
         model_forward_rows(c, s.params, &w, &rows, 0, R, R, NULL);
         fix_zero(s.grads, s.n);
         model_backward(c, s.params, s.grads, &w, R, R);
         optimizer_step(&o->opt, s.params, s.grads, s.m, s.v, s.n, grad_factor(R), 1.0f, rep + 10);
-        if (rep >= 0) t[rep] = now_seconds() - t0;
+        if (rep >= 0) total += now_seconds() - t0, reps++;
     }
     work_free(&w);
     state_free(&s);
-    return median(t, REPS);
+    return total / reps;
 }
 
 // ----------------------------------------------------------------------------
@@ -95,8 +100,8 @@ static double step_seconds(const Options* o, const Config* c, int R) {
 // What the model needs of a run: its program and layout, and what the rank that sends the
 // most sends per step (the formula's bytes, of them on each axis of the grid, and its
 // messages). Axes in the grid's order of ranks (train_3d.c), fastest first: tensor,
-// context, pipeline, data.
-enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXES };
+// context, pipeline, data; the expert axis is carved out of the data axis (--ep).
+enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXIS_EP, AXES };
 typedef struct {
     char program[64], layout[320];
     int ranks, batch;
@@ -111,9 +116,9 @@ static Run run_of(const Summary* m) {
     for (int q = 0; q < m->ranks; q++) {
         if (m->sent_formula[q] > r.sent) {
             r.sent = m->sent_formula[q];
-            // summary.h's axes: tensor, data, pipeline, context (experts: not modelled)
+            // summary.h's axes: tensor, data, pipeline, context, experts
             r.axis[AXIS_TP] = m->axis[q][0], r.axis[AXIS_DP] = m->axis[q][1], r.axis[AXIS_PP] = m->axis[q][2];
-            r.axis[AXIS_CP] = m->axis[q][3];
+            r.axis[AXIS_CP] = m->axis[q][3], r.axis[AXIS_EP] = m->axis[q][4];
         }
         r.messages = m->messages[q] > r.messages ? m->messages[q] : r.messages;
     }
@@ -157,9 +162,11 @@ static void run_degrees(const Run* r, int S, int deg[AXES]) {
     else if (!strcmp(p, "train_cp.c")) deg[AXIS_CP] = N;
     else if (!strcmp(p, "train_pp.c")) deg[AXIS_PP] = S;
     else if (!strcmp(p, "train_3d.c")) {
-        static const char* const words[AXES] = {" tensor", " context", " pipeline", " data"};
+        // the expert axis: "expert parallel over E of the data-parallel ranks"
+        static const char* const words[AXES] = {" tensor", " context", " pipeline", " data", " of the data-parallel"};
         for (int a = 0; a < AXES; a++) deg[a] = layout_count(r->layout, words[a]) > 0 ? layout_count(r->layout, words[a]) : 1;
-        if (deg[0] * deg[1] * deg[2] * deg[3] != N) fatal("cannot read the grid of '%s' (%d ranks)", r->layout, N);
+        if (deg[0] * deg[1] * deg[2] * deg[3] != N || deg[AXIS_DP] % deg[AXIS_EP])
+            fatal("cannot read the grid of '%s' (%d ranks)", r->layout, N);
     } else {
         fatal("no cost model for program '%s'", p);
     }
@@ -172,28 +179,45 @@ typedef struct {
     int hosts;
 } Links;
 
-// Whether every group of axis a of a grid lies inside one host. Ranks fill the hosts in
+// The groups of axis a of a grid that cross between hosts, counted on the host that has the
+// most (0: every group lies inside one host, on shared memory). Ranks fill the hosts in
 // order, per_host a host, and train_3d numbers them tensor fastest, then context, pipeline,
-// data (rank = tp + T (cp + C (pp + P dp))). The data axis's group is the D x C ranks that
-// share a rank's tensor and pipeline coordinates (ZeRO's gradients sum over other rows and
-// other positions alike), so with D = 1 and C = 2 it is the context pair, inside a host.
-static int axis_local(const int deg[AXES], int a, int per_host) {
-    int T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP], N = T * C * P * deg[AXIS_DP];
-    for (int q = 0; q < N; q++) {
-        int tp = q % T, cp = q / T % C, pp = q / (T * C) % P, dp = q / (T * C * P);
-        for (int m = 0; m < N; m++) { // m in q's group: every coordinate but the group's own the same
-            int mt = m % T, mc = m / T % C, mp = m / (T * C) % P, md = m / (T * C * P);
-            int same = (a == AXIS_TP || mt == tp) && (a == AXIS_CP || a == AXIS_DP || mc == cp) &&
-                       (a == AXIS_PP || mp == pp) && (a == AXIS_DP || md == dp);
-            if (same && m / per_host != q / per_host) return 0;
+// data (rank = tp + T (cp + C (pp + P dp))). A group is the ranks that share every coordinate
+// but its axis's: the data axis's is the D x C ranks that share a rank's tensor and pipeline
+// coordinates (ZeRO's gradients sum over other rows and other positions alike), so with D = 1
+// and C = 2 it is the context pair, inside a host; the expert axis's is E consecutive data
+// coordinates (dp / E the same). Every group of an axis runs its collectives at once, each
+// crossing group a ring with one stream leaving the host: they share its link.
+static int axis_crossing(const int deg[AXES], int a, int per_host) {
+    int T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP], E = deg[AXIS_EP], N = T * C * P * deg[AXIS_DP];
+    int most = 0;
+    for (int host = 0; host * per_host < N; host++) {
+        int keys[MAX_RANKS], n = 0;
+        for (int q = host * per_host; q < N && q < (host + 1) * per_host; q++) {
+            int tp = q % T, cp = q / T % C, pp = q / (T * C) % P, dp = q / (T * C * P), crosses = 0;
+            for (int m = 0; m < N && !crosses; m++) { // m in q's group: every coordinate but the group's own the same
+                int mt = m % T, mc = m / T % C, mp = m / (T * C) % P, md = m / (T * C * P);
+                int same = (a == AXIS_TP || mt == tp) && (a == AXIS_CP || a == AXIS_DP || mc == cp) &&
+                           (a == AXIS_PP || mp == pp) && (a == AXIS_DP || (a == AXIS_EP ? md / E == dp / E : md == dp));
+                crosses = same && m / per_host != host;
+            }
+            if (!crosses) continue;
+            // the group's key: the coordinates its members share
+            int key = a == AXIS_TP ? q / T : a == AXIS_CP ? tp + T * (pp + P * dp) : a == AXIS_PP ? tp + T * (cp + C * dp)
+                    : a == AXIS_DP ? tp + T * pp : tp + T * (cp + C * (pp + P * (dp / E)));
+            int seen = 0;
+            for (int i = 0; i < n; i++) seen |= keys[i] == key;
+            if (!seen) keys[n++] = key;
         }
+        most = n > most ? n : most;
     }
-    return 1;
+    return most;
 }
 
 // Seconds of one step of run r: compute from `t_rows` (the model's step time by rows,
 // train.c's: the MLP's table for the MLP, the GPT's for the GPT; make cluster gives each run
-// its own). In a grid, each axis's bytes go over the link its groups live on (axis_local).
+// its own). In a grid, each axis's bytes go over the link its groups live on, a crossing
+// axis's at the link's rate shared by the host's crossing groups (axis_crossing).
 static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), void* ctx, int cores, Links k,
                           double* compute_out) {
     int N = r->ranks, S, M, deg[AXES];
@@ -208,9 +232,9 @@ static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), v
         int per_host = (N + k.hosts - 1) / k.hosts;
         double comm = 0;
         for (int a = 0; a < AXES; a++) { // messages shared out in proportion to the bytes
-            int local = axis_local(deg, a, per_host);
+            int sharing = axis_crossing(deg, a, per_host);
             double share = r->axis[a] / r->sent;
-            comm += share * r->messages * (local ? k.local_alpha : k.alpha) + r->axis[a] / (local ? k.local_beta : k.beta);
+            comm += share * r->messages * (sharing ? k.alpha : k.local_alpha) + r->axis[a] * (sharing ? sharing / k.beta : 1 / k.local_beta);
         }
         return compute + comm;
     }
@@ -222,6 +246,7 @@ typedef struct {
     int n;
     int rows[32];
     double sec[32];
+    char model[256]; // the model it timed (report.h's model_words)
 } Table;
 static double table_rows(void* ctx, int rows) {
     const Table* t = ctx;
@@ -238,10 +263,11 @@ static Table measure_table(int argc, char** argv) {
     Config c;
     load_data(&names, &o, &c);
     Table t = {0};
+    model_words(&c, t.model, sizeof t.model);
     for (int rows = 1; rows <= 64; rows *= 2) t.rows[t.n] = rows, t.sec[t.n++] = step_seconds(&o, &c, rows);
     return t;
 }
-// A table measured earlier: "rows=R ms=X" lines, rows rising
+// A table measured earlier: its "model=..." line, then "rows=R ms=X" lines, rows rising
 static Table read_table(const char* path) {
     Table t = {0};
     FILE* f = fopen(path, "r");
@@ -253,6 +279,11 @@ static Table read_table(const char* path) {
         char rows[64], ms[64], err[256];
         double r, x;
         if (line[strspn(line, " \t\r\n")] == 0) continue;
+        if (!strncmp(line, "model=", 6) && t.n == 0 && !t.model[0]) {
+            line[strcspn(line, "\r\n")] = 0;
+            snprintf(t.model, sizeof t.model, "%.255s", line + 6);
+            continue;
+        }
         if (sscanf(line, " rows=%63[^ ] ms=%63s", rows, ms) != 2 || t.n == 32)
             fatal("%s:%d: expected 'rows=R ms=X' (at most 32 lines), got '%.60s'", path, number, line);
         if (cm_number("rows", rows, 1, 0, 1 << 20, 1, &r, err, sizeof err) || cm_number("ms", ms, 0, 1, 1e9, 0, &x, err, sizeof err))
@@ -262,6 +293,7 @@ static Table read_table(const char* path) {
     }
     fclose(f);
     if (t.n == 0) fatal("'%s' holds no rows=R ms=X lines", path);
+    if (!t.model[0]) fatal("'%s' does not say which model it timed (no model= line): measure it again with tools/costmodel compute", path);
     return t;
 }
 
@@ -272,7 +304,7 @@ static Table read_table(const char* path) {
 // microbatches: schedules.h has no closed form, so its checker plays the schedule (once per
 // S, M and durations). Its build takes time quadratic in M: zbv is considered up to M 512,
 // where its bubble is already under 1% (16 stages).
-enum { ZBV_MAX_M = 512 };
+enum { ZBV_MAX_M = 512, ZBV_MAX_S = 64 };
 static void zbv_figures(int S, int M, int recompute, double* bubble, double* peak) {
     typedef struct {
         int S, M, full;
@@ -286,8 +318,8 @@ static void zbv_figures(int S, int M, int recompute, double* bubble, double* pea
             *bubble = cache[i].bubble, *peak = cache[i].peak;
             return;
         }
-    Action* lists[64];
-    int counts[64];
+    Action* lists[ZBV_MAX_S];
+    int counts[ZBV_MAX_S];
     for (int r = 0; r < S; r++) lists[r] = mallocCheck(sizeof(Action) * 3 * 2 * M);
     schedule_build(SCHEDULE_ZBV, S, 2, M, lists, counts);
     Check c = schedule_check(SCHEDULE_ZBV, S, 2, M, lists, counts, pipeline_durations(recompute), NULL, NULL, 0);
@@ -304,25 +336,29 @@ static Cost cost_of(const Cluster* c, const Shape* m, const Practice* pr, const 
 }
 
 // Whether a layout is one the model considers (and rank enumerates), for these devices and
-// this model: NULL, or why not.
-static int power_of_2(long x) { return x > 0 && (x & (x - 1)) == 0; }
+// this model: NULL, or why not. Any degrees that divide what they split: TP the heads (and
+// the K and V heads, or a multiple of them), CP the sequence in 2 CP chunks, PP up to the
+// layers (split as evenly as the work allows), DP the rest of the devices, EP the experts and DP.
+enum { MAX_TP = 128, MAX_CP = 128 };
 static const char* layout_rule(const Shape* m, const Layout* l, int devices, char* err, size_t n) {
     double seqs = m->tokens / m->seq;
-    if (!power_of_2(l->tp) || l->tp > 64 || m->heads % l->tp)
-        snprintf(err, n, "TP %d: the model takes TP a power of 2 up to 64 that divides the %d heads", l->tp, m->heads);
-    else if (!power_of_2(l->cp) || l->cp > 64 || m->seq % (2 * l->cp))
-        snprintf(err, n, "CP %d: the model takes CP a power of 2 up to 64 whose double divides the sequence (%d): each "
-                 "device takes two chunks, one early and one late, to share the causal mask's work", l->cp, m->seq);
-    else if (!power_of_2(l->pp) || l->pp > 128 || l->pp > m->layers)
-        snprintf(err, n, "PP %d: the model takes PP a power of 2 up to 128 and at most the %d layers", l->pp, m->layers);
+    int kv = m->kv_lora > 0 ? m->heads : m->kv_heads;
+    if (l->tp < 1 || l->tp > MAX_TP || m->heads % l->tp || (kv >= l->tp ? kv % l->tp : l->tp % kv))
+        snprintf(err, n, "TP %d: the model takes TP up to %d dividing the %d heads and the %d K and V heads (or a multiple of them)",
+                 l->tp, MAX_TP, m->heads, kv);
+    else if (l->cp < 1 || l->cp > MAX_CP || m->seq % (2 * l->cp))
+        snprintf(err, n, "CP %d: the model takes CP up to %d whose double divides the sequence (%d): each "
+                 "device takes two chunks, one early and one late, to share the causal mask's work", l->cp, MAX_CP, m->seq);
+    else if (l->pp < 1 || l->pp > MAX_STAGES || l->pp > m->layers)
+        snprintf(err, n, "PP %d: the model takes PP up to %d and at most the %d layers", l->pp, MAX_STAGES, m->layers);
     else if ((long)l->tp * l->cp * l->pp * l->dp != devices)
         snprintf(err, n, "TP %d x CP %d x PP %d does not divide the %d devices", l->tp, l->cp, l->pp, devices);
     else if (fmod(seqs, (double)l->dp * l->M) != 0)
         snprintf(err, n, "DP %d x %d microbatches does not divide the %.0f sequences of a step", l->dp, l->M, seqs);
     else if (m->experts == 0 && l->ep != 1)
         snprintf(err, n, "EP %d: a dense model has no experts to spread", l->ep);
-    else if (m->experts > 0 && (!power_of_2(l->ep) || l->dp % l->ep || m->experts % l->ep))
-        snprintf(err, n, "EP %d: the model takes EP a power of 2 dividing DP (%d) and the experts (%d)", l->ep, l->dp, m->experts);
+    else if (m->experts > 0 && (l->ep < 1 || l->dp % l->ep || m->experts % l->ep))
+        snprintf(err, n, "EP %d: the model takes EP dividing DP (%d) and the experts (%d)", l->ep, l->dp, m->experts);
     else if (l->sp && l->tp == 1)
         snprintf(err, n, "sequence parallelism splits across TP: it needs TP above 1");
     else if (l->pp > 1 && l->sched == SCHEDULE_INTERLEAVED && (l->V < 2 || l->M % l->pp || (m->layers + l->pp - 1) / l->pp < l->V))
@@ -330,8 +366,10 @@ static const char* layout_rule(const Shape* m, const Layout* l, int devices, cha
                  l->V, l->M, l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_ZB1 && l->M < l->pp)
         snprintf(err, n, "zb1 with %d microbatches on %d stages: its closed form holds for at least as many microbatches as stages", l->M, l->pp);
-    else if (l->pp > 1 && l->sched == SCHEDULE_ZBV && (l->pp > 64 || l->M > ZBV_MAX_M || (m->layers + l->pp - 1) / l->pp < 2))
-        snprintf(err, n, "zbv: up to 64 stages of 2 layers or more, up to %d microbatches", ZBV_MAX_M);
+    else if (l->pp > 1 && l->sched == SCHEDULE_ZBV && (l->pp > ZBV_MAX_S || l->M > ZBV_MAX_M || (m->layers + l->pp - 1) / l->pp < 2))
+        snprintf(err, n, "zbv: up to %d stages of 2 layers or more, up to %d microbatches", ZBV_MAX_S, ZBV_MAX_M);
+    else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPEV && (l->M < 2 * l->pp || (m->layers + l->pp - 1) / l->pp < 2))
+        snprintf(err, n, "dualpipev: at least 2 x PP microbatches (%d for PP %d) and 2 layers a stage", 2 * l->pp, l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_NAIVE)
         snprintf(err, n, "naive runs one microbatch at a time: the model does not consider it");
     else
@@ -353,6 +391,19 @@ static int same_degrees(const Layout* a, const Layout* b) {
     return a->tp == b->tp && a->cp == b->cp && a->pp == b->pp && a->dp == b->dp && a->ep == b->ep;
 }
 
+// The microbatches a layout takes unless told: one sequence each, the replica's sequences
+// (or, past MAX_MICROBATCHES, the most that divide them evenly); 1 when DP does not divide
+// the step's sequences (layout_rule then says so).
+enum { MAX_MICROBATCHES = 1 << 24 };
+static int default_microbatches(double seqs, int dp) {
+    if (dp < 1 || fmod(seqs, dp) != 0) return 1;
+    double each = seqs / dp;
+    if (each <= MAX_MICROBATCHES) return (int)each;
+    for (int M = MAX_MICROBATCHES; M > 1; M--)
+        if (fmod(each, M) == 0) return M;
+    return 1;
+}
+
 // Those that fit first, fastest first; then the others, smallest memory first.
 static int by_time(const void* a, const void* b) {
     const Candidate *x = a, *y = b;
@@ -368,17 +419,18 @@ static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const
     int cap = 1024, n = 0;
     Candidate* all = mallocCheck(sizeof(Candidate) * cap);
     double seqs = m->tokens / m->seq;
-    for (int tp = 1; tp <= 64; tp *= 2)
-        for (int cp = 1; cp <= 64; cp *= 2)
-            for (int pp = 1; pp <= 128; pp *= 2) {
-                if (devices % ((long)tp * cp * pp)) continue;
+    for (int tp = 1; tp <= MAX_TP && tp <= m->heads; tp++)
+        for (int cp = 1; cp <= MAX_CP && 2 * cp <= m->seq; cp++)
+            for (int pp = 1; pp <= MAX_STAGES && pp <= m->layers; pp++) {
+                if (devices % ((long)tp * cp * pp) || m->heads % tp || m->seq % (2 * cp)) continue;
                 int dp = devices / (tp * cp * pp);
-                for (int ep = 1; ep <= (m->experts > 0 ? dp : 1); ep *= 2) {
+                for (int ep = 1; ep <= (m->experts > 0 ? dp : 1); ep++) {
+                    if (m->experts > 0 && (dp % ep || m->experts % ep)) continue;
                     Candidate best = {.k.step = -1};
-                    int M = fx->M > 0 ? fx->M : (fmod(seqs, dp) == 0 ? (int)fmin(seqs / dp, 1 << 20) : 1);
+                    int M = fx->M > 0 ? fx->M : default_microbatches(seqs, dp);
                     for (int zero = 0; zero <= 3; zero++)
                         for (int sp = 0; sp <= 1; sp++)
-                            for (int rec = 0; rec <= 2; rec++)
+                            for (int rec = 0; rec < N_RECOMPUTE; rec++)
                                 for (int sched = 0; sched < N_SCHEDULES; sched++)
                                     for (int V = 1; V <= 8; V *= 2) {
                                         if ((fx->zero >= 0 && zero != fx->zero) || (fx->sp >= 0 && sp != fx->sp) ||
@@ -448,7 +500,7 @@ static void print_row(int rank, const Shape* m, const Practice* pr, const Candid
     layout_words(l, sched, sizeof sched);
     printf("| %d | %d | %d | %d | %d | %d | %d | %s | %s | %s | %d | %.2f | %.1f%% | %.1f%s | %.2f | %.2f | %.3f | %.2f | %.2f | "
            "%.2f | %.2f | %.2f | %.2f | %s |\n", rank, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero, l->sp ? "yes" : "no",
-           recompute_names[l->recompute], sched, l->M, k->step, 100 * k->mfu, k->memory / 1e9, k->fits ? "" : " (no fit)",
+           cost_recompute_names[l->recompute], sched, l->M, k->step, 100 * k->mfu, k->memory / 1e9, k->fits ? "" : " (no fit)",
            k->compute, k->membound, k->bubble, k->tp, k->cp, k->ep, k->pp, k->dp, k->optimizer, k->fits ? largest_loss(m, pr, x) : "memory");
 }
 
@@ -467,14 +519,19 @@ static int count_fits(const Candidate* all, int n) {
 // ----------------------------------------------------------------------------
 // the published runs: each layout, its rank, and the figure the model predicts for it
 
+// The figure a paper publishes, in its own count: MFU (PaLM's count of the model's FLOPs),
+// hardware FLOPs per second per device (recomputation counted: Megatron-LM's "TFLOP/s per
+// GPU"), or GPU-hours per trillion tokens.
+enum { COUNT_MFU, COUNT_TFLOPS, COUNT_GPU_HOURS };
+
 typedef struct {
     const char* name;
     const char* cluster;
     int devices;
     Shape m;
     Practice pr;
-    Layout l;    // the published degrees (and ZeRO stage, schedule where published: else -1)
-    int mfu;     // the figure compared: 1 MFU, 0 GPU-hours per trillion tokens
+    Layout l;    // the published degrees (and ZeRO stage, SP, recomputation, schedule, microbatches where published: else -1)
+    int count;   // the figure compared, in the paper's count
     double published, tolerance; // its published value; the goal's relative tolerance
     const char* source;
     double recorded;   // what the model predicted when the record was last made (docs/cluster.md)
@@ -483,27 +540,64 @@ typedef struct {
 
 static const Shape llama3_405b = {.layers = 126, .width = 16384, .heads = 128, .kv_heads = 8, .ffn = 53248,
                                   .vocab = 128256, .seq = 8192, .swiglu = 1, .tokens = 2048.0 * 8192};
+// GPT-3 175B's shape (Brown et al. 2020, Table 2.1: 96 layers of 12,288, 96 heads, sequence
+// 2,048), which MegaScale and OPT-175B train
+static const Shape gpt3_175b = {.layers = 96, .width = 12288, .heads = 96, .kv_heads = 96, .ffn = 4 * 12288,
+                                .vocab = 50257, .seq = 2048, .swiglu = 0};
 static Published published_runs(int i) {
     Shape deepseek = {.layers = 61, .width = 7168, .heads = 128, .kv_heads = 128, .head_dim = 128, .ffn = 18432,
                       .vocab = 129280, .seq = 4096, .swiglu = 1, .experts = 256, .top_k = 8, .expert_ffn = 2048,
-                      .shared = 1, .dense = 3, .q_lora = 1536, .kv_lora = 512, .rope = 64, .tokens = 15360.0 * 4096};
+                      .shared = 1, .dense = 3, .q_lora = 1536, .kv_lora = 512, .rope = 64, .mtp = 1, .tokens = 15360.0 * 4096};
     Shape long_context = llama3_405b;
     long_context.seq = 131072, long_context.tokens = 128.0 * 131072;
+    // BLOOM (BigScience, 2022: its paper's section 3.4 and model card): 70 layers of 14,336, 112
+    // heads, GELU MLP of 4 x 14,336, 250,880 rows of embedding, sequence 2,048, 2,048 sequences a step
+    Shape bloom = {.layers = 70, .width = 14336, .heads = 112, .kv_heads = 112, .ffn = 4 * 14336, .vocab = 250880,
+                   .seq = 2048, .swiglu = 0, .tokens = 2048.0 * 2048};
+    Shape megascale = gpt3_175b, opt = gpt3_175b;
+    megascale.tokens = 6144.0 * 2048;
+    opt.vocab = 50272, opt.dropout = 1, opt.tokens = 992.0 * 2048; // OPT's 2M tokens: 8 sequences on each of 124 replicas
     const char* llama = "The Llama 3 Herd of Models (2024), Table 4";
     Published runs[] = {
         {"Llama 3 405B, 8,192 H100s", "cluster/h100-16k.txt", 8192, llama3_405b, {0},
-         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, 1, 0.43, 0.20, llama, 0.551, 35, 20},
+         {8, 1, 16, 64, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 32}, COUNT_MFU, 0.43, 0.20, llama, 0.4929, 13, 8},
         {"Llama 3 405B, 16,384 H100s", "cluster/h100-16k.txt", 16384, llama3_405b, {0},
-         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.41, 0.20, llama, 0.5165, 28, 18},
+         {8, 1, 16, 128, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, COUNT_MFU, 0.41, 0.20, llama, 0.4585, 12, 5},
         {"Llama 3 405B, 16,384 H100s, sequence 131,072", "cluster/h100-16k.txt", 16384, long_context, {0},
-         {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, 1, 0.38, 0.20, llama, 0.4633, 1, 1},
+         {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, COUNT_MFU, 0.38, 0.20, llama, 0.3742, 1, 1},
+        // DeepSeek-V3 (its report): PP 16, EP 64 over 8 nodes, ZeRO-1, no TP (section 3.2), FP8
+        // products (3.3), the all-to-alls hidden behind compute on 20 of the 132 SMs (3.2.2), tokens
+        // routed to at most 4 nodes, the norms and MLA's up-projections recomputed and FP8
+        // products' inputs kept in FP8 (3.2.3, 3.3.3: recomputation "norms"), one MTP module (2.2);
+        // zb1 stands for DualPipe, which the model does not build (docs/cluster.md)
         {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4, .comm_sms = 20},
-         {1, 1, 16, 128, 64, 1, -1, -1, SCHEDULE_ZB1, -1, 120}, 0, 180e3, 0.25, "DeepSeek-V3 Technical Report (2024), sections 3.1-3.3",
-         1.479e5, 74, 74},
+         {1, 1, 16, 128, 64, 1, -1, RECOMPUTE_NORMS, SCHEDULE_ZB1, -1, 120}, COUNT_GPU_HOURS, 180e3, 0.20,
+         "DeepSeek-V3 Technical Report (2024), sections 2.2 and 3.1-3.3", 1.631e5, 33, 23},
+        // BLOOM's paper (section 3.4, "Engineering") and training chronicles: TP 4, PP 12, DP 8,
+        // ZeRO-1, micro-batches of 2 sequences, activations checkpointed, Megatron-DeepSpeed's
+        // 1F1B schedule and its fused (not flash) attention; "about 150 TFLOPs" a GPU in
+        // Megatron's count (recomputation counted)
+        {"BLOOM 176B, 384 A100s", "cluster/a100-jean-zay.txt", 384, bloom, {.unfused = 1},
+         {4, 1, 12, 8, 1, 1, 0, RECOMPUTE_FULL, SCHEDULE_1F1B, 1, 128}, COUNT_TFLOPS, 150e12, 0.20,
+         "BLOOM (Le Scao et al. 2022), section 3.4; BigScience's model card", 1.967e14, 40, 8},
+        // MegaScale (Jiang et al., NSDI 2024), section 6.1 and Table 2: GPT-3 175B on 12,288
+        // Ampere GPUs, 6,144 sequences a step, TP 8 (with SP), PP 8 interleaved, DP 192;
+        // TP's and DP's traffic overlapped with the products (section 3.2), FlashAttention-2
+        // (section 3.3); 55.2% MFU
+        {"MegaScale 175B, 12,288 A100s", "cluster/a100-megascale.txt", 12288, megascale, {.tp_overlap = 1, .dp_overlap = 1},
+         {8, 1, 8, 192, 1, -1, 1, -1, SCHEDULE_INTERLEAVED, -1, 32}, COUNT_MFU, 0.552, 0.20,
+         "MegaScale (Jiang et al., NSDI 2024), sections 3 and 6.1", 0.6808, 2, 1},
+        // OPT's paper (Zhang et al. 2022, section 2.4): 992 A100s (80 GB), Fully Sharded Data
+        // Parallel (ZeRO-3) with Megatron-LM's TP 8, no pipeline, "up to 147 TFLOP/s per GPU";
+        // FSDP overlaps its gathers and reduce-scatters with compute (Zhao et al., "PyTorch
+        // FSDP", 2023, section 3.3); fused (not flash) attention
+        {"OPT-175B, 992 A100s", "cluster/a100-opt.txt", 992, opt, {.unfused = 1, .dp_overlap = 1},
+         {8, 1, 1, 124, 1, 3, 0, -1, SCHEDULE_1F1B, 1, -1}, COUNT_TFLOPS, 147e12, 0.20,
+         "OPT (Zhang et al. 2022), section 2.4", 1.43e14, 40, 7},
     };
     return runs[i];
 }
-enum { N_PUBLISHED = 4 };
+enum { N_PUBLISHED = 7 };
 
 // The published run's layout as the model best runs it (its published settings fixed, the
 // rest free), and its rank among the best of every layout of the same run (0: no fit).
@@ -521,7 +615,7 @@ static int rank_among(const Candidate* x, const Candidate* all, int n) {
 }
 static Projection project_published(const Published* p) {
     Cluster c = cluster_read(p->cluster);
-    Fixed free_ = {-1, -1, -1, -1, -1, -1}, mine = {p->l.zero, p->l.sp, p->l.recompute, p->l.sched, p->l.V, -1};
+    Fixed free_ = {-1, -1, -1, -1, -1, -1}, mine = {p->l.zero, p->l.sp, p->l.recompute, p->l.sched, p->l.V, p->l.M};
     Candidate *all, *own;
     int n = enumerate(&c, &p->m, &p->pr, &free_, p->devices, &all), n_own = enumerate(&c, &p->m, &p->pr, &mine, p->devices, &own);
     Projection r = {.fit = count_fits(all, n), .rank = -1};
@@ -529,12 +623,13 @@ static Projection project_published(const Published* p) {
         if (same_degrees(&own[j].l, &p->l)) r.x = own[j], r.rank = 0;
     if (r.rank < 0) fatal("internal: the published layout of %s is not among the layouts", p->name);
     r.rank = rank_among(&r.x, all, n);
-    // every layout on the published schedule (its V and the rest free)
-    Fixed same = {-1, -1, -1, p->l.sched, -1, -1};
+    // every layout run as the published one was: on its schedule, with the ZeRO stage, SP and
+    // recomputation it published (the same software), its V, microbatches and the rest free
+    Fixed same = {p->l.zero, p->l.sp, p->l.recompute, p->l.sched, -1, -1};
     Candidate* sched_all;
     int n_same = enumerate(&c, &p->m, &p->pr, &same, p->devices, &sched_all);
     r.fit_same = count_fits(sched_all, n_same), r.rank_same = rank_among(&r.x, sched_all, n_same);
-    r.got = p->mfu ? r.x.k.mfu : r.x.k.gpu_hours_per_t;
+    r.got = p->count == COUNT_MFU ? r.x.k.mfu : p->count == COUNT_TFLOPS ? r.x.k.hfu * c.flops : r.x.k.gpu_hours_per_t;
     free(all), free(own), free(sched_all);
     return r;
 }
@@ -543,7 +638,7 @@ static Projection project_published(const Published* p) {
 // recorded (its rank, or its figure by more than 1%), so that a change of the model that
 // moves them updates the record, and the notes that quote it, on purpose.
 static int published(int check) {
-    printf("| run | layout | rank (goal: 10 or better) | rank, every layout on its schedule | predicted | published | off (goal) | as the model runs it |\n");
+    printf("| run | layout | rank of every layout | rank, every layout run as it was (goal: 10 or better) | predicted | published | off (goal) | as the model runs it |\n");
     printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
     int drifted = 0;
     for (int i = 0; i < N_PUBLISHED; i++) {
@@ -552,21 +647,27 @@ static int published(int check) {
         const Layout* l = &r.x.l;
         char sched[32], got[32], pub[32];
         layout_words(l, sched, sizeof sched);
-        if (p.mfu) snprintf(got, sizeof got, "MFU %.1f%%", 100 * r.got), snprintf(pub, sizeof pub, "%.0f%%", 100 * p.published);
+        if (p.count == COUNT_MFU) snprintf(got, sizeof got, "MFU %.1f%%", 100 * r.got), snprintf(pub, sizeof pub, "MFU %.1f%%", 100 * p.published);
+        else if (p.count == COUNT_TFLOPS)
+            snprintf(got, sizeof got, "%.0f TFLOP/s a GPU", r.got / 1e12), snprintf(pub, sizeof pub, "%.0f TFLOP/s", p.published / 1e12);
         else snprintf(got, sizeof got, "%.0fK GPU-hours", r.got / 1e3), snprintf(pub, sizeof pub, "%.0fK", p.published / 1e3);
         double off = r.got / p.published - 1;
         printf("| %s | TP %d, CP %d, PP %d, DP %d, EP %d | %d of %d | %d of %d | %s | %s | %+.0f%% (%.0f%%) %s | ZeRO %d, SP %s, "
                "recompute %s, %s, M %d, %.1f GB |\n", p.name, l->tp, l->cp, l->pp, l->dp, l->ep, r.rank, r.fit, r.rank_same, r.fit_same,
                got, pub, 100 * off,
                100 * p.tolerance, fabs(off) <= p.tolerance ? "met" : "missed", l->zero, l->sp ? "yes" : "no",
-               recompute_names[l->recompute], sched, l->M, r.x.k.memory / 1e9);
+               cost_recompute_names[l->recompute], sched, l->M, r.x.k.memory / 1e9);
         if (check && (r.rank != p.recorded_rank || r.rank_same != p.recorded_rank_same || fabs(r.got / p.recorded - 1) > 0.01)) {
             fprintf(stderr, "published: %s drifted: rank %d (recorded %d), rank on its schedule %d (recorded %d), %.4g (recorded %.4g)\n",
                     p.name, r.rank, p.recorded_rank, r.rank_same, p.recorded_rank_same, r.got, p.recorded);
             drifted = 1;
         }
     }
-    printf("\n(sources: %s; %s)\n", published_runs(0).source, published_runs(N_PUBLISHED - 1).source);
+    printf("\n(MFU: the model's FLOPs, PaLM's count; TFLOP/s a GPU: hardware FLOPs, recomputation counted, as Megatron-LM "
+           "prints them; sources:");
+    for (int i = 0; i < N_PUBLISHED; i++)
+        if (i == 0 || strcmp(published_runs(i).source, published_runs(i - 1).source)) printf(" %s;", published_runs(i).source);
+    printf(" each layout as published, the rest at the model's best)\n");
     return drifted;
 }
 
@@ -585,11 +686,12 @@ static const Flag llm_flags[] = {
     {"vocab", 'n', 1, 1 << 24, 1}, {"seq", 'n', 2, 1 << 24, 1}, {"tokens", 'n', 1, 1e12, 1}, {"mlp", 'w', 0, 0, 0},
     {"experts", 'n', 0, 65536, 1}, {"top-k", 'n', 1, 65536, 1}, {"expert-ffn", 'n', 1, 1 << 24, 1},
     {"shared-experts", 'n', 0, 64, 1}, {"dense-layers", 'n', 0, 100000, 1}, {"q-lora", 'n', 1, 1 << 20, 1},
-    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
-    {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
+    {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"mtp", 'n', 1, 16, 1}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
+    {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"tp-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
+    {"attention", 'w', 0, 0, 0},
     {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
     {"pp", 'n', 1, 1 << 20, 1}, {"dp", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"ep", 'n', 1, 65536, 1}, {"zero", 'n', 0, 3, 1},
-    {"schedule", 'w', 0, 0, 0}, {"virtual", 'n', 1, 64, 1}, {"microbatches", 'n', 1, 1 << 24, 1}, {"sp", 's', 0, 0, 0},
+    {"schedule", 'w', 0, 0, 0}, {"virtual", 'n', 1, 64, 1}, {"microbatches", 'n', 1, MAX_MICROBATCHES, 1}, {"sp", 's', 0, 0, 0},
     {"recompute", 'w', 0, 0, 0}, {"top", 'n', 1, 100000, 1},
 };
 enum { N_LLM_FLAGS = sizeof llm_flags / sizeof llm_flags[0] };
@@ -646,6 +748,7 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     m->q_lora = (int)VAL("q-lora"), m->kv_lora = (int)VAL("kv-lora");
     m->rope = GIVEN(&q, "rope-dim") ? (int)VAL("rope-dim") : m->kv_lora > 0 ? 64 : 0;
     m->dropout = GIVEN(&q, "dropout");
+    m->mtp = (int)VAL("mtp");
     if (m->width % m->heads && !m->head_dim) usage_error("--width %d is not a multiple of --heads %d (or give --head-dim)", m->width, m->heads);
     if (m->heads % m->kv_heads) usage_error("--kv-heads %d must divide --heads %d", m->kv_heads, m->heads);
     if (m->experts == 0 && (GIVEN(&q, "top-k") || GIVEN(&q, "expert-ffn") || GIVEN(&q, "shared-experts") || GIVEN(&q, "dense-layers")))
@@ -662,6 +765,12 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     q.pr.comm_sms = (int)VAL("comm-sms");
     if (q.pr.comm_sms && !c->sms) usage_error("--comm-sms: the cluster file gives no sms (the SMs of a device)");
     if (q.pr.comm_sms >= c->sms && c->sms) usage_error("--comm-sms %d: a device has %d SMs, and compute needs some", q.pr.comm_sms, c->sms);
+    q.pr.tp_overlap = VAL("tp-overlap");
+    if (word[flag_index("attention")]) {
+        const char* s = word[flag_index("attention")];
+        if (strcmp(s, "flash") && strcmp(s, "unfused")) usage_error("--attention must be flash or unfused, got '%s'", s);
+        q.pr.unfused = !strcmp(s, "unfused");
+    }
     if (word[flag_index("cp-exchange")]) {
         const char* s = word[flag_index("cp-exchange")];
         if (strcmp(s, "ring") && strcmp(s, "allgather")) usage_error("--cp-exchange must be ring or allgather, got '%s'", s);
@@ -677,9 +786,9 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (GIVEN(&q, "sp")) fx->sp = 1;
     if (word[flag_index("recompute")]) {
         const char* s = word[flag_index("recompute")];
-        for (int k = 0; k < 3; k++)
-            if (!strcmp(s, recompute_names[k])) fx->recompute = k;
-        if (fx->recompute < 0) usage_error("--recompute must be none, selective or full, got '%s'", s);
+        for (int k = 0; k < N_RECOMPUTE; k++)
+            if (!strcmp(s, cost_recompute_names[k])) fx->recompute = k;
+        if (fx->recompute < 0) usage_error("--recompute must be none, selective, full or norms, got '%s'", s);
     }
     if (word[flag_index("schedule")]) {
         char err[256];
@@ -699,29 +808,36 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     l->dp = q.devices % inner ? 0 : (int)(q.devices / inner); // 0: layout_rule says why below
     if (GIVEN(&q, "dp") && l->dp && (int)VAL("dp") != l->dp)
         usage_error("--dp %d: TP %d x CP %d x PP %d on %d devices leaves DP %d", (int)VAL("dp"), l->tp, l->cp, l->pp, q.devices, l->dp);
+    if (!rank && l->tp == 1 && GIVEN(&q, "tp-overlap")) usage_error("--tp-overlap applies to a layout with TP: give --tp above 1");
+    if (!rank && l->pp == 1 && (fx->sched >= 0 || GIVEN(&q, "virtual")))
+        usage_error("--schedule and --virtual apply to a pipeline: give --pp above 1 (predict's layout has one stage)");
     l->zero = fx->zero >= 0 ? fx->zero : 0, l->sp = fx->sp > 0, l->recompute = fx->recompute >= 0 ? fx->recompute : 0;
     l->sched = fx->sched >= 0 ? fx->sched : SCHEDULE_1F1B, l->V = fx->V > 0 ? fx->V : 1;
     if (l->pp == 1) l->sched = SCHEDULE_1F1B, l->V = 1;
-    l->M = fx->M > 0 ? fx->M : l->dp && fmod(m->tokens / m->seq, l->dp) == 0 ? (int)fmin(m->tokens / m->seq / l->dp, 1 << 24) : 1;
+    l->M = fx->M > 0 ? fx->M : default_microbatches(m->tokens / m->seq, l->dp);
     if (q.marked || !rank) { // a layout rank does not consider is refused, saying why
         char why[320];
         Layout degrees = *l; // rank: the degrees (and microbatches) are the layout; the rest is chosen per layout
         if (rank) degrees.sched = SCHEDULE_1F1B, degrees.V = 1, degrees.sp = 0;
-        if (layout_rule(m, rank ? &degrees : l, q.devices, why, sizeof why))
+        if (layout_rule(m, rank ? &degrees : l, q.devices, why, sizeof why)) {
+            if (!q.marked) // predict without --tp --cp --pp --dp --ep: say which layout it took
+                usage_error("no layout given (--tp --cp --pp --dp --ep): predict takes every one of the %d devices as data "
+                            "parallel, and that layout is refused: %s", q.devices, why);
             usage_error("%s%s", why, rank ? " (not among the layouts rank considers)" : "");
+        }
     }
     return q;
 #undef VAL
 }
 
 static void print_cost_line(const Layout* l, const Cost* k) {
-    printf("step_s=%.4g mfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g membound_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
+    printf("step_s=%.4g mfu=%.4f hfu=%.4f memory_gb=%.2f fits=%s compute_s=%.4g membound_s=%.4g attention_s=%.4g bubble=%.4f bubble_s=%.4g tp_s=%.4g cp_s=%.4g "
            "ep_s=%.4g pp_s=%.4g dp_s=%.4g optimizer_s=%.4g overlap_s=%.4g weights_gb=%.2f activations_gb=%.2f gpu_hours_per_trillion_tokens=%.4g "
            "layout=tp%d.cp%d.pp%d.dp%d.ep%d zero=%d sp=%s recompute=%s schedule=%s virtual=%d microbatches=%d\n",
-           k->step, k->mfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->membound, k->bubble,
+           k->step, k->mfu, k->hfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->membound, k->attention, k->bubble,
            (k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
            k->optimizer, k->overlap, k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
-           l->sp ? "yes" : "no", recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
+           l->sp ? "yes" : "no", cost_recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
            l->pp > 1 ? schedule_chunks(l->sched, l->V) : 1, l->M);
 }
 
@@ -739,9 +855,10 @@ static double flat(void* ctx, int rows) { return *(double*)ctx * rows; }
 
 static int selftest(void) {
     // a ring all-reduce of 8 MB over 4 ranks, alpha 10 us, beta 1 GB/s: 6 x (10 us + 2 ms)
-    near("ring all-reduce, 8 MB over 4 ranks", t_allreduce(8e6, 4, 1e-5, 1e9), 6 * (1e-5 + 2e-3));
-    near("ring all-gather, 8 MB over 4 ranks", t_half(8e6, 4, 1e-5, 1e9), 3 * (1e-5 + 2e-3));
-    near("one rank all-reduces nothing", t_allreduce(8e6, 1, 1e-5, 1e9), 0);
+    Link l10 = {1e-5, 1e9, 0};
+    near("ring all-reduce, 8 MB over 4 ranks", t_allreduce(8e6, 4, l10), 6 * (1e-5 + 2e-3));
+    near("ring all-gather, 8 MB over 4 ranks", t_half(8e6, 4, l10), 3 * (1e-5 + 2e-3));
+    near("one rank all-reduces nothing", t_allreduce(8e6, 1, l10), 0);
     int S, M;
     near("bubble of '2 stages x 1 chunks, 4 microbatches, 1f1b' = 1/5",
          layout_bubble("pipeline of 2 stages x 1 chunks, 4 microbatches, 1f1b schedule", &S, &M), 0.2);
@@ -766,24 +883,37 @@ static int selftest(void) {
     Run g = {"train_3d.c", "grid of 2 tensor x 2 pipeline x 2 data = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", 8, 32, 0, 0, {0}};
     near("replay: 3d 2x2x2 on 2 cores", predict_run(&g, flat, &ms, 2, (Links){0, 1, 0, 1, 2}, &compute), 16e-3 / 2 / 2 / 0.8 * 4);
     // on 2 hosts of 4 ranks: tensor and pipeline axes inside a host (ranks tp fastest, then
-    // pp), the data axis across; 10 messages shared out as the bytes: 1000 tp, 3000 dp, 1000 pp
+    // pp), the data axis across; 10 messages shared out as the bytes: 1000 tp, 3000 dp, 1000 pp;
+    // the 4 ranks of a host are 4 data-axis pairs crossing at once: the link's rate shared 4 ways
     g.sent = 5000, g.messages = 10, g.axis[AXIS_TP] = 1000, g.axis[AXIS_DP] = 3000, g.axis[AXIS_PP] = 1000;
-    near("replay: 3d 2x2x2 on 2 hosts: only the data axis crosses",
-         predict_run(&g, flat, &ms, 2, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 3000 / 1e8);
+    near("replay: 3d 2x2x2 on 2 hosts: only the data axis crosses, 4 pairs sharing the link",
+         predict_run(&g, flat, &ms, 2, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 4 * 3000 / 1e8);
     // a 4D grid 2 x 2 x 1 x 2 on 2 hosts: tensor and context inside (4 ranks), pipeline across
     Run g4 = {"train_3d.c", "grid of 2 tensor x 2 context x 2 pipeline x 1 data = 8 ranks; 4 microbatches, 1f1b", 8, 32,
               4000, 8, {1000, 2000, 1000, 0}};
-    near("replay: 4D grid 2x2x1x2: compute 32 ms / 2 / 2 / 2 / (1 - 1/5), context axis inside a host",
-         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 1000 / 1e8);
+    near("replay: 4D grid 2x2x1x2: compute 32 ms / 2 / 2 / 2 / (1 - 1/5), context axis inside a host, 4 stage pairs crossing",
+         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 4 * 1000 / 1e8);
     // the same grid's data axis, its D x C group (D = 1): the context pairs, inside a host
     g4.sent = 6000, g4.axis[AXIS_DP] = 2000;
     near("replay: 4D grid with D = 1: its data axis's bytes (summed over the context pair) stay inside a host",
-         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 8 * 5000 / 6000.0 * 1e-6 + 5000 / 1e9 + 8 * 1000 / 6000.0 * 1e-5 + 1000 / 1e8);
+         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 8 * 5000 / 6000.0 * 1e-6 + 5000 / 1e9 + 8 * 1000 / 6000.0 * 1e-5 + 4 * 1000 / 1e8);
     // with D = 2 (2 x 1 x 2 x 2 on 2 hosts): the data axis crosses, the pipeline stays inside
     Run g5 = {"train_3d.c", "grid of 2 tensor x 1 context x 2 pipeline x 2 data = 8 ranks; 4 microbatches, 1f1b", 8, 32,
               4000, 8, {1000, 0, 1000, 2000}};
-    near("replay: 3D grid 2x1x2x2: the data axis crosses, the pipeline stays",
-         predict_run(&g5, flat, &ms, 8, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 4 * 1e-5 + 2000 / 1e8);
+    near("replay: 3D grid 2x1x2x2: the data axis crosses (4 pairs at once), the pipeline stays",
+         predict_run(&g5, flat, &ms, 8, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 4 * 1e-5 + 4 * 2000 / 1e8);
+    // the expert axis (--ep 2, carved out of D 4): 2 tensor x 1 x 1 pipeline x 4 data on 2
+    // hosts: an expert group is 2 consecutive data coordinates, ranks {0, 2} and {1, 3} inside
+    // host 0: its bytes on shared memory; the data axis crosses, 2 groups from each host
+    Run g6 = {"train_3d.c", "grid of 2 tensor x 1 pipeline x 4 data = 8 ranks; ZeRO stage 1; 1 microbatch, gpipe; expert "
+              "parallel over 2 of the data-parallel ranks (4 experts a block, top-1)", 8, 32, 4000, 8, {1000, 0, 0, 1000, 2000}};
+    near("replay: the expert axis's bytes inside a host, on shared memory",
+         predict_run(&g6, flat, &ms, 8, k, &compute) - compute, 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 2 * 1000 / 1e8);
+    // with E 4 the expert groups are the whole data axis: they cross
+    snprintf(g6.layout, sizeof g6.layout, "grid of 2 tensor x 1 pipeline x 4 data = 8 ranks; ZeRO stage 1; 1 microbatch, gpipe; "
+             "expert parallel over 4 of the data-parallel ranks (4 experts a block, top-1)");
+    near("replay: EP 4 over 2 hosts: the expert axis's bytes cross, 2 groups a host",
+         predict_run(&g6, flat, &ms, 8, k, &compute) - compute, 2 * 1e-6 + 1000 / 1e9 + 6 * 1e-5 + 2 * 1000 / 1e8 + 2 * 2000 / 1e8);
 
     // ---- the transformer (tools/costmodel_llm.h) ----
     // parameters, GPT-2 small by hand: 12 layers of 768, MHA, GELU 3072, vocabulary 50257:
@@ -823,16 +953,16 @@ static int selftest(void) {
     Shape kor = gpt2;
     kor.dropout = 1;
     double h = 768, as = 12.0 * 1024;
-    near("activations, no parallelism: 34h + 5as", layer_acts_per_token(&kor, 0, 1, 0, RECOMPUTE_NONE, 1024), 34 * h + 5 * as);
-    near("activations, TP 8: 10h + 24h/t + 5as/t", layer_acts_per_token(&kor, 0, 8, 0, RECOMPUTE_NONE, 1024), 10 * h + 24 * h / 8 + 5 * as / 8);
-    near("activations, TP 8 + SP: (34h + 5as)/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_NONE, 1024), (34 * h + 5 * as) / 8);
-    near("activations, TP 8 + SP, selective: 34h/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_SELECTIVE, 1024), 34 * h / 8);
+    near("activations, no parallelism: 34h + 5as", layer_acts_per_token(&kor, 0, 1, 0, RECOMPUTE_NONE, 1024, 0), 34 * h + 5 * as);
+    near("activations, TP 8: 10h + 24h/t + 5as/t", layer_acts_per_token(&kor, 0, 8, 0, RECOMPUTE_NONE, 1024, 0), 10 * h + 24 * h / 8 + 5 * as / 8);
+    near("activations, TP 8 + SP: (34h + 5as)/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_NONE, 1024, 0), (34 * h + 5 * as) / 8);
+    near("activations, TP 8 + SP, selective: 34h/t", layer_acts_per_token(&kor, 0, 8, 1, RECOMPUTE_SELECTIVE, 1024, 0), 34 * h / 8);
     // without dropout, GQA (K, V 2 heads of 16) and SwiGLU 352: 8h + Q 2h, K, V 2 x 2 x 32,
     // O-input 2h, gate, up and product 6 x 352, softmax 2as
-    near("activations, GQA + SwiGLU, no dropout", layer_acts_per_token(&gqa, 0, 1, 0, RECOMPUTE_NONE, 64),
+    near("activations, GQA + SwiGLU, no dropout", layer_acts_per_token(&gqa, 0, 1, 0, RECOMPUTE_NONE, 64, 0),
          8 * 128 + 4 * 128 + 4 * 32 + 6 * 352 + 2 * 8 * 64);
     // an MoE layer: the top-2 and shared experts' SwiGLU (3 x 64 wide) and the token's 2 dispatched copies
-    near("activations, MoE layer: experts' SwiGLU and the dispatched copies", layer_acts_per_token(&moe, 1, 1, 0, RECOMPUTE_NONE, 64),
+    near("activations, MoE layer: experts' SwiGLU and the dispatched copies", layer_acts_per_token(&moe, 1, 1, 0, RECOMPUTE_NONE, 64, 0),
          8 * 128 + 4 * 128 + 4 * 32 + 6 * 3 * 64 + 2 * 128 * 2 + 2 * 8 * 64);
     // a whole device: 1F1B on 4 stages holds 4 microbatches on rank 0; CP 2 halves the
     // tokens; full recomputation keeps 2h per token and layer (SP: / t) and one layer's set
@@ -842,16 +972,29 @@ static int selftest(void) {
     double tok = 2048 / 2.0; // a microbatch: one sequence, half of it on this device
     int two[4] = {2, 2, 2, 2}; // layers of each stage
     near("activations of a device: 1F1B rank 0, 4 microbatches x 2 layers, CP 2, TP 2 + SP",
-         stage_activation_bytes(&big, &l, two, 0, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0, 0), 4 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048, 0));
     l.recompute = RECOMPUTE_FULL;
     near("activations, full recomputation, rank 0: 4 microbatches of the layers' inputs, one layer's set",
-         stage_activation_bytes(&big, &l, two, 0, 0), 4 * 2 * tok * 2 * 1024 / 2 + tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0, 0), 4 * 2 * tok * 2 * 1024 / 2 + tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048, 0));
     near("activations, full recomputation, the last stage: 1 microbatch's inputs, one layer's set, the FP32 logits",
-         stage_activation_bytes(&big, &l, two, 3, 0), 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2 +
-                                                      tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 3, 0, 0), 1 * 2 * tok * 1024 + 4 * tok * 1000 / 2 +
+                                                      tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048, 0));
     l.recompute = RECOMPUTE_SELECTIVE, l.sched = SCHEDULE_INTERLEAVED, l.V = 2;
     near("activations, interleaved V 2 on 4 stages: (2 x 3 + 4 + 1) / 2 = 5.5 microbatches of a stage",
-         stage_activation_bytes(&big, &l, two, 0, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048));
+         stage_activation_bytes(&big, &l, two, 0, 0, 0), 5.5 * 2 * tok * layer_acts_per_token(&big, 0, 2, 1, RECOMPUTE_SELECTIVE, 2048, 0));
+    // recomputation "norms" (DeepSeek-V3's) on an MLA + MoE layer under FP8 (h 7168, latents 1536
+    // + 512 + 64, 128 heads of 128, top-8 and 1 shared expert of 2048, SwiGLU): the norms' inputs
+    // 2 x 2h bytes; the output projection's input, the latents, SwiGLU's 2 x 9 x 2048 inputs and
+    // the 8 dispatched copies, 1 byte each; Q, K, V and SwiGLU's output recomputed
+    Shape dsv3 = {.layers = 4, .width = 7168, .heads = 128, .kv_heads = 128, .head_dim = 128, .ffn = 18432, .vocab = 100, .seq = 4096,
+                  .swiglu = 1, .experts = 256, .top_k = 8, .expert_ffn = 2048, .shared = 1, .dense = 1, .q_lora = 1536, .kv_lora = 512,
+                  .rope = 64, .tokens = 4096};
+    near("activations, recomputation \"norms\" under FP8: norm inputs, the latents and product inputs in FP8",
+         layer_acts_per_token(&dsv3, 1, 1, 0, RECOMPUTE_NORMS, 4096, 1),
+         4 * 7168.0 + 16384 + (512 + 64 + 1536) + 2 * 9 * 2048.0 + 8 * 7168.0);
+    near("hardware FLOPs, recomputation \"norms\": MLA's up-projections forward again",
+         hardware_flops(&dsv3, RECOMPUTE_NORMS, &f8, 0) - hardware_flops(&dsv3, RECOMPUTE_SELECTIVE, &f8, 0),
+         4 * 2 * (1536.0 * 128 * 192 + 2 * 512.0 * 128 * 128));
     // memory-bound bytes of a layer per token (2 bytes a value): GQA + SwiGLU (h 128, Q 8 and
     // K 2 heads of 16, f 352): norms 4h + 6h back, residuals 6h + 6h, RoPE 2 x (128 + 32) each
     // way, SwiGLU 3f + 5f
@@ -861,6 +1004,10 @@ static int selftest(void) {
          layer_membound_bytes(&gqa, 0, 2, 0, RECOMPUTE_NONE, 0), 2 * (22 * 128) + 2 * (4 * (128 + 32) + 8 * 352) / 2);
     near("memory-bound bytes, TP 2 with SP: all of it split", layer_membound_bytes(&gqa, 0, 2, 1, RECOMPUTE_NONE, 0),
          2 * (10 * 128 + 12 * 128 + 4 * (128 + 32) + 8 * 352) / 2);
+    Shape drop = gqa;
+    drop.dropout = 1;
+    near("memory-bound bytes of dropout (--dropout): two, 5h bytes forward and 5h backward each",
+         layer_membound_bytes(&drop, 0, 1, 0, RECOMPUTE_NONE, 0) - layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_NONE, 0), 2 * (5 + 5) * 128.0);
     near("memory-bound bytes, full recomputation: the forward's again", layer_membound_bytes(&gqa, 0, 1, 0, RECOMPUTE_FULL, 0),
          2 * (20 * 128 + 12 * 128 + 6 * (128 + 32) + 11 * 352));
     // an MoE layer (8 experts, top-2 and a shared one of 64): the router 2E each way, the
@@ -918,74 +1065,150 @@ static int selftest(void) {
     near("ZeRO-2 over 8", state_bytes(1e9, 2, 8), 2e9 + 2e9 / 8 + 1.5e9);
     near("ZeRO-3 over 8", state_bytes(1e9, 3, 8), 16e9 / 8);
 
-    // the time terms, on a cluster whose numbers are easy: 2 nodes of 4, 1e15 FLOP/s at 50%
-    // (attention at 25%), HBM 1e12 B/s, links 1e-6 s, 1e11 B/s inside a node; 1e-5 s, 1e10 B/s between
-    Cluster c = {.name = "test", .nodes = 2, .per_node = 4, .flops = 1e15, .efficiency = 0.5, .attention_efficiency = 0.25, .fp8_flops = 2e15,
-                 .fp8_efficiency = 0.25, .memory = 1e12, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10,
-                 .hbm = 1e12, .sms = 100};
+    // the new terms one at a time, by hand. Waves: on 100 SMs a 2048 x 1280 product is 80
+    // tiles (8 x 10 of 256 x 128, or 16 x 5 of 128 x 256), one wave of 100 SM-tiles: 80%
+    Cluster w = {.sms = 100, .flops = 1e14, .efficiency = 0.5, .hbm = 1e12, .sustained = 1};
+    near("waves: 2048 x 1280 on 100 SMs is 80 tiles in one wave of 100", wave_fraction(&w, 1, 2048, 1280, 4096), 0.8);
+    near("waves: 4096 x 4096 is 512 tiles, 6 waves", wave_fraction(&w, 1, 4096, 4096, 4096), 4096.0 * 4096 / (6 * 100 * 32768.0));
+    // 300 x 128 as 128 x 128 tiles (the 256-wide one cut to 128): 3 tiles, K 4096 split in 16
+    // chunks of 256, 48 units in one wave of 100; 300 of the tiles' 384 rows are C's
+    near("tiles and split-K: 300 x 128 (K 4096) as 3 tiles x 16 chunks of K", wave_fraction(&w, 1, 300, 128, 4096),
+         300.0 / 384 * 48 / 100);
+    near("waves: 8 products of 1024 x 256 are 64 tiles, one wave", wave_fraction(&w, 8, 1024, 256, 4096), 8 * 1024 * 256 / (100 * 32768.0));
+    near("a product at its wave fraction: 2 M N K / (peak x efficiency x 0.8)", gemm_seconds(&w, 1, 2048, 1280, 4096, 0),
+         2 * 2048.0 * 1280 * 4096 / (1e14 * 0.5 * 0.8));
+    // the roofline: 16 tokens against a 4096 x 4096 weight read 33.8 MB for 0.5 GFLOP (16 x 128
+    // tiles, 32 of them x 3 chunks of K: 96% of the SMs, 11 us; the bytes take 34 us)
+    near("a skinny product is memory-bound: its bytes through HBM", gemm_seconds(&w, 1, 16, 4096, 4096, 0),
+         (2 * (16 * 4096.0 + 4096.0 * 4096) + 2 * 16 * 4096.0) / 1e12);
+    w.sustained = 0.8;
+    near("sustained at the power limit: 0.8 of the burst rate", gemm_seconds(&w, 1, 2048, 1280, 4096, 0),
+         2 * 2048.0 * 1280 * 4096 / (1e14 * 0.5 * 0.8 * 0.8));
+    near("... and the memory-bound product keeps HBM's rate", gemm_seconds(&w, 1, 16, 4096, 4096, 0),
+         (2 * (16 * 4096.0 + 4096.0 * 4096) + 2 * 16 * 4096.0) / 1e12);
+    w.sustained = 1, w.attention_efficiency = 0.3, w.attention_half_seq = 2048;
+    near("attention at its half length runs at half its rate", attention_rate(&w, 2048), 1e14 * 0.3 / 2);
+    near("attention at 3 x its half length: 3/4 of the rate", attention_rate(&w, 6144), 1e14 * 0.3 * 0.75);
+    // links: a collective's base latency, then its steps; a node's NICs shared by the rings
+    // leaving it: 2 nodes of 4, 2 NICs a node
+    near("all-reduce with NCCL's base latency: base + 2(n-1) steps", t_allreduce(8e6, 4, (Link){1e-5, 1e9, 8.4e-6}),
+         8.4e-6 + 6 * (1e-5 + 2e-3));
+    Cluster nic = {.per_node = 4, .nodes = 2, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10, .nics = 2};
+    near("a group inside a node (4 of stride 1): NVLink", ring_link(&nic, 4, 1).beta, 1e11);
+    near("a group of 2 at stride 2 (block 4) inside a node", ring_link(&nic, 2, 2).beta, 1e11);
+    near("a group of 8 at stride 1: one ring leaves each node, a NIC to itself", ring_link(&nic, 8, 1).beta, 1e10);
+    near("4 groups of 2 at stride 4: 4 rings leave a node through its 2 NICs, half a NIC each", ring_link(&nic, 2, 4).beta, 1e10 / 2);
+    near("... and the latency between nodes", ring_link(&nic, 2, 4).alpha, 1e-5);
+    near("2 groups of 4 at stride 2: 2 rings, a NIC each", ring_link(&nic, 4, 2).beta, 1e10);
+    near("a group of 3 at stride 1 straddles a node of 4: between nodes", ring_link(&nic, 3, 1).beta, 1e10);
+    // the papers' count of hardware FLOPs: Megatron-LM's 96 B s l h^2 (1 + s/6h + V/16lh) a step
+    // with full recomputation, per token; without any, the model's count
+    near("hardware FLOPs in Megatron-LM's count, full recomputation (GPT-2 small's shape)", hardware_count_flops(&gpt2, RECOMPUTE_FULL),
+         96 * 12 * 768.0 * 768 * (1 + 1024 / (6 * 768.0) + 50257 / (16 * 12 * 768.0)));
+    near("hardware FLOPs without recomputation: the model's", hardware_count_flops(&gpt2, RECOMPUTE_NONE), model_flops(&gpt2));
+    near("hardware FLOPs, selective: attention's core forward again (4 s h a layer)", hardware_count_flops(&gpt2, RECOMPUTE_SELECTIVE),
+         model_flops(&gpt2) + 4.0 * 12 * 1024 * 768);
+    // any number of stages: BLOOM's 70 layers on 12, the embedding worth 0.2 of a layer, the
+    // head 1.1: pace 6.1 covers 5 + 10 x 6 + 5 = 70
+    int st12[40];
+    near("stages, 70 layers on 12: pace 6.1", stage_layers(70, 12, 0.2, 1.1, 0, st12), 6.1);
+    near("stages, 70 layers on 12: 5, 6 x 10, 5", st12[0] * 100 + st12[1] * 10 + st12[11], 565);
+    near("stages, 35 on 35: one a stage, the head's stage at 1.1", stage_layers(35, 35, 0.01, 0.1, 0, st12), 1.1);
+
+    // the time terms, on a cluster whose numbers are easy: 2 nodes of 4, 1e14 FLOP/s at 50%
+    // (attention at 25%, FP8 2e14 at 50%), HBM 1e12 B/s (every product here is compute-bound:
+    // above 50 FLOP a byte), links 1e-6 s, 1e11 B/s inside a node; 1e-5 s, 1e10 B/s between
+    // (a NIC a device); no SMs given: no waves
+    Cluster c = {.name = "test", .nodes = 2, .per_node = 4, .flops = 1e14, .efficiency = 0.5, .attention_efficiency = 0.25, .fp8_flops = 2e14,
+                 .fp8_efficiency = 0.5, .memory = 1e12, .alpha_intra = 1e-6, .beta_intra = 1e11, .alpha_inter = 1e-5, .beta_inter = 1e10,
+                 .hbm = 1e12, .nics = 4, .sustained = 1};
+    Link in_node = {1e-6, 1e11, 0}, between = {1e-5, 1e10, 0};
     Practice pr = {0};
     Layout dp8 = {.tp = 1, .cp = 1, .pp = 1, .dp = 8, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 2};
     Cost kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
     double F = hardware_flops(&big, RECOMPUTE_NONE, &f8, 0), A = 3 * attention_core(&big);
     double mb = big.tokens / 8 * 8 * layer_membound_bytes(&big, 0, 1, 0, RECOMPUTE_NONE, 0) / 1e12;
     near("memory-bound time: a replica's tokens x 8 layers x their bytes / HBM's rate", kk.membound, mb);
+    near("attention's time: a replica's tokens x its causal FLOPs at 25%", kk.attention, big.tokens / 8 * A / 2.5e13);
     // one stage: the 8 layers, the head's product (in F) and the loss, the embedding's lookup
     // (10h + 10h + 20V bytes a token)
     near("compute: tokens / devices x hardware FLOPs / (peak x efficiency), attention at its own, and the memory-bound work",
-         kk.compute, big.tokens / 8 * ((F - A) / 5e14 + A / 2.5e14) + mb + big.tokens / 8 * (20 * 1024 + 20 * 1000.0) / 1e12);
+         kk.compute, big.tokens / 8 * ((F - A) / 5e13 + A / 2.5e13) + mb + big.tokens / 8 * (20 * 1024 + 20 * 1000.0) / 1e12);
     double P = params_total(&big);
-    near("DP 8 across 2 nodes: an all-reduce of 2-byte gradients between nodes", kk.dp, t_allreduce(2 * P, 8, 1e-5, 1e10));
+    near("DP 8 across 2 nodes: an all-reduce of 2-byte gradients between nodes", kk.dp, t_allreduce(2 * P, 8, between));
     near("the optimizer's step, ZeRO-0: 28 bytes of every parameter through HBM", kk.optimizer, 28 * P / 1e12);
     near("step = compute + DP + the optimizer's step", kk.step, kk.compute + kk.dp + kk.optimizer);
-    near("MFU = tokens x model FLOPs / (step x devices x peak)", kk.mfu, big.tokens * model_flops(&big) / (kk.step * 8 * 1e15));
+    near("MFU = tokens x model FLOPs / (step x devices x peak)", kk.mfu, big.tokens * model_flops(&big) / (kk.step * 8 * 1e14));
+    near("HFU without recomputation = MFU", kk.hfu, kk.mfu);
     near("GPU-hours per trillion tokens", kk.gpu_hours_per_t, kk.step * 8 / 3600 * 1e12 / big.tokens);
     pr.dp_overlap = 0.1;
-    double t_dp = t_allreduce(2 * P, 8, 1e-5, 1e10);
+    double t_dp = t_allreduce(2 * P, 8, between);
     kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
     near("DP, a tenth hidden behind compute", kk.dp, 0.9 * t_dp);
     pr.dp_overlap = 1;
     kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
-    near("DP, all hidden but what outlasts compute", kk.dp, t_dp - kk.compute);
+    near("DP, all hidden but what outlasts a microbatch's compute (M 2: half of it)", kk.dp, fmax(0, t_dp - kk.compute / 2));
+    dp8.zero = 0;
     pr.dp_overlap = 0;
     dp8.zero = 3;
-    near("ZeRO-3: 1.5 times the traffic", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).dp, 1.5 * t_allreduce(2 * P, 8, 1e-5, 1e10));
+    near("ZeRO-3: 1.5 times the traffic", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).dp, 1.5 * t_allreduce(2 * P, 8, between));
     near("the optimizer's step under ZeRO: the device's shard, 1/8", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).optimizer, 28 * P / 8 / 1e12);
+    dp8.zero = 0, dp8.recompute = RECOMPUTE_FULL;
+    kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
+    near("HFU under full recomputation: the papers' count over the same step", kk.hfu,
+         big.tokens * hardware_count_flops(&big, RECOMPUTE_FULL) / (kk.step * 8 * 1e14));
+    dp8.recompute = RECOMPUTE_NONE;
     // TP 4 inside a node, DP 2 across: per layer and microbatch 4 all-reduces of the
     // microbatch's activations (one sequence: 2048 x 1024 x 2 bytes) over TP's links
     Layout t4 = {.tp = 4, .cp = 1, .pp = 1, .dp = 2, .ep = 1, .sp = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
     kk = layout_cost(&c, &big, &pr, &t4, 8, 0, 0);
-    near("TP 4 in a node: 8 layers x 8 microbatches x 4 all-reduces", kk.tp, 8 * 8 * 4 * t_allreduce(2 * 2048.0 * 1024, 4, 1e-6, 1e11));
+    double t_tp = 8 * 8 * 4 * t_allreduce(2 * 2048.0 * 1024, 4, in_node);
+    near("TP 4 in a node: 8 layers x 8 microbatches x 4 all-reduces", kk.tp, t_tp);
+    pr.tp_overlap = 0.5;
+    near("TP, half hidden behind the products (--tp-overlap 0.5)", layout_cost(&c, &big, &pr, &t4, 8, 0, 0).tp, t_tp / 2);
+    pr.tp_overlap = 0;
     t4.recompute = RECOMPUTE_FULL;
     near("TP under full recomputation: 6 all-reduces", layout_cost(&c, &big, &pr, &t4, 8, 0, 0).tp,
-         8 * 8 * 6 * t_allreduce(2 * 2048.0 * 1024, 4, 1e-6, 1e11));
+         8 * 8 * 6 * t_allreduce(2 * 2048.0 * 1024, 4, in_node));
     // CP 2 inside a node (TP 2 x CP 2 = 4), all-gather: K and V of the sequence (2 x 2048 x
     // 1024 / TP 2 values, 2 bytes) gathered, again, and reduce-scattered per layer and microbatch
     Layout c2 = {.tp = 2, .cp = 2, .pp = 1, .dp = 2, .ep = 1, .sp = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
     double kvb = 2 * 2048.0 * 2 * 1024 / 2;
     kk = layout_cost(&c, &big, &pr, &c2, 8, 0, 0);
-    near("CP 2, all-gather: 3 collectives per layer and microbatch", kk.cp, 8 * 8 * 3 * t_half(kvb, 2, 1e-6, 1e11));
+    near("CP 2, all-gather: 3 collectives per layer and microbatch", kk.cp, 8 * 8 * 3 * t_half(kvb, 2, in_node));
     pr.cp_ring = 1;
-    double core = big.tokens / 8 * 3 * attention_core(&big) / 2.5e14;
+    double core = big.tokens / 8 * 3 * attention_core(&big) / 2.5e13;
     near("CP 2 as a ring: what attention's time does not hide", layout_cost(&c, &big, &pr, &c2, 8, 0, 0).cp,
-         fmax(0, 8 * 8 * 3 * t_half(kvb, 2, 1e-6, 1e11) - core));
+         fmax(0, 8 * 8 * 3 * t_half(kvb, 2, in_node) - core));
     pr.cp_ring = 0;
-    // PP 4 across the 2 nodes (DP 2 x PP 4), 1F1B, M 4: bubble 3/7; 2 x (4 + 2) sends of a
+    // PP 4 across the 2 nodes (DP 2 x PP 4), 1F1B, M 8: bubble 3/11; 2 x (8 + 2) sends of a
     // microbatch's activations (2048 x 1024 x 2 bytes) between nodes
     Layout p4 = {.tp = 1, .cp = 1, .pp = 4, .dp = 2, .ep = 1, .sched = SCHEDULE_1F1B, .V = 1, .M = 8};
     kk = layout_cost(&c, &big, &pr, &p4, 8, 0, 0);
     near("PP 4, 1F1B, M 8: bubble 3/11", kk.bubble, 3.0 / 11);
     // 2 layers on each stage: the last, with the head's product and the loss, sets the pace
-    double layer_t = ((F - A - 6 * 1024.0 * 1000) / 5e14 + A / 2.5e14) / 8 + layer_membound_bytes(&big, 0, 1, 0, RECOMPUTE_NONE, 0) / 1e12;
+    double layer_t = ((F - A - 6 * 1024.0 * 1000) / 5e13 + A / 2.5e13) / 8 + layer_membound_bytes(&big, 0, 1, 0, RECOMPUTE_NONE, 0) / 1e12;
     near("PP 4: compute at the last stage's pace, 2 layers, the head and the loss, for a replica's tokens", kk.compute,
-         big.tokens / 2 * (2 * layer_t + 6 * 1024.0 * 1000 / 5e14 + (10 * 1024 + 20 * 1000.0) / 1e12));
-    near("PP sends: 2 (V M + S - 2) of a microbatch's activations", kk.pp, 2 * (8 + 2) * t_p2p(2 * 2048.0 * 1024, 1e-5, 1e10));
+         big.tokens / 2 * (2 * layer_t + 6 * 1024.0 * 1000 / 5e13 + (10 * 1024 + 20 * 1000.0) / 1e12));
+    near("PP sends: 2 (V M + S - 2) of a microbatch's activations", kk.pp, 2 * (8 + 2) * t_p2p(2 * 2048.0 * 1024, between));
     near("step with a pipeline: (compute + ...) / (1 - bubble) + sends + DP", kk.step,
          kk.compute / (1 - 3.0 / 11) + kk.pp + kk.dp + kk.optimizer);
+    c.nics = 1; // one NIC a node: the 2 devices of a stage in each node send over it at once
+    near("PP sends through a node's one NIC, 2 devices sending: half its rate", layout_cost(&c, &big, &pr, &p4, 8, 0, 0).pp,
+         2 * (8 + 2) * t_p2p(2 * 2048.0 * 1024, (Link){1e-5, 1e10 / 2, 0}));
+    c.nics = 4;
     p4.sched = SCHEDULE_ZB1;
     near("zb1's bubble on 4 stages, M 8: 3 / (3 x 8 + 3)", layout_cost(&c, &big, &pr, &p4, 8, 0, 0).bubble, 3.0 / 27);
     double zb, zp;
     zbv_figures(4, 8, RECOMPUTE_NONE, &zb, &zp);
     near("zbv's peak on 4 stages, M 8: S microbatches of a stage (the checker)", zp, 4);
+    // attention without FlashAttention (--attention unfused), a layer and microbatch at TP 1
+    // (16 heads of 64, one sequence of 2048): Q K^T and P V forward, 4 products backward, each
+    // 2 x 2048 x 2048 x 64 FLOPs a head at 5e13; the scores through HBM, 2 values forward, 3 back
+    Practice un = {.unfused = 1};
+    double core_s, mb_s, per = 16 * 2 * 2048.0 * 2048 * 64 / 5e13, scores = 16 * 2048.0 * 2048 * 2 / 1e12;
+    layer_seconds(&c, &big, &un, &dp8, 0, 1, &core_s, &mb_s);
+    near("unfused attention: 6 batched products over the whole square and the scores 5 times", core_s, 6 * per + 5 * scores);
     // EP 4 on the 2 nodes of 4 (DP 8): each all-to-all sends 3/4 of the copies, 3 in the node,
     // none between: 4 all-to-alls per MoE layer and microbatch; under FP8 the dispatch halves
     Shape mbig = big;
@@ -999,6 +1222,10 @@ static int selftest(void) {
     near("node-limited routing to 1 node of a token's top-2: half the copies cross", route_scale(&c, &mbig, 8, 1, 1), 0.5);
     near("all-to-all over 2 nodes, routed to 1 node: half the far bytes",
          t_alltoall(&c, copies, 8, 1, 0.5), 7 * 1e-5 + fmax(copies * 3 / 8 / 1e11, copies * 4 / 8 / 1e10 / 2));
+    c.nics = 2;
+    near("all-to-all over 2 nodes of 2 NICs: every device's far bytes at half a NIC",
+         t_alltoall(&c, copies, 8, 1, 1), 7 * 1e-5 + fmax(copies * 3 / 8 / 1e11, copies * 4 / 8 / (1e10 / 2)));
+    c.nics = 4;
     near("EP 4: 8 MoE layers x 2 microbatches x 4 all-to-alls", layout_cost(&c, &mbig, &pr, &e4, 8, 0, 0).ep,
          8 * 2 * 4 * t_alltoall(&c, copies, 4, 1, 1));
     pr.fp8 = 1, pr.ep_overlap = 1;
@@ -1006,19 +1233,50 @@ static int selftest(void) {
     near("EP under --ep-overlap 1: hidden while compute lasts", kk.ep,
          fmax(0, 8 * 2 * (t_alltoall(&c, copies / 2, 4, 1, 1) + 3 * t_alltoall(&c, copies, 4, 1, 1)) - kk.compute));
     double a2a_all = 8 * 2 * (t_alltoall(&c, copies / 2, 4, 1, 1) + 3 * t_alltoall(&c, copies, 4, 1, 1));
+    Cluster c_sm = c;
+    c_sm.sms = 100;
+    Cost plain = layout_cost(&c_sm, &mbig, &pr, &e4, 8, 0, 0);
     pr.comm_sms = 20;
-    Cost taxed = layout_cost(&c, &mbig, &pr, &e4, 8, 0, 0);
-    near("hidden all-to-alls on 20 of 100 SMs: compute loses a fifth of their time", taxed.overlap, 0.2 * fmin(a2a_all, kk.compute));
-    near("... and is that much longer", taxed.compute, kk.compute + taxed.overlap);
+    Cost taxed = layout_cost(&c_sm, &mbig, &pr, &e4, 8, 0, 0);
+    near("hidden all-to-alls on 20 of 100 SMs: compute loses a fifth of their time", taxed.overlap, 0.2 * fmin(a2a_all, plain.compute));
+    near("... and is that much longer", taxed.compute, plain.compute + taxed.overlap);
     pr.comm_sms = 0;
+    // under FP8 the blocks' products run at 1e14 (the router's 1024 x 8 in BF16, memory-bound:
+    // its three products' bytes through HBM), the head at 5e13, attention at 2.5e13
     double F8, F16 = hardware_flops(&mbig, RECOMPUTE_NONE, &F8, 1) - F8;
     double A8 = 3 * attention_core(&mbig);
-    near("compute under FP8: the blocks at the FP8 rate", kk.compute, mbig.tokens / 8 * ((F16 - A8) / 5e14 + A8 / 2.5e14 + F8 / 5e14) +
+    double router = (2 * (2048 * 1024.0 + 1024 * 8) + 2 * 2048 * 8.0) + (2 * (2048 * 8.0 + 8 * 1024) + 2 * 2048 * 1024.0) +
+                    (2 * (1024 * 2048.0 + 2048 * 8) + 2 * 1024 * 8.0); // bytes of its forward, input- and weight-gradient products
+    near("compute under FP8: the blocks at the FP8 rate", kk.compute,
+         mbig.tokens / 8 * ((F16 - A8) / 5e13 + A8 / 2.5e13 + (F8 - 6 * 1024.0 * 8 * 8) / 1e14) + mbig.tokens / 8 / 2048 * 8 * router / 1e12 +
          mbig.tokens / 8 * (8 * layer_membound_bytes(&mbig, 1, 1, 0, RECOMPUTE_NONE, 1) + 20 * 1024 + 20 * 1000.0) / 1e12);
     double dense_p, expert_p;
     stage_params(&mbig, &e4, 8, 1, 1, &dense_p, &expert_p);
     near("expert weights per device: routed experts / EP", state_bytes(expert_p, 0, 2), 16 * params_experts(&mbig) / 4);
     near("dense weights per device: all but the routed experts", dense_p, params_total(&mbig) - params_experts(&mbig));
+    // multi-token prediction (--mtp 1): the device with the head also runs a block like the
+    // last layer, a 2h x h projection and the head and loss again, for every token
+    Shape mt = big;
+    mt.mtp = 1;
+    double head_t = 6 * 1024.0 * 1000 / 5e13 + (10 * 1024 + 20 * 1000.0) / 1e12, proj_t = 6 * 2048.0 * 1024 / 5e13;
+    Practice bf16 = {0};
+    near("MTP 1: a layer, a projection and the head again on the head's device, for a replica's tokens",
+         layout_cost(&c, &mt, &bf16, &dp8, 8, 0, 0).compute - layout_cost(&c, &big, &bf16, &dp8, 8, 0, 0).compute,
+         big.tokens / 8 * (layer_t + proj_t + head_t));
+    stage_params(&mt, &t2, 2, 0, 1, &dpar, &epar);
+    near("MTP 1's parameters with the head: a layer's, the 2h x h projection and two norms", dpar,
+         (2 * per_layer + 1000.0 * 1024 + 1024 + per_layer + 2 * 1024.0 * 1024 + 2 * 1024) / 2);
+    // any degrees: 3 devices take PP 3 (DP 3 leaves 16 sequences undivided); 48 sequences take DP 3 too
+    Candidate* all;
+    Fixed any = {-1, -1, -1, -1, -1, -1};
+    int n_lay = enumerate(&c, &big, &pr, &any, 3, &all);
+    near("3 devices, 16 sequences: one layout, PP 3", n_lay * 10 + all[0].l.pp, 13);
+    free(all);
+    Shape b48 = big;
+    b48.tokens = 2048.0 * 48;
+    n_lay = enumerate(&c, &b48, &pr, &any, 3, &all);
+    near("3 devices, 48 sequences: DP 3 and PP 3", n_lay, 2);
+    free(all);
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures > 0;
 }
@@ -1034,10 +1292,11 @@ static void usage(void) {
             "       tools/costmodel published [--check] | selftest\n"
             "SHAPE:    --layers L --width W --heads A --vocab V --seq S --tokens T (a step) [--kv-heads K] [--head-dim D]\n"
             "          [--ffn F (4W)] [--mlp swiglu|gelu] [--experts E --top-k K --expert-ffn F --shared-experts S\n"
-            "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout]\n"
-            "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full\n"
+            "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout] [--mtp D]\n"
+            "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
             "          --schedule gpipe|1f1b|interleaved|zb1|zbv --virtual V --microbatches M (rank: fixed for all)\n"
-            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N --devices N\n");
+            "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --tp-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N\n"
+            "          --attention flash|unfused --devices N\n");
 }
 
 int main(int argc, char** argv) {
@@ -1045,11 +1304,14 @@ int main(int argc, char** argv) {
     if (!strcmp(verb, "selftest") && argc == 2) return selftest();
     if (!strcmp(verb, "compute")) {
         Table t = measure_table(argc - 1, argv + 1);
+        printf("model=%s\n", t.model);
         for (int i = 0; i < t.n; i++) printf("rows=%d ms=%.4f\n", t.rows[i], 1e3 * t.sec[i]);
         return 0;
     }
     if (!strcmp(verb, "replay")) {
-        if (argc != 5 && argc != 6 && argc != 9) usage(), exit(2);
+        if (argc != 5 && argc != 6 && argc != 9)
+            usage(), usage_error("replay takes RUN.sum ALPHA BETA, then COMPUTE_TABLE, then LOCAL_ALPHA LOCAL_BETA HOSTS (3, 4 or "
+                                 "7 arguments), got %d", argc - 2);
         // beta above 100 TB/s is no measurement (tools/pingpong's 1 MiB message took no longer
         // than its 8 bytes: it prints 2^20 / 1 ns)
         double alpha = arg_number("ALPHA (seconds)", argv[3], 0, 0, 10, 0), beta = arg_number("BETA (bytes/s)", argv[4], 0, 1, 1e14, 0);
@@ -1063,6 +1325,12 @@ int main(int argc, char** argv) {
         summary_read(&m, argv[2]);
         Run r = run_of(&m);
         Table t = argc >= 6 ? read_table(argv[5]) : measure_table(1, (char*[]){"compute", NULL});
+        // the run's compute comes from a table of its own model's step, never another's
+        if (!m.model[0])
+            fatal("'%s' does not say which model it trained (no model= line: a summary older than that): run it again", argv[2]);
+        if (strcmp(m.model, t.model))
+            fatal("'%s' trained %s, but the compute table timed %s: measure the table with the run's model flags "
+                  "(tools/costmodel compute --model ...)", argv[2], m.model, t.model);
         double compute, s = predict_run(&r, table_rows, &t, (int)sysconf(_SC_NPROCESSORS_ONLN), k, &compute);
         printf("predicted_ms=%.4f compute_ms=%.4f comm_ms=%.4f\n", 1e3 * s, 1e3 * compute, 1e3 * (s - compute));
         return 0;
@@ -1078,6 +1346,10 @@ int main(int argc, char** argv) {
         }
         Candidate* all;
         int n = enumerate(&c, &q.m, &q.pr, &q.fx, q.devices, &all), fit = count_fits(all, n);
+        if (n == 0) // no layout at all: say so, not an empty table
+            usage_error("no layout of %d devices is possible for this model with the flags given (TP dividing the %d heads, "
+                        "CP whose double divides the sequence %d, PP up to the %d layers, DP times the microbatches dividing the "
+                        "%.0f sequences of a step)", q.devices, q.m.heads, q.m.seq, q.m.layers, q.m.tokens / q.m.seq);
         print_model(&c, &q.m, &q.pr, q.devices);
         printf("\n");
         print_table_head();
@@ -1105,5 +1377,9 @@ int main(int argc, char** argv) {
         return published(check);
     }
     usage();
-    return 2;
+    if (!verb[0]) usage_error("no verb given: compute, replay, predict, rank, published or selftest");
+    if (!strcmp(verb, "selftest")) usage_error("selftest takes no arguments, got %d", argc - 2);
+    if (!strcmp(verb, "published")) usage_error("published takes at most one argument (--check), got %d", argc - 2);
+    if (!strcmp(verb, "predict") || !strcmp(verb, "rank")) usage_error("%s needs a CLUSTER_FILE and the model's SHAPE", verb);
+    usage_error("unknown verb '%.60s': compute, replay, predict, rank, published or selftest", verb);
 }

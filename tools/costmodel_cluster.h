@@ -32,18 +32,23 @@ typedef struct {
     double alpha_inter, beta_inter;   // between nodes
     double hbm;                       // bytes per second between a device and its memory (HBM)
     int sms;                          // streaming multiprocessors per device (0: not given)
+    double attention_half_seq;        // the sequence at which attention reaches half its rate (0: one rate)
+    double collective_latency;        // seconds a collective costs before its steps (NCCL's base latency)
+    int nics;                         // network interfaces of a node, shared by its devices (beta_inter: one's)
+    double sustained;                 // the fraction of the burst rates a device holds at its power limit (1: not given)
 } Cluster;
 
 // s as a number: the whole text a finite decimal number (digits, '.', an exponent: no
-// hexadecimal, inf or nan) from lo to hi (above lo when lo_open), an integer when asked.
-// NULL, or the reason, in err, naming `what`.
+// hexadecimal, inf or nan) from lo to hi (above lo when lo_open), a whole one when asked
+// (1e12 is one: the ranges print so). NULL, or the reason, in err, naming `what`.
 static const char* cm_number(const char* what, const char* s, double lo, int lo_open, double hi, int integer,
                              double* out, char* err, size_t n) {
     char* end;
     errno = 0;
     double v = strtod(s, &end);
-    int decimal = s[0] && s[strspn(s, integer ? "0123456789" : "0123456789.eE+-")] == 0;
-    if (!decimal || errno || end == s || *end || !isfinite(v) || v < lo || (lo_open && v == lo) || v > hi) {
+    int decimal = s[0] && s[strspn(s, "0123456789.eE+-")] == 0;
+    if (!decimal || errno || end == s || *end || !isfinite(v) || v < lo || (lo_open && v == lo) || v > hi ||
+        (integer && v != floor(v))) {
         snprintf(err, n, "%s must be %s %s %g and at most %g, got '%.40s'", what, integer ? "an integer" : "a decimal number",
                  lo_open ? "above" : "from", lo, hi, s);
         return err;
@@ -76,6 +81,10 @@ static const ClusterKey cluster_keys[] = {
     {"inter_gbytes_per_s", 0, 1, 1e6, 0, 1},
     {"hbm_gbytes_per_s", 0, 1, 1e6, 0, 1},
     {"sms", 1, 0, 100000, 1, 0},
+    {"attention_half_seq", 0, 0, 1e7, 0, 0},
+    {"collective_latency_us", 0, 0, 1e6, 0, 0},
+    {"nics_per_node", 1, 0, 1024, 1, 0},
+    {"sustained_fraction", 0, 1, 1, 0, 0},
 };
 enum { CLUSTER_KEYS = sizeof cluster_keys / sizeof cluster_keys[0] };
 #define CLUSTER_MAX_DEVICES 1048576
@@ -87,7 +96,9 @@ static const char* cluster_parse(Cluster* c, const char* text, size_t n, const c
     double v[CLUSTER_KEYS] = {0};
     char line[512];
     int number = 0;
-    for (size_t at = 0; at < n;) {
+    size_t at = 0;
+    if (n >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) at = 3; // a UTF-8 byte-order mark, as some editors save
+    while (at < n) {
         size_t len = 0;
         number++;
         while (at + len < n && text[at + len] != '\n') len++;
@@ -166,6 +177,8 @@ static const char* cluster_parse(Cluster* c, const char* text, size_t n, const c
     c->fp8_flops = v[6], c->fp8_efficiency = v[7], c->memory = v[8] * 1e9;
     c->alpha_intra = v[9] * 1e-6, c->beta_intra = v[10] * 1e9, c->alpha_inter = v[11] * 1e-6, c->beta_inter = v[12] * 1e9;
     c->hbm = v[13] * 1e9, c->sms = (int)v[14];
+    c->attention_half_seq = v[15], c->collective_latency = v[16] * 1e-6, c->nics = seen[17] ? (int)v[17] : c->per_node;
+    c->sustained = seen[18] ? v[18] : 1;
     if ((double)c->nodes * c->per_node > CLUSTER_MAX_DEVICES) {
         snprintf(err, errn, "%s: %d nodes x %d devices is more than %d devices", path, c->nodes, c->per_node,
                  CLUSTER_MAX_DEVICES);

@@ -10,16 +10,19 @@
  *
  *   step = (compute + TP + CP + EP exposed) / (1 - bubble) + PP sends + DP exposed + optimizer
  *
- *   compute   each layer's FLOPs (plus what recomputation repeats) at the cluster's rates:
- *             peak x the fraction large matrix products reach (FP8 layers at the FP8 rate
- *             with --fp8), attention's core at its kernels' fraction; and its memory-bound
- *             work (norms, residuals, RoPE, SwiGLU, the MoE's copies, FP8's quantization)
- *             at HBM's rate. The first device also does the embedding, the last the head
- *             and the loss; layers are split so the slowest device is as fast as can be,
+ *   compute   a microbatch's matrix products at their shapes (M, N, K: tile and wave
+ *             quantization over the SMs, the roofline of skinny products; FP8 layers at
+ *             the FP8 rate with --fp8), attention's core at its kernel's rate for the
+ *             sequence (or unfused), every tensor-core rate at the clock a device sustains
+ *             at its power limit; and the memory-bound work (norms, residuals, RoPE,
+ *             SwiGLU, the MoE's copies, dropout, FP8's quantization) at HBM's rate. The
+ *             first device also does the embedding, the last the head, the loss and any
+ *             MTP modules; layers are split so the slowest device is as fast as can be,
  *             and the pipeline runs at its pace. Hidden traffic takes --comm-sms of the SMs
  *             while it runs.
  *   TP        Megatron's two all-reduces per layer forward and two backward (with sequence
- *             parallelism: an all-gather and a reduce-scatter for each, the same time)
+ *             parallelism: an all-gather and a reduce-scatter for each, the same time), a
+ *             stated fraction hidden behind the products (--tp-overlap)
  *   CP        each layer gathers the K and V of the whole sequence forward, again backward,
  *             and reduce-scatters their gradients; as a ring it hides behind attention
  *   EP        four all-to-alls per MoE layer (dispatch and combine, forward and backward;
@@ -29,20 +32,18 @@
  *   PP        a microbatch's activations across each stage boundary, forward and back
  *   DP        the gradients reduce-scattered and the parameters all-gathered (an all-
  *             reduce's time; ZeRO-3 gathers once more for backward), a stated fraction
- *             hidden behind compute (--dp-overlap)
+ *             hidden behind a microbatch's compute (--dp-overlap)
  *   optimizer Adam's step over the device's ZeRO shard, memory-bound
  *
- * A collective over n devices that fit in a node uses the node's links, else the links
- * between nodes (the slowest link of a ring sets its pace): ring all-reduce 2(n-1) steps of
- * 1/n of the buffer, all-gather and reduce-scatter n-1 steps, each alpha + bytes / beta.
+ * A collective over n devices whose block of ranks divides a node uses the node's links,
+ * else the links between nodes, whose NICs the node's crossing rings share (the slowest link
+ * of a ring sets its pace): ring all-reduce 2(n-1) steps of 1/n of the buffer, all-gather
+ * and reduce-scatter n-1 steps, each alpha + bytes / beta, after NCCL's base latency.
  * "Hidden" traffic hides only behind compute that exists: at most the compute's time.
  *
- * Not modelled (each a reason real runs are slower than predicted): matrix shapes below
- * the best one's rate (BF16; FP8's figure is DeepGEMM's on DeepSeek-V3's own shapes), clocks
- * under sustained power limits, stragglers and jitter across thousands of devices,
- * congestion, kernel launches. Nor a memory saving DeepSeek-V3 made (activations cached in
- * FP8, only norms and up-projections recomputed): the model recomputes whole layers instead,
- * which is slower.
+ * Not modelled (each a reason real runs are slower than predicted): the A100's clock at its
+ * power limit (no sustained figure is published for it), stragglers and jitter across
+ * thousands of devices, congestion, kernel launches, DualPipe's schedule (zb1 stands for it).
  *
  * Memory: 2-byte weights and gradients and 12 bytes of FP32 master weights, m and v per
  * parameter, sharded by ZeRO's stage over the devices that hold the same weights; the
@@ -65,6 +66,7 @@ typedef struct {
     int experts, top_k, expert_ffn, shared, dense;     // MoE: routed experts (0: none), per token, width, shared experts, first dense layers
     int q_lora, kv_lora, rope;                         // MLA (kv_lora > 0): latent ranks and the decoupled RoPE width
     int dropout;                                       // dropout masks kept for backward (Korthikanti's GPT)
+    int mtp;                                           // multi-token prediction modules (DeepSeek-V3's D), beside the head
     double tokens;                                     // per step
 } Shape;
 
@@ -75,10 +77,17 @@ typedef struct {
     int cp_ring;                   // CP passes K and V round a ring (overlapping attention), else all-gathers them
     int route_nodes;               // MoE: node-limited routing, each token to at most this many nodes (0: none)
     int comm_sms;                  // SMs the communication kernels take while they run beside compute (0: none)
+    double tp_overlap;             // fraction of TP's traffic hidden behind the layers' matrix products
+    int unfused;                   // attention as two batched products and a softmax through HBM (no FlashAttention)
 } Practice;
 
-enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
-static const char* const recompute_names[] = {"none", "selective", "full"};
+// Recomputation: config.h's none, selective (attention's core again, Korthikanti et al.) and
+// full (every layer's forward again), as the programs take them; and norms, the cost model's
+// own (DeepSeek-V3's, its report's section 3.2.3: attention's core, every RMSNorm and MLA's
+// up-projections again, their outputs not kept, and SwiGLU's output recomputed from its kept
+// inputs, section 3.3.3; under --fp8 what enters an FP8 product is kept in FP8, 1 byte a value).
+enum { RECOMPUTE_NORMS = RECOMPUTE_FULL + 1, N_RECOMPUTE };
+static const char* const cost_recompute_names[] = {"none", "selective", "full", "norms"};
 
 typedef struct {
     int tp, cp, pp, dp, ep, zero, sp, recompute;
@@ -90,7 +99,8 @@ typedef struct {
     double membound, optimizer;                        // seconds of memory-bound work (part of compute); of the optimizer's step
     double overlap;                                    // seconds compute loses to the SMs of hidden communication (part of compute)
     double weights, acts, memory;                      // bytes per device: weights, gradients and optimizer state; activations; their sum
-    double mfu, gpu_hours_per_t;                       // model FLOPs / (step x devices x peak); GPU-hours per trillion tokens
+    double mfu, hfu, gpu_hours_per_t;                  // model FLOPs, and hardware FLOPs, / (step x devices x peak); GPU-hours per trillion tokens
+    double attention;                                  // seconds of attention's core (part of compute)
     int fits;
 } Cost;
 
@@ -132,12 +142,30 @@ static double params_experts(const Shape* m) { return moe_layers(m) * (double)m-
 // recomputation repeats forward work (selective: the attention core; full: every layer).
 static double attention_core(const Shape* m) { return (double)m->layers * m->seq * (d_qk(m) + d_v(m)); } // forward, causal
 static double model_flops(const Shape* m) { return 6 * params_active(m) + 6 * attention_core(m); }
+// Parameters of MLA's up-projections (Q from its latent, K and V from theirs): what
+// recomputation "norms" runs forward again.
+static double up_projection_params(const Shape* m) {
+    return m->kv_lora > 0 ? (m->q_lora > 0 ? (double)m->q_lora * d_qk(m) : 0) + 2.0 * m->kv_lora * m->heads * head_dim(m) : 0;
+}
 static double hardware_flops(const Shape* m, int recompute, double* fp8_part, int fp8) {
     double linear = params_active(m) - (double)m->width * m->vocab; // the blocks' matrix products
     double passes = recompute == RECOMPUTE_FULL ? 4 : 3;           // forward, backward's two, and the forward again
     double core = 3 * attention_core(m) + (recompute >= RECOMPUTE_SELECTIVE ? attention_core(m) : 0);
-    *fp8_part = fp8 ? 2 * passes * linear : 0;
-    return 2 * passes * linear + 6.0 * m->width * m->vocab + core;
+    double up = recompute == RECOMPUTE_NORMS ? 2 * m->layers * up_projection_params(m) : 0;
+    *fp8_part = fp8 ? 2 * passes * linear + up : 0;
+    return 2 * passes * linear + up + 6.0 * m->width * m->vocab + core;
+}
+// FLOPs per token in the count papers publish as hardware FLOPs (HFU; "TFLOP/s per GPU" as
+// Megatron-LM prints it, Narayanan et al. 2021, eq. 3, and BLOOM and OPT after it): the
+// model's count (attention's square whole) and what recomputation repeats in that count, a
+// forward of every layer under full recomputation (not of the head), attention's core under
+// selective. For Megatron's GPT this is its 96 B s l h^2 (1 + s/6h + V/16lh) per step.
+static double hardware_count_flops(const Shape* m, int recompute) {
+    double core_forward = 2 * attention_core(m); // the square whole, as the model's count takes it
+    double again = recompute == RECOMPUTE_FULL ? 2 * (params_active(m) - (double)m->width * m->vocab) + core_forward
+                   : recompute == RECOMPUTE_SELECTIVE ? core_forward
+                   : recompute == RECOMPUTE_NORMS ? core_forward + 2 * m->layers * up_projection_params(m) : 0;
+    return model_flops(m) + again;
 }
 
 // ----------------------------------------------------------------------------
@@ -161,9 +189,13 @@ static double hardware_flops(const Shape* m, int recompute, double* fp8_part, in
 //                        bytes in, 1 out: DeepSeek-V3's report, section 3.5.2, describes the
 //                        round trip): forward, again for the weight gradient (tiles along the
 //                        other axis), and each output gradient for the input gradient
-// Without SP the h-wide work (norms, residuals, the MoE's copies, MLA's latents) is done
-// whole on every TP device; with SP it is split, and the head-split work (RoPE, the MLP,
-// the quantization) always is. Dropout's masks (Korthikanti's GPT) are not counted.
+//   norms recomputed     (recompute "norms") the norms' forward again (2h each way, and MLA's
+//                        latents'), SwiGLU's forward again (3f; GELU 2f)
+//   dropout (--dropout)  after attention and after the MLP: forward h in, h out and a 1-byte
+//                        mask (5h bytes); backward the mask and the gradient in, it out (5h)
+// Without SP the h-wide work (norms, residuals, the MoE's copies, MLA's latents, dropout) is
+// done whole on every TP device; with SP it is split, and the head-split work (RoPE, the MLP,
+// the quantization) always is.
 static double layer_membound_bytes(const Shape* m, int moe, int tp, int sp, int recompute, int fp8) {
     double h = m->width, t = tp, again = recompute == RECOMPUTE_FULL, mla = m->kv_lora > 0;
     double k = moe ? m->top_k : 0, E = moe ? m->experts : 0, f = moe ? m->expert_ffn * (double)(m->top_k + m->shared) : m->ffn;
@@ -173,6 +205,9 @@ static double layer_membound_bytes(const Shape* m, int moe, int tp, int sp, int 
     double rope = mla ? m->heads * (double)m->rope + m->rope : (m->heads + m->kv_heads) * head_dim(m);
     double split_fwd = 2 * rope + (m->swiglu ? 3 : 2) * f, split_bwd = 2 * rope + (m->swiglu ? 5 : 3) * f;
     double bytes = 2 * ((1 + again) * wide_fwd + wide_bwd) / (sp ? t : 1) + 2 * ((1 + again) * split_fwd + split_bwd) / t;
+    if (recompute == RECOMPUTE_NORMS) // the norms' forward again, and SwiGLU's (GELU's) from its kept inputs
+        bytes += 2 * (4 * h + 2 * latents) / (sp ? t : 1) + 2 * (m->swiglu ? 3 : 2) * f / t;
+    if (m->dropout) bytes += 2 * ((1 + again) * 5 * h + 5 * h) / (sp ? t : 1);
     if (fp8) { // the FP8 products' inputs (each quantized once) and outputs, per token
         double in, out, up = m->swiglu ? 2 : 1;
         if (mla) {
@@ -189,9 +224,120 @@ static double layer_membound_bytes(const Shape* m, int moe, int tp, int sp, int 
     }
     return bytes;
 }
-static double layer_membound(const Shape* m, int tp, int sp, int recompute, int fp8) { // averaged over dense and MoE layers
-    double moe = (double)moe_layers(m) / m->layers;
-    return (1 - moe) * layer_membound_bytes(m, 0, tp, sp, recompute, fp8) + moe * layer_membound_bytes(m, 1, tp, sp, recompute, fp8);
+
+// ----------------------------------------------------------------------------
+// rates from shapes: a product's time from its M, N and K, attention's from its length
+
+// A matrix product C (M x N) = A (M x K) B (K x N) runs as tiles of C, one a streaming
+// multiprocessor at a time, in waves over the SMs (NVIDIA, "Matrix Multiplication Background
+// User's Guide", 2023: section 2.3, cuBLAS's most efficient tiles are 256 x 128 and 128 x 256;
+// section 3, tile and wave quantization). A tile at the edge computes a whole tile, and the
+// last wave keeps only some SMs busy: the rate is the best product's (the cluster file's
+// `efficiency`, a benchmark's best shape) times the share of the waves' tile work that is C's,
+// for the better of the two tiles. A dimension smaller than its tile takes a tile of its own
+// size rounded up to 16 (the tensor cores' m16n8k16 instruction), and a product of fewer
+// tiles than SMs splits K among them (split-K, chunks of 256 at least), as cuBLAS does for
+// skinny products. 1 when the cluster file gives no SMs.
+enum { TILE_LONG = 256, TILE_SHORT = 128, TILE_MIN = 16, SPLIT_K_CHUNK = 256 };
+static double wave_fraction(const Cluster* c, double batch, double M, double N, double K) {
+    if (c->sms <= 0) return 1;
+    double best = 0;
+    for (int o = 0; o < 2; o++) {
+        double tm = fmin(o ? TILE_SHORT : TILE_LONG, TILE_MIN * ceil(M / TILE_MIN));
+        double tn = fmin(o ? TILE_LONG : TILE_SHORT, TILE_MIN * ceil(N / TILE_MIN));
+        double tiles = batch * ceil(M / tm) * ceil(N / tn);
+        double splits = fmax(1, fmin(floor(c->sms / tiles), ceil(K / SPLIT_K_CHUNK))), units = tiles * splits;
+        double waves = ceil(units / c->sms);
+        best = fmax(best, batch * M * N / (tiles * tm * tn) * units / (waves * c->sms));
+    }
+    return best;
+}
+// Seconds of `batch` products (M x K by K x N): the longer of their FLOPs at the rate the
+// shape reaches and their bytes through HBM (A and B read, C written once: a skinny product,
+// few rows of tokens against a large weight, is memory-bound, the roofline). FP8 inputs are
+// 1 byte and run at the FP8 rate, whose figure was measured on DeepSeek-V3's own shapes
+// (the cluster file): no quantization is taken off it again. Every rate is a benchmark's
+// burst; a training run holds its devices at their power limit, where the clock settles
+// lower: the cluster file's sustained_fraction of it (1 where none is published).
+static double gemm_seconds(const Cluster* c, double batch, double M, double N, double K, int fp8) {
+    if (batch <= 0 || M <= 0 || N <= 0 || K <= 0) return 0;
+    double flops = 2 * batch * M * N * K;
+    double rate = c->sustained * (fp8 ? c->fp8_flops * c->fp8_efficiency : c->flops * c->efficiency * wave_fraction(c, batch, M, N, K));
+    double bytes = batch * ((fp8 ? 1 : 2) * (M * K + K * N) + 2 * M * N);
+    return fmax(flops / rate, bytes / c->hbm);
+}
+// A linear layer (in -> out) on T tokens: forward (T x in by in x out) `forwards` times (2
+// under full recomputation), the input's gradient (T x out by out x in) and the weight's
+// (in x T by T x out).
+static double linear_seconds(const Cluster* c, double batch, double T, double in, double out, int fp8, double forwards) {
+    return forwards * gemm_seconds(c, batch, T, out, in, fp8) + gemm_seconds(c, batch, T, in, out, fp8) +
+           gemm_seconds(c, batch, in, out, T, fp8);
+}
+// Attention's fused kernel (FlashAttention) at a sequence of `seq` keys: the cluster file's
+// rate for long sequences, less at short ones, where a causal kernel's diagonal tiles and each
+// row block's fixed work weigh more: rate x seq / (seq + attention_half_seq).
+static double attention_rate(const Cluster* c, double seq) {
+    return c->sustained * c->flops * c->attention_efficiency * seq / (seq + c->attention_half_seq);
+}
+
+// Seconds of one layer (MoE or dense) for a microbatch of `seqs` sequences on one device,
+// split by TP (columns of the first products, rows of the second; every product's FLOPs / TP)
+// and CP (1/CP of the positions): its products at their shapes, attention's core, and the
+// memory-bound work; *core and *membound get those two parts.
+static double layer_seconds(const Cluster* c, const Shape* m, const Practice* pr, const Layout* l, int moe, double seqs,
+                            double* core, double* membound) {
+    double t = l->tp, T = seqs * m->seq / l->cp, h = m->width, dh = head_dim(m), again = l->recompute == RECOMPUTE_FULL;
+    double fw = 1 + again;
+    int f8 = pr->fp8;
+    double s = 0;
+    // attention's projections
+    if (m->kv_lora > 0) { // MLA: Q through its latent (or directly), K and V up from the shared latent
+        if (m->q_lora > 0) s += linear_seconds(c, 1, T, h, m->q_lora / t, f8, fw) + linear_seconds(c, 1, T, m->q_lora, d_qk(m) / t, f8, fw);
+        else s += linear_seconds(c, 1, T, h, d_qk(m) / t, f8, fw);
+        s += linear_seconds(c, 1, T, h, (m->kv_lora + m->rope) / t, f8, fw);
+        s += linear_seconds(c, 1, T, m->kv_lora, 2.0 * m->heads * dh / t, f8, fw);
+        if (l->recompute == RECOMPUTE_NORMS) // the up-projections' forward again
+            s += (m->q_lora > 0 ? gemm_seconds(c, 1, T, d_qk(m) / t, m->q_lora, f8) : 0) +
+                 gemm_seconds(c, 1, T, 2.0 * m->heads * dh / t, m->kv_lora, f8);
+    } else {
+        s += linear_seconds(c, 1, T, h, (m->heads + 2.0 * m->kv_heads) * dh / t, f8, fw); // the fused QKV
+    }
+    s += linear_seconds(c, 1, T, d_v(m) / t, h, f8, fw); // the output projection
+    // the MLP: up (and gate) and down; MoE: the router, the shared experts on every token,
+    // and the routed experts, E / EP on a device, each with the tokens of the EP group routed to it
+    double up = m->swiglu ? 2 : 1;
+    if (!moe) {
+        s += linear_seconds(c, 1, T, h, up * m->ffn / t, f8, fw) + linear_seconds(c, 1, T, m->ffn / t, h, f8, fw);
+    } else {
+        double fe = m->expert_ffn, local = (double)m->experts / l->ep, Te = T * m->top_k * l->ep / m->experts;
+        s += linear_seconds(c, 1, T, h, m->experts / t, 0, fw);
+        if (m->shared > 0)
+            s += linear_seconds(c, 1, T, h, up * fe * m->shared / t, f8, fw) + linear_seconds(c, 1, T, fe * m->shared / t, h, f8, fw);
+        s += linear_seconds(c, local, Te, h, up * fe / t, f8, fw) + linear_seconds(c, local, Te, fe / t, h, f8, fw);
+    }
+    // attention's core: a fused kernel at its rate for the sequence (CP: a device's positions
+    // against the keys), forward, backward (2), and forward again under any recomputation;
+    // unfused (--attention unfused), two batched products a head and sequence (Q K^T, P V;
+    // backward four more) over the whole square, the causal mask applied after, and the
+    // softmax's scores through HBM (forward scores in, probabilities out; backward
+    // probabilities and their gradient in, the scores' out)
+    double passes = 3 + (l->recompute >= RECOMPUTE_SELECTIVE);
+    double a;
+    if (!pr->unfused) {
+        a = passes * T * m->seq * (d_qk(m) + d_v(m)) / t / attention_rate(c, (double)m->seq / l->cp);
+    } else {
+        double heads = m->heads / t, qk = d_qk(m) / m->heads, v = d_v(m) / m->heads, B = seqs * heads, Sq = (double)m->seq / l->cp, Sk = m->seq;
+        // with dropout on the probabilities (--dropout): forward its mask (1 byte) and the
+        // dropped probabilities out, backward the mask and their gradient in, 3 bytes each way
+        double drop = m->dropout ? 3 : 0;
+        double fwd = gemm_seconds(c, B, Sq, Sk, qk, 0) + gemm_seconds(c, B, Sq, v, Sk, 0) + B * Sq * Sk * (2 * 2 + drop) / c->hbm;
+        double bwd = gemm_seconds(c, B, Sq, Sk, v, 0) + gemm_seconds(c, B, Sk, v, Sq, 0) + gemm_seconds(c, B, Sq, qk, Sk, 0) +
+                     gemm_seconds(c, B, Sk, qk, Sq, 0) + B * Sq * Sk * (3 * 2 + drop) / c->hbm;
+        a = (passes - 2) * fwd + bwd;
+    }
+    double mb = T * layer_membound_bytes(m, moe, l->tp, l->sp, l->recompute, pr->fp8) / c->hbm;
+    *core = a, *membound = mb;
+    return s + a + mb;
 }
 
 // ----------------------------------------------------------------------------
@@ -202,23 +348,37 @@ static double layer_membound(const Shape* m, int tp, int sp, int recompute, int 
 // each query attends to. Their GPT (MHA, GELU 4h, dropout) gives 34h + 5as, and TP without
 // SP 10h + 24h/t + 5as/t; SP divides all by t; selective recomputation drops the as terms.
 // Replicated (without SP) are the inputs of the norms and of the first matrix product of
-// each block and the output dropout masks; the rest is split across TP.
-static double layer_acts_per_token(const Shape* m, int moe, int tp, int sp, int recompute, double s_kv) {
+// each block and the output dropout masks; the rest is split across TP. Recomputation
+// "norms" (DeepSeek-V3) keeps neither the norms' outputs (the first products' inputs) nor
+// MLA's up-projected Q, K and V, nor SwiGLU's output; under FP8 (`fp8`) the inputs of FP8
+// products it keeps (the latents, the output projection's input, SwiGLU's inputs, the
+// dispatched copies) are 1 byte a value.
+static double layer_acts_per_token(const Shape* m, int moe, int tp, int sp, int recompute, double s_kv, int fp8) {
     double h = m->width, t = tp, a = m->heads, drop = m->dropout, mla = m->kv_lora > 0;
+    double f = moe ? m->expert_ffn * (double)(m->top_k + m->shared) : m->ffn;
+    if (recompute == RECOMPUTE_NORMS) {
+        double b = fp8 ? 1 : 2;                                       // a kept product input's bytes
+        double rep = 2 * (h + h) + 2 * drop * h;                      // the norms' inputs; dropout masks
+        double split = b * d_v(m);                                    // the output projection's input
+        if (mla) split += b * (m->kv_lora + m->rope + m->q_lora);     // the latents (Q, K, V recomputed from them)
+        else split += 2 * d_qk(m) + 2 * 2 * m->kv_heads * head_dim(m); // Q, K, V
+        split += b * (m->swiglu ? 2 : 1) * f;                         // SwiGLU's (GELU's) inputs
+        if (moe) split += b * h * m->top_k;                           // the dispatched copies
+        return (sp ? rep / t : rep) + split / t;
+    }
     double rep = 2 * (2 * h + 2 * h) + 2 * drop * h; // attention and MLP: norm input, first matrix input; output dropout masks
     double k = mla ? d_qk(m) : m->kv_heads * head_dim(m), v = mla ? d_v(m) : m->kv_heads * head_dim(m);
     double split = 2 * d_qk(m) + 2 * k + 2 * v + 2 * d_v(m); // Q, K, V, the output projection's input
     if (mla) split += 2.0 * (m->kv_lora + m->rope + m->q_lora); // MLA's latents
-    double f = moe ? m->expert_ffn * (double)(m->top_k + m->shared) : m->ffn;
     split += m->swiglu ? 2 * (2 * f) + 2 * f : 2 * f + 2 * f; // SwiGLU: gate and up, their product; GELU: its input, output
     if (moe) split += 2 * h * m->top_k;                       // the token's dispatched copies
     double scores = recompute >= RECOMPUTE_SELECTIVE ? 0 : a * s_kv * (2 + 3 * drop); // softmax output (+ mask, dropped output)
     return (sp ? rep / t : rep) + split / t + scores / t;
 }
-static double layer_acts(const Shape* m, int tp, int sp, int recompute) { // per token, averaged over dense and MoE layers
+static double layer_acts(const Shape* m, int tp, int sp, int recompute, int fp8) { // per token, averaged over dense and MoE layers
     double moe = (double)moe_layers(m) / m->layers;
-    return (1 - moe) * layer_acts_per_token(m, 0, tp, sp, recompute, m->seq) +
-           moe * layer_acts_per_token(m, 1, tp, sp, recompute, m->seq);
+    return (1 - moe) * layer_acts_per_token(m, 0, tp, sp, recompute, m->seq, fp8) +
+           moe * layer_acts_per_token(m, 1, tp, sp, recompute, m->seq, fp8);
 }
 
 // Activations device r of the pipeline holds at its peak, in bytes: per microbatch and
@@ -226,16 +386,16 @@ static double layer_acts(const Shape* m, int tp, int sp, int recompute) { // per
 // (schedules.h; zbv: the checker's, passed as zbv_peak); the FP32 logits on the device with
 // the head (the last; zbv: device 0). Full recomputation keeps each layer's input only, and
 // the working set of the one layer that backward recomputes.
-static double stage_activation_bytes(const Shape* m, const Layout* l, const int* n, int r, double zbv_peak) {
+static double stage_activation_bytes(const Shape* m, const Layout* l, const int* n, int r, double zbv_peak, int fp8) {
     double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp;
     int S = l->pp;
-    double layer = tokens * layer_acts(m, l->tp, l->sp, l->recompute), logits = 4.0 * tokens * m->vocab / l->tp, once = 0;
+    double layer = tokens * layer_acts(m, l->tp, l->sp, l->recompute, fp8), logits = 4.0 * tokens * m->vocab / l->tp, once = 0;
     if (l->recompute == RECOMPUTE_FULL) {
         layer = tokens * 2.0 * m->width / (l->sp ? l->tp : 1);
-        once = tokens * layer_acts(m, l->tp, l->sp, RECOMPUTE_SELECTIVE);
+        once = tokens * layer_acts(m, l->tp, l->sp, RECOMPUTE_SELECTIVE, fp8);
     }
     double held = S == 1 ? 1 : l->sched == SCHEDULE_ZBV ? zbv_peak : schedule_peak_formula(l->sched, S, l->V, l->M, r);
-    int last = l->sched == SCHEDULE_ZBV ? r == 0 : r == S - 1;
+    int last = schedule_v_shaped(l->sched) ? r == 0 : r == S - 1; // a V ends where it starts
     return held * n[r] * layer + once + (last ? logits : 0);
 }
 
@@ -254,10 +414,11 @@ static double optimizer_params(double params, int zero, double shards) { return 
 // apart from the routed experts, which EP shares out), with the embedding on the first
 // device and the head and final norm on the last (zbv: both on device 0).
 static void stage_params(const Shape* m, const Layout* l, int n, int embedding, int head, double* dense, double* experts) {
-    double h = m->width, ends = h + 2.0 * m->vocab * h;
-    *dense = (n * (params_total(m) - params_experts(m) - ends) / m->layers + (embedding ? m->vocab * h : 0) +
-              (head ? m->vocab * h + h : 0)) / l->tp;
-    *experts = n * params_experts(m) / m->layers / l->tp / l->ep;
+    double h = m->width, ends = h + 2.0 * m->vocab * h, per_dense = (params_total(m) - params_experts(m) - ends) / m->layers;
+    double moe = moe_layers(m) > 0, per_experts = moe ? params_experts(m) / moe_layers(m) : 0;
+    double mtp = head ? m->mtp : 0; // the MTP modules (a block like the last, a 2h x h projection, two norms) with the head
+    *dense = (n * per_dense + (embedding ? m->vocab * h : 0) + (head ? m->vocab * h + h : 0) + mtp * (per_dense + 2 * h * h + 2 * h)) / l->tp;
+    *experts = (n * params_experts(m) / m->layers + mtp * per_experts) / l->tp / l->ep;
 }
 
 // ----------------------------------------------------------------------------
@@ -317,23 +478,41 @@ static double head_membound_bytes(const Shape* m, int tp, int sp) {
 // ----------------------------------------------------------------------------
 // communication: the alpha-beta model of the collectives
 
+// A link as NCCL's own model of it (src/graph/tuning.cc): a collective costs a base latency,
+// then each of its steps a latency and its bytes at the link's bandwidth. Small messages so
+// reach less than the bandwidth, and more devices take more steps: the bus bandwidth by
+// message size and group size that nccl-tests prints follows from these three numbers.
+typedef struct {
+    double alpha, beta, base; // seconds a step; bytes per second; seconds a collective
+} Link;
+
 // A ring all-reduce of `bytes` over n devices: 2(n-1) steps, each a message of bytes/n.
-static double t_allreduce(double bytes, int n, double alpha, double beta) {
-    return n <= 1 ? 0 : 2.0 * (n - 1) * (alpha + bytes / n / beta);
+static double t_allreduce(double bytes, int n, Link k) {
+    return n <= 1 ? 0 : k.base + 2.0 * (n - 1) * (k.alpha + bytes / n / k.beta);
 }
 // A ring all-gather or reduce-scatter whose whole buffer is `bytes`: n-1 steps.
-static double t_half(double bytes, int n, double alpha, double beta) {
-    return n <= 1 ? 0 : (n - 1.0) * (alpha + bytes / n / beta);
+static double t_half(double bytes, int n, Link k) {
+    return n <= 1 ? 0 : k.base + (n - 1.0) * (k.alpha + bytes / n / k.beta);
 }
-static double t_p2p(double bytes, double alpha, double beta) { return alpha + bytes / beta; }
+static double t_p2p(double bytes, Link k) { return k.alpha + bytes / k.beta; }
 
-// The links a group uses: inside a node when `extent` consecutive devices (the group and
-// the faster axes inside it) fit in one.
-static void links(const Cluster* c, int extent, double* alpha, double* beta) {
-    int inside = extent <= c->per_node;
-    *alpha = inside ? c->alpha_intra : c->alpha_inter;
-    *beta = inside ? c->beta_intra : c->beta_inter;
+// The link of a group of n devices `stride` ranks apart (TP's: stride 1; CP's: TP; the data
+// axis's D x C: TP; the pipeline's: TP x CP x DP). Ranks fill the nodes in order, so the
+// groups of an axis are blocks of n x stride consecutive ranks: a group lies in one node when
+// its block divides the node (NVLink), else it crosses between nodes, where a node's NICs
+// (nics_per_node, each at inter_gbytes_per_s) are shared by every ring leaving the node at
+// once: all the axis's groups run together, one ring for each group with members in the node.
+static Link ring_link(const Cluster* c, int n, long stride) {
+    Link k = {c->alpha_intra, c->beta_intra, c->collective_latency};
+    double extent = (double)n * stride;
+    if (n <= 1 || (extent <= c->per_node && c->per_node % (long)extent == 0)) return k;
+    double in_node = fmax(1, fmin(n, floor((double)c->per_node / stride))), streams = c->per_node / in_node;
+    k.alpha = c->alpha_inter, k.beta = c->beta_inter * fmin(1, c->nics / streams);
+    return k;
 }
+// What one device gets of its node's NICs when every device of the node sends at once
+// (all-to-alls, pipeline sends between nodes).
+static double nic_share(const Cluster* c) { return fmin(1, (double)c->nics / c->per_node); }
 
 // An all-to-all over EP devices, each sending `bytes` spread evenly over the group (1/ep
 // stays home): the part for devices of its own node over the node's links, the rest between
@@ -345,7 +524,7 @@ static double t_alltoall(const Cluster* c, double bytes, int ep, int stride, dou
     if (in_node > ep) in_node = ep;
     double local = bytes * (in_node - 1) / ep, far = bytes * (ep - in_node) / ep * remote;
     double alpha = ep > in_node ? c->alpha_inter : c->alpha_intra;
-    return (ep - 1) * alpha + fmax(local / c->beta_intra, far / c->beta_inter);
+    return c->collective_latency + (ep - 1) * alpha + fmax(local / c->beta_intra, far / (c->beta_inter * nic_share(c)));
 }
 // Node-limited routing (DeepSeek-V3): a token's k experts lie on at most R of the group's
 // nodes, and it crosses to each of those nodes once (then NVLink forwards it): min(R, nodes)
@@ -370,94 +549,110 @@ static double pipeline_bubble(const Layout* l, double zbv_bubble) {
 
 static double hidden(double overlap, double traffic, double compute) { return fmin(overlap * traffic, compute); }
 
+// The stages' most: a pipeline of up to this many stages (any number, not only powers of 2).
+enum { MAX_STAGES = 256 };
+
 static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, const Layout* l, int devices,
                         double zbv_bubble, double zbv_peak) {
     Cost k = {0};
-    // compute, per token on one device: a layer's products (the blocks' in FP8 under --fp8),
-    // attention's core at its kernels' rate and the layer's memory-bound work; the head's
-    // product (BF16) and the loss; the embedding's lookup
-    double f8, flops = hardware_flops(m, l->recompute, &f8, pr->fp8), head = 6.0 * m->width * m->vocab;
-    double attention = (3 + (l->recompute >= RECOMPUTE_SELECTIVE)) * attention_core(m);
-    double att_s = attention / m->layers / l->tp / (c->flops * c->attention_efficiency);
-    double mb_s = layer_membound(m, l->tp, l->sp, l->recompute, pr->fp8) / c->hbm;
-    double layer_s = att_s + mb_s + ((flops - f8 - attention - head) / (c->flops * c->efficiency) +
-                                     (f8 > 0 ? f8 / (c->fp8_flops * c->fp8_efficiency) : 0)) / m->layers / l->tp;
-    double head_s = head / l->tp / (c->flops * c->efficiency) + head_membound_bytes(m, l->tp, l->sp) / c->hbm;
+    // compute, per token on one device, from a microbatch's products at their shapes (the
+    // blocks' in FP8 under --fp8), attention's core at its kernel's rate for the sequence,
+    // and the memory-bound work: a layer (dense and MoE layers in their proportion), the
+    // head's product (BF16) and the loss, the embedding's lookup
+    double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp, h = m->width;
+    double moe = (double)moe_layers(m) / m->layers, core_d = 0, mb_d = 0, core_e = 0, mb_e = 0;
+    double layer_mb = (1 - moe) * layer_seconds(c, m, pr, l, 0, seqs_mb, &core_d, &mb_d) +
+                      (moe > 0 ? moe * layer_seconds(c, m, pr, l, 1, seqs_mb, &core_e, &mb_e) : 0);
+    double layer_s = layer_mb / tokens, att_s = ((1 - moe) * core_d + moe * core_e) / tokens;
+    double mb_s = ((1 - moe) * mb_d + moe * mb_e) / tokens;
+    double head_s = linear_seconds(c, 1, tokens, h, (double)m->vocab / l->tp, 0, 1) / tokens +
+                    head_membound_bytes(m, l->tp, l->sp) / c->hbm;
+    // multi-token prediction (DeepSeek-V3's report, section 2.2: D modules, each a projection
+    // of 2h to h, a block like the last layer and the shared head and loss again), on the
+    // device with the head (section 3.2.3); the model's FLOPs (MFU) leave it out
+    if (m->mtp > 0) {
+        double last = (moe > 0 ? (layer_seconds(c, m, pr, l, 1, seqs_mb, &core_e, &mb_e)) : layer_mb) / tokens;
+        head_s += m->mtp * (head_s + last + linear_seconds(c, 1, tokens, 2.0 * h, h / l->tp, pr->fp8, 1 + (l->recompute == RECOMPUTE_FULL)) / tokens);
+    }
     double embedding_s = embedding_membound_bytes(m) / c->hbm;
-    // the stages, balanced; the pipeline at the slowest one's pace, for the tokens of a TP group
-    int n[128], together = l->pp == 1 || l->sched == SCHEDULE_ZBV, fullest = 0;
-    if (l->pp > 128) fatal("internal: %d pipeline stages, more than the model takes", l->pp);
+    // the stages, balanced (unevenly where the layers do not divide); the pipeline at the
+    // slowest one's pace, for the tokens of a TP group
+    int n[MAX_STAGES], together = l->pp == 1 || schedule_v_shaped(l->sched), fullest = 0;
+    if (l->pp > MAX_STAGES || l->pp < 1) fatal("internal: %d pipeline stages, more than the model takes", l->pp);
     double pace = stage_layers(m->layers, l->pp, embedding_s / layer_s, head_s / layer_s, together, n);
     for (int r = 0; r < l->pp; r++) fullest = n[r] > fullest ? n[r] : fullest;
     double group_tokens = m->tokens / l->dp / l->cp;
     k.compute = group_tokens * pace * layer_s;
     k.membound = group_tokens * fullest * mb_s;
-    double core = group_tokens * fullest * att_s;
-    int per_stage = fullest; // the layers whose communication sets the pace
-    double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp, h = m->width;
-    double alpha, beta;
+    k.attention = group_tokens * fullest * att_s;
+    double per_stage = fullest, M = l->M; // the layers whose communication sets the pace (doubles: no int product overflows)
     // TP: 2 all-reduces of a microbatch's activations per layer forward, 2 backward, 2 more
-    // when the forward runs again
-    links(c, l->tp, &alpha, &beta);
+    // when the forward runs again; a stated fraction hidden behind the products (--tp-overlap)
     double n_tp = 4 + (l->recompute == RECOMPUTE_FULL ? 2 : 0);
-    double tp = per_stage * l->M * n_tp * t_allreduce(2 * tokens * h, l->tp, alpha, beta);
+    double tp = per_stage * M * n_tp * t_allreduce(2 * tokens * h, l->tp, ring_link(c, l->tp, 1));
+    double tp_hidden = hidden(pr->tp_overlap, tp, k.compute - k.membound - k.attention);
     // CP: K and V of the whole sequence gathered forward and again backward, their gradients
     // reduce-scattered (and gathered once more under full recomputation); a ring moves the
     // same bytes in cp-1 steps while attention computes, hiding up to the attention's time
-    links(c, l->tp * l->cp, &alpha, &beta);
     double kv = m->kv_lora > 0 ? (d_qk(m) + d_v(m)) / l->tp // K and V widths on one TP device (GQA: a head at least)
                 : m->kv_heads >= l->tp ? 2.0 * m->kv_heads * head_dim(m) / l->tp : 2 * head_dim(m);
     double kv_bytes = 2 * seqs_mb * m->seq * kv;
-    double cp = per_stage * l->M * (3 + (l->recompute == RECOMPUTE_FULL)) * t_half(kv_bytes, l->cp, alpha, beta);
-    double cp_hidden = pr->cp_ring ? fmin(cp, core) : 0;
-    cp -= cp_hidden;
+    double cp = per_stage * M * (3 + (l->recompute == RECOMPUTE_FULL)) * t_half(kv_bytes, l->cp, ring_link(c, l->cp, l->tp));
+    double cp_hidden = pr->cp_ring ? fmin(cp, k.attention) : 0;
     // EP: per MoE layer and microbatch, dispatch (FP8 under --fp8) and combine forward, and
     // their gradients backward: each device sends its tokens' copies, top-k per token
-    double moe_per_stage = per_stage * (double)moe_layers(m) / m->layers;
+    double moe_per_stage = per_stage * moe;
     double copies = tokens / l->tp * m->top_k * h;
     int stride = l->tp * l->cp;
     double far = route_scale(c, m, l->ep, stride, pr->route_nodes);
     double dispatch = t_alltoall(c, copies * (pr->fp8 ? 1 : 2), l->ep, stride, far), other = t_alltoall(c, copies * 2, l->ep, stride, far);
     double a2a = dispatch + 3 * other + (l->recompute == RECOMPUTE_FULL ? dispatch + other : 0);
-    double ep = moe_per_stage * l->M * a2a, ep_hidden = hidden(pr->ep_overlap, ep, k.compute);
-    k.tp = tp, k.cp = cp, k.ep = ep - ep_hidden;
+    double ep = moe_per_stage * M * a2a, ep_hidden = hidden(pr->ep_overlap, ep, k.compute);
+    k.tp = tp - tp_hidden, k.cp = cp - cp_hidden, k.ep = ep - ep_hidden;
     k.bubble = pipeline_bubble(l, zbv_bubble);
     // PP: a microbatch's activations (scattered across TP under SP) over each boundary,
     // forward and back: the sends of one device's chunks and of the fill on the critical path
-    links(c, l->tp * l->cp * l->dp * l->pp, &alpha, &beta);
-    int V = l->pp > 1 ? schedule_chunks(l->sched, l->V) : 0;
-    k.pp = l->pp > 1 ? 2.0 * (V * l->M + l->pp - 2) * t_p2p(2 * tokens * h / (l->sp ? l->tp : 1), alpha, beta) : 0;
+    double V = l->pp > 1 ? schedule_chunks(l->sched, l->V) : 0;
+    Link pp_link = ring_link(c, l->pp, (long)l->tp * l->cp * l->dp);
+    k.pp = l->pp > 1 ? 2.0 * (V * M + l->pp - 2) * t_p2p(2 * tokens * h / (l->sp ? l->tp : 1), pp_link) : 0;
     // DP: an all-reduce's time for the gradients (reduce-scatter, then all-gather of the
     // weights), 1.5 times under ZeRO-3; dense weights over DP x CP, experts over DP x CP / EP;
     // then the optimizer's step. Each stage's own, the slowest sets the step's end.
-    links(c, l->tp * l->cp * l->dp, &alpha, &beta);
+    Link dp_link = ring_link(c, l->dp * l->cp, l->tp), edp_link = ring_link(c, l->dp / l->ep * l->cp, (long)l->tp * l->ep);
     double shards = (double)l->dp * l->cp, expert_shards = (double)l->dp / l->ep * l->cp, dp = 0;
     for (int r = 0; r < l->pp; r++) {
         double dense, experts, t;
         stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
-        t = t_allreduce(2 * dense, l->dp * l->cp, alpha, beta) + (m->experts > 0 ? t_allreduce(2 * experts, l->dp / l->ep * l->cp, alpha, beta) : 0);
+        t = t_allreduce(2 * dense, l->dp * l->cp, dp_link) + (m->experts > 0 ? t_allreduce(2 * experts, l->dp / l->ep * l->cp, edp_link) : 0);
         t *= l->zero == 3 ? 1.5 : 1;
         double opt = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
         if (t + opt > dp + k.optimizer) dp = t, k.optimizer = opt;
     }
-    double dp_hidden = hidden(pr->dp_overlap, dp, k.compute);
+    // hidden (--dp-overlap) behind the compute that runs while it can: the gradients are
+    // reduce-scattered during the last microbatch's backward and the weights gathered during
+    // the first one's forward (Megatron-LM's distributed optimizer; MegaScale, section 3.2):
+    // a microbatch's compute. (ZeRO-3 gathers and reduce-scatters every microbatch, layer by
+    // layer, FSDP's prefetch: the model charges one microbatch's 1.5 all-reduces, hidden
+    // behind one microbatch's compute, the same share.)
+    double dp_hidden = hidden(pr->dp_overlap, dp, k.compute / l->M);
     k.dp = dp - dp_hidden;
     // hidden traffic is not free: its kernels take SMs from compute while they run (DeepSeek-
     // V3 gives 20 of an H800's 132 to its all-to-alls), and compute there runs on the rest
-    if (pr->comm_sms > 0) {
-        k.overlap = (cp_hidden + ep_hidden + dp_hidden) * pr->comm_sms / c->sms;
+    if (pr->comm_sms > 0 && c->sms > 0) {
+        k.overlap = (tp_hidden + cp_hidden + ep_hidden + dp_hidden) * pr->comm_sms / c->sms;
         k.compute += k.overlap;
     }
     k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
     // memory: the device that holds the most, its stage's weights and activations
     for (int r = 0; r < l->pp; r++) {
-        double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak);
+        double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak, pr->fp8);
         stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
         double weights = state_bytes(dense, l->zero, shards) + state_bytes(experts, l->zero, expert_shards);
         if (weights + acts > k.memory) k.memory = weights + acts, k.weights = weights, k.acts = acts;
     }
     k.fits = k.memory <= c->memory;
     k.mfu = m->tokens * model_flops(m) / (k.step * devices * c->flops);
+    k.hfu = m->tokens * hardware_count_flops(m, l->recompute) / (k.step * devices * c->flops);
     k.gpu_hours_per_t = k.step * devices / 3600 * (1e12 / m->tokens);
     return k;
 }

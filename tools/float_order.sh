@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp ./*.h train.c "$work"/
-python3 - "$work/model.h" <<'PY'
+python3 - "$work/layers.h" <<'PY'
 import sys
 path = sys.argv[1]
 s = open(path).read()
@@ -32,7 +32,7 @@ new = '''    { // float sums: all rows in one chain (HALVES unset), or two halve
         free(xt), free(part), free(acc);
     }'''
 if old not in s:
-    sys.exit("tools/float_order.sh: model.h's weight gradient is not where this script expects it")
+    sys.exit("tools/float_order.sh: layers.h's weight gradient is not where this script expects it")
 open(path, "w").write(s.replace(old, new))
 PY
 cc -O3 -march=native -std=c11 -ffp-contract=off -fno-math-errno -o "$work/train" "$work/train.c" -lm

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tools/fuzz.sh: `make fuzz`. The readers of outside input (tests/fuzz.c: the data loader,
-# the checkpoint reader, the flag parser) and the tools' parsers (tools/compare's logs and
-# checkpoints, tools/costmodel's cluster files, tools/schedules' command line and traces)
+# the checkpoint reader, the flag parser), the tools' parsers (tools/compare's logs and
+# checkpoints, tools/costmodel's cluster files, tools/schedules' command line and traces),
+# and the recognisers of what is at an output's path (a checkpoint, log, summary or trace
+# of this project, whole: ckpt_whole, log_summary)
 # under libFuzzer with AddressSanitizer and UBSan, each for RUNS inputs (default 1 million)
 # or at most FUZZ_SECONDS seconds each (default 900).
 # Prints executions, time and findings per target; an input that crashes is copied to
@@ -57,10 +59,24 @@ cp "$dir/ckpt/adamw" "$dir/compare/ckpt"
 cp tests/old/format3_adamw.ckpt "$dir/compare/ckpt3"
 cp tests/old/format3_experts.ckpt "$dir/ckpt/format3"
 cp tests/fuzz/compare/* "$dir/compare/" 2>/dev/null
+# the recognisers of the files at outputs' paths: checkpoints (of each format, a GPT's too),
+# and a log, a summary and a trace (first byte 0, 1, 2), whole and cut short
+mkdir -p "$dir/ckpt_whole" "$dir/log_summary"
+cp "$dir"/ckpt/* "$dir/ckpt_whole/"
+./train --data "$dir/ten.txt" --model gpt --emb 4 --heads 2 --layers 1 --batch 4 --steps 3 --samples 2 --quiet \
+    --save "$dir/ckpt_whole/gpt" --log "$dir/ten.csv" --summary "$dir/ten.sum" --trace "$dir/ten.json" >/dev/null ||
+    { echo "cannot make the seed outputs"; exit 1; }
+{ printf '\0'; cat "$dir/compare/log"; } >"$dir/log_summary/log"
+{ printf '\0'; cat "$dir/ten.csv"; } >"$dir/log_summary/log_gpt"
+{ printf '\0'; head -c -3 "$dir/ten.csv"; } >"$dir/log_summary/log_cut"
+{ printf '\1'; cat "$dir/ten.sum"; } >"$dir/log_summary/summary"
+{ printf '\2'; cat "$dir/ten.json"; } >"$dir/log_summary/trace"
+cp tests/fuzz/ckpt_whole/* "$dir/ckpt_whole/" 2>/dev/null
+cp tests/fuzz/log_summary/* "$dir/log_summary/" 2>/dev/null
 
 failed=0
-printf '%-9s %12s %8s %10s  %s\n' target executions seconds per-second findings
-for t in ${TARGETS:-data ckpt cli compare cluster schedules}; do
+printf '%-11s %12s %8s %10s  %s\n' target executions seconds per-second findings
+for t in ${TARGETS:-data ckpt cli compare cluster schedules ckpt_whole log_summary}; do
     clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTARGET_$t \
         tests/fuzz.c -o "$dir/fuzz_$t" -lm || exit 1
     mkdir -p "$dir/found_$t"
@@ -75,10 +91,10 @@ for t in ${TARGETS:-data ckpt cli compare cluster schedules}; do
         failed=1
         mkdir -p tests/fuzz/$t
         for f in $found; do cp "$dir/found_$t/$f" tests/fuzz/$t/; done
-        printf '%-9s %12s %8s %10s  %s\n' $t "${runs:-?}" "${secs:-?}" - "FOUND (exit $status): ${found:-see log}"
+        printf '%-11s %12s %8s %10s  %s\n' $t "${runs:-?}" "${secs:-?}" - "FOUND (exit $status): ${found:-see log}"
         grep -m3 -E 'ERROR|runtime error|SUMMARY' "$dir/$t.log"
     else
-        printf '%-9s %12s %8s %10s  none\n' $t "$runs" "$secs" $((runs / (secs > 0 ? secs : 1)))
+        printf '%-11s %12s %8s %10s  none\n' $t "$runs" "$secs" $((runs / (secs > 0 ? secs : 1)))
     fi
 done
 if [ $failed = 1 ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/schedule_table.sh OUT M FLAGS...: the pipeline schedules side by side. Runs
 # train_pp.c with every schedule on 4 ranks (see below) and M microbatches, on a model of 8 units (6
-# hidden layers, so that interleaved and zbv have 2 chunks per rank), each checked against
+# hidden layers, so that interleaved, zbv and dualpipev have 2 chunks per rank), each checked against
 # train.c with the same flags, and prints a table: step time, the bubble measured (mean
 # over ranks), the checker's for the same lists with the durations measured, the closed
 # form, and the peak activations of each rank (in microbatches; in parentheses the
@@ -29,7 +29,7 @@ echo
 ./train $FLAGS --log "$OUT/runs/sched-ref.csv" --save "$OUT/runs/sched-ref.ckpt" --quiet </dev/null >/dev/null
 echo "| schedule | same as train.c | ms/step | bubble measured, mean over ranks | checker, same durations | closed form | peak activations per rank, in microbatches (formula) |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
-for sched in naive gpipe 1f1b interleaved zb1 zbv; do
+for sched in naive gpipe 1f1b interleaved zb1 zbv dualpipev; do
     base="$OUT/runs/sched-$M-$sched"
     $MPIRUN -n "$S" ./train_pp --microbatches "$M" --schedule $sched $FLAGS --log "$base.csv" --save "$base.ckpt" \
         --summary "$base.sum" --trace "$base.json" </dev/null >"$base.out" 2>&1 || status=1
@@ -44,5 +44,5 @@ for sched in naive gpipe 1f1b interleaved zb1 zbv; do
          /^  all ranks: bubble / { checker = $4; closed = "-"; if ($0 ~ /closed form/) { closed = $(NF - 4) } }
          END { printf " %s | %s | %s |\n", checker, closed, peaks }' "$base.out"
 done
-tools/schedules --svg "$OUT/schedules.svg" "$S" "$M" "$OUT"/runs/sched-"$M"-{naive,gpipe,1f1b,interleaved,zb1,zbv}.json || status=1
+tools/schedules --svg "$OUT/schedules.svg" "$S" "$M" "$OUT"/runs/sched-"$M"-{naive,gpipe,1f1b,interleaved,zb1,zbv,dualpipev}.json || status=1
 exit $status

@@ -7,17 +7,21 @@
  *
  *   tools/schedules zb1 4 1 8                    # schedule, S, V, M
  *   tools/schedules zbv 4 2 8 --f 1 --i 1 --w 1 --latency 0.1
+ *   tools/schedules dualpipev 4 2 8 --fb 2.5      # an F&B faster than its F and B in turn
  *   tools/schedules --grid
  *   tools/schedules --svg out.svg 4 8 naive.json gpipe.json ...   # the picture of make run
  *
  * --svg draws every schedule for S ranks and M microbatches (2 chunks per rank for
- * interleaved and zbv), one lane group each, on one time axis: the steps measured by
+ * interleaved, zbv and dualpipev), one lane group each, on one time axis: the steps measured by
  * train_pp.c --trace, one trace file per schedule in the order of schedules.h, beside the
  * checker's run of the same lists with F, I and W taking one unit each and no latency.
  *
  * Bad input exits 2 with a message naming what is wrong: a number out of its range (cli.h's
- * checked parsing: nan, inf and negative durations are refused), a flag without its value,
- * a trace that is not one of train_pp.c's. tests/fuzz.c drives the parsers (make fuzz).
+ * checked parsing: nan, inf and negative durations are refused), a flag without its value or
+ * given twice, a trace that is not one of train_pp.c's, an --svg FILE that is not a picture
+ * of this tool (it replaces only its own, as the programs do their outputs: cli.h). The
+ * picture is written whole, into FILE.tmp-PID renamed over FILE. tests/fuzz.c drives the
+ * parsers (make fuzz).
  */
 #include "../schedules.h"
 #include "../cli.h"
@@ -25,7 +29,7 @@
 #include <stdlib.h>
 
 static int usage(void) {
-    fprintf(stderr, "usage: tools/schedules SCHEDULE S V M [--f X] [--i X] [--w X] [--latency X] | tools/schedules --grid\n"
+    fprintf(stderr, "usage: tools/schedules SCHEDULE S V M [--f X] [--i X] [--w X] [--fb X] [--latency X] | tools/schedules --grid\n"
                     "       tools/schedules --svg FILE S M [TRACE...]\n");
     return 2;
 }
@@ -41,13 +45,13 @@ static const char* parse_count(const char* name, const char* s, int lo, int hi, 
     return cli_error;
 }
 
-// tools/schedules SCHEDULE S V M [--f X] [--i X] [--w X] [--latency X] (argv[1] on)
+// tools/schedules SCHEDULE S V M [--f X] [--i X] [--w X] [--fb X] [--latency X] (argv[1] on)
 typedef struct {
     int sched, S, V, M;
     Durations d;
 } Run;
 static const char* parse_run(int argc, char** argv, Run* run) {
-    *run = (Run){.d = {1, 1, 1, 0}};
+    *run = (Run){.d = {1, 1, 1, 0, 0}};
     if (argc < 5) return snprintf(cli_error, sizeof cli_error, "a schedule, S, V and M are needed"), cli_error;
     const char* err;
     if ((err = schedule_parse(argv[1], &run->sched, cli_error, sizeof cli_error))) return err;
@@ -58,11 +62,15 @@ static const char* parse_run(int argc, char** argv, Run* run) {
         const char* flag = argv[i];
         float x;
         int latency = !strcmp(flag, "--latency");
-        if (strcmp(flag, "--f") && strcmp(flag, "--i") && strcmp(flag, "--w") && !latency)
+        if (strcmp(flag, "--f") && strcmp(flag, "--i") && strcmp(flag, "--w") && strcmp(flag, "--fb") && !latency)
             return snprintf(cli_error, sizeof cli_error, "unknown flag '%s'", flag), cli_error;
+        for (int j = 5; j < i; j += 2) // one rule for every program and tool: a flag given twice is refused
+            if (!strcmp(argv[j], flag))
+                return snprintf(cli_error, sizeof cli_error, "%s is given twice: give each flag once", flag), cli_error;
         if (i + 1 == argc) return snprintf(cli_error, sizeof cli_error, "%s needs a value", flag), cli_error;
         if ((err = cli_float(flag + 2, argv[i + 1], 0, 1e6, !latency, &x))) return err; // durations above 0
-        double* to = latency ? &run->d.latency : flag[2] == 'f' ? &run->d.f : flag[2] == 'i' ? &run->d.i : &run->d.w;
+        double* to = latency ? &run->d.latency : !strcmp(flag, "--fb") ? &run->d.fb : flag[2] == 'f' ? &run->d.f
+                   : flag[2] == 'i' ? &run->d.i : &run->d.w;
         *to = x;
     }
     run->V = schedule_chunks(run->sched, run->V);
@@ -105,13 +113,13 @@ static void drop(Action** lists, int S) {
     free(lists);
 }
 
-// The grid: every valid (schedule, S, V, M), with f = i = w = 1 and no latency. The bubble
-// must equal its closed form where the papers give one (zb1's when M >= S; below that, at
-// most 1f1b's), the peak its formula; zbv must idle no more than 1f1b, and less than 5% of
-// the time once M >= 4S.
+// The grid: every valid (schedule, S, V, M), with f = i = w = 1, an F&B their sum, and no
+// latency. The bubble must equal its closed form where there is one (zb1's when M >= S;
+// below that, at most 1f1b's), the peak its formula; zbv must idle no more than 1f1b, and
+// less than 5% of the time once M >= 4S.
 static int grid(void) {
     long lists_checked = 0, failures = 0;
-    Durations d = {1, 1, 1, 0};
+    Durations d = {1, 1, 1, 0, 0};
     for (int sched = 0; sched < N_SCHEDULES; sched++)
         for (int S = 1; S <= 8; S++)
             for (int V = 1; V <= 4; V++)
@@ -145,20 +153,24 @@ static int grid(void) {
                     drop(lists, S);
                 }
     // and the checker itself must catch a broken list: a cycle of waits (rank 1 runs F of
-    // microbatch 1 first, which needs rank 0's F1, which comes after rank 0's B0, which needs
-    // rank 1's B0), an action run twice, and a W without its I
-    Action r0[] = {{'F', 0, 0}, {'B', 0, 0}, {'F', 0, 1}, {'B', 0, 1}}, r1[] = {{'F', 0, 1}, {'F', 0, 0}, {'B', 0, 0}, {'B', 0, 1}};
-    Action twice[] = {{'F', 0, 0}, {'F', 0, 0}, {'B', 0, 0}}, lone_w[] = {{'F', 0, 0}, {'W', 0, 0}};
-    Action* cycle[] = {r0, r1};
-    Action* one[] = {twice};
-    Action* w[] = {lone_w};
-    int n_cycle[] = {4, 4}, n_twice[] = {3}, n_w[] = {2};
-    Check c1 = schedule_check(SCHEDULE_1F1B, 2, 1, 2, cycle, n_cycle, d, NULL, NULL, 0);
-    Check c2 = schedule_check(SCHEDULE_1F1B, 1, 1, 1, one, n_twice, d, NULL, NULL, 0);
-    Check c3 = schedule_check(SCHEDULE_ZB1, 1, 1, 1, w, n_w, d, NULL, NULL, 0);
-    int caught = !c1.ok && strstr(c1.why, "deadlock") && !c2.ok && !c3.ok;
-    printf("%s the checker catches a cycle of waits (%s), an action run twice (%s), a W without its I (%s)\n",
-           caught ? "PASSED" : "FAILED", c1.why, c2.why, c3.why);
+    // microbatch 1 before B of 0; F1 comes from rank 0 after its B0, which needs rank 1's
+    // B0), an action run twice, a W without its I, F's out of microbatch order, and an
+    // F&B whose B comes before its F
+    Action r0[] = {act('F', 0, 0), act('B', 0, 0), act('F', 0, 1), act('B', 0, 1)};
+    Action r1[] = {act('F', 1, 0), act('F', 1, 1), act('B', 1, 0), act('B', 1, 1)};
+    Action twice[] = {act('F', 0, 0), act('F', 0, 0), act('B', 0, 0)}, lone_w[] = {act('F', 0, 0), act('W', 0, 0)};
+    Action order[] = {act('F', 0, 1), act('F', 0, 0), act('B', 0, 0), act('B', 0, 1)};
+    Action early[] = {act('F', 0, 0), {'&', 1, 0, 1, 0}, act('B', 0, 0)};
+    Check c1 = schedule_check(SCHEDULE_1F1B, 2, 1, 2, (Action*[]){r0, r1}, (int[]){4, 4}, d, NULL, NULL, 0);
+    Check c2 = schedule_check(SCHEDULE_1F1B, 1, 1, 1, (Action*[]){twice}, (int[]){3}, d, NULL, NULL, 0);
+    Check c3 = schedule_check(SCHEDULE_ZB1, 1, 1, 1, (Action*[]){lone_w}, (int[]){2}, d, NULL, NULL, 0);
+    Check c4 = schedule_check(SCHEDULE_1F1B, 1, 1, 2, (Action*[]){order}, (int[]){4}, d, NULL, NULL, 0);
+    Check c5 = schedule_check(SCHEDULE_DUALPIPEV, 1, 2, 1, (Action*[]){early}, (int[]){3}, d, NULL, NULL, 0);
+    int caught = !c1.ok && strstr(c1.why, "deadlock") && !c2.ok && !c3.ok && !c4.ok && strstr(c4.why, "order") &&
+                 !c5.ok && strstr(c5.why, "before its F");
+    printf("%s the checker catches a cycle of waits (%s), an action run twice (%s), a W without its I (%s), F's out "
+           "of microbatch order (%s), an F&B's B before its F (%s)\n",
+           caught ? "PASSED" : "FAILED", c1.why, c2.why, c3.why, c4.why, c5.why);
     printf("%ld schedules checked (every rank's list of each), %ld failed\n", lists_checked, failures);
     return failures || !caught ? 1 : 0;
 }
@@ -182,9 +194,51 @@ static double svg_lanes(FILE* f, double y, int S, int n, const int* rank, const 
     return S * lane;
 }
 
+// The picture's file, as svg() writes it: its first three lines, then one element a line, and
+// "</svg>" last (cli.h's recognisers: --svg replaces only a picture of this tool, whole).
+#define SVG_FIRST "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\""
+#define SVG_TITLE "<text x=\"20\" y=\"22\" font-size=\"15\">Pipeline schedules, "
+static const char* svg_recognise(FILE* f) {
+    char line[1024];
+    int ended = 1, end = 0;
+    long n, no = 0;
+    while ((n = recognise_line(f, line, sizeof line, &ended)) >= 0) {
+        no++;
+        if (end) NOT_OURS("goes on after its end (line %ld)", no);
+        if ((no == 1 && strncmp(line, SVG_FIRST, strlen(SVG_FIRST))) || (no == 2 && strncmp(line, "<rect width=", 12)) ||
+            (no == 3 && strncmp(line, SVG_TITLE, strlen(SVG_TITLE))))
+            NOT_OURS("does not begin as tools/schedules' picture does (line %ld)", no);
+        if (!ended || !LINE_FITS(line, n) || line[0] != '<') NOT_OURS("has a line %ld that tools/schedules does not write", no);
+        end = !strcmp(line, "</svg>\n");
+    }
+    if (ferror(f)) NOT_OURS("cannot be read");
+    if (!end) NOT_OURS("is cut short (it does not end with '</svg>')");
+    return NULL;
+}
+// Where --svg may write: NULL, or why not (in cli_error). As for the programs' outputs: a
+// symbolic link is followed; nothing, an empty file or a picture of this tool is replaced,
+// anything else refused, before anything is read or written.
+static const char* svg_output(const char* given, char* path, size_t n) {
+    const char* why = !given[0] ? "is empty: give a file name" : output_follow(given, path, n);
+    char dir[4096];
+    const char* name;
+    struct stat st;
+    if (!why) split_path(path, dir, sizeof dir, &name);
+    if (!why && access(dir, W_OK) != 0) why = "is in a folder that does not exist or cannot be written";
+    if (why) return snprintf(cli_error, sizeof cli_error, "'%s' %s; nothing was written", given, why), cli_error;
+    int held = path_holds(path, svg_recognise);
+    if (held == PATH_NOT_FILE)
+        return snprintf(cli_error, sizeof cli_error, "'%s' is %s, not a regular file; nothing was written", given,
+                        lstat(path, &st) == 0 ? file_kind(st.st_mode) : "something that cannot be looked at"), cli_error;
+    if (held == PATH_FOREIGN)
+        return snprintf(cli_error, sizeof cli_error, "'%s' exists and is not a picture of tools/schedules (a run replaces "
+                        "only its own files): it %s; nothing was written", given, path_why), cli_error;
+    return NULL;
+}
+
 static int svg(int argc, char** argv) {
     if (argc < 5) return usage();
-    const char* path = argv[2];
+    char path[4096];
     int S, M, n_traces = argc - 5;
     const char* err;
     if ((err = parse_count("S", argv[3], 1, 64, &S)) || (err = parse_count("M", argv[4], 1, 65536, &M)))
@@ -195,17 +249,18 @@ static int svg(int argc, char** argv) {
     enum { MAX_EV = 8192 };
     static PipeEvent ev[N_SCHEDULES][MAX_EV];
     int got[N_SCHEDULES] = {0};
+    if ((err = svg_output(argv[2], path, sizeof path))) return fprintf(stderr, "tools/schedules --svg: %s\n", err), 2;
     for (int k = 0; k < n_traces; k++) // every trace read before the picture replaces anything
         if ((err = read_trace(argv[5 + k], S, M, ev[k], MAX_EV, &got[k])))
             return fprintf(stderr, "tools/schedules --svg: %s\n", err), 2;
-    FILE* f = fopen(path, "w");
-    if (!f) fatal("cannot create '%s': %s", path, strerror(errno));
+    WholeFile whole;
+    FILE* f = whole_open(&whole, path, "picture");
     double H = 80 + N_SCHEDULES * ((n_traces ? 2 : 1) * S * 11 + 46), W = 1000;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H, W, H);
     fprintf(f, "<text x=\"20\" y=\"22\" font-size=\"15\">Pipeline schedules, %d ranks, %d microbatches: one training step "
-               "each, measured (train_pp.c --trace) and simulated (F = I = W)</text>\n", S, M);
-    fprintf(f, "<text x=\"20\" y=\"40\">F blue, B or I orange, W green; white: the rank waits. Measured with more ranks "
+               "each, %s (F = I = W)</text>\n", S, M, n_traces ? "measured (train_pp.c --trace) and simulated" : "simulated");
+    fprintf(f, "<text x=\"20\" y=\"40\">F blue, B or I orange, W green (an F&amp;B: its F, then its B); white: the rank waits. Measured with more ranks "
                "than cores, waits include</text>\n<text x=\"20\" y=\"55\">other ranks' turns on a core; the simulation "
                "shows the schedule itself. Each row group: rank 0 at the top.</text>\n");
     double y = 70;
@@ -232,17 +287,24 @@ static int svg(int argc, char** argv) {
         Action** lists = build(sched, S, V, M, counts);
         int stride = 3 * V * M;
         double* s0 = mallocCheck(sizeof(double) * S * stride), *s1 = mallocCheck(sizeof(double) * S * stride);
-        Check c = schedule_check(sched, S, V, M, lists, counts, (Durations){1, 1, 1, 0}, s0, s1, stride);
+        Check c = schedule_check(sched, S, V, M, lists, counts, (Durations){1, 1, 1, 0, 0}, s0, s1, stride);
         for (int r = 0; r < S; r++)
-            for (int j = 0; j < counts[r] && n < MAX_EV; j++, n++)
-                rank[n] = r, op[n] = lists[r][j].op, mb[n] = lists[r][j].mb, t0[n] = s0[r * stride + j], t1[n] = s1[r * stride + j];
+            for (int j = 0; j < counts[r]; j++) { // an F&B drawn as its F (1 unit), then its B (2)
+                Action part[2];
+                int parts = action_parts(&lists[r][j], part);
+                double at = s0[r * stride + j], unit = (s1[r * stride + j] - at) / (parts == 2 ? 3 : 1);
+                for (int q = 0; q < parts && n < MAX_EV; q++, n++) {
+                    rank[n] = r, op[n] = part[q].op, mb[n] = part[q].mb;
+                    t0[n] = at + (q == 1 ? unit : 0), t1[n] = q == 0 && parts == 2 ? at + unit : s1[r * stride + j];
+                }
+            }
         snprintf(title, sizeof title, "simulated, bubble %.2f", c.bubble_total);
         y += svg_lanes(f, y + 14, S, n, rank, op, mb, t0, t1, c.makespan, title) + 28;
         free(s0), free(s1);
         drop(lists, S);
     }
     fprintf(f, "</svg>\n");
-    if (fclose(f) != 0) fatal("cannot write '%s'", path);
+    whole_close(&whole);
     return 0;
 }
 
@@ -251,11 +313,16 @@ static int one(const Run* run) {
     int sched = run->sched, S = run->S, V = run->V, M = run->M, counts[64];
     Durations d = run->d;
     Action** lists = build(sched, S, V, M, counts);
-    printf("%s, S=%d, V=%d, M=%d; F %g, I %g, W %g (B = I + W), latency %g\n", schedule_names[sched], S, V, M, d.f, d.i,
-           d.w, d.latency);
+    printf("%s, S=%d, V=%d, M=%d; F %g, I %g, W %g (B = I + W), F&B %g, latency %g\n", schedule_names[sched], S, V, M,
+           d.f, d.i, d.w, d.fb > 0 ? d.fb : d.f + d.i + d.w, d.latency);
+    printf("  (each action: what, chunk.microbatch)\n");
     for (int r = 0; r < S; r++) {
         printf("  rank %d:", r);
-        for (int j = 0; j < counts[r]; j++) printf(" %c%d.%d", lists[r][j].op, chunk_global(sched, S, r, lists[r][j].chunk), lists[r][j].mb);
+        for (int j = 0; j < counts[r]; j++) {
+            const Action* a = &lists[r][j];
+            if (a->op == '&') printf(" F%d.%d&B%d.%d", a->chunk, a->mb, a->b_chunk, a->b_mb);
+            else printf(" %c%d.%d", a->op, a->chunk, a->mb);
+        }
         printf("\n");
     }
     Check c = schedule_check(sched, S, V, M, lists, counts, d, NULL, NULL, 0);

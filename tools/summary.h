@@ -8,11 +8,13 @@
 
 #include "../util.h"
 
+#include <math.h>
+
 #define MAX_RANKS 256
 #define MAX_NAMES 1000 // --samples' most
 
 typedef struct {
-    char program[64], layout[320];
+    char program[64], layout[320], model[256]; // model: report.h's model_words ("" in a summary older than it)
     int ranks, n_names;
     double val_loss, seconds, steps, batch;
     // per rank, per training step: bytes sent (measured, and the formula's), memory held
@@ -22,6 +24,18 @@ typedef struct {
     double axis[MAX_RANKS][5]; // train_3d.c: sent on the tensor, data, pipeline, context, expert axes
     char* names[MAX_NAMES]; // as the run wrote them: UTF-8, any length
 } Summary;
+
+// A summary's number: the whole text a finite number from lo to hi (a whole one when asked),
+// or the process ends naming the file, the key and the value: a summary edited by hand or
+// cut short is refused, not read as zero or a negative batch.
+static double summary_number(const char* path, const char* key, const char* text, double lo, double hi, int whole) {
+    char* end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end || errno || !isfinite(v) || v < lo || v > hi || (whole && v != floor(v)))
+        fatal("'%s': %s=%.40s is not %s from %g to %g", path, key, text, whole ? "a whole number" : "a number", lo, hi);
+    return v;
+}
 
 static void summary_read(Summary* r, const char* path) {
     memset(r, 0, sizeof *r);
@@ -34,11 +48,16 @@ static void summary_read(Summary* r, const char* path) {
         line[strcspn(line, "\n")] = 0;
         if (!strncmp(line, "program=", 8)) snprintf(r->program, sizeof r->program, "%.63s", line + 8);
         else if (!strncmp(line, "layout=", 7)) snprintf(r->layout, sizeof r->layout, "%.319s", line + 7);
-        else if (!strncmp(line, "ranks=", 6)) r->ranks = atoi(line + 6);
-        else if (!strncmp(line, "val_loss=", 9)) r->val_loss = atof(line + 9);
-        else if (!strncmp(line, "seconds=", 8)) r->seconds = atof(line + 8);
-        else if (!strncmp(line, "steps=", 6)) r->steps = atof(line + 6);
-        else if (!strncmp(line, "batch=", 6)) r->batch = atof(line + 6);
+        else if (!strncmp(line, "model=", 6)) snprintf(r->model, sizeof r->model, "%.255s", line + 6);
+        else if (!strncmp(line, "ranks=", 6)) r->ranks = (int)summary_number(path, "ranks", line + 6, 1, MAX_RANKS, 1);
+        else if (!strncmp(line, "val_loss=", 9)) { // any number, nan too: a run that diverged says so in make run's table
+            char* end;
+            r->val_loss = strtod(line + 9, &end);
+            if (end == line + 9 || *end) fatal("'%s': val_loss=%.40s is not a number", path, line + 9);
+        }
+        else if (!strncmp(line, "seconds=", 8)) r->seconds = summary_number(path, "seconds", line + 8, 0, 1e12, 0);
+        else if (!strncmp(line, "steps=", 6)) r->steps = summary_number(path, "steps", line + 6, 0, 1e15, 1);
+        else if (!strncmp(line, "batch=", 6)) r->batch = summary_number(path, "batch", line + 6, 1, 1 << 30, 1);
         else if (!strncmp(line, "name=", 5) && r->n_names < MAX_NAMES) {
             r->names[r->n_names] = mallocCheck(strlen(line + 5) + 1);
             strcpy(r->names[r->n_names++], line + 5);
@@ -49,7 +68,9 @@ static void summary_read(Summary* r, const char* path) {
                 char* eq = strchr(tok, '=');
                 if (!eq) continue;
                 *eq = 0;
-                double v = atof(eq + 1);
+                // every figure a count, a size or a fraction: never negative (bubble: -1 when
+                // the run has no pipeline)
+                double v = summary_number(path, tok, eq + 1, !strcmp(tok, "bubble") ? -1 : 0, 1e18, !strcmp(tok, "rank"));
                 if (!strcmp(tok, "sent")) r->sent[q] = v;
                 if (!strcmp(tok, "sent_tp")) r->axis[q][0] = v;
                 if (!strcmp(tok, "sent_dp")) r->axis[q][1] = v;
@@ -71,6 +92,7 @@ static void summary_read(Summary* r, const char* path) {
     free(line);
     fclose(f);
     if (!r->program[0] || r->ranks < 1) fatal("'%s' is not a --summary file", path);
+    if (!(r->batch >= 1)) fatal("'%s' gives no batch= line: not a whole --summary file", path);
     if (q != r->ranks) fatal("'%s': %d ranks listed, %d expected", path, q, r->ranks);
 }
 

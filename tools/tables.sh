@@ -189,7 +189,7 @@ table_schedules() {
         bash tools/schedule_table.sh "$OUT" $m --steps 300 --eval-every 0 --samples 0 | tail -n +3
         echo
     done
-    tools/schedules --svg "$OUT/schedules.svg" 4 8 "$OUT"/runs/sched-8-{naive,gpipe,1f1b,interleaved,zb1,zbv}.json
+    tools/schedules --svg "$OUT/schedules.svg" 4 8 "$OUT"/runs/sched-8-{naive,gpipe,1f1b,interleaved,zb1,zbv,dualpipev}.json
     echo "picture: $OUT/schedules.svg"
 }
 
