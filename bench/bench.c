@@ -30,6 +30,7 @@
  * warm-up, wall clock); step prints "cpu_ms_per_step X"; kernels prints a table of medians.
  */
 #include "../model.h"
+#include "../optim.h"
 
 #include <cblas.h>
 
@@ -400,8 +401,7 @@ static void model_step(const Config* c, State* st, Work* w, const Optimizer* opt
 static void model_setup(const Config* c, int R, State* st, Work* w, Optimizer* opt) {
     long np = n_params(c);
     *st = state_alloc(np, is_gpt(c));
-    for (int u = 0; u < n_units(c); u++)
-        for (long e = 0; e < unit_params(c, u); e++) st->params[unit_offset(c, u) + e] = unit_init_value(c, 42, u, e);
+    for (int u = 0; u < n_units(c); u++) unit_init(st->params + unit_offset(c, u), c, u, 42);
     work_init(w, c, R, NULL);
     int T = c->context;
     for (int i = 0; i < R * T; i++) {
