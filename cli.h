@@ -268,11 +268,11 @@ static const char* log_recognise(FILE* f) {
     return NULL;
 }
 
-// report.h's --summary: program, layout, ranks, val_loss, seconds, steps and batch, a line
-// each in that order; a name= line per name generated; then a rank= line per rank, in
+// report.h's --summary: program, layout, model, ranks, val_loss, seconds, steps and batch, a
+// line each in that order; a name= line per name generated; then a rank= line per rank, in
 // order, each of key=number pairs; nothing after.
 static const char* summary_recognise(FILE* f) {
-    static const char* const keys[] = {"program=", "layout=", "ranks=", "val_loss=", "seconds=", "steps=", "batch="};
+    static const char* const keys[] = {"program=", "layout=", "model=", "ranks=", "val_loss=", "seconds=", "steps=", "batch="};
     char line[1024];
     long n, no = 0, ranks = 0, rank = 0;
     int ended;
@@ -281,14 +281,14 @@ static const char* summary_recognise(FILE* f) {
         if (!ended) NOT_OURS("is cut short in its line %ld", no);
         int fits = LINE_FITS(line, n);
         if (fits) line[--n] = 0; // without its '\n'
-        if (no <= 7) {
+        if (no <= 8) {
             size_t k = strlen(keys[no - 1]);
             const char* v = line + k;
             int ok = fits && !strncmp(line, keys[no - 1], k);
-            if (ok && no == 1) ok = (size_t)n > k;
-            if (ok && no == 3) ok = recognise_count(v, (size_t)n - k, 1, 1L << 20), ranks = atol(v);
-            if (ok && (no == 4 || no == 5)) ok = recognise_number(v, (size_t)n - k);
-            if (ok && no >= 6) ok = recognise_count(v, (size_t)n - k, 0, 1000000000L);
+            if (ok && (no == 1 || no == 3)) ok = (size_t)n > k;
+            if (ok && no == 4) ok = recognise_count(v, (size_t)n - k, 1, 1L << 20), ranks = atol(v);
+            if (ok && (no == 5 || no == 6)) ok = recognise_number(v, (size_t)n - k);
+            if (ok && no >= 7) ok = recognise_count(v, (size_t)n - k, 0, 1000000000L);
             if (!ok) NOT_OURS("has no line '%s...' as its line %ld, as a --summary file does", keys[no - 1], no);
         } else if (rank == 0 && !strncmp(line, "name=", 5)) {
             // a name generated: any characters, any length
@@ -308,7 +308,7 @@ static const char* summary_recognise(FILE* f) {
         }
     }
     if (ferror(f)) NOT_OURS("cannot be read");
-    if (no < 7) NOT_OURS("ends at line %ld, before its line '%s...', as a --summary file has", no, keys[no]);
+    if (no < 8) NOT_OURS("ends at line %ld, before its line '%s...', as a --summary file has", no, keys[no]);
     if (rank != ranks) NOT_OURS("is cut short: it ends at line %ld, with %ld of its %ld rank lines", no, rank, ranks);
     return NULL;
 }

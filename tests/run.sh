@@ -1437,6 +1437,7 @@ section_ep_gpt() {
 accounting() { # NAME BOUND COMMAND...: every rank's |sent - formula| <= BOUND, memory within 5%, sent = received
     local name=$1 bound=$2
     shift 2
+    rm -f "$TMP/acc.sum" # a run that fails must not be judged on the last one's figures
     run "$TMP/acc.out" "$@" --steps 6 --samples 0 --summary "$TMP/acc.sum"
     check "accounting: $name ($(awk '/^rank=0/ { for (i = 2; i <= NF; i++) printf "%s ", $i }' "$TMP/acc.sum" | cut -c1-80))" \
         awk -v bound="$bound" '/^rank=/ { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
