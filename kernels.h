@@ -677,6 +677,78 @@ static void workspace_keep_weights(Workspace* ws, int keep) {
 }
 
 // ----------------------------------------------------------------------------
+// expf, many at a time
+//
+// GELU calls expf once an element, twice a step (forward and backward): through the C
+// library, one call at a time, that was 28% of the GPT's step at C 64 (docs/performance.md).
+// expf_array computes what glibc's expf computes (its __expf_fma, the variant it picks on a
+// CPU with FMA; glibc 2.36 and later): x 32/ln2 rounded by adding 1.5 x 2^52, 2^(k/32) from a
+// table, a cubic in the remainder, all in double with fused multiply-adds where glibc has
+// them; fma is correctly rounded on any CPU, so every instruction set gives the same bits,
+// which are glibc's (`bench/bench expf --all` compares them with expf on all 2^32 floats,
+// and tests/test_units on a sample). The pass over every element has no branch, so the
+// compiler vectorizes it (gathers for the table); the few arguments outside the quick range
+// (|x| >= 88, infinities, NaN), which glibc sends to its own slow path, are then recomputed
+// by the C library's expf.
+static const uint64_t EXP2F_TABLE[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+ALWAYS_INLINE double bits_double(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+ALWAYS_INLINE uint64_t double_bits(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+ALWAYS_INLINE uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+ALWAYS_INLINE int expf_slow(float x) { return (float_bits(x) >> 20 & 0x7ff) > 0x42a; } // |x| >= 88, inf, NaN
+ALWAYS_INLINE float expf_quick(float x) {
+    const double inv = bits_double(0x40471547652b82fe), shift = 0x1.8p52, c0 = bits_double(0x3ebc6af84b912394),
+                 c1 = bits_double(0x3f2ebfce50fac4f3), c2 = bits_double(0x3f962e42ff0c52d6);
+    uint32_t keep = (uint32_t)expf_slow(x) - 1u, u = float_bits(x) & keep; // the slow ones as 0 (recomputed)
+    float xq;
+    memcpy(&xq, &u, sizeof xq);
+    double xd = (double)xq;
+    double kd = fma(inv, xd, shift);                 // k + 1.5 x 2^52, k = round(x 32/ln2)
+    uint64_t ki = double_bits(kd);
+    kd -= shift;
+    double r = fma(inv, xd, -kd); // x 32/ln2 - k
+    double s = bits_double(EXP2F_TABLE[ki & 31] + (ki << 47)); // 2^(k/32)
+    double z = fma(c0, r, c1), r2 = r * r, p = fma(r, c2, 1.0);
+    return (float)(fma(z, r2, p) * s);
+}
+ALWAYS_INLINE void expf_array_quick_body(float* y, const float* x, long n) {
+    for (long i = 0; i < n; i++) y[i] = expf_quick(x[i]);
+}
+#define expf_array_quick_wide_body expf_array_quick_body
+KERNEL_VARIANTS(, expf_array_quick, (float* y, const float* x, long n), (y, x, n))
+// y[i] = expf(x[i]); y may be x
+static void expf_array(float* y, const float* x, long n) {
+    for (long i0 = 0; i0 < n; i0 += 1024) { // a piece at a time, so that the second pass finds x in cache
+        long m = n - i0 < 1024 ? n - i0 : 1024;
+        int slow = 0;
+        for (long i = i0; i < i0 + m; i++) slow |= expf_slow(x[i]);
+        if (!slow) {
+            expf_array_quick(y + i0, x + i0, m);
+            continue;
+        }
+        for (long i = i0; i < i0 + m; i++) y[i] = expf_slow(x[i]) ? expf(x[i]) : expf_quick(x[i]);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // the plain loops the kernels above must equal, bit for bit
 
 // out[m][n] = fmaf chain over i = 0, 1, ..., red-1

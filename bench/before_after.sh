@@ -3,7 +3,9 @@
 # after (the working tree), in CPU time, alternating: the median ms of each and the median of
 # the per-pair ratios, for the GPT at widths 64, 128 and 256 and the default and large MLPs.
 # Both builds take this tree's bench/bench.c (its `step` mode: model_forward, model_backward
-# and the optimizer, as train.c runs them), so only the headers differ.
+# and the optimizer, as train.c runs them), so only the headers differ; where it does not build
+# against COMMIT's headers (it uses something they lack), the before takes COMMIT's own, whose
+# step mode is the same.
 #
 #   bench/before_after.sh 1d64399 7
 set -euo pipefail
@@ -13,8 +15,13 @@ reps=${2:-5}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git archive "$commit" | tar -x -C "$tmp"
+cp "$tmp/bench/bench.c" "$tmp/bench/own.c"
 cp bench/bench.c "$tmp/bench/bench.c"
-cc -O3 -march=native -std=c11 -o "$tmp/before" "$tmp/bench/bench.c" -lopenblas -lm
+if ! cc -O3 -march=native -std=c11 -o "$tmp/before" "$tmp/bench/bench.c" -lopenblas -lm 2>/dev/null; then
+    echo "(the before: $commit's own bench/bench.c; this tree's does not build against its headers)"
+    cp "$tmp/bench/own.c" "$tmp/bench/bench.c"
+    cc -O3 -march=native -std=c11 -o "$tmp/before" "$tmp/bench/bench.c" -lopenblas -lm
+fi
 cc -O3 -march=native -std=c11 -o "$tmp/after" bench/bench.c -lopenblas -lm
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 step() { "$1" step $2 | awk '/cpu_ms_per_step/ { print $2 }'; }

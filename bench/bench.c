@@ -20,7 +20,7 @@
  *   bench/bench exact --model gpt [--emb C] --steps 20
  *       each op of the GPT that sums exactly, beside a float twin with the same loops
  *   bench/bench expf [--all]
- *       a vector expf equal to glibc's, timed beside it (--all: checked on every float)
+ *       kernels.h's expf_array timed beside the C library's expf (--all: compared on every float)
  *   bench/bench peak
  *       measures the peak float32 FLOP/s of one core: independent chains of vector fused
  *       multiply-adds, as wide as the compiler's -march allows, that never wait for each
@@ -620,65 +620,12 @@ static void exact_cost(int C, int steps) {
 }
 
 // ----------------------------------------------------------------------------
-// a vector expf for the second phase (bench/bench expf [--all]): GELU and the softmaxes call
-// the C library's expf once an element, 22-26% of the GPT's step at C 64 (docs/performance.md).
-// This computes glibc's expf (__expf_fma, the variant glibc picks on a CPU with FMA) 8 floats
-// at a time, in the same double operations in the same order: x*32/ln2 rounded by adding
-// 1.5*2^52, a table of 2^(i/32), a cubic in the remainder, all as fused multiply-adds where
-// glibc's are (read from its disassembly; the constants are those of its __exp2f_data).
-// Lanes outside expf's quick range (|x| > 80 or so, NaN, infinities) are recomputed by expf.
-// `bench/bench expf --all` compares it with expf on all 2^32 floats (0 differ on glibc 2.36,
-// Debian 12); plain, it times both on N(0, 9) inputs. Not used by the programs yet.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-static const uint64_t EXP2F_TABLE[32] = {
-    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
-    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
-    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
-    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
-    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
-    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
-    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
-static double double_bits(uint64_t u) {
-    double d;
-    memcpy(&d, &u, sizeof d);
-    return d;
-}
-ISA_AVX512 __attribute__((noinline)) static void expf_x8(float* y, const float* x, long n) {
-    const __m512d inv = _mm512_set1_pd(double_bits(0x40471547652b82fe)), shift = _mm512_set1_pd(0x1.8p52),
-                  c0 = _mm512_set1_pd(double_bits(0x3ebc6af84b912394)), c1 = _mm512_set1_pd(double_bits(0x3f2ebfce50fac4f3)),
-                  c2 = _mm512_set1_pd(double_bits(0x3f962e42ff0c52d6)), one = _mm512_set1_pd(1.0);
-    const __m512i t0 = _mm512_loadu_si512(EXP2F_TABLE), t1 = _mm512_loadu_si512(EXP2F_TABLE + 8),
-                  t2 = _mm512_loadu_si512(EXP2F_TABLE + 16), t3 = _mm512_loadu_si512(EXP2F_TABLE + 24);
-    long i = 0, whole = n / 8 * 8;
-    for (; i < whole; i += 8) {
-        __m256 xf = _mm256_loadu_ps(x + i);
-        __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(xf), 20), _mm256_set1_epi32(0x7ff));
-        int special = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x42a))));
-        __m512d xd = _mm512_cvtps_pd(xf);
-        __m512d kd = _mm512_fmadd_pd(inv, xd, shift); // k + 1.5*2^52: k = round(x 32/ln2)
-        __m512i ki = _mm512_castpd_si512(kd);
-        kd = _mm512_sub_pd(kd, shift);
-        __m512d r = _mm512_fmsub_pd(inv, xd, kd); // x 32/ln2 - k
-        __m512i j = _mm512_and_si512(ki, _mm512_set1_epi64(31));
-        __m512i t = _mm512_mask_blend_epi64(_mm512_cmpge_epu64_mask(j, _mm512_set1_epi64(16)),
-                                            _mm512_permutex2var_epi64(t0, j, t1), _mm512_permutex2var_epi64(t2, j, t3));
-        __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64(ki, 47))); // 2^(k/32)
-        __m512d z = _mm512_fmadd_pd(c0, r, c1), r2 = _mm512_mul_pd(r, r), p = _mm512_fmadd_pd(r, c2, one);
-        p = _mm512_mul_pd(_mm512_fmadd_pd(z, r2, p), s);
-        _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(p));
-        for (int l = 0; special && l < 8; l++)
-            if (special >> l & 1) y[i + l] = expf(x[i + l]);
-    }
-    for (long k = whole; k < n; k++) y[k] = expf(x[k]);
-}
+// kernels.h's expf_array against the C library's expf (bench/bench expf [--all]): plain, both
+// timed on N(0, 9) inputs; --all compares them on all 2^32 floats (0 differ on glibc 2.36,
+// Debian 12, whose expf is __expf_fma on a CPU with FMA).
 static void expf_bench(int all) {
     enum { B = 1 << 16 };
     static float x[B], a[B], b[B];
-    if (cpu_isa() < 2) {
-        printf("expf: this prototype needs AVX-512\n");
-        return;
-    }
     if (all) {
         unsigned long long differ = 0;
         for (uint64_t base = 0; base < (1ull << 32); base += B) {
@@ -686,13 +633,13 @@ static void expf_bench(int all) {
                 uint32_t u = (uint32_t)(base + (uint64_t)i);
                 memcpy(&x[i], &u, sizeof u);
             }
-            expf_x8(b, x, B);
+            expf_array(b, x, B);
             for (int i = 0; i < B; i++) {
                 a[i] = expf(x[i]);
                 differ += memcmp(&a[i], &b[i], sizeof a[i]) != 0;
             }
         }
-        printf("expf_x8 and expf differ on %llu of the 2^32 floats\n", differ);
+        printf("expf_array and expf differ on %llu of the 2^32 floats\n", differ);
         return;
     }
     for (int i = 0; i < B; i++) x[i] = (float)(3.0 * rng_normal(12, 0, i));
@@ -702,18 +649,12 @@ static void expf_bench(int all) {
         for (int i = 0; i < B; i++) a[i] = expf(x[i]);
         ta[k] = cpu_seconds() - t;
         t = cpu_seconds();
-        expf_x8(b, x, B);
+        expf_array(b, x, B);
         tb[k] = cpu_seconds() - t;
     }
-    printf("expf %.3f ns an element, expf_x8 %.3f (CPU time, medians of 21 x 65536 N(0, 9) inputs), %s\n",
+    printf("expf %.3f ns an element, expf_array %.3f (CPU time, medians of 21 x 65536 N(0, 9) inputs), %s\n",
            1e9 * median(ta, 21) / B, 1e9 * median(tb, 21) / B, memcmp(a, b, sizeof a) ? "DIFFERENT" : "the same bits");
 }
-#else
-static void expf_bench(int all) {
-    (void)all;
-    printf("expf: this prototype is for x86-64\n");
-}
-#endif
 
 // Peak throughput of one core. CHAINS independent accumulators hide the FMA's latency; the
 // empty asms keep the compiler from folding the loop or merging chains (it cannot see

@@ -137,6 +137,39 @@ static void test_transpose(void) {
     }
 }
 
+// kernels.h's expf_array, on every 4099th float of the 2^32 (both signs, every exponent, NaNs
+// and infinities) and at the ends of its quick range, in place and not: the same bits as
+// its one-at-a-time definition (expf_quick, expf for the slow ones) in every instruction set
+// (tests/run.sh runs this under each KERNEL_ISA); and, where the C library is glibc on a CPU
+// with FMA (its expf is then __expf_fma, which expf_array computes), as the library's expf.
+static void test_expf_array(void) {
+    long n = (1L << 32) / 4099 + 16;
+    float *x = mallocCheck(sizeof(float) * n), *y = mallocCheck(sizeof(float) * n), *z = mallocCheck(sizeof(float) * n);
+    const float ends[16] = {88.0f, -88.0f, 87.99999f, -87.99999f, 88.72283f, 88.72284f, -103.9720f, -103.9721f,
+                            0.0f, -0.0f, 1e-30f, -1e-30f, 1.0f, -1.0f, 80.0f, -80.0f};
+    for (long i = 0; i < n - 16; i++) {
+        uint32_t u = (uint32_t)(i * 4099L);
+        memcpy(&x[i], &u, sizeof u);
+    }
+    memcpy(x + n - 16, ends, sizeof ends);
+    expf_array(y, x, n);
+    long own = 0, lib = 0;
+    for (long i = 0; i < n; i++) {
+        z[i] = expf_slow(x[i]) ? expf(x[i]) : expf_quick(x[i]);
+        float e = expf(x[i]);
+        own += memcmp(&y[i], &z[i], sizeof(float)) != 0;
+        lib += memcmp(&y[i], &e, sizeof(float)) != 0;
+    }
+    memcpy(z, x, sizeof(float) * n);
+    expf_array(z, z, n);
+    check(own == 0 && !memcmp(y, z, sizeof(float) * n), "expf_array on %ld floats equals its definition one at a time, in place too (%ld differ)", n, own);
+#if defined(__GLIBC__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (__builtin_cpu_supports("fma")) check(lib == 0, "expf_array on %ld floats equals glibc's expf (%ld differ)", n, lib);
+#endif
+    (void)lib;
+    free(x), free(y), free(z);
+}
+
 // The exact kernel against llrint of every term, summed as integers. The shapes take every
 // path of kernels.h: partial tiles and panels; reductions long enough that the panels
 // outgrow EXACT_PANELS_BYTES and the tiles go in groups of blocks, the last group partial
@@ -1577,6 +1610,7 @@ int main(void) {
     test_matmul_exact();
     test_kept_weights();
     test_transpose();
+    test_expf_array();
     test_fix();
     test_split_invariance();
     {
