@@ -63,9 +63,13 @@ tools/costmodel: tools/costmodel.c tools/costmodel_cluster.h tools/costmodel_llm
 tools/pingpong: tools/pingpong.c util.h dist.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ tools/pingpong.c $(LDLIBS)
 
-# The benchmark, and only the benchmark, links OpenBLAS
+# The benchmark, and only the benchmark, links OpenBLAS. The check is for the library itself:
+# cblas.h alone proves nothing, since libblas-dev (the reference BLAS) installs it too. The
+# compiler says where it would find -lopenblas (its bare name if nowhere); if nowhere, the
+# path Debian's libopenblas-dev installs it at is what tools/need.sh installs and checks.
+OPENBLAS_LIB = $(shell $(CC) -print-file-name=libopenblas.so)
 openblas:
-	@tools/need.sh /usr/include/$(shell $(CC) -print-multiarch)/cblas.h libopenblas-dev
+	@tools/need.sh $(if $(filter /%,$(OPENBLAS_LIB)),$(OPENBLAS_LIB),/usr/lib/$(shell $(CC) -print-multiarch)/libopenblas.so) libopenblas-dev
 bench/bench: bench/bench.c $(HEADERS) | openblas
 	$(CC) $(CFLAGS) -o $@ bench/bench.c -lopenblas $(LDLIBS)
 bench/train_omp: train.c $(HEADERS)
@@ -74,8 +78,10 @@ bench/train_omp: train.c $(HEADERS)
 bench/train_plain: train.c $(HEADERS)
 	$(CC) -o $@ train.c $(LDLIBS)
 # and PyTorch (Debian's python3-torch) is its third yardstick: without it, those rows are left out
+# and the pictures (bench/plot.py: python3, no library) go to out/bench/ and docs/
 bench: all bench/bench bench/train_omp bench/train_plain
 	-@tools/need.sh /usr/lib/python3/dist-packages/torch/__init__.py python3-torch
+	@tools/need.sh python3 python3
 	@bash bench/run.sh
 
 # the main job: every program side by side (QUICK=1: fewer steps)

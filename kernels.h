@@ -392,28 +392,82 @@ EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_body(int64_t* acc, const doubl
 KERNEL_VARIANTS(EXACT_KERNEL, matmul_exact_tile,
                 (int64_t* acc, const double* block, const double* panel, int red, int N, int mb, int nb),
                 (acc, block, panel, red, N, mb, nb))
-// Panel p of b ([red][N]) into dst [red][32] as doubles, zero-padded past column N.
-VECTOR_CLONES static void pack_panel_double(double* dst, const float* b, int red, int N, int p) {
-    for (long i = 0; i < red; i++)
-        for (int c = 0; c < ME_COLS; c++) dst[i * ME_COLS + c] = p * ME_COLS + c < N ? (double)b[i * N + p * ME_COLS + c] : 0.0;
+// Rows [i0, i1) of every panel of b ([red][N]) into dst [tn][red][32] as doubles,
+// zero-padded past column N. Row by row of b, so that b is read once and in order, and
+// whole panels with no test per element, which the compiler converts 16 floats at a time:
+// 0.09 ns an element against 0.5 for the panel-by-panel loop with a test per element that
+// this replaced (512 x 192, the GPT's qkv output gradient; Zen 5).
+VECTOR_CLONES static void pack_panels_double_rows(double* dst, const float* b, int red, int N, int i0, int i1) {
+    int full = N / ME_COLS, rest = N % ME_COLS;
+    for (int p = 0; p < full; p++)
+        for (long i = i0; i < i1; i++) {
+            double* d = dst + ((long)p * red + i) * ME_COLS;
+            for (int c = 0; c < ME_COLS; c++) d[c] = b[i * N + p * ME_COLS + c];
+        }
+    if (rest)
+        for (long i = i0; i < i1; i++) {
+            double* d = dst + ((long)full * red + i) * ME_COLS;
+            for (int c = 0; c < ME_COLS; c++) d[c] = c < rest ? (double)b[i * N + full * ME_COLS + c] : 0.0;
+        }
 }
 // Block q of a, rows m0 = 4q.. of a(m,i) = a[m*a_sm + i*a_si], into dst [red][4] as doubles
 // scaled by 2^40; rows past the last repeat the last (the tile computes them, never stores them).
 VECTOR_CLONES static void pack_block_double(double* dst, const float* a, long a_sm, long a_si, int M, int red, int q) {
     const float* row[ME_ROWS];
     for (int r = 0; r < ME_ROWS; r++) row[r] = a + (q * ME_ROWS + r < M ? q * ME_ROWS + r : M - 1) * a_sm;
+    if (a_si == 1) { // rows contiguous (a forward's input, a weight read along its rows): no stride to multiply
+        for (long i = 0; i < red; i++)
+            for (int r = 0; r < ME_ROWS; r++) dst[i * ME_ROWS + r] = (double)row[r][i] * FIX_ONE;
+        return;
+    }
     for (long i = 0; i < red; i++)
         for (int r = 0; r < ME_ROWS; r++) dst[i * ME_ROWS + r] = (double)row[r][i * a_si] * FIX_ONE;
 }
-// Tile t of acc, block of rows by block of rows: the tiles of a block update 4 rows of acc
-// from left to right, so acc, the largest operand (8 bytes an element: a 1024 x 1024
-// weight gradient is 8 MB), is read and written as 4 sequential streams, while the panels
-// come from cache. Panel by panel, each tile updated a strip of 4 rows 8 KB apart: 6%
-// slower on the large configuration; on a weight gradient of 32 rows (a pipeline's
-// microbatch: each tile sums only 32 terms before its update) 1.1x slower alone, and
-// 1.35x when the other core runs one too (bench/bench kernels --batch 32, Zen 4).
-static void matmul_exact_at(int t, int64_t* acc, const double* pa, const double* pb, int M, int red, int N) {
-    int tn = (N + ME_COLS - 1) / ME_COLS, p = t % tn, q = t / tn, m0 = q * ME_ROWS, n0 = p * ME_COLS;
+// Rows [i0, i1) of every block of a whose columns are contiguous (a_sm = 1: a weight
+// gradient's x^T, a(m,i) = x[i][m]): each block takes 4 adjacent floats of a row of x, so x
+// is read once and in order, where block by block it was read by columns, a cache line
+// for every 4 floats (0.1 against 0.4 ns an element, 512 x 1024, Zen 5).
+VECTOR_CLONES static void pack_blocks_double_rows(double* dst, const float* a, long a_si, int M, int red, int i0, int i1) {
+    int full = M / ME_ROWS, rest = M % ME_ROWS;
+    for (int q = 0; q < full; q++)
+        for (long i = i0; i < i1; i++) {
+            double* d = dst + ((long)q * red + i) * ME_ROWS;
+            for (int r = 0; r < ME_ROWS; r++) d[r] = (double)a[i * a_si + q * ME_ROWS + r] * FIX_ONE;
+        }
+    if (rest)
+        for (long i = i0; i < i1; i++) {
+            double* d = dst + ((long)full * red + i) * ME_ROWS;
+            for (int r = 0; r < ME_ROWS; r++) d[r] = (double)a[i * a_si + (r < rest ? full * ME_ROWS + r : M - 1)] * FIX_ONE;
+        }
+}
+// The order of the tiles. Each tile reads its block (red x 32 bytes) and its panel (red x
+// 256 bytes) from start to end, so what matters is which of them the cache still holds
+// when the next tile needs it:
+//  - when every panel fits in the core's L2 cache together (EXACT_PANELS_BYTES), block by
+//    block: a block's tiles update its 4 rows of acc from left to right, so acc, the largest
+//    operand (8 bytes an element: a 1024 x 1024 weight gradient is 8 MB), is read and
+//    written as 4 sequential streams; panel by panel, a tile of a weight gradient of 32 rows
+//    (a pipeline's microbatch) was 1.1x slower, 1.35x with the other core busy (Zen 4);
+//  - otherwise in groups of blocks that fit in L2 beside a panel (EXACT_GROUP_BYTES): panel
+//    by panel within a group, so that a panel comes from L2 for every block of the group,
+//    and the group's blocks for every panel. Block by block, every tile read its panel from
+//    L3 or memory: the tiles of the GPT's qkv weight gradient ran at 67-73 GFLOP/s, in
+//    groups at 88-92; the large MLP's input gradient (1024 x 1024 x 256) 55-65 and 72-80,
+//    against 92-94 for a tile whose operands are in L1 (the tile's own bound; Zen 5).
+#define EXACT_PANELS_BYTES (512 << 10)
+#define EXACT_GROUP_BYTES (256 << 10)
+static int exact_group(int M, int red, int N) { // blocks to a group
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
+    long block = (long)red * ME_ROWS * sizeof(double), panels = (long)tn * red * ME_COLS * sizeof(double);
+    long g = panels <= EXACT_PANELS_BYTES ? 1 : EXACT_GROUP_BYTES / block;
+    return g < 1 ? 1 : g > tm ? tm : (int)g;
+}
+// Tile t of acc: groups of g blocks, in each group panel by panel, in each panel block by
+// block. Every tile is computed whole by whichever thread runs it.
+static void matmul_exact_at(int t, int64_t* acc, const double* pa, const double* pb, int M, int red, int N, int g) {
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
+    int q0 = t / (g * tn) * g, size = tm - q0 < g ? tm - q0 : g, local = t - q0 * tn;
+    int p = local / size, q = q0 + local % size, m0 = q * ME_ROWS, n0 = p * ME_COLS;
     int mb = M - m0 < ME_ROWS ? M - m0 : ME_ROWS, nb = N - n0 < ME_COLS ? N - n0 : ME_COLS;
     matmul_exact_tile(acc + (long)m0 * N + n0, pa + (long)q * red * ME_ROWS, pb + (long)p * red * ME_COLS, red, N, mb,
                       nb);
@@ -469,20 +523,27 @@ static void matmul_exact_check(const float* a, long a_sm, long a_si, const float
 #undef B_
 }
 // a as doubles scaled by 2^40 into blocks dst [tm][red][4]
+#define PACK_ROWS 16 // rows of a or b packed at a time: 16 rows of a 1024-float matrix fill 64 KB
 static void pack_exact_blocks(double* dst, const float* a, long a_sm, long a_si, int M, int red) {
-    int tm = (M + ME_ROWS - 1) / ME_ROWS;
-    PARALLEL_FOR((long)M * red, q, tm, pack_block_double(dst + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q));
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, chunks = (red + PACK_ROWS - 1) / PACK_ROWS;
+    if (a_sm == 1 && a_si >= M) // x^T of an x [red][a_si]
+        PARALLEL_FOR((long)M * red, k, chunks,
+                     pack_blocks_double_rows(dst, a, a_si, M, red, k * PACK_ROWS,
+                                             red < (k + 1) * PACK_ROWS ? red : (k + 1) * PACK_ROWS));
+    else
+        PARALLEL_FOR((long)M * red, q, tm, pack_block_double(dst + (long)q * red * ME_ROWS, a, a_sm, a_si, M, red, q));
 }
 // b as doubles into panels dst [tn][red][32]
 static void pack_exact_panels(double* dst, const float* b, int red, int N) {
-    int tn = (N + ME_COLS - 1) / ME_COLS;
-    PARALLEL_FOR((long)red * N, p, tn, pack_panel_double(dst + (long)p * red * ME_COLS, b, red, N, p));
+    int chunks = (red + PACK_ROWS - 1) / PACK_ROWS;
+    PARALLEL_FOR((long)red * N, k, chunks,
+                 pack_panels_double_rows(dst, b, red, N, k * PACK_ROWS, red < (k + 1) * PACK_ROWS ? red : (k + 1) * PACK_ROWS));
 }
 // acc += a b, from a's blocks pa and b's panels pb
 static void matmul_exact_packed(int64_t* acc, const double* pa, const double* pb, int M, int red, int N) {
-    int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
+    int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS, g = exact_group(M, red, N);
     cpu_isa(); // asked once, before any thread reads it
-    PARALLEL_FOR((long)M * N * red / 8, t, tm * tn, matmul_exact_at(t, acc, pa, pb, M, red, N));
+    PARALLEL_FOR((long)M * N * red / 8, t, tm * tn, matmul_exact_at(t, acc, pa, pb, M, red, N, g));
 }
 static void exact_workspace_check(const Workspace* ws, int M, int red, int N, const char* what) {
     if ((long)(M + ME_ROWS - 1) / ME_ROWS * ME_ROWS * red > ws->pa_cap ||
@@ -616,6 +677,78 @@ static const PackedWeight* weight_packed(Workspace* ws, const float* w, PackUse 
 static void workspace_keep_weights(Workspace* ws, int keep) {
     for (int i = 0; i < ws->n_kept; i++) ws->kept[i].fresh = 0;
     ws->keeping = keep;
+}
+
+// ----------------------------------------------------------------------------
+// expf, many at a time
+//
+// GELU calls expf once an element, twice a step (forward and backward): through the C
+// library, one call at a time, that was 28% of the GPT's step at C 64 (docs/performance.md).
+// expf_array computes what glibc's expf computes (its __expf_fma, the variant it picks on a
+// CPU with FMA; glibc 2.36 and later): x 32/ln2 rounded by adding 1.5 x 2^52, 2^(k/32) from a
+// table, a cubic in the remainder, all in double with fused multiply-adds where glibc has
+// them; fma is correctly rounded on any CPU, so every instruction set gives the same bits,
+// which are glibc's (`bench/bench expf --all` compares them with expf on all 2^32 floats,
+// and tests/test_units on a sample). The pass over every element has no branch, so the
+// compiler vectorizes it (gathers for the table); the few arguments outside the quick range
+// (|x| >= 88, infinities, NaN), which glibc sends to its own slow path, are then recomputed
+// by the C library's expf.
+static const uint64_t EXP2F_TABLE[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+ALWAYS_INLINE double bits_double(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+ALWAYS_INLINE uint64_t double_bits(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+ALWAYS_INLINE uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+ALWAYS_INLINE int expf_slow(float x) { return (float_bits(x) >> 20 & 0x7ff) > 0x42a; } // |x| >= 88, inf, NaN
+ALWAYS_INLINE float expf_quick(float x) {
+    const double inv = bits_double(0x40471547652b82fe), shift = 0x1.8p52, c0 = bits_double(0x3ebc6af84b912394),
+                 c1 = bits_double(0x3f2ebfce50fac4f3), c2 = bits_double(0x3f962e42ff0c52d6);
+    uint32_t keep = (uint32_t)expf_slow(x) - 1u, u = float_bits(x) & keep; // the slow ones as 0 (recomputed)
+    float xq;
+    memcpy(&xq, &u, sizeof xq);
+    double xd = (double)xq;
+    double kd = fma(inv, xd, shift);                 // k + 1.5 x 2^52, k = round(x 32/ln2)
+    uint64_t ki = double_bits(kd);
+    kd -= shift;
+    double r = fma(inv, xd, -kd); // x 32/ln2 - k
+    double s = bits_double(EXP2F_TABLE[ki & 31] + (ki << 47)); // 2^(k/32)
+    double z = fma(c0, r, c1), r2 = r * r, p = fma(r, c2, 1.0);
+    return (float)(fma(z, r2, p) * s);
+}
+ALWAYS_INLINE void expf_array_quick_body(float* y, const float* x, long n) {
+    for (long i = 0; i < n; i++) y[i] = expf_quick(x[i]);
+}
+#define expf_array_quick_wide_body expf_array_quick_body
+KERNEL_VARIANTS(, expf_array_quick, (float* y, const float* x, long n), (y, x, n))
+// y[i] = expf(x[i]); y may be x
+static void expf_array(float* y, const float* x, long n) {
+    for (long i0 = 0; i0 < n; i0 += 1024) { // a piece at a time, so that the second pass finds x in cache
+        long m = n - i0 < 1024 ? n - i0 : 1024;
+        int slow = 0;
+        for (long i = i0; i < i0 + m; i++) slow |= expf_slow(x[i]);
+        if (!slow) {
+            expf_array_quick(y + i0, x + i0, m);
+            continue;
+        }
+        for (long i = i0; i < i0 + m; i++) y[i] = expf_slow(x[i]) ? expf(x[i]) : expf_quick(x[i]);
+    }
 }
 
 // ----------------------------------------------------------------------------

@@ -212,18 +212,35 @@ static void relu_backward(float* dx, const float* x, long n) {
 
 #define GELU_K 0.7978845608028654f // sqrt(2 / pi)
 #define GELU_C 0.044715f
-ALWAYS_INLINE float gelu_gate(float x) { // s = (1 + tanh(u)) / 2
-    float u = GELU_K * (x + GELU_C * x * x * x);
-    return 1.0f / (1.0f + expf(-2.0f * u));
+// The gate s = (1 + tanh(u)) / 2 of x[0..n), n <= GELU_PIECE: -2u for each, their exps at
+// once (kernels.h's expf_array: the C library's expf, many at a time), then s.
+#define GELU_PIECE 512
+static void gelu_gates(float* s, const float* x, long n) {
+    for (long i = 0; i < n; i++) {
+        float u = GELU_K * (x[i] + GELU_C * x[i] * x[i] * x[i]);
+        s[i] = -2.0f * u;
+    }
+    expf_array(s, s, n);
+    for (long i = 0; i < n; i++) s[i] = 1.0f / (1.0f + s[i]);
 }
 static void gelu_forward(float* out, const float* x, long n) {
-    for (long i = 0; i < n; i++) out[i] = x[i] * gelu_gate(x[i]);
+    float s[GELU_PIECE];
+    for (long i0 = 0; i0 < n; i0 += GELU_PIECE) {
+        long m = n - i0 < GELU_PIECE ? n - i0 : GELU_PIECE;
+        gelu_gates(s, x + i0, m);
+        for (long i = 0; i < m; i++) out[i0 + i] = x[i0 + i] * s[i];
+    }
 }
 // dx = dout gelu'(x), gelu'(x) = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 0.044715 x^2)
 static void gelu_backward(float* dx, const float* x, const float* dout, long n) {
-    for (long i = 0; i < n; i++) {
-        float xi = x[i], s = gelu_gate(xi), du = GELU_K * (1.0f + 3.0f * GELU_C * xi * xi);
-        dx[i] = dout[i] * (s + 2.0f * xi * s * (1.0f - s) * du);
+    float s[GELU_PIECE];
+    for (long i0 = 0; i0 < n; i0 += GELU_PIECE) {
+        long m = n - i0 < GELU_PIECE ? n - i0 : GELU_PIECE;
+        gelu_gates(s, x + i0, m);
+        for (long i = 0; i < m; i++) {
+            float xi = x[i0 + i], si = s[i], du = GELU_K * (1.0f + 3.0f * GELU_C * xi * xi);
+            dx[i0 + i] = dout[i0 + i] * (si + 2.0f * xi * si * (1.0f - si) * du);
+        }
     }
 }
 

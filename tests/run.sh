@@ -1899,6 +1899,13 @@ same_builds() {
     same_as builds_gpt "builds: $label: train_cp.c --model gpt, 2 ranks" $mpirun -n 2 "$dir/train_cp" $GPT_FLAGS
 }
 section_builds() {
+    # make bench's OpenBLAS check looks for the library, not cblas.h (which the reference
+    # BLAS, libblas-dev, installs too): with a compiler that finds no libopenblas it checks
+    # (and would install) the library's own path
+    printf '#!/bin/sh\nfor a in "$@"; do case $a in -print-file-name=*) echo "${a#-print-file-name=}"; exit 0 ;;\n -print-multiarch) echo no-such-arch; exit 0 ;; esac; done\nexec cc "$@"\n' >"$TMP/noblas_cc"
+    chmod +x "$TMP/noblas_cc"
+    check "builds: make openblas checks for libopenblas.so itself, not cblas.h" \
+        sh -c "make -s -n openblas CC=$TMP/noblas_cc | grep -q 'need.sh /usr/lib/no-such-arch/libopenblas.so libopenblas-dev'"
     reference builds $BUILD_FLAGS
     reference builds_moe $BUILD_FLAGS $MOE_FLAGS
     reference builds_gpt $GPT_FLAGS

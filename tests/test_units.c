@@ -112,16 +112,20 @@ static void test_matmul_float(void) {
 }
 
 // The blocked transposes against plain loops, on shapes with whole blocks, parts of
-// blocks, and both.
+// blocks, and both; fix_transpose on sums of every magnitude up to 2^62 units, where the
+// conversion to double rounds too, and on sums halfway between two floats (ties to even).
 static void test_transpose(void) {
-    const int shapes[][2] = {{1, 1}, {16, 16}, {17, 33}, {64, 48}, {100, 27}, {256, 1024}};
-    for (int s = 0; s < 6; s++) {
+    const int shapes[][2] = {{1, 1}, {16, 16}, {17, 33}, {64, 48}, {100, 27}, {256, 1024}, {48, 80}};
+    for (int s = 0; s < 7; s++) {
         int R = shapes[s][0], C = shapes[s][1];
         float *src = mallocCheck(sizeof(float) * R * C), *dst = mallocCheck(sizeof(float) * R * C),
               *ref = mallocCheck(sizeof(float) * R * C);
         int64_t* acc = mallocCheck(sizeof(int64_t) * R * C);
         fill(src, (long)R * C, 200 + s, 1.0f);
-        for (long i = 0; i < (long)R * C; i++) acc[i] = fix_from(src[i]);
+        for (long i = 0; i < (long)R * C; i++) {
+            int64_t big = (int64_t)(rng_u64(300 + s, 1, i) >> (1 + rng_u64(300 + s, 2, i) % 63)); // 0 to 2^62
+            acc[i] = i % 3 == 0 ? fix_from(src[i]) : i % 3 == 1 ? (i % 2 ? -big : big) : (int64_t)(3 + 2 * (i % 7)) << 38;
+        }
         transpose(dst, src, R, C);
         transpose_ref(ref, src, R, C);
         int same = !memcmp(dst, ref, sizeof(float) * R * C);
@@ -133,30 +137,73 @@ static void test_transpose(void) {
     }
 }
 
-// The exact kernel against llrint of every term, summed as integers.
+// kernels.h's expf_array, on every 4099th float of the 2^32 (both signs, every exponent, NaNs
+// and infinities) and at the ends of its quick range, in place and not: the same bits as
+// its one-at-a-time definition (expf_quick, expf for the slow ones) in every instruction set
+// (tests/run.sh runs this under each KERNEL_ISA); and, where the C library is glibc on a CPU
+// with FMA (its expf is then __expf_fma, which expf_array computes), as the library's expf.
+static void test_expf_array(void) {
+    long n = (1L << 32) / 4099 + 16;
+    float *x = mallocCheck(sizeof(float) * n), *y = mallocCheck(sizeof(float) * n), *z = mallocCheck(sizeof(float) * n);
+    const float ends[16] = {88.0f, -88.0f, 87.99999f, -87.99999f, 88.72283f, 88.72284f, -103.9720f, -103.9721f,
+                            0.0f, -0.0f, 1e-30f, -1e-30f, 1.0f, -1.0f, 80.0f, -80.0f};
+    for (long i = 0; i < n - 16; i++) {
+        uint32_t u = (uint32_t)(i * 4099L);
+        memcpy(&x[i], &u, sizeof u);
+    }
+    memcpy(x + n - 16, ends, sizeof ends);
+    expf_array(y, x, n);
+    long own = 0, lib = 0;
+    for (long i = 0; i < n; i++) {
+        z[i] = expf_slow(x[i]) ? expf(x[i]) : expf_quick(x[i]);
+        float e = expf(x[i]);
+        own += memcmp(&y[i], &z[i], sizeof(float)) != 0;
+        lib += memcmp(&y[i], &e, sizeof(float)) != 0;
+    }
+    memcpy(z, x, sizeof(float) * n);
+    expf_array(z, z, n);
+    check(own == 0 && !memcmp(y, z, sizeof(float) * n), "expf_array on %ld floats equals its definition one at a time, in place too (%ld differ)", n, own);
+#if defined(__GLIBC__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (__builtin_cpu_supports("fma")) check(lib == 0, "expf_array on %ld floats equals glibc's expf (%ld differ)", n, lib);
+#endif
+    (void)lib;
+    free(x), free(y), free(z);
+}
+
+// The exact kernel against llrint of every term, summed as integers. The shapes take every
+// path of kernels.h: partial tiles and panels; reductions long enough that the panels
+// outgrow EXACT_PANELS_BYTES and the tiles go in groups of blocks, the last group partial
+// (70 x 600 x 130: groups of 13 blocks of 4 rows; 1000 x 300 x 600: of 27); and a read by
+// rows, by columns (a weight gradient's x^T), and both from inside a wider matrix.
 static void test_matmul_exact(void) {
-    const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {8, 16, 24}, {9, 31, 33}, {17, 64, 27}, {256, 32, 64}, {13, 100, 50}};
+    const int shapes[][3] = {{1, 1, 1},    {3, 5, 7},     {8, 16, 24},   {9, 31, 33},     {17, 64, 27},
+                             {256, 32, 64}, {13, 100, 50}, {70, 600, 130}, {1000, 300, 600}, {5, 1100, 3}};
+    const int n_shapes = sizeof shapes / sizeof shapes[0], pad = 3; // a inside a matrix `pad` wider
     Workspace ws;
-    workspace_init(&ws, 256, 256, 256 * 128);
-    for (int s = 0; s < 7; s++) {
+    workspace_init(&ws, 1000, 1100, 1100L * 600);
+    for (int s = 0; s < n_shapes; s++) {
         int M = shapes[s][0], red = shapes[s][1], N = shapes[s][2];
-        float *a = mallocCheck(sizeof(float) * M * red), *b = mallocCheck(sizeof(float) * red * N);
+        float *a = mallocCheck(sizeof(float) * (M + pad) * (red + pad)), *b = mallocCheck(sizeof(float) * red * N);
         int64_t *acc = callocCheck((size_t)M * N, 8), *ref = callocCheck((size_t)M * N, 8);
-        fill(a, (long)M * red, 7 + s, 3.0f);
+        fill(a, (long)(M + pad) * (red + pad), 7 + s, 3.0f);
         fill(b, (long)red * N, 70 + s, 0.5f);
-        for (int transposed = 0; transposed < 2; transposed++) {
-            // a read as a[m][i] (a forward) or as a[i][m] (a weight gradient)
-            long a_sm = transposed ? 1 : red, a_si = transposed ? M : 1;
+        for (int how = 0; how < 4; how++) {
+            // a read as a[m][i] (a forward) or as a[i][m] (a weight gradient), each inside a
+            // matrix as wide as it is or `pad` wider
+            int transposed = how % 2, wider = how / 2;
+            long a_sm = transposed ? 1 : red + wider * pad, a_si = transposed ? M + wider * pad : 1;
             memset(acc, 0, sizeof(int64_t) * M * N);
             memset(ref, 0, sizeof(int64_t) * M * N);
             matmul_exact(acc, a, a_sm, a_si, b, M, red, N, red, "test", &ws);
             matmul_exact_ref(ref, a, a_sm, a_si, b, M, red, N);
             check(!memcmp(acc, ref, sizeof(int64_t) * M * N),
-                  "matmul_exact %dx%dx%d%s equals per-term llrint sums bit for bit", M, red, N,
-                  transposed ? " (transposed a)" : "");
+                  "matmul_exact %dx%dx%d%s%s equals per-term llrint sums bit for bit", M, red, N,
+                  transposed ? " (transposed a)" : "", wider ? " (a in a wider matrix)" : "");
         }
         free(a), free(b), free(acc), free(ref);
     }
+    check(exact_group(70, 600, 130) == 13 && exact_group(1000, 300, 600) == 27 && exact_group(256, 32, 64) == 1,
+          "the shapes above take the tiles in groups of blocks, and block by block");
     workspace_free(&ws);
 }
 
@@ -1563,6 +1610,7 @@ int main(void) {
     test_matmul_exact();
     test_kept_weights();
     test_transpose();
+    test_expf_array();
     test_fix();
     test_split_invariance();
     {
