@@ -5,7 +5,7 @@
 #   make test         every test; the last line says "N passed, N failed"
 #   make check        every program built with AddressSanitizer and UBSan, and a fast subset of the tests
 #   make fuzz         every reader of outside input (data, checkpoints, flags, the tools' files) under libFuzzer (clang)
-#   make zoo          the bug zoo: 23 classic bugs of distributed training, each caught by a test
+#   make zoo          the bug zoo: 27 classic bugs of distributed training, each caught by a test
 #   make cluster      make run's comparison across emulated hosts (root), with a cost model's predictions
 #                     (HOSTS=2 or 4, LINK="1gbit 100mbit", QUICK=1)
 #   make bench        the performance tables of docs/performance.md (installs OpenBLAS and PyTorch for them if missing)
