@@ -1910,7 +1910,7 @@ section_builds() {
     reference builds_moe $BUILD_FLAGS $MOE_FLAGS
     reference builds_gpt $GPT_FLAGS
     local big="--steps 4 --eval-every 0 --hidden 512 --batch 256 --samples 2"
-    reference big $big
+    reference omp_big $big
     local compilers=gcc i=0 o2
     if command -v clang >/dev/null 2>&1; then compilers="gcc clang"; else skip "builds: clang is not installed (apt-get install clang), only gcc builds ran"; fi
     for cc in $compilers; do
@@ -1929,7 +1929,7 @@ section_builds() {
             same_as builds_gpt "builds: $cc -O2 with KERNEL_ISA=any: train.c --model gpt" env KERNEL_ISA=any "$o2/train" $GPT_FLAGS
         fi
         # OpenMP threads splitting the kernels of a model large enough to enter them
-        same_as big "builds: $cc -O2 -fopenmp: train.c on 2 threads, hidden 512, batch 256" env OMP_NUM_THREADS=2 "$TMP/b$i/train" $big
+        same_as omp_big "builds: $cc -O2 -fopenmp: train.c on 2 threads, hidden 512, batch 256" env OMP_NUM_THREADS=2 "$TMP/b$i/train" $big
         for fast in "-Ofast" "-O2 -ffast-math" "-O2 -ffinite-math-only"; do
             expect_error 1 "built with -ffast-math or -Ofast.*Build with -O3 or -O2 instead" \
                 "builds: $cc $fast is refused at compile time, saying why" -- sh -c "$cc $fast train.c -o $TMP/fast -lm || exit 1"
