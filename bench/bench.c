@@ -152,18 +152,22 @@ static void sgemm_step(const Shape* s, float* const* m) {
     }
 }
 
-// Median milliseconds (CPU time) of `steps` runs of STMT, after one warm-up.
-#define MEDIAN_MS(result, steps, STMT)                             \
-    do {                                                           \
+// Median milliseconds (CPU time) of `steps` runs of STMT (TIMED), after one warm-up (MEDIAN_MS).
+#define TIMED(result, steps, STMT)                                  \
+    do {                                                            \
         double* t_ = mallocCheck(sizeof(double) * (steps));        \
-        STMT;                                                      \
-        for (int i_ = 0; i_ < (steps); i_++) {                     \
-            double t0_ = cpu_seconds();                            \
-            STMT;                                                  \
-            t_[i_] = 1e3 * (cpu_seconds() - t0_);                  \
-        }                                                          \
-        (result) = median(t_, (steps));                            \
-        free(t_);                                                  \
+        for (int i_ = 0; i_ < (steps); i_++) {                      \
+            double t0_ = cpu_seconds();                             \
+            STMT;                                                   \
+            t_[i_] = 1e3 * (cpu_seconds() - t0_);                   \
+        }                                                           \
+        (result) = median(t_, (steps));                             \
+        free(t_);                                                   \
+    } while (0)
+#define MEDIAN_MS(result, steps, STMT) \
+    do {                               \
+        STMT;                          \
+        TIMED(result, steps, STMT);    \
     } while (0)
 
 // Each kernel's tile alone, 1000 times over the same packed operands (a reduction of 256:
@@ -532,17 +536,6 @@ static void layernorm_params_float(float* dg, float* db, const float* dy, const 
         }
 }
 
-#define TIMED(result, steps, STMT)                                  \
-    do {                                                            \
-        double* t_ = mallocCheck(sizeof(double) * (steps));        \
-        for (int i_ = 0; i_ < (steps); i_++) {                      \
-            double t0_ = cpu_seconds();                             \
-            STMT;                                                   \
-            t_[i_] = 1e3 * (cpu_seconds() - t0_);                   \
-        }                                                           \
-        (result) = median(t_, (steps));                             \
-        free(t_);                                                   \
-    } while (0)
 
 static void exact_cost(int C, int steps) {
     Config c = {.model = MODEL_GPT, .heads = 4, .vocab = 27, .context = 16, .emb = C, .layers = 4, .hidden = 4 * C};
