@@ -16,16 +16,19 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git archive "$commit" | tar -x -C "$tmp"
 cp "$tmp/bench/bench.c" "$tmp/bench/own.c"
+# each side with its own Makefile's one flag beyond these (-fno-math-errno, since AdamW's loop)
+flags() { if grep -q -- '-fno-math-errno' "$1"; then echo "-O3 -march=native -fno-math-errno -std=c11"; else echo "-O3 -march=native -std=c11"; fi; }
+bflags=$(flags "$tmp/Makefile") aflags=$(flags Makefile)
 cp bench/bench.c "$tmp/bench/bench.c"
-if ! cc -O3 -march=native -std=c11 -o "$tmp/before" "$tmp/bench/bench.c" -lopenblas -lm 2>/dev/null; then
+if ! cc $bflags -o "$tmp/before" "$tmp/bench/bench.c" -lopenblas -lm 2>/dev/null; then
     echo "(the before: $commit's own bench/bench.c; this tree's does not build against its headers)"
     cp "$tmp/bench/own.c" "$tmp/bench/bench.c"
-    cc -O3 -march=native -std=c11 -o "$tmp/before" "$tmp/bench/bench.c" -lopenblas -lm
+    cc $bflags -o "$tmp/before" "$tmp/bench/bench.c" -lopenblas -lm
 fi
-cc -O3 -march=native -std=c11 -o "$tmp/after" bench/bench.c -lopenblas -lm
+cc $aflags -o "$tmp/after" bench/bench.c -lopenblas -lm
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 step() { "$1" step $2 | awk '/cpu_ms_per_step/ { print $2 }'; }
-echo "train.c's step in CPU time (bench/bench step), $commit against the working tree, $reps alternating pairs,"
+echo "train.c's step in CPU time (bench/bench step), $commit ($bflags) against the working tree ($aflags), $reps alternating pairs,"
 echo "on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') (cpu family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model[[:space:]]' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')), $(date -u +%Y-%m-%d):"
 echo
 echo "| configuration | before, ms | after, ms | before / after (median of pairs) |"
