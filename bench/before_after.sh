@@ -17,8 +17,8 @@ trap 'rm -rf "$tmp"' EXIT
 git archive "$commit" | tar -x -C "$tmp"
 cp "$tmp/bench/bench.c" "$tmp/bench/own.c"
 # each side with its own Makefile's one flag beyond these (-fno-math-errno, since AdamW's loop)
-flags() { if grep -q -- '-fno-math-errno' "$1"; then echo "-O3 -march=native -fno-math-errno -std=c11"; else echo "-O3 -march=native -std=c11"; fi; }
-bflags=$(flags "$tmp/Makefile") aflags=$(flags Makefile)
+makefile_flags() { if grep -q -- '-fno-math-errno' "$1"; then echo "-O3 -march=native -fno-math-errno -std=c11"; else echo "-O3 -march=native -std=c11"; fi; }
+bflags=$(makefile_flags "$tmp/Makefile") aflags=$(makefile_flags Makefile)
 cp bench/bench.c "$tmp/bench/bench.c"
 if ! cc $bflags -o "$tmp/before" "$tmp/bench/bench.c" -lopenblas -lm 2>/dev/null; then
     echo "(the before: $commit's own bench/bench.c; this tree's does not build against its headers)"
