@@ -44,9 +44,8 @@
  * and reduce-scatter n-1 steps, each alpha + bytes / beta, after NCCL's base latency.
  * "Hidden" traffic hides only behind compute that exists: at most the compute's time.
  *
- * Not modelled (each a reason real runs are slower than predicted): the A100's clock at its
- * power limit (no sustained figure is published for it), stragglers and jitter across
- * thousands of devices, congestion, kernel launches.
+ * Not modelled (each a reason real runs are slower than predicted): stragglers and jitter
+ * across thousands of devices, congestion, kernel launches.
  *
  * Memory: 2-byte weights and gradients and 12 bytes of FP32 master weights, m and v per
  * parameter, sharded by ZeRO's stage over the devices that hold the same weights; the
