@@ -572,10 +572,12 @@ static Published published_runs(int i) {
         // products (3.3), the all-to-alls run on 20 of the 132 SMs (3.2.2) beside compute, tokens
         // routed to at most 4 nodes, the norms and MLA's up-projections recomputed and FP8
         // products' inputs kept in FP8 (3.2.3, 3.3.3: recomputation "norms"), one MTP module (2.2);
-        // DualPipe (3.2.1), whose F&B pairs are what hides the all-to-alls: no --ep-overlap beside it
-        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .route_nodes = 4, .comm_sms = 20},
+        // DualPipe (3.2.1), whose F&B pairs are what hides the all-to-alls: no --ep-overlap beside
+        // it; Adam's moments in BF16, master weights and gradients in FP32 (3.3.3)
+        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek,
+         {.fp8 = 1, .route_nodes = 4, .comm_sms = 20, .bf16_moments = 1},
          {1, 1, 16, 128, 64, 1, -1, RECOMPUTE_NORMS, SCHEDULE_DUALPIPE, -1, 120}, COUNT_GPU_HOURS, 180e3, 0.20,
-         "DeepSeek-V3 Technical Report (2024), sections 2.2 and 3.1-3.3", 1.658e5, 31, 12},
+         "DeepSeek-V3 Technical Report (2024), sections 2.2 and 3.1-3.3", 1.658e5, 31, 7},
         // BLOOM's paper (section 3.4, "Engineering") and training chronicles: TP 4, PP 12, DP 8,
         // ZeRO-1, micro-batches of 2 sequences, activations checkpointed, Megatron-DeepSpeed's
         // 1F1B schedule and its fused (not flash) attention; "about 150 TFLOPs" a GPU in
@@ -690,6 +692,7 @@ static const Flag llm_flags[] = {
     {"experts", 'n', 0, 65536, 1}, {"top-k", 'n', 1, 65536, 1}, {"expert-ffn", 'n', 1, 1 << 24, 1},
     {"shared-experts", 'n', 0, 64, 1}, {"dense-layers", 'n', 0, 100000, 1}, {"q-lora", 'n', 1, 1 << 20, 1},
     {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"mtp", 'n', 1, 16, 1}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
+    {"bf16-moments", 's', 0, 0, 0},
     {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"tp-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
     {"attention", 'w', 0, 0, 0},
     {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
@@ -769,6 +772,7 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (q.pr.comm_sms && !c->sms) usage_error("--comm-sms: the cluster file gives no sms (the SMs of a device)");
     if (q.pr.comm_sms >= c->sms && c->sms) usage_error("--comm-sms %d: a device has %d SMs, and compute needs some", q.pr.comm_sms, c->sms);
     q.pr.tp_overlap = VAL("tp-overlap");
+    q.pr.bf16_moments = GIVEN(&q, "bf16-moments");
     if (word[flag_index("attention")]) {
         const char* s = word[flag_index("attention")];
         if (strcmp(s, "flash") && strcmp(s, "unfused")) usage_error("--attention must be flash or unfused, got '%s'", s);
@@ -1068,6 +1072,10 @@ static int selftest(void) {
     near("ZeRO-1 over 8", state_bytes(1e9, 1, 8), 4e9 + 1.5e9);
     near("ZeRO-2 over 8", state_bytes(1e9, 2, 8), 2e9 + 2e9 / 8 + 1.5e9);
     near("ZeRO-3 over 8", state_bytes(1e9, 3, 8), 16e9 / 8);
+    // DeepSeek-V3's state (--bf16-moments): 2-byte weights, 4-byte gradients, 8 bytes of FP32
+    // master weight and BF16 m and v
+    near("BF16 moments, FP32 gradients, ZeRO-1 over 8", state_bytes_as(1e9, 1, 8, 1), 2e9 + 4e9 + 8e9 / 8);
+    near("BF16 moments, FP32 gradients, ZeRO-2 over 8", state_bytes_as(1e9, 2, 8, 1), 2e9 + 4e9 / 8 + 8e9 / 8);
 
     // the new terms one at a time, by hand. Waves: on 100 SMs a 2048 x 1280 product is 80
     // tiles (8 x 10 of 256 x 128, or 16 x 5 of 128 x 256), one wave of 100 SM-tiles: 80%
@@ -1157,6 +1165,9 @@ static int selftest(void) {
     dp8.zero = 3;
     near("ZeRO-3: 1.5 times the traffic", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).dp, 1.5 * t_allreduce(2 * P, 8, between));
     near("the optimizer's step under ZeRO: the device's shard, 1/8", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).optimizer, 28 * P / 8 / 1e12);
+    pr.bf16_moments = 1;
+    near("... with BF16 moments and FP32 gradients: 22 bytes a parameter", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).optimizer, 22 * P / 8 / 1e12);
+    pr.bf16_moments = 0;
     dp8.zero = 0, dp8.recompute = RECOMPUTE_FULL;
     kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
     near("HFU under full recomputation: the papers' count over the same step", kk.hfu,
@@ -1339,7 +1350,7 @@ static void usage(void) {
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
             "          --schedule gpipe|1f1b|interleaved|zb1|zbv|dualpipev|dualpipe --virtual V --microbatches M (rank: fixed for all)\n"
             "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --tp-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N\n"
-            "          --attention flash|unfused --devices N\n");
+            "          --attention flash|unfused --bf16-moments --devices N\n");
 }
 
 int main(int argc, char** argv) {

@@ -81,6 +81,7 @@ typedef struct {
     int comm_sms;                  // SMs the communication kernels take while they run beside compute (0: none)
     double tp_overlap;             // fraction of TP's traffic hidden behind the layers' matrix products
     int unfused;                   // attention as two batched products and a softmax through HBM (no FlashAttention)
+    int bf16_moments;              // Adam's m and v in BF16, the gradients in FP32 (DeepSeek-V3's state), else 2 + 2 + 12 bytes
 } Practice;
 
 // Recomputation: config.h's none, selective (attention's core again, Korthikanti et al.) and
@@ -426,13 +427,18 @@ static double stage_activation_bytes(const Shape* m, const Layout* l, const int*
 // Weights, gradients and optimizer state on one device: 2 + 2 + 12 bytes per parameter,
 // ZeRO stage 1 sharding the 12, stage 2 the gradients too, stage 3 the weights too, over the
 // devices holding the same parameters: DP x CP for the dense ones, DP x CP / EP for experts.
-static double state_bytes(double params, int zero, double shards) {
-    return params * ((zero >= 3 ? 2 / shards : 2) + (zero >= 2 ? 2 / shards : 2) + (zero >= 1 ? 12 / shards : 12));
+// DeepSeek-V3's (--bf16-moments; its report, section 3.3.3): Adam's two moments in BF16,
+// the master weights and the gradients (accumulated over microbatches) in FP32: 2 + 4 + 8.
+static double state_bytes_as(double params, int zero, double shards, int bf16_moments) {
+    double grad = bf16_moments ? 4 : 2, opt = bf16_moments ? 4 + 2 + 2 : 12;
+    return params * ((zero >= 3 ? 2 / shards : 2) + (zero >= 2 ? grad / shards : grad) + (zero >= 1 ? opt / shards : opt));
 }
+static double state_bytes(double params, int zero, double shards) { return state_bytes_as(params, zero, shards, 0); }
 // The optimizer's step over the parameters a device updates (its ZeRO shard, or all it holds):
 // Adam reads the FP32 master weight, m, v and the 2-byte gradient and writes the three and
-// the 2-byte weight, 28 bytes a parameter, memory-bound.
-enum { OPTIMIZER_BYTES = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2 };
+// the 2-byte weight, 28 bytes a parameter, memory-bound (--bf16-moments: m and v 2 bytes
+// each way, the gradient 4 in: 22).
+enum { OPTIMIZER_BYTES = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2, OPTIMIZER_BYTES_BF16_MOMENTS = 4 + 2 + 2 + 4 + 4 + 2 + 2 + 2 };
 static double optimizer_params(double params, int zero, double shards) { return zero >= 1 ? params / shards : params; }
 // The parameters on one device of a stage of n layers (the layers' average: the dense ones
 // apart from the routed experts, which EP shares out), with the embedding on the first
@@ -694,7 +700,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
         t = t_allreduce(2 * dense, l->dp * l->cp, dp_link) + (m->experts > 0 ? t_allreduce(2 * experts, l->dp / l->ep * l->cp, edp_link) : 0);
         if (dual) t += t_p2p(2 * dense / shards + 2 * experts / expert_shards, pp_link);
         t *= l->zero == 3 ? 1.5 : 1;
-        double opt = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
+        double opt = (pr->bf16_moments ? OPTIMIZER_BYTES_BF16_MOMENTS : OPTIMIZER_BYTES) / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
         if (t + opt > dp + k.optimizer) dp = t, k.optimizer = opt;
     }
     // hidden (--dp-overlap) behind the compute that runs while it can: the gradients are
@@ -717,7 +723,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
         double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak, pr->fp8);
         if (dual) stage_params(m, l, n[r] + n[l->pp - 1 - r], r == 0 || r == l->pp - 1, r == 0 || r == l->pp - 1, &dense, &experts);
         else stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
-        double weights = state_bytes(dense, l->zero, shards) + state_bytes(experts, l->zero, expert_shards);
+        double weights = state_bytes_as(dense, l->zero, shards, pr->bf16_moments) + state_bytes_as(experts, l->zero, expert_shards, pr->bf16_moments);
         if (weights + acts > k.memory) k.memory = weights + acts, k.weights = weights, k.acts = acts;
     }
     k.fits = k.memory <= c->memory;
