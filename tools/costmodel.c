@@ -800,7 +800,8 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (word[flag_index("schedule")]) { // schedules.h's, and the cost model's own dualpipe
         char err[256];
         if (!strcmp(word[flag_index("schedule")], "dualpipe")) fx->sched = SCHEDULE_DUALPIPE;
-        else if (schedule_parse(word[flag_index("schedule")], &fx->sched, err, sizeof err)) usage_error("%s, or dualpipe", err);
+        else if (schedule_parse(word[flag_index("schedule")], &fx->sched, err, sizeof err))
+            usage_error("--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv, dualpipev or dualpipe, got '%s'", word[flag_index("schedule")]);
     }
     if (GIVEN(&q, "virtual")) {
         if (fx->sched != SCHEDULE_INTERLEAVED) usage_error("--virtual applies to --schedule interleaved");
