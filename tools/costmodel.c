@@ -370,6 +370,9 @@ static const char* layout_rule(const Shape* m, const Layout* l, int devices, cha
         snprintf(err, n, "zbv: up to %d stages of 2 layers or more, up to %d microbatches", ZBV_MAX_S, ZBV_MAX_M);
     else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPEV && (l->M < 2 * l->pp || (m->layers + l->pp - 1) / l->pp < 2))
         snprintf(err, n, "dualpipev: at least 2 x PP microbatches (%d for PP %d) and 2 layers a stage", 2 * l->pp, l->pp);
+    else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && (l->pp % 2 || l->M % 2 || l->M < 2 * l->pp))
+        snprintf(err, n, "dualpipe: an even PP and an even number of microbatches, at least 2 x PP (%d for PP %d; DualPipe's "
+                 "own check), half fed in at each end", 2 * l->pp, l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_NAIVE)
         snprintf(err, n, "naive runs one microbatch at a time: the model does not consider it");
     else
@@ -431,7 +434,7 @@ static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const
                     for (int zero = 0; zero <= 3; zero++)
                         for (int sp = 0; sp <= 1; sp++)
                             for (int rec = 0; rec < N_RECOMPUTE; rec++)
-                                for (int sched = 0; sched < N_SCHEDULES; sched++)
+                                for (int sched = 0; sched < N_COST_SCHEDULES; sched++)
                                     for (int V = 1; V <= 8; V *= 2) {
                                         if ((fx->zero >= 0 && zero != fx->zero) || (fx->sp >= 0 && sp != fx->sp) ||
                                             (fx->recompute >= 0 && rec != fx->recompute))
@@ -474,7 +477,7 @@ static const char* largest_loss(const Shape* m, const Practice* pr, const Candid
 
 static void layout_words(const Layout* l, char* s, size_t n) {
     if (l->pp > 1 && l->sched == SCHEDULE_INTERLEAVED) snprintf(s, n, "interleaved V %d", l->V);
-    else snprintf(s, n, "%s", l->pp > 1 ? schedule_names[l->sched] : "-");
+    else snprintf(s, n, "%s", l->pp > 1 ? cost_schedule_name(l->sched) : "-");
 }
 
 static void print_model(const Cluster* c, const Shape* m, const Practice* pr, int devices) {
@@ -566,34 +569,36 @@ static Published published_runs(int i) {
         {"Llama 3 405B, 16,384 H100s, sequence 131,072", "cluster/h100-16k.txt", 16384, long_context, {0},
          {8, 16, 16, 8, 1, -1, -1, -1, SCHEDULE_INTERLEAVED, -1, 16}, COUNT_MFU, 0.38, 0.20, llama, 0.3742, 1, 1},
         // DeepSeek-V3 (its report): PP 16, EP 64 over 8 nodes, ZeRO-1, no TP (section 3.2), FP8
-        // products (3.3), the all-to-alls hidden behind compute on 20 of the 132 SMs (3.2.2), tokens
+        // products (3.3), the all-to-alls run on 20 of the 132 SMs (3.2.2) beside compute, tokens
         // routed to at most 4 nodes, the norms and MLA's up-projections recomputed and FP8
         // products' inputs kept in FP8 (3.2.3, 3.3.3: recomputation "norms"), one MTP module (2.2);
-        // zb1 stands for DualPipe, which the model does not build (docs/cluster.md)
-        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek, {.fp8 = 1, .ep_overlap = 1, .route_nodes = 4, .comm_sms = 20},
-         {1, 1, 16, 128, 64, 1, -1, RECOMPUTE_NORMS, SCHEDULE_ZB1, -1, 120}, COUNT_GPU_HOURS, 180e3, 0.20,
-         "DeepSeek-V3 Technical Report (2024), sections 2.2 and 3.1-3.3", 1.631e5, 33, 23},
+        // DualPipe (3.2.1), whose F&B pairs are what hides the all-to-alls: no --ep-overlap beside
+        // it; Adam's moments in BF16, master weights and gradients in FP32 (3.3.3)
+        {"DeepSeek-V3, 2,048 H800s", "cluster/h800-2k.txt", 2048, deepseek,
+         {.fp8 = 1, .route_nodes = 4, .comm_sms = 20, .bf16_moments = 1},
+         {1, 1, 16, 128, 64, 1, -1, RECOMPUTE_NORMS, SCHEDULE_DUALPIPE, -1, 120}, COUNT_GPU_HOURS, 180e3, 0.20,
+         "DeepSeek-V3 Technical Report (2024), sections 2.2 and 3.1-3.3", 1.658e5, 31, 7},
         // BLOOM's paper (section 3.4, "Engineering") and training chronicles: TP 4, PP 12, DP 8,
         // ZeRO-1, micro-batches of 2 sequences, activations checkpointed, Megatron-DeepSpeed's
         // 1F1B schedule and its fused (not flash) attention; "about 150 TFLOPs" a GPU in
         // Megatron's count (recomputation counted)
         {"BLOOM 176B, 384 A100s", "cluster/a100-jean-zay.txt", 384, bloom, {.unfused = 1},
          {4, 1, 12, 8, 1, 1, 0, RECOMPUTE_FULL, SCHEDULE_1F1B, 1, 128}, COUNT_TFLOPS, 150e12, 0.20,
-         "BLOOM (Le Scao et al. 2022), section 3.4; BigScience's model card", 1.967e14, 40, 8},
+         "BLOOM (Le Scao et al. 2022), section 3.4; BigScience's model card", 1.848e14, 47, 8},
         // MegaScale (Jiang et al., NSDI 2024), section 6.1 and Table 2: GPT-3 175B on 12,288
         // Ampere GPUs, 6,144 sequences a step, TP 8 (with SP), PP 8 interleaved, DP 192;
         // TP's and DP's traffic overlapped with the products (section 3.2), FlashAttention-2
         // (section 3.3); 55.2% MFU
         {"MegaScale 175B, 12,288 A100s", "cluster/a100-megascale.txt", 12288, megascale, {.tp_overlap = 1, .dp_overlap = 1},
          {8, 1, 8, 192, 1, -1, 1, -1, SCHEDULE_INTERLEAVED, -1, 32}, COUNT_MFU, 0.552, 0.20,
-         "MegaScale (Jiang et al., NSDI 2024), sections 3 and 6.1", 0.6808, 2, 1},
+         "MegaScale (Jiang et al., NSDI 2024), sections 3 and 6.1", 0.6362, 2, 1},
         // OPT's paper (Zhang et al. 2022, section 2.4): 992 A100s (80 GB), Fully Sharded Data
         // Parallel (ZeRO-3) with Megatron-LM's TP 8, no pipeline, "up to 147 TFLOP/s per GPU";
         // FSDP overlaps its gathers and reduce-scatters with compute (Zhao et al., "PyTorch
         // FSDP", 2023, section 3.3); fused (not flash) attention
         {"OPT-175B, 992 A100s", "cluster/a100-opt.txt", 992, opt, {.unfused = 1, .dp_overlap = 1},
          {8, 1, 1, 124, 1, 3, 0, -1, SCHEDULE_1F1B, 1, -1}, COUNT_TFLOPS, 147e12, 0.20,
-         "OPT (Zhang et al. 2022), section 2.4", 1.43e14, 40, 7},
+         "OPT (Zhang et al. 2022), section 2.4", 1.375e14, 39, 7},
     };
     return runs[i];
 }
@@ -687,6 +692,7 @@ static const Flag llm_flags[] = {
     {"experts", 'n', 0, 65536, 1}, {"top-k", 'n', 1, 65536, 1}, {"expert-ffn", 'n', 1, 1 << 24, 1},
     {"shared-experts", 'n', 0, 64, 1}, {"dense-layers", 'n', 0, 100000, 1}, {"q-lora", 'n', 1, 1 << 20, 1},
     {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"mtp", 'n', 1, 16, 1}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
+    {"bf16-moments", 's', 0, 0, 0},
     {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"tp-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
     {"attention", 'w', 0, 0, 0},
     {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
@@ -766,6 +772,7 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (q.pr.comm_sms && !c->sms) usage_error("--comm-sms: the cluster file gives no sms (the SMs of a device)");
     if (q.pr.comm_sms >= c->sms && c->sms) usage_error("--comm-sms %d: a device has %d SMs, and compute needs some", q.pr.comm_sms, c->sms);
     q.pr.tp_overlap = VAL("tp-overlap");
+    q.pr.bf16_moments = GIVEN(&q, "bf16-moments");
     if (word[flag_index("attention")]) {
         const char* s = word[flag_index("attention")];
         if (strcmp(s, "flash") && strcmp(s, "unfused")) usage_error("--attention must be flash or unfused, got '%s'", s);
@@ -790,9 +797,11 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
             if (!strcmp(s, cost_recompute_names[k])) fx->recompute = k;
         if (fx->recompute < 0) usage_error("--recompute must be none, selective, full or norms, got '%s'", s);
     }
-    if (word[flag_index("schedule")]) {
+    if (word[flag_index("schedule")]) { // schedules.h's, and the cost model's own dualpipe
         char err[256];
-        if (schedule_parse(word[flag_index("schedule")], &fx->sched, err, sizeof err)) usage_error("%s", err);
+        if (!strcmp(word[flag_index("schedule")], "dualpipe")) fx->sched = SCHEDULE_DUALPIPE;
+        else if (schedule_parse(word[flag_index("schedule")], &fx->sched, err, sizeof err))
+            usage_error("--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv, dualpipev or dualpipe, got '%s'", word[flag_index("schedule")]);
     }
     if (GIVEN(&q, "virtual")) {
         if (fx->sched != SCHEDULE_INTERLEAVED) usage_error("--virtual applies to --schedule interleaved");
@@ -837,8 +846,8 @@ static void print_cost_line(const Layout* l, const Cost* k) {
            k->step, k->mfu, k->hfu, k->memory / 1e9, k->fits ? "yes" : "no", k->compute, k->membound, k->attention, k->bubble,
            (k->compute + k->tp + k->cp + k->ep) * k->bubble / (1 - k->bubble), k->tp, k->cp, k->ep, k->pp, k->dp,
            k->optimizer, k->overlap, k->weights / 1e9, k->acts / 1e9, k->gpu_hours_per_t, l->tp, l->cp, l->pp, l->dp, l->ep, l->zero,
-           l->sp ? "yes" : "no", cost_recompute_names[l->recompute], l->pp > 1 ? schedule_names[l->sched] : "none",
-           l->pp > 1 ? schedule_chunks(l->sched, l->V) : 1, l->M);
+           l->sp ? "yes" : "no", cost_recompute_names[l->recompute], l->pp > 1 ? cost_schedule_name(l->sched) : "none",
+           l->pp > 1 ? cost_schedule_chunks(l->sched, l->V) : 1, l->M);
 }
 
 // ----------------------------------------------------------------------------
@@ -1064,6 +1073,10 @@ static int selftest(void) {
     near("ZeRO-1 over 8", state_bytes(1e9, 1, 8), 4e9 + 1.5e9);
     near("ZeRO-2 over 8", state_bytes(1e9, 2, 8), 2e9 + 2e9 / 8 + 1.5e9);
     near("ZeRO-3 over 8", state_bytes(1e9, 3, 8), 16e9 / 8);
+    // DeepSeek-V3's state (--bf16-moments): 2-byte weights, 4-byte gradients, 8 bytes of FP32
+    // master weight and BF16 m and v
+    near("BF16 moments, FP32 gradients, ZeRO-1 over 8", state_bytes_as(1e9, 1, 8, 1), 2e9 + 4e9 + 8e9 / 8);
+    near("BF16 moments, FP32 gradients, ZeRO-2 over 8", state_bytes_as(1e9, 2, 8, 1), 2e9 + 4e9 / 8 + 8e9 / 8);
 
     // the new terms one at a time, by hand. Waves: on 100 SMs a 2048 x 1280 product is 80
     // tiles (8 x 10 of 256 x 128, or 16 x 5 of 128 x 256), one wave of 100 SM-tiles: 80%
@@ -1153,6 +1166,9 @@ static int selftest(void) {
     dp8.zero = 3;
     near("ZeRO-3: 1.5 times the traffic", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).dp, 1.5 * t_allreduce(2 * P, 8, between));
     near("the optimizer's step under ZeRO: the device's shard, 1/8", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).optimizer, 28 * P / 8 / 1e12);
+    pr.bf16_moments = 1;
+    near("... with BF16 moments and FP32 gradients: 22 bytes a parameter", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).optimizer, 22 * P / 8 / 1e12);
+    pr.bf16_moments = 0;
     dp8.zero = 0, dp8.recompute = RECOMPUTE_FULL;
     kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
     near("HFU under full recomputation: the papers' count over the same step", kk.hfu,
@@ -1266,6 +1282,45 @@ static int selftest(void) {
     stage_params(&mt, &t2, 2, 0, 1, &dpar, &epar);
     near("MTP 1's parameters with the head: a layer's, the 2h x h projection and two norms", dpar,
          (2 * per_layer + 1000.0 * 1024 + 1024 + per_layer + 2 * 1024.0 * 1024 + 2 * 1024) / 2);
+    // DualPipe (the cost model's own schedule): the report's bubble, (PP/2 - 1)(F&B + B - 3W)
+    // beside M (F + B); PP 4, M 8, F = I = W = 1: 1 x (3 + 2 - 3) = 2 idle beside 24
+    Layout d4 = {.tp = 1, .cp = 1, .pp = 4, .dp = 2, .ep = 1, .sched = SCHEDULE_DUALPIPE, .V = 1, .M = 8};
+    near("DualPipe's bubble on 4 ranks, M 8: (4/2 - 1)(F&B + B - 3W) / (M (F + B) + that) = 2 / 26", pipeline_bubble(&d4, 0, 1), 2.0 / 26);
+    near("... an F&B twice as long (its traffic outlasting its compute): 1 x (6 + 2 - 3) / (24 + 5)", pipeline_bubble(&d4, 0, 2), 5.0 / 29);
+    near("DualPipe's F&B pairs on its end ranks, PP 4, M 8: M - 3PP/2 + 1 = 3 of 8 forwards", paired_fraction(&d4), 3.0 / 8);
+    d4.sched = SCHEDULE_DUALPIPEV;
+    near("dualpipev's on rank 0 of 4, M 8: 2M - 3S + 1 = 5 of 16", paired_fraction(&d4), 5.0 / 16);
+    d4.sched = SCHEDULE_1F1B;
+    near("1F1B pairs nothing", paired_fraction(&d4), 0);
+    d4.sched = SCHEDULE_DUALPIPE;
+    // 8 layers on 4 ranks: ranks 0 and 3 hold stages 0 and 3, each running the one for half the
+    // microbatches, the other for the rest: per microbatch 2 layers and half of the embedding's
+    // and the head's work (1F1B's last stage: 2 layers and all the head's)
+    double emb_t = 10 * 1024.0 / 1e12;
+    kk = layout_cost(&c, &big, &bf16, &d4, 8, 0, 0);
+    near("DualPipe, PP 4: compute at 2 layers and half of both ends, for a replica's tokens", kk.compute,
+         big.tokens / 2 * (2 * layer_t + (head_t + emb_t) / 2));
+    near("DualPipe, PP 4: weights of two stages (4 layers) and both ends on an end rank, 16 bytes each", kk.weights,
+         16 * (4 * per_layer + 2 * 1000.0 * 1024 + 1024));
+    int twos[4] = {2, 2, 2, 2};
+    near("DualPipe's activations: PP + 1 microbatches of a stage (rank 1: no logits)", stage_activation_bytes(&big, &d4, twos, 1, 0, 0),
+         5 * 2 * 2048.0 * layer_acts_per_token(&big, 0, 1, 0, RECOMPUTE_NONE, 2048, 0));
+    near("DualPipe's DP: the all-reduce of two stages' gradients, and the shard sent to the other copy's rank", kk.dp,
+         t_allreduce(2 * (4 * per_layer + 2 * 1000.0 * 1024 + 1024), 2, in_node) + t_p2p(2 * (4 * per_layer + 2 * 1000.0 * 1024 + 1024) / 2, between));
+    // an F&B hides its all-to-alls and sends behind its compute: EP 4 in a node, PP 2 across
+    // the nodes, M 4 (sequences of 2048): M - 3 + 1 = 2 of 4 forwards paired, so half of 4 MoE
+    // layers x 4 microbatches x 4 all-to-alls stays exposed, and half of the 2 x 4 sends
+    Layout d2 = {.tp = 1, .cp = 1, .pp = 2, .dp = 4, .ep = 4, .sched = SCHEDULE_DUALPIPE, .V = 1, .M = 4};
+    double ep_all = 4 * 4 * 4 * t_alltoall(&c, copies, 4, 1, 1), send = t_p2p(2 * 2048.0 * 1024, between);
+    kk = layout_cost(&c, &mbig, &bf16, &d2, 8, 0, 0);
+    near("DualPipe, EP 4: the paired half of the all-to-alls hidden, the rest exposed", kk.ep, ep_all / 2);
+    near("... and the paired half of the pipeline's sends", kk.pp, 2 * 4 * send - 4 * send);
+    Cluster slow = c; // all-to-alls 1000 times slower: a pair's traffic outlasts its compute
+    slow.beta_intra = 1e8;
+    double ep_slow = 4 * 4 * 4 * t_alltoall(&slow, copies, 4, 1, 1);
+    kk = layout_cost(&slow, &mbig, &bf16, &d2, 8, 0, 0);
+    near("DualPipe, a pair's traffic longer than its compute: the pair takes the traffic's time (max, not sum)", kk.ep + kk.pp,
+         ep_slow + 2 * 4 * send - kk.compute / 2);
     // any degrees: 3 devices take PP 3 (DP 3 leaves 16 sequences undivided); 48 sequences take DP 3 too
     Candidate* all;
     Fixed any = {-1, -1, -1, -1, -1, -1};
@@ -1294,9 +1349,9 @@ static void usage(void) {
             "          [--ffn F (4W)] [--mlp swiglu|gelu] [--experts E --top-k K --expert-ffn F --shared-experts S\n"
             "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout] [--mtp D]\n"
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
-            "          --schedule gpipe|1f1b|interleaved|zb1|zbv|dualpipev --virtual V --microbatches M (rank: fixed for all)\n"
+            "          --schedule gpipe|1f1b|interleaved|zb1|zbv|dualpipev|dualpipe --virtual V --microbatches M (rank: fixed for all)\n"
             "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --tp-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N\n"
-            "          --attention flash|unfused --devices N\n");
+            "          --attention flash|unfused --bf16-moments --devices N\n");
 }
 
 int main(int argc, char** argv) {

@@ -27,8 +27,11 @@
  *             and reduce-scatters their gradients; as a ring it hides behind attention
  *   EP        four all-to-alls per MoE layer (dispatch and combine, forward and backward;
  *             with node-limited routing a token crosses once to each node it reaches), a
- *             stated fraction hidden behind compute (--ep-overlap)
- *   bubble    the schedule's idle fraction (schedules.h's closed forms; zbv played there)
+ *             stated fraction hidden behind compute (--ep-overlap); under DualPipe and
+ *             dualpipev a chunk's all-to-alls and pipeline sends hide behind the compute of
+ *             the chunk it is paired with (an F&B takes the longer of the two, not the sum)
+ *   bubble    the schedule's idle fraction (schedules.h's closed forms; zbv played there;
+ *             DualPipe's from DeepSeek-V3's report)
  *   PP        a microbatch's activations across each stage boundary, forward and back
  *   DP        the gradients reduce-scattered and the parameters all-gathered (an all-
  *             reduce's time; ZeRO-3 gathers once more for backward), a stated fraction
@@ -41,9 +44,8 @@
  * and reduce-scatter n-1 steps, each alpha + bytes / beta, after NCCL's base latency.
  * "Hidden" traffic hides only behind compute that exists: at most the compute's time.
  *
- * Not modelled (each a reason real runs are slower than predicted): the A100's clock at its
- * power limit (no sustained figure is published for it), stragglers and jitter across
- * thousands of devices, congestion, kernel launches, DualPipe's schedule (zb1 stands for it).
+ * Not modelled (each a reason real runs are slower than predicted): stragglers and jitter
+ * across thousands of devices, congestion, kernel launches.
  *
  * Memory: 2-byte weights and gradients and 12 bytes of FP32 master weights, m and v per
  * parameter, sharded by ZeRO's stage over the devices that hold the same weights; the
@@ -79,6 +81,7 @@ typedef struct {
     int comm_sms;                  // SMs the communication kernels take while they run beside compute (0: none)
     double tp_overlap;             // fraction of TP's traffic hidden behind the layers' matrix products
     int unfused;                   // attention as two batched products and a softmax through HBM (no FlashAttention)
+    int bf16_moments;              // Adam's m and v in BF16, the gradients in FP32 (DeepSeek-V3's state), else 2 + 2 + 12 bytes
 } Practice;
 
 // Recomputation: config.h's none, selective (attention's core again, Korthikanti et al.) and
@@ -91,8 +94,27 @@ static const char* const cost_recompute_names[] = {"none", "selective", "full", 
 
 typedef struct {
     int tp, cp, pp, dp, ep, zero, sp, recompute;
-    int sched, V, M; // pipeline schedule (schedules.h), chunks per device, microbatches (pp 1: M passes in turn)
+    int sched, V, M; // pipeline schedule (schedules.h, or dualpipe), chunks per device, microbatches (pp 1: M passes in turn)
 } Layout;
+
+// DualPipe (DeepSeek-V3's report, section 3.2.1; github.com/deepseek-ai/DualPipe), the cost
+// model's own schedule beside schedules.h's, whose dualpipev is its V-shaped half: PP ranks
+// (an even number), rank r holding stage r for the M/2 microbatches fed in at rank 0 and
+// stage PP-1-r for the M/2 fed in at rank PP-1. Not dualpipev under another name, because
+// three things the model charges differ: every device holds two stages' weights (the report:
+// "two copies of the model parameters"), where dualpipev's two chunks are one stage cut in
+// half; the embedding and the head (with the MTP modules) sit on both end ranks, each running
+// the one for half the microbatches and the other for the rest (section 3.2.3), where
+// dualpipev's rank 0 runs both for every microbatch; and PP + 1 microbatches of activations
+// in flight (the report's Table 2) against dualpipev's S + 1/2. Their bubbles and their F&B
+// pairs are the same to within a chunk (DualPipeV is DualPipe cut in half: its README).
+enum { SCHEDULE_DUALPIPE = N_SCHEDULES, N_COST_SCHEDULES };
+static const char* cost_schedule_name(int sched) { return sched == SCHEDULE_DUALPIPE ? "dualpipe" : schedule_names[sched]; }
+// Chunks (stages) a device holds: DualPipe's two stages, else schedules.h's count.
+static int cost_schedule_chunks(int sched, int V) { return sched == SCHEDULE_DUALPIPE ? 2 : schedule_chunks(sched, V); }
+// The forward chunks a device runs a step, per microbatch: DualPipe's one stage (M/2 each
+// way), else one for each chunk it holds.
+static int chunks_run(int sched, int V) { return sched == SCHEDULE_DUALPIPE ? 1 : schedule_chunks(sched, V); }
 
 typedef struct {
     double step, compute, bubble, tp, cp, ep, pp, dp; // seconds (tp, cp, ep, dp: the exposed part)
@@ -383,9 +405,10 @@ static double layer_acts(const Shape* m, int tp, int sp, int recompute, int fp8)
 
 // Activations device r of the pipeline holds at its peak, in bytes: per microbatch and
 // layer, times the layers of its stage (n[r]) and the microbatches its schedule keeps
-// (schedules.h; zbv: the checker's, passed as zbv_peak); the FP32 logits on the device with
-// the head (the last; zbv: device 0). Full recomputation keeps each layer's input only, and
-// the working set of the one layer that backward recomputes.
+// (schedules.h; zbv: the checker's, passed as zbv_peak; DualPipe: PP + 1 of a stage, the
+// report's Table 2, a stage being the average of the device's two); the FP32 logits on the
+// device with the head (the last; zbv: device 0; DualPipe: both ends). Full recomputation
+// keeps each layer's input only, and the working set of the one layer that backward recomputes.
 static double stage_activation_bytes(const Shape* m, const Layout* l, const int* n, int r, double zbv_peak, int fp8) {
     double seqs_mb = m->tokens / m->seq / l->dp / l->M, tokens = seqs_mb * m->seq / l->cp;
     int S = l->pp;
@@ -394,6 +417,8 @@ static double stage_activation_bytes(const Shape* m, const Layout* l, const int*
         layer = tokens * 2.0 * m->width / (l->sp ? l->tp : 1);
         once = tokens * layer_acts(m, l->tp, l->sp, RECOMPUTE_SELECTIVE, fp8);
     }
+    if (S > 1 && l->sched == SCHEDULE_DUALPIPE)
+        return (S + 1) * (n[r] + n[S - 1 - r]) / 2.0 * layer + once + (r == 0 || r == S - 1 ? logits : 0);
     double held = S == 1 ? 1 : l->sched == SCHEDULE_ZBV ? zbv_peak : schedule_peak_formula(l->sched, S, l->V, l->M, r);
     int last = schedule_v_shaped(l->sched) ? r == 0 : r == S - 1; // a V ends where it starts
     return held * n[r] * layer + once + (last ? logits : 0);
@@ -402,13 +427,18 @@ static double stage_activation_bytes(const Shape* m, const Layout* l, const int*
 // Weights, gradients and optimizer state on one device: 2 + 2 + 12 bytes per parameter,
 // ZeRO stage 1 sharding the 12, stage 2 the gradients too, stage 3 the weights too, over the
 // devices holding the same parameters: DP x CP for the dense ones, DP x CP / EP for experts.
-static double state_bytes(double params, int zero, double shards) {
-    return params * ((zero >= 3 ? 2 / shards : 2) + (zero >= 2 ? 2 / shards : 2) + (zero >= 1 ? 12 / shards : 12));
+// DeepSeek-V3's (--bf16-moments; its report, section 3.3.3): Adam's two moments in BF16,
+// the master weights and the gradients (accumulated over microbatches) in FP32: 2 + 4 + 8.
+static double state_bytes_as(double params, int zero, double shards, int bf16_moments) {
+    double grad = bf16_moments ? 4 : 2, opt = bf16_moments ? 4 + 2 + 2 : 12;
+    return params * ((zero >= 3 ? 2 / shards : 2) + (zero >= 2 ? grad / shards : grad) + (zero >= 1 ? opt / shards : opt));
 }
+static double state_bytes(double params, int zero, double shards) { return state_bytes_as(params, zero, shards, 0); }
 // The optimizer's step over the parameters a device updates (its ZeRO shard, or all it holds):
 // Adam reads the FP32 master weight, m, v and the 2-byte gradient and writes the three and
-// the 2-byte weight, 28 bytes a parameter, memory-bound.
-enum { OPTIMIZER_BYTES = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2 };
+// the 2-byte weight, 28 bytes a parameter, memory-bound (--bf16-moments: m and v 2 bytes
+// each way, the gradient 4 in: 22).
+enum { OPTIMIZER_BYTES = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2, OPTIMIZER_BYTES_BF16_MOMENTS = 4 + 2 + 2 + 4 + 4 + 2 + 2 + 2 };
 static double optimizer_params(double params, int zero, double shards) { return zero >= 1 ? params / shards : params; }
 // The parameters on one device of a stage of n layers (the layers' average: the dense ones
 // apart from the routed experts, which EP shares out), with the embedding on the first
@@ -539,12 +569,35 @@ static double route_scale(const Cluster* c, const Shape* m, int ep, int stride, 
 
 // The pipeline's bubble (schedules.h), with forward, input-gradient and weight-gradient
 // halves of equal time (full recomputation adds a forward to the input half); zbv has no
-// closed form: the caller passes what schedules.h's checker measured.
+// closed form: the caller passes what schedules.h's checker measured. An F&B (DualPipe's,
+// dualpipev's) takes F + B times fb_scale: 1 while its compute outlasts its traffic, else
+// the traffic's time over the compute's. DualPipe's: (PP/2 - 1)(F&B + B - 3W) idle beside
+// a device's M (F + B) of work (DeepSeek-V3's report, Table 2).
 static Durations pipeline_durations(int recompute) { return (Durations){.f = 1, .i = recompute == RECOMPUTE_FULL ? 2 : 1, .w = 1}; }
-static double pipeline_bubble(const Layout* l, double zbv_bubble) {
+static double pipeline_bubble(const Layout* l, double zbv_bubble, double fb_scale) {
     if (l->pp <= 1) return 0;
     if (l->sched == SCHEDULE_ZBV) return zbv_bubble;
-    return schedule_bubble_formula(l->sched, l->pp, l->V, l->M, pipeline_durations(l->recompute));
+    Durations d = pipeline_durations(l->recompute);
+    d.fb = (d.f + d.i + d.w) * fb_scale;
+    if (l->sched == SCHEDULE_DUALPIPE) {
+        double idle = (l->pp / 2.0 - 1) * (d.fb + d.i + d.w - 3 * d.w);
+        return idle / (l->M * (d.f + d.i + d.w) + idle);
+    }
+    return schedule_bubble_formula(l->sched, l->pp, l->V, l->M, d);
+}
+// The share of a device's forward chunks that run as an F&B, overlapped with the backward
+// chunk of another microbatch: its all-to-alls and pipeline sends run while the other's
+// attention and MLP compute and the other way round (the report's Figure 4), so the pair
+// takes the longer of its compute and its traffic, not their sum. Counted on the end ranks,
+// which pair the fewest (and hold the ends): DualPipe's ranks 0 and PP-1 run M - 3PP/2 + 1
+// of their M forwards as F&Bs (deepseek-ai/DualPipe, dualpipe.py: its steps 4 and 5,
+// 2(M/2 - PP + 1) + PP/2 - 1); dualpipev's rank 0 of S, 2M - 3S + 1 of its 2M (schedules.h's
+// lists). The warm-up's forwards and the cool-down's backwards run alone. 0: no pairs.
+static double paired_fraction(const Layout* l) {
+    if (l->pp <= 1) return 0;
+    if (l->sched == SCHEDULE_DUALPIPE) return fmax(0, (l->M - 1.5 * l->pp + 1) / l->M);
+    if (l->sched == SCHEDULE_DUALPIPEV) return fmax(0, (2.0 * l->M - 3 * l->pp + 1) / (2.0 * l->M));
+    return 0;
 }
 
 static double hidden(double overlap, double traffic, double compute) { return fmin(overlap * traffic, compute); }
@@ -577,15 +630,26 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     double embedding_s = embedding_membound_bytes(m) / c->hbm;
     // the stages, balanced (unevenly where the layers do not divide); the pipeline at the
     // slowest one's pace, for the tokens of a TP group
-    int n[MAX_STAGES], together = l->pp == 1 || schedule_v_shaped(l->sched), fullest = 0;
+    int n[MAX_STAGES], together = l->pp == 1 || schedule_v_shaped(l->sched), dual = l->pp > 1 && l->sched == SCHEDULE_DUALPIPE;
     if (l->pp > MAX_STAGES || l->pp < 1) fatal("internal: %d pipeline stages, more than the model takes", l->pp);
-    double pace = stage_layers(m->layers, l->pp, embedding_s / layer_s, head_s / layer_s, together, n);
-    for (int r = 0; r < l->pp; r++) fullest = n[r] > fullest ? n[r] : fullest;
+    double pace, per_stage = 0; // per_stage: the most layers a device runs for a microbatch, whose communication sets the pace
+    if (dual) {
+        // DualPipe: ranks r and PP-1-r hold the same two stages and each runs one of them for
+        // half the microbatches, the other for the rest: per microbatch, half the pair's
+        // layers and (the end pair) half of both ends. The pairs balanced as a V of PP/2.
+        int pairs[MAX_STAGES];
+        pace = stage_layers(m->layers, l->pp / 2, embedding_s / layer_s, head_s / layer_s, 1, pairs) / 2;
+        for (int r = 0; r < l->pp / 2; r++)
+            n[r] = (pairs[r] + 1) / 2, n[l->pp - 1 - r] = pairs[r] / 2, per_stage = fmax(per_stage, pairs[r] / 2.0);
+    } else {
+        pace = stage_layers(m->layers, l->pp, embedding_s / layer_s, head_s / layer_s, together, n);
+        for (int r = 0; r < l->pp; r++) per_stage = fmax(per_stage, n[r]);
+    }
     double group_tokens = m->tokens / l->dp / l->cp;
     k.compute = group_tokens * pace * layer_s;
-    k.membound = group_tokens * fullest * mb_s;
-    k.attention = group_tokens * fullest * att_s;
-    double per_stage = fullest, M = l->M; // the layers whose communication sets the pace (doubles: no int product overflows)
+    k.membound = group_tokens * per_stage * mb_s;
+    k.attention = group_tokens * per_stage * att_s;
+    double M = l->M; // (doubles: no int product overflows)
     // TP: 2 all-reduces of a microbatch's activations per layer forward, 2 backward, 2 more
     // when the forward runs again; a stated fraction hidden behind the products (--tp-overlap)
     double n_tp = 4 + (l->recompute == RECOMPUTE_FULL ? 2 : 0);
@@ -607,25 +671,36 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     double far = route_scale(c, m, l->ep, stride, pr->route_nodes);
     double dispatch = t_alltoall(c, copies * (pr->fp8 ? 1 : 2), l->ep, stride, far), other = t_alltoall(c, copies * 2, l->ep, stride, far);
     double a2a = dispatch + 3 * other + (l->recompute == RECOMPUTE_FULL ? dispatch + other : 0);
-    double ep = moe_per_stage * M * a2a, ep_hidden = hidden(pr->ep_overlap, ep, k.compute);
-    k.tp = tp - tp_hidden, k.cp = cp - cp_hidden, k.ep = ep - ep_hidden;
-    k.bubble = pipeline_bubble(l, zbv_bubble);
+    double ep = moe_per_stage * M * a2a;
     // PP: a microbatch's activations (scattered across TP under SP) over each boundary,
     // forward and back: the sends of one device's chunks and of the fill on the critical path
-    double V = l->pp > 1 ? schedule_chunks(l->sched, l->V) : 0;
+    double V = l->pp > 1 ? chunks_run(l->sched, l->V) : 0;
     Link pp_link = ring_link(c, l->pp, (long)l->tp * l->cp * l->dp);
-    k.pp = l->pp > 1 ? 2.0 * (V * M + l->pp - 2) * t_p2p(2 * tokens * h / (l->sp ? l->tp : 1), pp_link) : 0;
+    double send = t_p2p(2 * tokens * h / (l->sp ? l->tp : 1), pp_link), pp = l->pp > 1 ? 2.0 * (V * M + l->pp - 2) * send : 0;
+    // an F&B (DualPipe, dualpipev) hides its chunks' all-to-alls and sends behind its compute:
+    // the paired share of each, at most the paired share of the compute; the rest of EP as
+    // --ep-overlap says, behind the rest of the compute
+    double paired = paired_fraction(l), pair_traffic = paired * (ep + 2 * V * M * send), pair_compute = paired * k.compute;
+    double pair_hidden = fmin(pair_traffic, pair_compute), ep_pair = pair_traffic > 0 ? pair_hidden * paired * ep / pair_traffic : 0;
+    double pp_hidden = pair_hidden - ep_pair, ep_hidden = ep_pair + hidden(pr->ep_overlap, (1 - paired) * ep, (1 - paired) * k.compute);
+    k.tp = tp - tp_hidden, k.cp = cp - cp_hidden, k.ep = ep - ep_hidden, k.pp = pp - pp_hidden;
+    k.bubble = pipeline_bubble(l, zbv_bubble, pair_compute > 0 ? fmax(1, pair_traffic / pair_compute) : 1);
     // DP: an all-reduce's time for the gradients (reduce-scatter, then all-gather of the
     // weights), 1.5 times under ZeRO-3; dense weights over DP x CP, experts over DP x CP / EP;
-    // then the optimizer's step. Each stage's own, the slowest sets the step's end.
+    // then the optimizer's step. Each stage's own, the slowest sets the step's end. DualPipe:
+    // a device's two stages, each copy with its own state, and the two copies' gradients
+    // summed by one exchange of each device's reduced shard with the device holding the other
+    // copy (the same bytes as one ring over both copies' replicas)
     Link dp_link = ring_link(c, l->dp * l->cp, l->tp), edp_link = ring_link(c, l->dp / l->ep * l->cp, (long)l->tp * l->ep);
     double shards = (double)l->dp * l->cp, expert_shards = (double)l->dp / l->ep * l->cp, dp = 0;
     for (int r = 0; r < l->pp; r++) {
         double dense, experts, t;
-        stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
+        if (dual) stage_params(m, l, n[r] + n[l->pp - 1 - r], r == 0 || r == l->pp - 1, r == 0 || r == l->pp - 1, &dense, &experts);
+        else stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
         t = t_allreduce(2 * dense, l->dp * l->cp, dp_link) + (m->experts > 0 ? t_allreduce(2 * experts, l->dp / l->ep * l->cp, edp_link) : 0);
+        if (dual) t += t_p2p(2 * dense / shards + 2 * experts / expert_shards, pp_link);
         t *= l->zero == 3 ? 1.5 : 1;
-        double opt = OPTIMIZER_BYTES / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
+        double opt = (pr->bf16_moments ? OPTIMIZER_BYTES_BF16_MOMENTS : OPTIMIZER_BYTES) / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
         if (t + opt > dp + k.optimizer) dp = t, k.optimizer = opt;
     }
     // hidden (--dp-overlap) behind the compute that runs while it can: the gradients are
@@ -639,15 +714,16 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     // hidden traffic is not free: its kernels take SMs from compute while they run (DeepSeek-
     // V3 gives 20 of an H800's 132 to its all-to-alls), and compute there runs on the rest
     if (pr->comm_sms > 0 && c->sms > 0) {
-        k.overlap = (tp_hidden + cp_hidden + ep_hidden + dp_hidden) * pr->comm_sms / c->sms;
+        k.overlap = (tp_hidden + cp_hidden + ep_hidden + pp_hidden + dp_hidden) * pr->comm_sms / c->sms;
         k.compute += k.overlap;
     }
     k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
     // memory: the device that holds the most, its stage's weights and activations
     for (int r = 0; r < l->pp; r++) {
         double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak, pr->fp8);
-        stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
-        double weights = state_bytes(dense, l->zero, shards) + state_bytes(experts, l->zero, expert_shards);
+        if (dual) stage_params(m, l, n[r] + n[l->pp - 1 - r], r == 0 || r == l->pp - 1, r == 0 || r == l->pp - 1, &dense, &experts);
+        else stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
+        double weights = state_bytes_as(dense, l->zero, shards, pr->bf16_moments) + state_bytes_as(experts, l->zero, expert_shards, pr->bf16_moments);
         if (weights + acts > k.memory) k.memory = weights + acts, k.weights = weights, k.acts = acts;
     }
     k.fits = k.memory <= c->memory;
