@@ -570,15 +570,16 @@ static double route_scale(const Cluster* c, const Shape* m, int ep, int stride, 
 // The pipeline's bubble (schedules.h), with forward, input-gradient and weight-gradient
 // halves of equal time (full recomputation adds a forward to the input half); zbv has no
 // closed form: the caller passes what schedules.h's checker measured. An F&B (DualPipe's,
-// dualpipev's) takes F + B times fb_scale: 1 while its compute outlasts its traffic, else
-// the traffic's time over the compute's. DualPipe's: (PP/2 - 1)(F&B + B - 3W) idle beside
-// a device's M (F + B) of work (DeepSeek-V3's report, Table 2).
+// dualpipev's) counts as F + B here: where a pair's traffic outlasts its compute, the excess
+// is already in the step's exposed EP and PP time, which the bubble's fraction stretches.
+// DualPipe's: (PP/2 - 1)(F&B + B - 3W) idle beside a device's M (F + B) of work (DeepSeek-V3's
+// report, Table 2).
 static Durations pipeline_durations(int recompute) { return (Durations){.f = 1, .i = recompute == RECOMPUTE_FULL ? 2 : 1, .w = 1}; }
-static double pipeline_bubble(const Layout* l, double zbv_bubble, double fb_scale) {
+static double pipeline_bubble(const Layout* l, double zbv_bubble) {
     if (l->pp <= 1) return 0;
     if (l->sched == SCHEDULE_ZBV) return zbv_bubble;
     Durations d = pipeline_durations(l->recompute);
-    d.fb = (d.f + d.i + d.w) * fb_scale;
+    d.fb = d.f + d.i + d.w;
     if (l->sched == SCHEDULE_DUALPIPE) {
         double idle = (l->pp / 2.0 - 1) * (d.fb + d.i + d.w - 3 * d.w);
         return idle / (l->M * (d.f + d.i + d.w) + idle);
@@ -591,11 +592,12 @@ static double pipeline_bubble(const Layout* l, double zbv_bubble, double fb_scal
 // takes the longer of its compute and its traffic, not their sum. Counted on the end ranks,
 // which pair the fewest (and hold the ends): DualPipe's ranks 0 and PP-1 run M - 3PP/2 + 1
 // of their M forwards as F&Bs (deepseek-ai/DualPipe, dualpipe.py: its steps 4 and 5,
-// 2(M/2 - PP + 1) + PP/2 - 1); dualpipev's rank 0 of S, 2M - 3S + 1 of its 2M (schedules.h's
+// 2(M/2 - PP + 1) + PP/2 - 1; at PP 2 both ranks are its "middle" ranks, whose first F&B of
+// step 4 runs unpaired: M - 3); dualpipev's rank 0 of S, 2M - 3S + 1 of its 2M (schedules.h's
 // lists). The warm-up's forwards and the cool-down's backwards run alone. 0: no pairs.
 static double paired_fraction(const Layout* l) {
     if (l->pp <= 1) return 0;
-    if (l->sched == SCHEDULE_DUALPIPE) return fmax(0, (l->M - 1.5 * l->pp + 1) / l->M);
+    if (l->sched == SCHEDULE_DUALPIPE) return fmax(0, (l->M - 1.5 * l->pp + (l->pp == 2 ? 0 : 1)) / l->M);
     if (l->sched == SCHEDULE_DUALPIPEV) return fmax(0, (2.0 * l->M - 3 * l->pp + 1) / (2.0 * l->M));
     return 0;
 }
@@ -632,6 +634,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     // slowest one's pace, for the tokens of a TP group
     int n[MAX_STAGES], together = l->pp == 1 || schedule_v_shaped(l->sched), dual = l->pp > 1 && l->sched == SCHEDULE_DUALPIPE;
     if (l->pp > MAX_STAGES || l->pp < 1) fatal("internal: %d pipeline stages, more than the model takes", l->pp);
+    if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && l->pp % 2) fatal("internal: dualpipe with an odd PP (%d)", l->pp);
     double pace, per_stage = 0; // per_stage: the most layers a device runs for a microbatch, whose communication sets the pace
     if (dual) {
         // DualPipe: ranks r and PP-1-r hold the same two stages and each runs one of them for
@@ -684,7 +687,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     double pair_hidden = fmin(pair_traffic, pair_compute), ep_pair = pair_traffic > 0 ? pair_hidden * paired * ep / pair_traffic : 0;
     double pp_hidden = pair_hidden - ep_pair, ep_hidden = ep_pair + hidden(pr->ep_overlap, (1 - paired) * ep, (1 - paired) * k.compute);
     k.tp = tp - tp_hidden, k.cp = cp - cp_hidden, k.ep = ep - ep_hidden, k.pp = pp - pp_hidden;
-    k.bubble = pipeline_bubble(l, zbv_bubble, pair_compute > 0 ? fmax(1, pair_traffic / pair_compute) : 1);
+    k.bubble = pipeline_bubble(l, zbv_bubble);
     // DP: an all-reduce's time for the gradients (reduce-scatter, then all-gather of the
     // weights), 1.5 times under ZeRO-3; dense weights over DP x CP, experts over DP x CP / EP;
     // then the optimizer's step. Each stage's own, the slowest sets the step's end. DualPipe:
@@ -698,8 +701,8 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
         if (dual) stage_params(m, l, n[r] + n[l->pp - 1 - r], r == 0 || r == l->pp - 1, r == 0 || r == l->pp - 1, &dense, &experts);
         else stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
         t = t_allreduce(2 * dense, l->dp * l->cp, dp_link) + (m->experts > 0 ? t_allreduce(2 * experts, l->dp / l->ep * l->cp, edp_link) : 0);
-        if (dual) t += t_p2p(2 * dense / shards + 2 * experts / expert_shards, pp_link);
-        t *= l->zero == 3 ? 1.5 : 1;
+        t *= l->zero == 3 ? 1.5 : 1; // ZeRO-3 gathers the weights again for backward
+        if (dual) t += t_p2p(2 * dense / shards + 2 * experts / expert_shards, pp_link); // once: the copies' gradients
         double opt = (pr->bf16_moments ? OPTIMIZER_BYTES_BF16_MOMENTS : OPTIMIZER_BYTES) / c->hbm * (optimizer_params(dense, l->zero, shards) + optimizer_params(experts, l->zero, expert_shards));
         if (t + opt > dp + k.optimizer) dp = t, k.optimizer = opt;
     }
