@@ -450,6 +450,15 @@ static void stage_params(const Shape* m, const Layout* l, int n, int embedding, 
     *dense = (n * per_dense + (embedding ? m->vocab * h : 0) + (head ? m->vocab * h + h : 0) + mtp * (per_dense + 2 * h * h + 2 * h)) / l->tp;
     *experts = (n * params_experts(m) / m->layers + mtp * per_experts) / l->tp / l->ep;
 }
+// The parameters device r of the pipeline holds, its stage's layers n[r] (stage_layers):
+// under DualPipe two stages, r's and PP-1-r's, and both ends on the two end ranks; else the
+// embedding on the first device and the head on the last (a V: both on device 0).
+static void device_params(const Shape* m, const Layout* l, const int* n, int r, double* dense, double* experts) {
+    int last = l->pp - 1;
+    int end = r == 0 || r == last;
+    if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE) stage_params(m, l, n[r] + n[last - r], end, end, dense, experts);
+    else stage_params(m, l, n[r], r == 0, l->pp == 1 || schedule_v_shaped(l->sched) ? r == 0 : r == last, dense, experts);
+}
 
 // ----------------------------------------------------------------------------
 // the pipeline's stages
@@ -634,7 +643,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     // slowest one's pace, for the tokens of a TP group
     int n[MAX_STAGES], together = l->pp == 1 || schedule_v_shaped(l->sched), dual = l->pp > 1 && l->sched == SCHEDULE_DUALPIPE;
     if (l->pp > MAX_STAGES || l->pp < 1) fatal("internal: %d pipeline stages, more than the model takes", l->pp);
-    if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && l->pp % 2) fatal("internal: dualpipe with an odd PP (%d)", l->pp);
+    if (dual && l->pp % 2) fatal("internal: dualpipe with an odd PP (%d)", l->pp);
     double pace, per_stage = 0; // per_stage: the most layers a device runs for a microbatch, whose communication sets the pace
     if (dual) {
         // DualPipe: ranks r and PP-1-r hold the same two stages and each runs one of them for
@@ -698,8 +707,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     double shards = (double)l->dp * l->cp, expert_shards = (double)l->dp / l->ep * l->cp, dp = 0;
     for (int r = 0; r < l->pp; r++) {
         double dense, experts, t;
-        if (dual) stage_params(m, l, n[r] + n[l->pp - 1 - r], r == 0 || r == l->pp - 1, r == 0 || r == l->pp - 1, &dense, &experts);
-        else stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
+        device_params(m, l, n, r, &dense, &experts);
         t = t_allreduce(2 * dense, l->dp * l->cp, dp_link) + (m->experts > 0 ? t_allreduce(2 * experts, l->dp / l->ep * l->cp, edp_link) : 0);
         t *= l->zero == 3 ? 1.5 : 1; // ZeRO-3 gathers the weights again for backward
         if (dual) t += t_p2p(2 * dense / shards + 2 * experts / expert_shards, pp_link); // once: the copies' gradients
@@ -724,8 +732,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     // memory: the device that holds the most, its stage's weights and activations
     for (int r = 0; r < l->pp; r++) {
         double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak, pr->fp8);
-        if (dual) stage_params(m, l, n[r] + n[l->pp - 1 - r], r == 0 || r == l->pp - 1, r == 0 || r == l->pp - 1, &dense, &experts);
-        else stage_params(m, l, n[r], r == 0, together ? r == 0 : r == l->pp - 1, &dense, &experts);
+        device_params(m, l, n, r, &dense, &experts);
         double weights = state_bytes_as(dense, l->zero, shards, pr->bf16_moments) + state_bytes_as(experts, l->zero, expert_shards, pr->bf16_moments);
         if (weights + acts > k.memory) k.memory = weights + acts, k.weights = weights, k.acts = acts;
     }
