@@ -388,45 +388,66 @@ static void ckpt_create(CkptWriter* w, const char* path, int keep, const CkptHea
     ckpt_write(w, h, CKPT_FIXED_BYTES);
     ckpt_write(w, h->code_points, (size_t)h->vocab * sizeof(uint32_t));
 }
-// A file of this project's that the save may replace, or the rotation rename or replace: a
-// checkpoint, whole (or nothing, or an empty file). Anything else stops the save (the check
-// before step 1 refused it; something put it there since), naming what would have replaced
-// it: the save itself at the path, the rotation (--keep) at a path.N.
-static void ckpt_may_replace(CkptWriter* w, const char* path) {
-    int held = path_holds(path, ckpt_recognise);
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) {
-        const char* why = held == PATH_NOT_FILE ? "is not a regular file" : path_why;
-        if (w->f) fclose(w->f);
-        w->f = NULL;
-        remove(w->tmp);
-        if (!strcmp(path, w->path))
-            fatal("cannot save checkpoint '%s': the file there now is not a checkpoint of this project (it %s; it "
-                  "appeared during the run), and the save would replace it; nothing was written", w->path, why);
-        fatal("cannot save checkpoint '%s': '%s' is not a checkpoint of this project (it %s; it appeared during the "
-              "run), and the rotation (--keep %d) would replace it; the checkpoint at '%s' is untouched", w->path, path,
-              why, w->keep, w->path);
-    }
+// A file at `path` that the save or its rotation (--keep) would replace, and is not a
+// checkpoint of this project's (the check before step 1 refused it; something put it there
+// since): the save stops, naming what would have replaced it, the save itself at the path or
+// the rotation at a path.N. `held` is path_holds' answer.
+static void ckpt_refuse(CkptWriter* w, const char* path, int held) {
+    const char* why = held == PATH_NOT_FILE ? "is not a regular file" : path_why;
+    if (w->f) fclose(w->f);
+    w->f = NULL;
+    remove(w->tmp);
+    if (!strcmp(path, w->path))
+        fatal("cannot save checkpoint '%s': the file there now is not a checkpoint of this project (it %s; it "
+              "appeared during the run), and the save would replace it; nothing was written", w->path, why);
+    fatal("cannot save checkpoint '%s': '%s' is not a checkpoint of this project (it %s; it appeared during the "
+          "run), and the rotation (--keep %d) would replace it; the checkpoint at '%s' is untouched", w->path, path,
+          why, w->keep, w->path);
 }
-// A copy of `from` as `to`, through to's temporary (where the file system has no hard links).
+// A copy of `from` as `to` (where the file system has no hard links).
 static int ckpt_copy(const char* from, const char* to) {
-    char tmp[4300], buf[1 << 16];
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", to, (long)getpid());
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(tmp, "wb") : NULL;
+    char buf[1 << 16];
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
     int ok = in && out;
     for (size_t n; ok && (n = fread(buf, 1, sizeof buf, in)) > 0;) ok = fwrite(buf, 1, n, out) == n;
     ok = ok && !ferror(in) && fflush(out) == 0 && fsync(fileno(out)) == 0;
     if (in) fclose(in);
     if (out && fclose(out) != 0) ok = 0;
-    ok = ok && rename(tmp, to) == 0;
-    if (!ok) remove(tmp);
     return ok ? 0 : -1;
+}
+// One step of the rotation: the checkpoint at `from` also becomes `to`, replacing the one
+// there. Through a name of this process's own, to.tmp-PID: a second name of from's file (a hard
+// link, or a copy), read there, so that what is checked is what moves, then put in place over
+// `to` (put_in_place: a file that appeared at `to` is never replaced). `from` keeps its name
+// until the next step replaces it.
+static void ckpt_keep_previous(CkptWriter* w, const char* from, const char* to) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", to, (long)getpid());
+    int held = path_holds(from, ckpt_recognise);
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from, held);
+    if (held != PATH_OURS) return; // nothing to keep
+    if (link(from, tmp) != 0 && (errno == ENOENT || ckpt_copy(from, tmp) != 0)) {
+        if (errno == ENOENT) return; // gone since
+        int err = errno;
+        remove(tmp), errno = err, ckpt_fail(w, "keep the previous");
+    }
+    if ((held = path_holds(tmp, ckpt_recognise)) != PATH_OURS) { // from's file was replaced in between
+        remove(tmp);
+        if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from, held);
+        return;
+    }
+    if ((held = put_in_place(tmp, to, ckpt_recognise)) < 0) {
+        int err = errno;
+        remove(tmp), errno = err, ckpt_fail(w, "keep the previous");
+    }
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) remove(tmp), ckpt_refuse(w, to, held);
 }
 // The checksum; the data on the disk (fsync); then the new file in the old one's place, and
 // that renaming on the disk too (fsync of the folder). The checkpoint at `path` exists at
 // every moment: with --keep K, path.K-2 becomes path.K-1 (replacing the oldest), ...,
-// path.1 becomes path.2; then path.1 is made a second name of path (a hard link; a copy
-// where the file system has none); then the new file is renamed over path, which replaces
-// it in one step. A kill anywhere leaves path whole, old or new.
+// path.1 becomes path.2, path becomes path.1; then the new file replaces path in one step.
+// A kill anywhere leaves path whole, old or new. Every replacement is put_in_place's: a file
+// of the user's that appears at any of these names during the run stops the save, untouched.
 static void ckpt_close(CkptWriter* w) {
     uint64_t sum = w->sum;
     ckpt_write(w, &sum, sizeof sum);
@@ -434,20 +455,15 @@ static void ckpt_close(CkptWriter* w) {
     if (fclose(w->f) != 0) w->f = NULL, ckpt_fail(w, "write");
     w->f = NULL;
     char from[4200], to[4200];
-    for (int i = w->keep - 1; i >= 2; i--) {
-        snprintf(from, sizeof from, "%s.%d", w->path, i - 1);
+    for (int i = w->keep - 1; i >= 1; i--) {
+        if (i == 1) snprintf(from, sizeof from, "%s", w->path);
+        else snprintf(from, sizeof from, "%s.%d", w->path, i - 1);
         snprintf(to, sizeof to, "%s.%d", w->path, i);
-        ckpt_may_replace(w, from), ckpt_may_replace(w, to);
-        if (path_holds(from, ckpt_recognise) == PATH_OURS && rename(from, to) != 0) ckpt_fail(w, "keep the previous");
+        ckpt_keep_previous(w, from, to);
     }
-    ckpt_may_replace(w, w->path);
-    if (w->keep >= 2 && path_holds(w->path, ckpt_recognise) == PATH_OURS) {
-        snprintf(to, sizeof to, "%s.1", w->path);
-        ckpt_may_replace(w, to);
-        if ((unlink(to) != 0 && errno != ENOENT) || (link(w->path, to) != 0 && ckpt_copy(w->path, to) != 0))
-            ckpt_fail(w, "keep the previous");
-    }
-    if (rename(w->tmp, w->path) != 0) ckpt_fail(w, "replace");
+    int held = put_in_place(w->tmp, w->path, ckpt_recognise);
+    if (held < 0) ckpt_fail(w, "replace");
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, w->path, held);
     char dir[4096];
     const char* name;
     split_path(w->path, dir, sizeof dir, &name);

@@ -14,12 +14,17 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <float.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/syscall.h> // SYS_renameat2, for put_in_place
+long syscall(long number, ...); // declared by unistd.h only beyond -std=c11's POSIX
+#endif
 
 #include "model.h"
 #include "optim.h"
@@ -358,6 +363,49 @@ static int path_holds(const char* path, Recogniser ours) {
     return path_why ? PATH_FOREIGN : PATH_OURS;
 }
 
+// rename(2) with Linux's flags: 1 fails if `to` exists (RENAME_NOREPLACE), 2 swaps the two
+// names (RENAME_EXCHANGE). Elsewhere, or on a file system without them, fails with ENOSYS or
+// EINVAL, and put_in_place checks, then renames.
+static int rename_flags(const char* from, const char* to, unsigned flags) {
+#if defined(__linux__) && defined(SYS_renameat2)
+    return (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, flags);
+#else
+    (void)from, (void)to, (void)flags;
+    return errno = ENOSYS, -1;
+#endif
+}
+
+// Puts the new file at `tmp` (a name of this process's own) at `path` in one step, unless what
+// is at path now is not this project's (a file put there during the run): path holds the old
+// file or the new one at every moment. A check of path and then a rename would leave a gap
+// between the two, in which a user's file could arrive and be replaced; so the new file and
+// path's file swap names, and the old one is read at tmp, where no one else writes: if it is
+// not ours, they swap back, and the user's file is at path again, untouched. Returns what path
+// held: PATH_ABSENT, PATH_EMPTY or PATH_OURS (now replaced; tmp is gone), or PATH_FOREIGN or
+// PATH_NOT_FILE (nothing replaced; the new file still at tmp, path_why says why); -1 on an
+// error (errno), the new file still at tmp.
+static int put_in_place(const char* tmp, const char* path, Recogniser ours) {
+    for (int tries = 0; tries < 8; tries++) {
+        if (rename_flags(tmp, path, 1) == 0) return PATH_ABSENT;
+        if (errno != EEXIST) break; // no such flags here (or a real error: the plain rename below says)
+        if (rename_flags(tmp, path, 2) != 0) {
+            if (errno == ENOENT) continue; // path went away in between: try again
+            break;
+        }
+        int held = path_holds(tmp, ours); // path's file, now at tmp
+        if (held == PATH_FOREIGN || held == PATH_NOT_FILE) {
+            if (rename_flags(tmp, path, 2) != 0)
+                fatal("could not put back the file found at '%s' (%s); it is now at '%s'", path, strerror(errno), tmp);
+            return held;
+        }
+        unlink(tmp);
+        return held;
+    }
+    int held = path_holds(path, ours);
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) return held;
+    return rename(tmp, path) == 0 ? held : -1;
+}
+
 // An output given as a symbolic link is the file the link leads to (through any chain of
 // links; a link to nothing yet, the file it names): the run writes there and the link stays,
 // where a save, which renames a new file into place, would have replaced the link itself.
@@ -425,25 +473,29 @@ static void remove_stale_temporaries(const char* path) {
 typedef struct {
     FILE* f;
     const char *path, *what;
+    Recogniser ours; // what may be replaced (put_in_place)
     char tmp[4200];
 } WholeFile;
-static FILE* whole_open(WholeFile* w, const char* path, const char* what) {
+static FILE* whole_open(WholeFile* w, const char* path, const char* what, Recogniser ours) {
     remove_stale_temporaries(path);
-    w->path = path, w->what = what;
+    w->path = path, w->what = what, w->ours = ours;
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
     w->f = fopen(w->tmp, "w");
     if (!w->f) fatal("cannot create %s '%s': %s", what, path, strerror(errno));
     return w->f;
 }
 static void whole_close(WholeFile* w) {
-    int failed = ferror(w->f) || fflush(w->f) != 0, err = errno;
+    int failed = ferror(w->f) || fflush(w->f) != 0, err = errno, held = PATH_ABSENT;
     if (fclose(w->f) != 0 && !failed) failed = 1, err = errno;
     w->f = NULL;
-    if (!failed && rename(w->tmp, w->path) != 0) failed = 1, err = errno;
-    if (failed) {
-        remove(w->tmp);
+    if (!failed && (held = put_in_place(w->tmp, w->path, w->ours)) < 0) failed = 1, err = errno;
+    if (failed || held == PATH_FOREIGN || held == PATH_NOT_FILE) remove(w->tmp);
+    if (failed)
         fatal("cannot write %s '%s': %s; the file there before, if any, is untouched", w->what, w->path, strerror(err));
-    }
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE)
+        fatal("cannot write %s '%s': the file there now is not one of this project's (it %s; it appeared during the "
+              "run), and writing would replace it; nothing was written", w->what, w->path,
+              held == PATH_NOT_FILE ? "is not a regular file" : path_why);
 }
 
 // Before any training: every output can be written where it is asked for, and writing it
