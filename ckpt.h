@@ -381,9 +381,9 @@ static void ckpt_write(CkptWriter* w, const void* data, size_t n) {
 }
 static void ckpt_create(CkptWriter* w, const char* path, int keep, const CkptHeader* h) {
     *w = (CkptWriter){.sum = FNV_START, .path = path, .keep = keep};
-    remove_stale_temporaries(path);
+    remove_stale_temporaries(path, "MLPCKPT");
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
-    w->f = fopen(w->tmp, "wb");
+    w->f = create_new(w->tmp);
     if (!w->f) ckpt_fail(w, "create");
     ckpt_write(w, h, CKPT_FIXED_BYTES);
     ckpt_write(w, h->code_points, (size_t)h->vocab * sizeof(uint32_t));
@@ -407,12 +407,13 @@ static void ckpt_refuse(CkptWriter* w, const char* path, int held) {
 // A copy of `from` as `to` (where the file system has no hard links).
 static int ckpt_copy(const char* from, const char* to) {
     char buf[1 << 16];
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    FILE *in = fopen(from, "rb"), *out = in ? create_new(to) : NULL;
     int ok = in && out;
     for (size_t n; ok && (n = fread(buf, 1, sizeof buf, in)) > 0;) ok = fwrite(buf, 1, n, out) == n;
     ok = ok && !ferror(in) && fflush(out) == 0 && fsync(fileno(out)) == 0;
     if (in) fclose(in);
     if (out && fclose(out) != 0) ok = 0;
+    if (!ok && out) remove(to); // (out: this process created it)
     return ok ? 0 : -1;
 }
 // One step of the rotation: the checkpoint at `from` also becomes `to`, replacing the one
@@ -426,10 +427,9 @@ static void ckpt_keep_previous(CkptWriter* w, const char* from, const char* to) 
     int held = path_holds(from, ckpt_recognise);
     if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from, held);
     if (held != PATH_OURS) return; // nothing to keep
-    if (link(from, tmp) != 0 && (errno == ENOENT || ckpt_copy(from, tmp) != 0)) {
+    if (link(from, tmp) != 0) {
         if (errno == ENOENT) return; // gone since
-        int err = errno;
-        remove(tmp), errno = err, ckpt_fail(w, "keep the previous");
+        if (errno == EEXIST || ckpt_copy(from, tmp) != 0) ckpt_fail(w, "keep the previous"); // (EEXIST: never reuse a name)
     }
     if ((held = path_holds(tmp, ckpt_recognise)) != PATH_OURS) { // from's file was replaced in between
         remove(tmp);
@@ -440,7 +440,7 @@ static void ckpt_keep_previous(CkptWriter* w, const char* from, const char* to) 
         int err = errno;
         remove(tmp), errno = err, ckpt_fail(w, "keep the previous");
     }
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) remove(tmp), ckpt_refuse(w, to, held);
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, to, held);
 }
 // The checksum; the data on the disk (fsync); then the new file in the old one's place, and
 // that renaming on the disk too (fsync of the folder). The checkpoint at `path` exists at

@@ -379,12 +379,14 @@ static int rename_flags(const char* from, const char* to, unsigned flags) {
 // is at path now is not this project's (a file put there during the run): path holds the old
 // file or the new one at every moment. A check of path and then a rename would leave a gap
 // between the two, in which a user's file could arrive and be replaced; so the new file and
-// path's file swap names, and the old one is read at tmp, where no one else writes: if it is
-// not ours, they swap back, and the user's file is at path again, untouched. Returns what path
-// held: PATH_ABSENT, PATH_EMPTY or PATH_OURS (now replaced; tmp is gone), or PATH_FOREIGN or
-// PATH_NOT_FILE (nothing replaced; the new file still at tmp, path_why says why); -1 on an
-// error (errno), the new file still at tmp.
+// path's file swap names, and the old one is read at tmp: if it is not ours, they swap back,
+// and the user's file is at path again, untouched. Returns what path held: PATH_ABSENT,
+// PATH_EMPTY or PATH_OURS (now replaced; tmp is gone), or PATH_FOREIGN or PATH_NOT_FILE
+// (nothing replaced, path_why says why; tmp is gone too); -1 on an error (errno), the new
+// file still at tmp.
 static int put_in_place(const char* tmp, const char* path, Recogniser ours) {
+    struct stat mine, st;
+    if (lstat(tmp, &mine) != 0) return -1;
     for (int tries = 0; tries < 8; tries++) {
         if (rename_flags(tmp, path, 1) == 0) return PATH_ABSENT;
         if (errno != EEXIST) break; // no such flags here (or a real error: the plain rename below says)
@@ -393,17 +395,31 @@ static int put_in_place(const char* tmp, const char* path, Recogniser ours) {
             break;
         }
         int held = path_holds(tmp, ours); // path's file, now at tmp
-        if (held == PATH_FOREIGN || held == PATH_NOT_FILE) {
-            if (rename_flags(tmp, path, 2) != 0)
-                fatal("could not put back the file found at '%s' (%s); it is now at '%s'", path, strerror(errno), tmp);
-            return held;
-        }
-        unlink(tmp);
-        return held;
+        if (held != PATH_FOREIGN && held != PATH_NOT_FILE) return unlink(tmp), held;
+        if (rename_flags(tmp, path, 2) != 0)
+            fatal("could not put back the file found at '%s' (%s); it is now at '%s'", path, strerror(errno), tmp);
+        // what came back to tmp is the new file, unless yet another file was put at path meanwhile
+        if (lstat(tmp, &st) == 0 && (st.st_dev != mine.st_dev || st.st_ino != mine.st_ino))
+            fatal("two files were put at '%s' while this run wrote it: the first is there, the second is now at '%s'",
+                  path, tmp);
+        return unlink(tmp), held;
     }
-    int held = path_holds(path, ours);
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) return held;
-    return rename(tmp, path) == 0 ? held : -1;
+    int held = path_holds(path, ours); // no swap here: check, then rename
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) return unlink(tmp), held;
+    if (rename(tmp, path) != 0) return -1;
+    if (lstat(tmp, &st) == 0 && st.st_dev == mine.st_dev && st.st_ino == mine.st_ino)
+        unlink(tmp); // tmp and path were two names of one file, which rename leaves as they are
+    return held;
+}
+
+// A new file at `path` for writing, never an existing one: a name left by a killed process is
+// removed first (remove_stale_temporaries), and where one appears anyway, this fails (EEXIST)
+// rather than writing into a file that may have other names.
+static FILE* create_new(const char* path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    FILE* f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (fd >= 0 && !f) close(fd);
+    return f;
 }
 
 // An output given as a symbolic link is the file the link leads to (through any chain of
@@ -442,14 +458,19 @@ static void split_path(const char* path, char* dir, size_t n, const char** name)
     else snprintf(dir, n, "%.*s", (int)(slash - path), path), *name = slash + 1;
 }
 // Removes the temporaries of output `path` (path.tmp-PID, and the checkpoint rotation's
-// path.K.tmp-PID) whose process no longer runs on this machine (killed while writing).
-static void remove_stale_temporaries(const char* path) {
-    char dir[4096], full[8400];
+// path.K.tmp-PID) left by processes that no longer run on this machine (killed while writing),
+// or by an earlier process with this one's PID (a job requeued in a fresh container): this
+// process has none of its own when it starts a file. Only what reads as one of the output's
+// kind is removed: empty, or beginning with `start` (a file cut short included). Anything else
+// may be a user's file that a save, killed while checking it, had moved aside (put_in_place):
+// it stays, with a warning, and where its name is this process's, the save stops.
+static void remove_stale_temporaries(const char* path, const char* start) {
+    char dir[4096], full[8400], head[256];
     const char* base;
     split_path(path, dir, sizeof dir, &base);
     DIR* d = opendir(dir);
     if (!d) return;
-    size_t nb = strlen(base);
+    size_t nb = strlen(base), ns = strlen(start) < sizeof head ? strlen(start) : sizeof head;
     for (struct dirent* e; (e = readdir(d));) {
         const char* rest = e->d_name + nb;
         if (strncmp(e->d_name, base, nb) != 0 || *rest != '.') continue;
@@ -459,9 +480,23 @@ static void remove_stale_temporaries(const char* path) {
             strspn(rest + 5, "0123456789") != strlen(rest + 5))
             continue;
         long pid = atol(rest + 5);
-        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; // it runs (or may)
+        int own = pid == (long)getpid();
+        if (!own && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; // it runs (or may)
         snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
-        unlink(full);
+        struct stat st;
+        FILE* f = lstat(full, &st) == 0 && S_ISREG(st.st_mode) ? fopen(full, "rb") : NULL;
+        int ours = f && (st.st_size == 0 || (fread(head, 1, ns, f) == ns && !memcmp(head, start, ns)));
+        if (f) fclose(f);
+        if (ours) {
+            unlink(full);
+            continue;
+        }
+        if (own)
+            fatal("'%s' is in the way of this run's temporary file, and is not one of this project's files: a run "
+                  "killed while it checked a file that had appeared at '%s' may have left it there; move it, then "
+                  "run again", full, path);
+        fprintf(stderr, "warning: '%s' is not one of this project's files: a run killed while it checked a file "
+                        "that had appeared at '%s' may have left it there; it is left alone\n", full, path);
     }
     closedir(d);
 }
@@ -476,11 +511,11 @@ typedef struct {
     Recogniser ours; // what may be replaced (put_in_place)
     char tmp[4200];
 } WholeFile;
-static FILE* whole_open(WholeFile* w, const char* path, const char* what, Recogniser ours) {
-    remove_stale_temporaries(path);
+static FILE* whole_open(WholeFile* w, const char* path, const char* what, Recogniser ours, const char* start) {
+    remove_stale_temporaries(path, start);
     w->path = path, w->what = what, w->ours = ours;
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
-    w->f = fopen(w->tmp, "w");
+    w->f = create_new(w->tmp);
     if (!w->f) fatal("cannot create %s '%s': %s", what, path, strerror(errno));
     return w->f;
 }
@@ -489,7 +524,7 @@ static void whole_close(WholeFile* w) {
     if (fclose(w->f) != 0 && !failed) failed = 1, err = errno;
     w->f = NULL;
     if (!failed && (held = put_in_place(w->tmp, w->path, w->ours)) < 0) failed = 1, err = errno;
-    if (failed || held == PATH_FOREIGN || held == PATH_NOT_FILE) remove(w->tmp);
+    if (failed) remove(w->tmp);
     if (failed)
         fatal("cannot write %s '%s': %s; the file there before, if any, is untouched", w->what, w->path, strerror(err));
     if (held == PATH_FOREIGN || held == PATH_NOT_FILE)

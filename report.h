@@ -339,7 +339,7 @@ static void summary_write(const char* path, const char* program, const char* lay
                           const Progress* pr, const Figures* f, int n, const int* names, int max_len,
                           const Dataset* ds) {
     WholeFile whole;
-    FILE* out = whole_open(&whole, path, "summary", summary_recognise);
+    FILE* out = whole_open(&whole, path, "summary", summary_recognise, "program=");
     char model[256];
     model_words(&pr->o->model, model, sizeof model);
     fprintf(out, "program=%s\nlayout=%s\nmodel=%s\nranks=%d\nval_loss=%.17g\nseconds=%.6f\nsteps=%ld\nbatch=%d\n", program,
@@ -463,7 +463,7 @@ static void draw_timeline(int lanes, const char* lane_name, int n, const double*
 // chrome://tracing. One event per line, times in microseconds since the first event.
 static void trace_write(const char* path, const TraceEvent* events, const int* proc, long n) {
     WholeFile whole;
-    FILE* f = whole_open(&whole, path, "trace", trace_recognise);
+    FILE* f = whole_open(&whole, path, "trace", trace_recognise, TRACE_FIRST_LINE);
     double start = n ? events[0].t0 : 0;
     for (long i = 0; i < n; i++) start = events[i].t0 < start ? events[i].t0 : start;
     fprintf(f, "%s\n", TRACE_FIRST_LINE);

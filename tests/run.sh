@@ -635,19 +635,36 @@ EOT
     done
     check "checkpoint: killed at $tries moments of a save, the checkpoint loads every time ($intact of $tries)" test $intact = $tries
     # the checkpoint exists at its path at every moment (issue 31: 0): killed at the entry of each
-    # rename, link and unlink of five saves in a row (strace), the run leaves FILE, and it loads
+    # rename, link and unlink of five saves in a row (strace), the run leaves FILE, and it loads,
+    # and so does FILE.1 where there is one; the next save removes what the kill left. strace
+    # counts each system call apart (when=N is the Nth call of that one), so the calls of one run
+    # are listed first, and the Kth is killed as the Nth of its kind
     local tiny="--context 3 --emb 2 --hidden 4 --samples 0 --eval-every 0 --quiet" calls="rename,renameat,renameat2,link,linkat,unlink,unlinkat"
     local step
     if strace -f -o /dev/null -e trace=none true 2>/dev/null; then
-        local n missing=""
-        for n in $(seq 3 14); do
+        local k missing="" left="" names=()
+        rm -f "$TMP"/at.ckpt*
+        strace -f -o "$TMP/calls" -e trace=$calls $p $tiny --steps 5 --save-every 1 --save "$TMP/at.ckpt" >/dev/null 2>&1
+        mapfile -t names < <(grep -oE '^[0-9]+ +[a-z0-9]+\(' "$TMP/calls" | sed -E 's/^[0-9]+ +//; s/\($//')
+        for k in $(seq 2 ${#names[@]}); do # (the first puts the first checkpoint in place: before it, there is none)
+            local name=${names[k - 1]} nth
+            nth=$(printf '%s\n' "${names[@]:0:k}" | grep -cx "$name")
             rm -f "$TMP"/at.ckpt*
-            (strace -f -o /dev/null -e trace=$calls -e inject=$calls:signal=KILL:when=$n $p $tiny --steps 5 --save-every 1 \
+            (strace -f -o /dev/null -e trace=$name -e inject=$name:signal=KILL:when=$nth $p $tiny --steps 5 --save-every 1 \
                 --save "$TMP/at.ckpt"; true) >/dev/null 2>&1 # (a subshell, which says "Killed" to /dev/null)
             step=$(od -An -t d8 -j 40 -N 8 "$TMP/at.ckpt" 2>/dev/null | tr -d ' ')
-            [ -n "$step" ] && $p $tiny --load "$TMP/at.ckpt" --steps "$step" >/dev/null 2>&1 || missing="$missing $n"
+            [ -n "$step" ] && $p $tiny --load "$TMP/at.ckpt" --steps "$step" >/dev/null 2>&1 || missing="$missing $k"
+            if [ -e "$TMP/at.ckpt.1" ]; then
+                step=$(od -An -t d8 -j 40 -N 8 "$TMP/at.ckpt.1" 2>/dev/null | tr -d ' ')
+                [ -n "$step" ] && $p $tiny --load "$TMP/at.ckpt.1" --steps "$step" >/dev/null 2>&1 || missing="$missing $k(FILE.1)"
+            fi
+            step=$(od -An -t d8 -j 40 -N 8 "$TMP/at.ckpt" 2>/dev/null | tr -d ' ')
+            $p $tiny --load "$TMP/at.ckpt" --steps $((${step:-0} + 1)) --save "$TMP/at.ckpt" >/dev/null 2>&1
+            [ -z "$(ls "$TMP" | grep '^at\.ckpt.*tmp-')" ] || left="$left $k"
         done
-        check "checkpoint: killed at each of the file calls 3 to 14 of saves every step, FILE is there and loads${missing:+ (not after call$missing)}" test -z "$missing"
+        check "checkpoint: killed at each of the file calls 2 to ${#names[@]} of saves every step (${names[*]:0:7} ...), FILE is there and loads, and FILE.1${missing:+ (not after call$missing)}" \
+            test ${#names[@]} -ge 20 -a -z "$missing"
+        check "checkpoint: ... and the next save removes what the kill left${left:+ (not after call$left)}" test -z "$left"
         rm -f "$TMP"/at.ckpt*
     else
         skip "checkpoint: kills at each file call of a save need strace (apt-get install strace) and ptrace"
@@ -678,6 +695,25 @@ EOT
     check "checkpoint: the next save removes the $((stale_before - 1)) temporaries left by killed processes and keeps a running process's ($(ls "$TMP" | grep -c 'tmp-') left)" \
         bash -c "test \"\$(cd '$TMP' && ls | grep 'tmp-')\" = 'rk.ckpt.tmp-$$'"
     rm -f "$TMP/rk.ckpt.tmp-$$"
+    # a temporary that is not the project's (a user's file that a save, killed between its two
+    # swaps, had moved aside) is never removed: a killed process's stays, with a warning; one with
+    # this process's PID (a job requeued in a fresh container; exec keeps the shell's PID) stops the
+    # save before it writes. And a leftover of this PID that is a second name of FILE (the rotation's,
+    # killed) is removed, never written into
+    run "$TMP/rk" $p $tiny --steps 1 --save "$TMP/rk.ckpt"
+    echo "my notes" >"$TMP/rk.ckpt.tmp-$dead"
+    run "$TMP/rkw" $p $tiny --load "$TMP/rk.ckpt" --steps 2 --save "$TMP/rk.ckpt"
+    check "checkpoint: a killed process's temporary that is not a checkpoint stays, with a warning, and the save goes on" \
+        bash -c "test \"\$(cat '$TMP/rk.ckpt.tmp-$dead')\" = 'my notes' && grep -q \"warning: '$TMP/rk.ckpt.tmp-$dead' is not one of this project's files\" '$TMP/rkw' && test \$(od -An -t d8 -j 40 -N 8 '$TMP/rk.ckpt' | tr -d ' ') = 2"
+    rm -f "$TMP/rk.ckpt.tmp-$dead"
+    expect_error 1 "is in the way of this run's temporary file, and is not one of this project's files" \
+        "checkpoint: ... one with this process's PID stops the save" -- bash -c "echo 'my notes' >'$TMP/rk.ckpt.tmp-'\$\$ && exec $p $tiny --load '$TMP/rk.ckpt' --steps 3 --save '$TMP/rk.ckpt'"
+    check "checkpoint: ... and stays" bash -c "test \"\$(cat '$TMP'/rk.ckpt.tmp-*)\" = 'my notes' && test \$(od -An -t d8 -j 40 -N 8 '$TMP/rk.ckpt' | tr -d ' ') = 2"
+    rm -f "$TMP"/rk.ckpt.tmp-*
+    cp "$TMP/rk.ckpt" "$TMP/rk.orig"
+    run "$TMP/rkl" bash -c "ln '$TMP/rk.ckpt' '$TMP/rk.ckpt.1.tmp-'\$\$ && exec $p $tiny --load '$TMP/rk.ckpt' --steps 3 --save '$TMP/rk.ckpt'"
+    check "checkpoint: a leftover of this PID that is a second name of FILE is removed, not written into: FILE.1 is the old FILE, whole, and FILE the new" \
+        bash -c "cmp -s '$TMP/rk.ckpt.1' '$TMP/rk.orig' && test \$(od -An -t d8 -j 40 -N 8 '$TMP/rk.ckpt' | tr -d ' ') = 3 && test -z \"\$(ls '$TMP' | grep '^rk.ckpt.*tmp-')\""
     # nothing the user had is replaced (issue 31: 1, 2, 3): --save only over a checkpoint of this
     # project, --log only over a log of this project, each output only over a regular file
     echo "my thesis draft" >"$TMP/thesis.txt"
@@ -813,14 +849,15 @@ EOT
             rm -f "$TMP/race.ckpt"*
             timeout 20 $p --steps 100000000 --save-every 1 --keep "$keep" --save "$TMP/race.ckpt" --quiet --samples 0 >"$TMP/race.out" 2>&1 &
             pid=$!
-            for _ in $(seq 1 250); do [ -s "$TMP/race.ckpt$at" ] && break; sleep 0.02; done
+            for _ in $(seq 1 500); do [ -s "$TMP/race.ckpt$at" ] && break; sleep 0.02; done
+            [ -s "$TMP/race.ckpt$at" ] || { kill $pid; wait $pid; lost=$((lost + 1)); continue; } # (not saving after 10 s)
             sleep "0.0$((RANDOM % 9))"
             echo "my notes" >"$TMP/race.notes" && mv "$TMP/race.notes" "$TMP/race.ckpt$at"
             wait $pid
             status=$?
             { [ $status = 1 ] && [ "$(cat "$TMP/race.ckpt$at")" = "my notes" ]; } || lost=$((lost + 1))
         done
-        check "checkpoint: --save-every 1 --keep $keep, a file put at FILE$at during a save, 20 runs: the save stops and the file is never replaced (lost in $lost)" test $lost = 0
+        check "checkpoint: --save-every 1 --keep $keep, a file put at FILE$at during a save, 20 runs: the save stops and the file is never replaced (lost, or never saving, in $lost)" test $lost = 0
     }
     race_save 1 ""
     race_save 3 .1
@@ -831,7 +868,7 @@ EOT
         rm -f "$TMP/late.$out"
         timeout 60 $p --steps 30000 --$out "$TMP/late.$out" --samples 0 >"$TMP/late.out" 2>&1 &
         pid=$!
-        for _ in $(seq 1 250); do grep -q '^  training' "$TMP/late.out" && break; sleep 0.02; done
+        for _ in $(seq 1 500); do grep -q '^  training' "$TMP/late.out" && break; sleep 0.02; done
         echo "my notes" >"$TMP/late.notes" && mv "$TMP/late.notes" "$TMP/late.$out"
         wait $pid
         status=$?

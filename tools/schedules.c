@@ -254,7 +254,7 @@ static int svg(int argc, char** argv) {
         if ((err = read_trace(argv[5 + k], S, M, ev[k], MAX_EV, &got[k])))
             return fprintf(stderr, "tools/schedules --svg: %s\n", err), 2;
     WholeFile whole;
-    FILE* f = whole_open(&whole, path, "picture", svg_recognise);
+    FILE* f = whole_open(&whole, path, "picture", svg_recognise, SVG_FIRST);
     double H = 80 + N_SCHEDULES * ((n_traces ? 2 : 1) * S * 11 + 46), W = 1000;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H, W, H);
