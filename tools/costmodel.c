@@ -798,10 +798,11 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
         if (fx->recompute < 0) usage_error("--recompute must be none, selective, full or norms, got '%s'", s);
     }
     if (word[flag_index("schedule")]) { // schedules.h's, and the cost model's own dualpipe
-        char err[256];
-        if (!strcmp(word[flag_index("schedule")], "dualpipe")) fx->sched = SCHEDULE_DUALPIPE;
-        else if (schedule_parse(word[flag_index("schedule")], &fx->sched, err, sizeof err))
-            usage_error("--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv, dualpipev or dualpipe, got '%s'", word[flag_index("schedule")]);
+        if ((fx->sched = cost_schedule_parse(word[flag_index("schedule")])) < 0) {
+            char names_[256];
+            cost_schedule_list(0, ", ", " or ", names_, sizeof names_);
+            usage_error("--schedule must be %s, got '%s'", names_, word[flag_index("schedule")]);
+        }
     }
     if (GIVEN(&q, "virtual")) {
         if (fx->sched != SCHEDULE_INTERLEAVED) usage_error("--virtual applies to --schedule interleaved");
@@ -1344,6 +1345,8 @@ static int selftest(void) {
 // ----------------------------------------------------------------------------
 
 static void usage(void) {
+    char scheds[256]; // those the model considers: naive is not (layout_rule)
+    cost_schedule_list(SCHEDULE_GPIPE, "|", "|", scheds, sizeof scheds);
     fprintf(stderr,
             "usage: tools/costmodel compute [train.c's flags]\n"
             "       tools/costmodel replay RUN.sum ALPHA BETA [COMPUTE_TABLE [LOCAL_ALPHA LOCAL_BETA HOSTS]]\n"
@@ -1354,9 +1357,9 @@ static void usage(void) {
             "          [--ffn F (4W)] [--mlp swiglu|gelu] [--experts E --top-k K --expert-ffn F --shared-experts S\n"
             "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout] [--mtp D]\n"
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
-            "          --schedule gpipe|1f1b|interleaved|zb1|zbv|dualpipev|dualpipe --virtual V --microbatches M (rank: fixed for all)\n"
+            "          --schedule %s --virtual V --microbatches M (rank: fixed for all)\n"
             "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --tp-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N\n"
-            "          --attention flash|unfused --bf16-moments --devices N\n");
+            "          --attention flash|unfused --bf16-moments --devices N\n", scheds);
 }
 
 int main(int argc, char** argv) {

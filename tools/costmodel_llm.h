@@ -110,6 +110,20 @@ typedef struct {
 // pairs are the same to within a chunk (DualPipeV is DualPipe cut in half: its README).
 enum { SCHEDULE_DUALPIPE = N_SCHEDULES, N_COST_SCHEDULES };
 static const char* cost_schedule_name(int sched) { return sched == SCHEDULE_DUALPIPE ? "dualpipe" : schedule_names[sched]; }
+// The schedule named `name` (schedules.h's or dualpipe), or -1.
+static int cost_schedule_parse(const char* name) {
+    for (int k = 0; k < N_COST_SCHEDULES; k++)
+        if (!strcmp(name, cost_schedule_name(k))) return k;
+    return -1;
+}
+// The names from schedule `first` on, joined by `sep` and the last by `last` ("a, b or c",
+// "a|b|c"): messages list them from schedules.h's names, so a schedule is added once.
+static void cost_schedule_list(int first, const char* sep, const char* last, char* s, size_t n) {
+    size_t used = 0;
+    s[0] = 0;
+    for (int k = first; k < N_COST_SCHEDULES && used < n; k++)
+        used += snprintf(s + used, n - used, "%s%s", k == first ? "" : k == N_COST_SCHEDULES - 1 ? last : sep, cost_schedule_name(k));
+}
 // Chunks (stages) a device holds: DualPipe's two stages, else schedules.h's count.
 static int cost_schedule_chunks(int sched, int V) { return sched == SCHEDULE_DUALPIPE ? 2 : schedule_chunks(sched, V); }
 // The forward chunks a device runs a step, per microbatch: DualPipe's one stage (M/2 each
