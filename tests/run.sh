@@ -229,6 +229,32 @@ costmodel_inputs() {
         "costmodel: predict without layout flags says which layout it took, not a DP the user never chose" -- tools/costmodel predict $good $shape
     expect_error 2 "--schedule and --virtual apply to a pipeline" "costmodel: predict --schedule zbv with one stage is refused, not ignored" \
         -- tools/costmodel predict $good $shape --devices 8 --schedule zbv
+    # a schedule rank is given: it ranks the pipeline layouts the schedule admits and says which
+    # it left out and why; none admitted (only PP 1 left, where no schedule runs) is refused, as
+    # predict refuses --schedule without --pp; a marked layout is refused in the schedule's words
+    local s48="--layers 4 --width 256 --heads 8 --vocab 1000 --seq 256 --tokens 12288" N=cluster/nvlink-node.txt
+    expect_error 2 "^error: --schedule dualpipe: no pipeline layout of 3 devices admits it \(PP 3: dualpipe with PP 3: it takes an even PP.*give another --schedule, or none$" \
+        "costmodel: rank --schedule dualpipe with no even PP possible is refused, not PP 1 ranked as if it ran dualpipe" \
+        -- tools/costmodel rank $N $s48 --devices 3 --schedule dualpipe
+    check "costmodel: that refusal is one line, no table" test "$(wc -l <"$TMP/err")" = 1
+    expect_error 2 "^error: --schedule zbv applies to a pipeline, and no layout of 1 device has one" \
+        "costmodel: rank --schedule zbv on one device (no pipeline at all) is refused, as predict's --schedule without --pp" \
+        -- tools/costmodel rank $N $s48 --devices 1 --schedule zbv
+    run "$TMP/r6" tools/costmodel rank $N $s48 --devices 6 --schedule dualpipe
+    check "costmodel: rank --schedule dualpipe on 6 devices ranks PP 2 (and PP 1), and says it left out the 3 layouts of PP 3 and why" \
+        bash -c "test $? = 0 && grep -q '^| [0-9]* | [0-9]* | [0-9]* | 2 | .* | dualpipe |' '$TMP/r6' && ! grep -q '^| [0-9]* | [0-9]* | [0-9]* | 3 |' '$TMP/r6' &&
+                 grep -q '^left out by --schedule dualpipe: 3 layouts with PP 3 (the first, TP 1, CP 1, PP 3, DP 2, EP 1: dualpipe with PP 3: it takes an even PP' '$TMP/r6'"
+    expect_error 2 "^error: dualpipe with PP 3: it takes an even PP.* \(not among the layouts rank considers\)$" \
+        "costmodel: rank refuses a marked PP 3 under --schedule dualpipe in DualPipe's words (was: 'no setting of it is possible')" \
+        -- tools/costmodel rank $N $s48 --devices 6 --pp 3 --schedule dualpipe
+    run "$TMP/rv3" tools/costmodel rank $N ${s48/--layers 4/--layers 12} --devices 8 --pp 2 --schedule interleaved --virtual 3
+    check "costmodel: rank --virtual 3 ranks interleaved with V 3, as predict takes it (rank tried V 2, 4 and 8 only, and left none)" \
+        bash -c "test $? = 0 && grep -q '^the layout TP 1, CP 1, PP 2, DP 4, EP 1: rank [0-9]* of .* schedule=interleaved virtual=3 ' '$TMP/rv3'"
+    # --schedule's names come from schedules.h's list (and the cost model's dualpipe), not a copy
+    local names
+    names=$(grep -o 'schedule_names\[N_SCHEDULES\] = {[^}]*}' schedules.h | grep -o '"[a-z0-9]*"' | tr -d '"' | paste -sd, | sed 's/,/, /g')
+    expect_error 2 "^error: --schedule must be $names or dualpipe, got 'foo'$" \
+        "costmodel: an unknown --schedule is refused, listing schedules.h's names and dualpipe" -- $C $good $shape --schedule foo
     if cc -g -O1 -fsanitize=undefined -fno-sanitize-recover=all -std=c11 tools/costmodel.c -o "$TMP/cm_ubsan" -lm 2>"$TMP/ubsan.err"; then
         run "$TMP/ub" "$TMP/cm_ubsan" predict cluster/nvlink-node.txt --layers 128 --width 1024 --heads 8 --vocab 1000 --seq 2 \
             --tokens 33554432 --tp 2 --dp 1 --devices 2 --microbatches 16777216
