@@ -373,8 +373,8 @@ static const char* layout_rule(const Shape* m, const Layout* l, int devices, cha
     else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && l->pp % 2)
         snprintf(err, n, "dualpipe with PP %d: it takes an even PP, ranks r and PP-1-r holding the same two stages", l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && (l->M % 2 || l->M < 2 * l->pp))
-        snprintf(err, n, "dualpipe with %d microbatches on PP %d: it takes an even number of microbatches, at least 2 x PP (%d; "
-                 "DualPipe's own check), half fed in at each end", l->M, l->pp, 2 * l->pp);
+        snprintf(err, n, "dualpipe with %d microbatch%s on PP %d: it takes an even number of microbatches, at least 2 x PP (%d; "
+                 "DualPipe's own check), half fed in at each end", l->M, l->M == 1 ? "" : "es", l->pp, 2 * l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_NAIVE)
         snprintf(err, n, "naive runs one microbatch at a time: the model does not consider it");
     else
