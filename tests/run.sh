@@ -229,6 +229,66 @@ costmodel_inputs() {
         "costmodel: predict without layout flags says which layout it took, not a DP the user never chose" -- tools/costmodel predict $good $shape
     expect_error 2 "--schedule and --virtual apply to a pipeline" "costmodel: predict --schedule zbv with one stage is refused, not ignored" \
         -- tools/costmodel predict $good $shape --devices 8 --schedule zbv
+    # a schedule rank is given: it ranks the pipeline layouts the schedule admits and says which
+    # it left out and why; none admitted (only PP 1 left, where no schedule runs) is refused, as
+    # predict refuses --schedule without --pp; a marked layout is refused in the schedule's words
+    local s48="--layers 4 --width 256 --heads 8 --vocab 1000 --seq 256 --tokens 12288" N=cluster/nvlink-node.txt
+    expect_error 2 "^error: --schedule dualpipe: no pipeline layout of 3 devices admits it \(PP 3: dualpipe with PP 3: it takes an even PP.*give another --schedule, or none$" \
+        "costmodel: rank --schedule dualpipe with no even PP possible is refused, not PP 1 ranked as if it ran dualpipe" \
+        -- tools/costmodel rank $N $s48 --devices 3 --schedule dualpipe
+    check "costmodel: that refusal is one line, no table" test "$(wc -l <"$TMP/err")" = 1
+    expect_error 2 "^error: --schedule zbv applies to a pipeline, and no layout of 1 device has one" \
+        "costmodel: rank --schedule zbv on one device (no pipeline at all) is refused, as predict's --schedule without --pp" \
+        -- tools/costmodel rank $N $s48 --devices 1 --schedule zbv
+    run "$TMP/r6" tools/costmodel rank $N $s48 --devices 6 --schedule dualpipe
+    check "costmodel: rank --schedule dualpipe on 6 devices ranks PP 2 (and PP 1), and says it left out the 3 layouts of PP 3 and why" \
+        bash -c "test $? = 0 && grep -q '^| [0-9]* | [0-9]* | [0-9]* | 2 | .* | dualpipe |' '$TMP/r6' && ! grep -q '^| [0-9]* | [0-9]* | [0-9]* | 3 |' '$TMP/r6' &&
+                 grep -q '^left out by --schedule dualpipe: 3 layouts with PP 3 (the first, TP 1, CP 1, PP 3, DP 2, EP 1: dualpipe with PP 3: it takes an even PP' '$TMP/r6'"
+    expect_error 2 "^error: dualpipe with PP 3: it takes an even PP.* \(not among the layouts rank considers\)$" \
+        "costmodel: rank refuses a marked PP 3 under --schedule dualpipe in DualPipe's words (was: 'no setting of it is possible')" \
+        -- tools/costmodel rank $N $s48 --devices 6 --pp 3 --schedule dualpipe
+    run "$TMP/rv3" tools/costmodel rank $N ${s48/--layers 4/--layers 12} --devices 8 --pp 2 --schedule interleaved --virtual 3
+    check "costmodel: rank --virtual 3 ranks interleaved with V 3, as predict takes it (rank tried V 2, 4 and 8 only, and left none)" \
+        bash -c "test $? = 0 && grep -q '^the layout TP 1, CP 1, PP 2, DP 4, EP 1: rank [0-9]* of .* schedule=interleaved virtual=3 ' '$TMP/rv3'"
+    # dualpipe's own refusals (predict): an odd PP; microbatches odd, or fewer than 2 x PP
+    local s60=${s48/12288/15360} # 60 sequences: 5 microbatches divide them
+    expect_error 2 "^error: dualpipe with PP 3: it takes an even PP, ranks r and PP-1-r holding the same two stages$" \
+        "costmodel: predict refuses dualpipe on PP 3 (odd), saying what it takes" \
+        -- tools/costmodel predict $N $s48 --devices 3 --pp 3 --schedule dualpipe
+    expect_error 2 "^error: dualpipe with 5 microbatches on PP 2: it takes an even number of microbatches, at least 2 x PP \(4; " \
+        "costmodel: predict refuses dualpipe with 5 microbatches on PP 2 (odd, though over 2 x PP)" \
+        -- tools/costmodel predict $N $s60 --devices 2 --pp 2 --schedule dualpipe --microbatches 5
+    expect_error 2 "^error: dualpipe with 6 microbatches on PP 4: it takes an even number of microbatches, at least 2 x PP \(8; " \
+        "costmodel: predict refuses dualpipe with 6 microbatches on PP 4 (even, under 2 x PP)" \
+        -- tools/costmodel predict $N $s48 --devices 4 --pp 4 --schedule dualpipe --microbatches 6
+    run "$TMP/dual8" tools/costmodel predict $N $s48 --devices 4 --pp 4 --schedule dualpipe --microbatches 8
+    check "costmodel: predict takes dualpipe with 8 microbatches on PP 4, the fewest it admits" \
+        bash -c "test $? = 0 && grep -q ' schedule=dualpipe virtual=2 microbatches=8$' '$TMP/dual8'"
+    # --bf16-moments (DeepSeek-V3's optimizer state): 2 + 4 + 8 bytes a parameter for 2 + 2 +
+    # 12, so ZeRO-0's state is 14/16 of what it was and ZeRO-1's over DP 8 7/5.5 (FP32
+    # gradients); the activations and every time but the optimizer's pass (22 bytes a
+    # parameter for 28) the same, and the step longer or shorter by that pass only
+    local s7b="--layers 32 --width 4096 --heads 32 --vocab 32000 --seq 4096 --tokens 262144" z ratio
+    kv() { tr ' ' '\n' <"$1" | sed -n "s/^$2=//p"; } # a figure of predict's line
+    others() { local f; for f in compute_s membound_s attention_s bubble tp_s cp_s ep_s pp_s dp_s overlap_s activations_gb; do printf '%s ' "$(kv "$1" $f)"; done; }
+    for z in 0 1; do
+        run "$TMP/m16" tools/costmodel predict $N $s7b --dp 8 --zero $z
+        run "$TMP/m14" tools/costmodel predict $N $s7b --dp 8 --zero $z --bf16-moments
+        ratio=$([ $z = 0 ] && echo "14 / 16" || echo "7 / 5.5")
+        check "costmodel: --bf16-moments, ZeRO-$z over DP 8: the state ${ratio// \/ / bytes a parameter for } ($(kv "$TMP/m16" weights_gb) GB -> $(kv "$TMP/m14" weights_gb)), the memory figure by as much" \
+            awk -v a="$(kv "$TMP/m16" weights_gb)" -v b="$(kv "$TMP/m14" weights_gb)" -v ma="$(kv "$TMP/m16" memory_gb)" -v mb="$(kv "$TMP/m14" memory_gb)" \
+                "BEGIN { d = b - a * $ratio; e = (mb - ma) - (b - a); exit !(a > 10 && d * d < 4e-4 && e * e < 4e-4) }"
+        check "costmodel: --bf16-moments, ZeRO-$z: no time but the optimizer's pass changes (22 bytes a parameter for 28), the step by that pass" \
+            awk -v x="$(others "$TMP/m16")" -v y="$(others "$TMP/m14")" -v o16="$(kv "$TMP/m16" optimizer_s)" -v o14="$(kv "$TMP/m14" optimizer_s)" \
+                -v s16="$(kv "$TMP/m16" step_s)" -v s14="$(kv "$TMP/m14" step_s)" \
+                'BEGIN { d = o14 - o16 * 22 / 28; e = (s16 - s14) - (o16 - o14)
+                         exit !(length(x) > 30 && x == y && o16 > 0 && d * d < (1e-3 * o16)^2 && e * e < (1e-3 * s16)^2) }'
+    done
+    # --schedule's names come from schedules.h's list (and the cost model's dualpipe), not a copy
+    local names
+    names=$(grep -o 'schedule_names\[N_SCHEDULES\] = {[^}]*}' schedules.h | grep -o '"[a-z0-9]*"' | tr -d '"' | paste -sd, | sed 's/,/, /g')
+    expect_error 2 "^error: --schedule must be $names or dualpipe, got 'foo'$" \
+        "costmodel: an unknown --schedule is refused, listing schedules.h's names and dualpipe" -- $C $good $shape --schedule foo
     if cc -g -O1 -fsanitize=undefined -fno-sanitize-recover=all -std=c11 tools/costmodel.c -o "$TMP/cm_ubsan" -lm 2>"$TMP/ubsan.err"; then
         run "$TMP/ub" "$TMP/cm_ubsan" predict cluster/nvlink-node.txt --layers 128 --width 1024 --heads 8 --vocab 1000 --seq 2 \
             --tokens 33554432 --tp 2 --dp 1 --devices 2 --microbatches 16777216

@@ -370,9 +370,11 @@ static const char* layout_rule(const Shape* m, const Layout* l, int devices, cha
         snprintf(err, n, "zbv: up to %d stages of 2 layers or more, up to %d microbatches", ZBV_MAX_S, ZBV_MAX_M);
     else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPEV && (l->M < 2 * l->pp || (m->layers + l->pp - 1) / l->pp < 2))
         snprintf(err, n, "dualpipev: at least 2 x PP microbatches (%d for PP %d) and 2 layers a stage", 2 * l->pp, l->pp);
-    else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && (l->pp % 2 || l->M % 2 || l->M < 2 * l->pp))
-        snprintf(err, n, "dualpipe: an even PP and an even number of microbatches, at least 2 x PP (%d for PP %d; DualPipe's "
-                 "own check), half fed in at each end", 2 * l->pp, l->pp);
+    else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && l->pp % 2)
+        snprintf(err, n, "dualpipe with PP %d: it takes an even PP, ranks r and PP-1-r holding the same two stages", l->pp);
+    else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && (l->M % 2 || l->M < 2 * l->pp))
+        snprintf(err, n, "dualpipe with %d microbatch%s on PP %d: it takes an even number of microbatches, at least 2 x PP (%d; "
+                 "DualPipe's own check), half fed in at each end", l->M, l->M == 1 ? "" : "es", l->pp, 2 * l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_NAIVE)
         snprintf(err, n, "naive runs one microbatch at a time: the model does not consider it");
     else
@@ -389,6 +391,20 @@ typedef struct {
 typedef struct {
     int zero, sp, recompute, sched, V, M;
 } Fixed;
+
+// The pipeline layouts a fixed schedule does not admit (rank says which and why), by PP:
+// how many, the first of them and its refusal.
+enum { MAX_LEFT_OUT = 64 };
+typedef struct {
+    int n, total;
+    struct {
+        int pp, count;
+        Layout first;
+        char why[320];
+    } by_pp[MAX_LEFT_OUT];
+} LeftOut;
+// The V rank tries first for a schedule: interleaved's least, 2, unless --virtual fixes it.
+static int first_virtual(int sched, const Fixed* fx) { return sched != SCHEDULE_INTERLEAVED ? 1 : fx->V > 0 ? fx->V : 2; }
 
 static int same_degrees(const Layout* a, const Layout* b) {
     return a->tp == b->tp && a->cp == b->cp && a->pp == b->pp && a->dp == b->dp && a->ep == b->ep;
@@ -415,10 +431,31 @@ static int by_time(const void* a, const void* b) {
     return (p > q) - (p < q);
 }
 
+// A pipeline layout (its degrees, on 1F1B) of which no setting was possible: if the fixed
+// schedule is why, it is counted in `left`, with the schedule's own refusal.
+static void note_left_out(LeftOut* left, const Shape* m, const Fixed* fx, const Layout* base, int devices) {
+    char why[320];
+    Layout l = *base;
+    l.sched = fx->sched, l.V = first_virtual(fx->sched, fx);
+    if (layout_rule(m, base, devices, why, sizeof why) || !layout_rule(m, &l, devices, why, sizeof why)) return;
+    left->total++;
+    int i = 0;
+    while (i < left->n && left->by_pp[i].pp != l.pp) i++;
+    if (i == MAX_LEFT_OUT) return; // counted in the total only
+    if (i == left->n) {
+        left->n++;
+        left->by_pp[i].pp = l.pp, left->by_pp[i].count = 0, left->by_pp[i].first = l;
+        snprintf(left->by_pp[i].why, sizeof left->by_pp[i].why, "%s", why);
+    }
+    left->by_pp[i].count++;
+}
+
 // Every layout of the devices, each at its fastest ZeRO stage, SP, recomputation and
 // schedule that fits (or, if none fits, its smallest memory). Returns the count; *out holds
-// them, those that fit first, fastest first.
-static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const Fixed* fx, int devices, Candidate** out) {
+// them, those that fit first, fastest first; `left` (unless NULL), the pipeline layouts a
+// fixed schedule left out.
+static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const Fixed* fx, int devices, Candidate** out,
+                     LeftOut* left) {
     int cap = 1024, n = 0;
     Candidate* all = mallocCheck(sizeof(Candidate) * cap);
     double seqs = m->tokens / m->seq;
@@ -435,7 +472,9 @@ static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const
                         for (int sp = 0; sp <= 1; sp++)
                             for (int rec = 0; rec < N_RECOMPUTE; rec++)
                                 for (int sched = 0; sched < N_COST_SCHEDULES; sched++)
-                                    for (int V = 1; V <= 8; V *= 2) {
+                                    for (int vi = 0; vi < 4; vi++) { // V 1, 2, 4, 8; or 1 and --virtual's
+                                        int V = fx->V > 0 && vi > 0 ? fx->V : 1 << vi;
+                                        if (fx->V > 0 && vi > 1) continue;
                                         if ((fx->zero >= 0 && zero != fx->zero) || (fx->sp >= 0 && sp != fx->sp) ||
                                             (fx->recompute >= 0 && rec != fx->recompute))
                                             continue;
@@ -451,7 +490,11 @@ static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const
                                                      (k.fits == best.k.fits && (k.fits ? k.step < best.k.step : k.memory < best.k.memory));
                                         if (better) best = (Candidate){l, k};
                                     }
-                    if (best.k.step < 0) continue;
+                    if (best.k.step < 0) {
+                        Layout degrees = {tp, cp, pp, dp, ep, 0, 0, 0, SCHEDULE_1F1B, 1, M};
+                        if (left && pp > 1 && fx->sched >= 0) note_left_out(left, m, fx, &degrees, devices);
+                        continue;
+                    }
                     if (n == cap) all = reallocCheck(all, sizeof(Candidate) * (cap *= 2));
                     all[n++] = best;
                 }
@@ -591,7 +634,7 @@ static Published published_runs(int i) {
         // (section 3.3); 55.2% MFU
         {"MegaScale 175B, 12,288 A100s", "cluster/a100-megascale.txt", 12288, megascale, {.tp_overlap = 1, .dp_overlap = 1},
          {8, 1, 8, 192, 1, -1, 1, -1, SCHEDULE_INTERLEAVED, -1, 32}, COUNT_MFU, 0.552, 0.20,
-         "MegaScale (Jiang et al., NSDI 2024), sections 3 and 6.1", 0.6362, 2, 1},
+         "MegaScale (Jiang et al., NSDI 2024), sections 3 and 6.1", 0.6339, 2, 1},
         // OPT's paper (Zhang et al. 2022, section 2.4): 992 A100s (80 GB), Fully Sharded Data
         // Parallel (ZeRO-3) with Megatron-LM's TP 8, no pipeline, "up to 147 TFLOP/s per GPU";
         // FSDP overlaps its gathers and reduce-scatters with compute (Zhao et al., "PyTorch
@@ -622,7 +665,8 @@ static Projection project_published(const Published* p) {
     Cluster c = cluster_read(p->cluster);
     Fixed free_ = {-1, -1, -1, -1, -1, -1}, mine = {p->l.zero, p->l.sp, p->l.recompute, p->l.sched, p->l.V, p->l.M};
     Candidate *all, *own;
-    int n = enumerate(&c, &p->m, &p->pr, &free_, p->devices, &all), n_own = enumerate(&c, &p->m, &p->pr, &mine, p->devices, &own);
+    int n = enumerate(&c, &p->m, &p->pr, &free_, p->devices, &all, NULL);
+    int n_own = enumerate(&c, &p->m, &p->pr, &mine, p->devices, &own, NULL);
     Projection r = {.fit = count_fits(all, n), .rank = -1};
     for (int j = 0; j < n_own && r.rank < 0; j++)
         if (same_degrees(&own[j].l, &p->l)) r.x = own[j], r.rank = 0;
@@ -632,7 +676,7 @@ static Projection project_published(const Published* p) {
     // recomputation it published (the same software), its V, microbatches and the rest free
     Fixed same = {p->l.zero, p->l.sp, p->l.recompute, p->l.sched, -1, -1};
     Candidate* sched_all;
-    int n_same = enumerate(&c, &p->m, &p->pr, &same, p->devices, &sched_all);
+    int n_same = enumerate(&c, &p->m, &p->pr, &same, p->devices, &sched_all, NULL);
     r.fit_same = count_fits(sched_all, n_same), r.rank_same = rank_among(&r.x, sched_all, n_same);
     r.got = p->count == COUNT_MFU ? r.x.k.mfu : p->count == COUNT_TFLOPS ? r.x.k.hfu * c.flops : r.x.k.gpu_hours_per_t;
     free(all), free(own), free(sched_all);
@@ -798,10 +842,11 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
         if (fx->recompute < 0) usage_error("--recompute must be none, selective, full or norms, got '%s'", s);
     }
     if (word[flag_index("schedule")]) { // schedules.h's, and the cost model's own dualpipe
-        char err[256];
-        if (!strcmp(word[flag_index("schedule")], "dualpipe")) fx->sched = SCHEDULE_DUALPIPE;
-        else if (schedule_parse(word[flag_index("schedule")], &fx->sched, err, sizeof err))
-            usage_error("--schedule must be naive, gpipe, 1f1b, interleaved, zb1, zbv, dualpipev or dualpipe, got '%s'", word[flag_index("schedule")]);
+        if ((fx->sched = cost_schedule_parse(word[flag_index("schedule")])) < 0) {
+            char names_[256];
+            cost_schedule_list(0, ", ", " or ", names_, sizeof names_);
+            usage_error("--schedule must be %s, got '%s'", names_, word[flag_index("schedule")]);
+        }
     }
     if (GIVEN(&q, "virtual")) {
         if (fx->sched != SCHEDULE_INTERLEAVED) usage_error("--virtual applies to --schedule interleaved");
@@ -826,8 +871,10 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     l->M = fx->M > 0 ? fx->M : default_microbatches(m->tokens / m->seq, l->dp);
     if (q.marked || !rank) { // a layout rank does not consider is refused, saying why
         char why[320];
-        Layout degrees = *l; // rank: the degrees (and microbatches) are the layout; the rest is chosen per layout
-        if (rank) degrees.sched = SCHEDULE_1F1B, degrees.V = 1, degrees.sp = 0;
+        // rank: the degrees (and microbatches) under what is fixed for every layout (a fixed
+        // schedule refuses in its own words); the rest is chosen per layout
+        Layout degrees = *l;
+        if (rank) degrees.V = first_virtual(degrees.sched, fx);
         if (layout_rule(m, rank ? &degrees : l, q.devices, why, sizeof why)) {
             if (!q.marked) // predict without --tp --cp --pp --dp --ep: say which layout it took
                 usage_error("no layout given (--tp --cp --pp --dp --ep): predict takes every one of the %d devices as data "
@@ -1326,15 +1373,43 @@ static int selftest(void) {
     Layout d4s = {.tp = 1, .cp = 1, .pp = 4, .dp = 2, .ep = 2, .sched = SCHEDULE_DUALPIPE, .V = 1, .M = 8};
     kk = layout_cost(&slow, &mbig, &bf16, &d4s, 8, 0, 0);
     near("DualPipe, slow all-to-alls on 4 stages: the bubble as with fast ones", kk.bubble, 2.0 / 26);
+    // hidden traffic shares the compute it hides behind: 4, 3 and 9 s behind 10 s hide 10 in
+    // all, each 10/16 of its own
+    double want[4] = {4, 3, 9, 0};
+    share_stretch(10, want, 4);
+    near("4 + 3 + 9 s of traffic behind 10 s of compute: 2.5 + 1.875 + 5.625 hidden", want[0] * 1e6 + want[1] * 1e3 + want[2],
+         2.5e6 + 1.875e3 + 5.625);
+    // TP 2 in a node (--tp-overlap 1: all of its 8 layers x 4 microbatches x 4 all-reduces of a
+    // sequence fit behind the products) and EP 4 over 2 nodes at 10 MB/s (--ep-overlap 1: far
+    // longer than the compute) behind the same compute: together they hide the compute's time,
+    // not the compute's and TP's, the compute shared in proportion (TP's tp of tp + compute)
+    Cluster slowx = c;
+    slowx.beta_inter = 1e7;
+    Layout te = {.tp = 2, .cp = 1, .pp = 1, .dp = 4, .ep = 4, .sched = SCHEDULE_1F1B, .V = 1, .M = 4};
+    double tp_te = 8 * 4 * 4 * t_allreduce(2 * 2048.0 * 1024, 2, in_node), half = 2048.0 / 2 * 2 * 1024; // a device's copies of a sequence
+    double ep_te = 8 * 4 * 4 * t_alltoall(&slowx, half * 2, 4, 2, 1);
+    Practice both = {.tp_overlap = 1, .ep_overlap = 1};
+    kk = layout_cost(&slowx, &mbig, &both, &te, 8, 0, 0);
+    near("TP and EP hidden behind the same compute: together no more than it (what exceeds shows)", kk.tp + kk.ep, tp_te + ep_te - kk.compute);
+    near("... TP's share of the compute in proportion: tp^2 / (tp + compute) shows", kk.tp, tp_te * tp_te / (tp_te + kk.compute));
+    // DP (--dp-overlap 1) beside TP (--tp-overlap 1): a microbatch's compute hides its share of
+    // TP's traffic, and DP behind what is left: TP 4 x DP 2 (across the nodes at 10 MB/s), M 8
+    Practice tpdp = {.tp_overlap = 1};
+    t4.recompute = RECOMPUTE_NONE;
+    double dp_t4 = layout_cost(&slowx, &big, &tpdp, &t4, 8, 0, 0).dp;
+    tpdp.dp_overlap = 1;
+    kk = layout_cost(&slowx, &big, &tpdp, &t4, 8, 0, 0);
+    near("DP beside TP: hidden behind a microbatch's compute less its share of TP's hidden traffic", kk.dp,
+         fmax(0, dp_t4 - (kk.compute - t_tp) / 8));
     // any degrees: 3 devices take PP 3 (DP 3 leaves 16 sequences undivided); 48 sequences take DP 3 too
     Candidate* all;
     Fixed any = {-1, -1, -1, -1, -1, -1};
-    int n_lay = enumerate(&c, &big, &pr, &any, 3, &all);
+    int n_lay = enumerate(&c, &big, &pr, &any, 3, &all, NULL);
     near("3 devices, 16 sequences: one layout, PP 3", n_lay * 10 + all[0].l.pp, 13);
     free(all);
     Shape b48 = big;
     b48.tokens = 2048.0 * 48;
-    n_lay = enumerate(&c, &b48, &pr, &any, 3, &all);
+    n_lay = enumerate(&c, &b48, &pr, &any, 3, &all, NULL);
     near("3 devices, 48 sequences: DP 3 and PP 3", n_lay, 2);
     free(all);
     printf("%d passed, %d failed\n", checks - failures, failures);
@@ -1344,6 +1419,8 @@ static int selftest(void) {
 // ----------------------------------------------------------------------------
 
 static void usage(void) {
+    char scheds[256]; // those the model considers: naive is not (layout_rule)
+    cost_schedule_list(SCHEDULE_GPIPE, "|", "|", scheds, sizeof scheds);
     fprintf(stderr,
             "usage: tools/costmodel compute [train.c's flags]\n"
             "       tools/costmodel replay RUN.sum ALPHA BETA [COMPUTE_TABLE [LOCAL_ALPHA LOCAL_BETA HOSTS]]\n"
@@ -1354,9 +1431,9 @@ static void usage(void) {
             "          [--ffn F (4W)] [--mlp swiglu|gelu] [--experts E --top-k K --expert-ffn F --shared-experts S\n"
             "          --dense-layers D] [--kv-lora R --q-lora R --rope-dim R (MLA)] [--dropout] [--mtp D]\n"
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
-            "          --schedule gpipe|1f1b|interleaved|zb1|zbv|dualpipev|dualpipe --virtual V --microbatches M (rank: fixed for all)\n"
+            "          --schedule %s --virtual V --microbatches M (rank: fixed for all)\n"
             "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --tp-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N\n"
-            "          --attention flash|unfused --bf16-moments --devices N\n");
+            "          --attention flash|unfused --bf16-moments --devices N\n", scheds);
 }
 
 int main(int argc, char** argv) {
@@ -1405,7 +1482,22 @@ int main(int argc, char** argv) {
             return 0;
         }
         Candidate* all;
-        int n = enumerate(&c, &q.m, &q.pr, &q.fx, q.devices, &all), fit = count_fits(all, n);
+        LeftOut left = {0};
+        int n = enumerate(&c, &q.m, &q.pr, &q.fx, q.devices, &all, &left), fit = count_fits(all, n), pipelines = 0;
+        for (int i = 0; i < n; i++) pipelines += all[i].l.pp > 1;
+        // a fixed schedule that no pipeline layout runs would leave only PP 1, where no schedule
+        // runs: refused, as predict refuses --schedule without --pp (the first refusal says why)
+        const char* sched = q.fx.sched >= 0 ? cost_schedule_name(q.fx.sched) : NULL;
+        if (sched && !pipelines && left.n) {
+            char why[4096] = "";
+            for (int i = 0, used = 0; i < left.n && used < (int)sizeof why; i++)
+                used += snprintf(why + used, sizeof why - used, "%sPP %d: %s", i ? "; " : "", left.by_pp[i].first.pp, left.by_pp[i].why);
+            usage_error("--schedule %s: no pipeline layout of %d device%s admits it (%s); without a pipeline no schedule runs: "
+                        "give another --schedule, or none", sched, q.devices, q.devices > 1 ? "s" : "", why);
+        }
+        if (sched && !pipelines && n)
+            usage_error("--schedule %s applies to a pipeline, and no layout of %d device%s has one (PP above 1) with the flags "
+                        "given: give no --schedule", sched, q.devices, q.devices > 1 ? "s" : "");
         if (n == 0) // no layout at all: say so, not an empty table
             usage_error("no layout of %d devices is possible for this model with the flags given (TP dividing the %d heads, "
                         "CP whose double divides the sequence %d, PP up to the %d layers, DP times the microbatches dividing the "
@@ -1416,6 +1508,16 @@ int main(int argc, char** argv) {
         for (int i = 0; i < n && i < q.top; i++) print_row(i + 1, &q.m, &q.pr, &all[i]);
         printf("\n%d layouts (TP x CP x PP x DP x EP), each at its best ZeRO stage, SP, recomputation and schedule; %d fit in %.0f GB\n",
                n, fit, c.memory / 1e9);
+        for (int i = 0; i < left.n; i++) { // what the fixed schedule left out, and why
+            const Layout* f = &left.by_pp[i].first;
+            int more = left.by_pp[i].count > 1;
+            printf("left out by --schedule %s: %d layout%s with PP %d (%sTP %d, CP %d, PP %d, DP %d, EP %d: %s)\n", sched,
+                   left.by_pp[i].count, more ? "s" : "", f->pp, more ? "the first, " : "", f->tp, f->cp, f->pp, f->dp, f->ep,
+                   left.by_pp[i].why);
+        }
+        int listed = 0;
+        for (int i = 0; i < left.n; i++) listed += left.by_pp[i].count;
+        if (left.total > listed) printf("left out by --schedule %s: %d more layouts\n", sched, left.total - listed);
         if (q.marked) {
             int r = rank_of(all, n, &q.l);
             for (int i = 0; i < n; i++)

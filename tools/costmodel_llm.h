@@ -42,7 +42,9 @@
  * else the links between nodes, whose NICs the node's crossing rings share (the slowest link
  * of a ring sets its pace): ring all-reduce 2(n-1) steps of 1/n of the buffer, all-gather
  * and reduce-scatter n-1 steps, each alpha + bytes / beta, after NCCL's base latency.
- * "Hidden" traffic hides only behind compute that exists: at most the compute's time.
+ * "Hidden" traffic hides only behind compute that exists: at most the compute's time, and
+ * all the traffic hidden behind a stretch of compute (TP's, CP's, EP's, an F&B's sends) at
+ * most that stretch, whatever runs beside it; DP behind what a microbatch's compute leaves.
  *
  * Not modelled (each a reason real runs are slower than predicted): stragglers and jitter
  * across thousands of devices, congestion, kernel launches.
@@ -110,6 +112,20 @@ typedef struct {
 // pairs are the same to within a chunk (DualPipeV is DualPipe cut in half: its README).
 enum { SCHEDULE_DUALPIPE = N_SCHEDULES, N_COST_SCHEDULES };
 static const char* cost_schedule_name(int sched) { return sched == SCHEDULE_DUALPIPE ? "dualpipe" : schedule_names[sched]; }
+// The schedule named `name` (schedules.h's or dualpipe), or -1.
+static int cost_schedule_parse(const char* name) {
+    for (int k = 0; k < N_COST_SCHEDULES; k++)
+        if (!strcmp(name, cost_schedule_name(k))) return k;
+    return -1;
+}
+// The names from schedule `first` on, joined by `sep` and the last by `last` ("a, b or c",
+// "a|b|c"): messages list them from schedules.h's names, so a schedule is added once.
+static void cost_schedule_list(int first, const char* sep, const char* last, char* s, size_t n) {
+    size_t used = 0;
+    s[0] = 0;
+    for (int k = first; k < N_COST_SCHEDULES && used < n; k++)
+        used += snprintf(s + used, n - used, "%s%s", k == first ? "" : k == N_COST_SCHEDULES - 1 ? last : sep, cost_schedule_name(k));
+}
 // Chunks (stages) a device holds: DualPipe's two stages, else schedules.h's count.
 static int cost_schedule_chunks(int sched, int V) { return sched == SCHEDULE_DUALPIPE ? 2 : schedule_chunks(sched, V); }
 // The forward chunks a device runs a step, per microbatch: DualPipe's one stage (M/2 each
@@ -612,6 +628,16 @@ static double paired_fraction(const Layout* l) {
 }
 
 static double hidden(double overlap, double traffic, double compute) { return fmin(overlap * traffic, compute); }
+// Traffic hidden behind one stretch of compute: each kind already at most its own share of
+// the stretch (what it may hide behind), and all of them together at most the stretch: a
+// device's compute runs once, however many transfers run beside it. What exceeds shows,
+// taken from each kind in proportion to what it would hide.
+static void share_stretch(double stretch, double* hide, int n) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += hide[i];
+    if (sum > stretch)
+        for (int i = 0; i < n; i++) hide[i] *= stretch / sum;
+}
 
 // The stages' most: a pipeline of up to this many stages (any number, not only powers of 2).
 enum { MAX_STAGES = 256 };
@@ -666,7 +692,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     // when the forward runs again; a stated fraction hidden behind the products (--tp-overlap)
     double n_tp = 4 + (l->recompute == RECOMPUTE_FULL ? 2 : 0);
     double tp = per_stage * M * n_tp * t_allreduce(2 * tokens * h, l->tp, ring_link(c, l->tp, 1));
-    double tp_hidden = hidden(pr->tp_overlap, tp, k.compute - k.membound - k.attention);
+    double tp_alone = hidden(pr->tp_overlap, tp, k.compute - k.membound - k.attention); // were nothing else hidden
     // CP: K and V of the whole sequence gathered forward and again backward, their gradients
     // reduce-scattered (and gathered once more under full recomputation); a ring moves the
     // same bytes in cp-1 steps while attention computes, hiding up to the attention's time
@@ -674,7 +700,7 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
                 : m->kv_heads >= l->tp ? 2.0 * m->kv_heads * head_dim(m) / l->tp : 2 * head_dim(m);
     double kv_bytes = 2 * seqs_mb * m->seq * kv;
     double cp = per_stage * M * (3 + (l->recompute == RECOMPUTE_FULL)) * t_half(kv_bytes, l->cp, ring_link(c, l->cp, l->tp));
-    double cp_hidden = pr->cp_ring ? fmin(cp, k.attention) : 0;
+    double cp_alone = pr->cp_ring ? fmin(cp, k.attention) : 0;
     // EP: per MoE layer and microbatch, dispatch (FP8 under --fp8) and combine forward, and
     // their gradients backward: each device sends its tokens' copies, top-k per token
     double moe_per_stage = per_stage * moe;
@@ -690,11 +716,16 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     Link pp_link = ring_link(c, l->pp, (long)l->tp * l->cp * l->dp);
     double send = t_p2p(2 * tokens * h / (l->sp ? l->tp : 1), pp_link), pp = l->pp > 1 ? 2.0 * (V * M + l->pp - 2) * send : 0;
     // an F&B (DualPipe, dualpipev) hides its chunks' all-to-alls and sends behind its compute:
-    // the paired share of each, at most the paired share of the compute; the rest of EP as
-    // --ep-overlap says, behind the rest of the compute
-    double paired = paired_fraction(l), pair_traffic = paired * (ep + 2 * V * M * send), pair_compute = paired * k.compute;
-    double pair_hidden = fmin(pair_traffic, pair_compute), ep_pair = pair_traffic > 0 ? pair_hidden * paired * ep / pair_traffic : 0;
-    double pp_hidden = pair_hidden - ep_pair, ep_hidden = ep_pair + hidden(pr->ep_overlap, (1 - paired) * ep, (1 - paired) * k.compute);
+    // the paired share of each; the rest of EP as --ep-overlap says, behind the rest of the
+    // compute. TP's and CP's hidden traffic runs in every chunk, paired or not, beside the
+    // same compute: each stretch (the pairs', the rest's) hides at most its own length of
+    // traffic in all (share_stretch)
+    double paired = paired_fraction(l);
+    double in_pairs[4] = {paired * tp_alone, paired * cp_alone, paired * ep, paired * 2 * V * M * send};
+    double rest[4] = {(1 - paired) * tp_alone, (1 - paired) * cp_alone, hidden(pr->ep_overlap, (1 - paired) * ep, (1 - paired) * k.compute), 0};
+    share_stretch(paired * k.compute, in_pairs, 4);
+    share_stretch((1 - paired) * k.compute, rest, 4);
+    double tp_hidden = in_pairs[0] + rest[0], cp_hidden = in_pairs[1] + rest[1], ep_hidden = in_pairs[2] + rest[2], pp_hidden = in_pairs[3];
     k.tp = tp - tp_hidden, k.cp = cp - cp_hidden, k.ep = ep - ep_hidden, k.pp = pp - pp_hidden;
     k.bubble = pipeline_bubble(l, zbv_bubble);
     // DP: an all-reduce's time for the gradients (reduce-scatter, then all-gather of the
@@ -719,8 +750,10 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     // the first one's forward (Megatron-LM's distributed optimizer; MegaScale, section 3.2):
     // a microbatch's compute. (ZeRO-3 gathers and reduce-scatters every microbatch, layer by
     // layer, FSDP's prefetch: the model charges one microbatch's 1.5 all-reduces, hidden
-    // behind one microbatch's compute, the same share.)
-    double dp_hidden = hidden(pr->dp_overlap, dp, k.compute / l->M);
+    // behind one microbatch's compute, the same share.) That microbatch's compute also hides
+    // its share of the other axes' hidden traffic (taken as spread evenly over the
+    // microbatches): DP hides behind what is left of it
+    double dp_hidden = hidden(pr->dp_overlap, dp, (k.compute - tp_hidden - cp_hidden - ep_hidden - pp_hidden) / l->M);
     k.dp = dp - dp_hidden;
     // hidden traffic is not free: its kernels take SMs from compute while they run (DeepSeek-
     // V3 gives 20 of an H800's 132 to its all-to-alls), and compute there runs on the rest
