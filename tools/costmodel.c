@@ -1368,6 +1368,13 @@ static int selftest(void) {
     kk = layout_cost(&slow, &mbig, &bf16, &d2, 8, 0, 0);
     near("DualPipe, a pair's traffic longer than its compute: the pair takes the traffic's time (max, not sum)", kk.ep + kk.pp,
          ep_slow + 2 * 4 * send - kk.compute / 4);
+    // DP (--dp-overlap 1) under DualPipe hides behind the unpaired microbatches' compute: the
+    // pairs' hidden traffic (here their whole stretch) leaves it untouched; 3/4 of the compute
+    // over 3/4 of the 4 microbatches: a quarter of it
+    double dp_d2 = kk.dp;
+    Practice dpo = {.dp_overlap = 1};
+    near("DualPipe, DP hidden behind an unpaired microbatch's compute, not the pairs' (PP 2, M 4: compute / 4)",
+         layout_cost(&slow, &mbig, &dpo, &d2, 8, 0, 0).dp, fmax(0, dp_d2 - (0.75 * kk.compute) / (0.75 * 4)));
     // the same slow all-to-alls on 4 stages: the bubble stays Table 2's 2 / 26 (the pairs'
     // excess traffic is charged once, in EP and PP, not again as a longer F&B)
     Layout d4s = {.tp = 1, .cp = 1, .pp = 4, .dp = 2, .ep = 2, .sched = SCHEDULE_DUALPIPE, .V = 1, .M = 8};

@@ -752,8 +752,10 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     // layer, FSDP's prefetch: the model charges one microbatch's 1.5 all-reduces, hidden
     // behind one microbatch's compute, the same share.) That microbatch's compute also hides
     // its share of the other axes' hidden traffic (taken as spread evenly over the
-    // microbatches): DP hides behind what is left of it
-    double dp_hidden = hidden(pr->dp_overlap, dp, (k.compute - tp_hidden - cp_hidden - ep_hidden - pp_hidden) / l->M);
+    // microbatches): DP hides behind what is left of it. Under DualPipe that first forward and
+    // last backward run unpaired: the share is the unpaired stretch's, less what it hides
+    double rest_hidden = rest[0] + rest[1] + rest[2] + rest[3];
+    double dp_hidden = paired < 1 ? hidden(pr->dp_overlap, dp, ((1 - paired) * k.compute - rest_hidden) / ((1 - paired) * l->M)) : 0;
     k.dp = dp - dp_hidden;
     // hidden traffic is not free: its kernels take SMs from compute while they run (DeepSeek-
     // V3 gives 20 of an H800's 132 to its all-to-alls), and compute there runs on the rest
