@@ -267,8 +267,10 @@ costmodel_inputs() {
     # --bf16-moments (DeepSeek-V3's optimizer state): 2 + 4 + 8 bytes a parameter for 2 + 2 +
     # 12, so ZeRO-0's state is 14/16 of what it was and ZeRO-1's over DP 8 7/5.5 (FP32
     # gradients); the activations and every time but the optimizer's pass (22 bytes a
-    # parameter for 28) the same, and the step longer or shorter by that pass only
-    local s7b="--layers 32 --width 4096 --heads 32 --vocab 32000 --seq 4096 --tokens 262144" z ratio
+    # parameter for 28) the same, and the step shorter by that pass only, to the printed
+    # digits (half a unit in the last of each of the four figures). One sequence of 512 a
+    # replica: the step short, so ZeRO-1's 0.003 s shows in its digits (0.0001 s)
+    local s7b="--layers 32 --width 4096 --heads 32 --vocab 32000 --seq 512 --tokens 4096" z ratio
     kv() { tr ' ' '\n' <"$1" | sed -n "s/^$2=//p"; } # a figure of predict's line
     others() { local f; for f in compute_s membound_s attention_s bubble tp_s cp_s ep_s pp_s dp_s overlap_s activations_gb; do printf '%s ' "$(kv "$1" $f)"; done; }
     for z in 0 1; do
@@ -281,8 +283,10 @@ costmodel_inputs() {
         check "costmodel: --bf16-moments, ZeRO-$z: no time but the optimizer's pass changes (22 bytes a parameter for 28), the step by that pass" \
             awk -v x="$(others "$TMP/m16")" -v y="$(others "$TMP/m14")" -v o16="$(kv "$TMP/m16" optimizer_s)" -v o14="$(kv "$TMP/m14" optimizer_s)" \
                 -v s16="$(kv "$TMP/m16" step_s)" -v s14="$(kv "$TMP/m14" step_s)" \
-                'BEGIN { d = o14 - o16 * 22 / 28; e = (s16 - s14) - (o16 - o14)
-                         exit !(length(x) > 30 && x == y && o16 > 0 && d * d < (1e-3 * o16)^2 && e * e < (1e-3 * s16)^2) }'
+                'function ulp(v) { return 10 ^ (int(log(v) / log(10) + 100) - 100 - 3) / 2 } # %.4g: half its last digit
+                 BEGIN { d = o14 - o16 * 22 / 28; e = (s16 - s14) - (o16 - o14)
+                         exit !(length(x) > 30 && x == y && o16 > 0 && s16 > s14 && d * d < (1e-3 * o16)^2 &&
+                                e * e <= (ulp(s16) + ulp(s14) + ulp(o16) + ulp(o14) + 1e-12)^2) }'
     done
     # --schedule's names come from schedules.h's list (and the cost model's dualpipe), not a copy
     local names
