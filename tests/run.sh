@@ -261,6 +261,11 @@ costmodel_inputs() {
     expect_error 2 "^error: dualpipe with 6 microbatches on PP 4: it takes an even number of microbatches, at least 2 x PP \(8; " \
         "costmodel: predict refuses dualpipe with 6 microbatches on PP 4 (even, under 2 x PP)" \
         -- tools/costmodel predict $N $s48 --devices 4 --pp 4 --schedule dualpipe --microbatches 6
+    # rank with a fixed schedule blames the schedule only for layouts the other fixed flags
+    # admit: on 2 devices the one pipeline layout has TP 1, which --sp refuses on any schedule
+    expect_error 2 "^error: --schedule dualpipe applies to a pipeline, and the other flags given leave no pipeline layout of 2 devices \(PP 2: sequence parallelism splits across TP: it needs TP above 1\)$" \
+        "costmodel: rank --sp --schedule dualpipe on 2 devices names --sp's refusal of TP 1, not dualpipe's" \
+        -- tools/costmodel rank $N $s48 --devices 2 --sp --schedule dualpipe --microbatches 2
     run "$TMP/dual8" tools/costmodel predict $N $s48 --devices 4 --pp 4 --schedule dualpipe --microbatches 8
     check "costmodel: predict takes dualpipe with 8 microbatches on PP 4, the fewest it admits" \
         bash -c "test $? = 0 && grep -q ' schedule=dualpipe virtual=2 microbatches=8$' '$TMP/dual8'"

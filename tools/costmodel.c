@@ -393,10 +393,12 @@ typedef struct {
 } Fixed;
 
 // The pipeline layouts a fixed schedule does not admit (rank says which and why), by PP:
-// how many, the first of them and its refusal.
+// how many, the first of them and its refusal; and the first that the other fixed flags
+// (ZeRO, SP, recomputation, microbatches) refuse on any schedule, and why (flags_pp 0: none).
 enum { MAX_LEFT_OUT = 64 };
 typedef struct {
-    int n, total;
+    int n, total, flags_pp;
+    char flags_why[320];
     struct {
         int pp, count;
         Layout first;
@@ -431,13 +433,18 @@ static int by_time(const void* a, const void* b) {
     return (p > q) - (p < q);
 }
 
-// A pipeline layout (its degrees, on 1F1B) of which no setting was possible: if the fixed
-// schedule is why, it is counted in `left`, with the schedule's own refusal.
+// A pipeline layout (its degrees and the fixed flags, on 1F1B) of which no setting was
+// possible: if the fixed schedule is why, it is counted in `left`, with the schedule's own
+// refusal; if the other fixed flags are, the first such refusal is kept apart.
 static void note_left_out(LeftOut* left, const Shape* m, const Fixed* fx, const Layout* base, int devices) {
     char why[320];
     Layout l = *base;
     l.sched = fx->sched, l.V = first_virtual(fx->sched, fx);
-    if (layout_rule(m, base, devices, why, sizeof why) || !layout_rule(m, &l, devices, why, sizeof why)) return;
+    if (layout_rule(m, base, devices, why, sizeof why)) {
+        if (!left->flags_pp) left->flags_pp = base->pp, snprintf(left->flags_why, sizeof left->flags_why, "%s", why);
+        return;
+    }
+    if (!layout_rule(m, &l, devices, why, sizeof why)) return;
     left->total++;
     int i = 0;
     while (i < left->n && left->by_pp[i].pp != l.pp) i++;
@@ -491,7 +498,7 @@ static int enumerate(const Cluster* c, const Shape* m, const Practice* pr, const
                                         if (better) best = (Candidate){l, k};
                                     }
                     if (best.k.step < 0) {
-                        Layout degrees = {tp, cp, pp, dp, ep, 0, 0, 0, SCHEDULE_1F1B, 1, M};
+                        Layout degrees = {tp, cp, pp, dp, ep, fx->zero >= 0 ? fx->zero : 0, fx->sp > 0, fx->recompute >= 0 ? fx->recompute : 0, SCHEDULE_1F1B, 1, M};
                         if (left && pp > 1 && fx->sched >= 0) note_left_out(left, m, fx, &degrees, devices);
                         continue;
                     }
@@ -1502,6 +1509,9 @@ int main(int argc, char** argv) {
             usage_error("--schedule %s: no pipeline layout of %d device%s admits it (%s); without a pipeline no schedule runs: "
                         "give another --schedule, or none", sched, q.devices, q.devices > 1 ? "s" : "", why);
         }
+        if (sched && !pipelines && n && left.flags_pp)
+            usage_error("--schedule %s applies to a pipeline, and the other flags given leave no pipeline layout of %d device%s "
+                        "(PP %d: %s)", sched, q.devices, q.devices > 1 ? "s" : "", left.flags_pp, left.flags_why);
         if (sched && !pipelines && n)
             usage_error("--schedule %s applies to a pipeline, and no layout of %d device%s has one (PP above 1) with the flags "
                         "given: give no --schedule", sched, q.devices, q.devices > 1 ? "s" : "");
