@@ -261,6 +261,14 @@ costmodel_inputs() {
     expect_error 2 "^error: dualpipe with 6 microbatches on PP 4: it takes an even number of microbatches, at least 2 x PP \(8; " \
         "costmodel: predict refuses dualpipe with 6 microbatches on PP 4 (even, under 2 x PP)" \
         -- tools/costmodel predict $N $s48 --devices 4 --pp 4 --schedule dualpipe --microbatches 6
+    # each schedule's refusal names the condition that failed, in the number's own word
+    expect_error 2 "^error: interleaved with V 2 on PP 6: 1 layer a stage \(at most\), fewer than V: each chunk takes a layer$" \
+        "costmodel: interleaved on 6 layers over PP 6 is refused for its 1 layer a stage (its 48 microbatches a multiple of PP)" \
+        -- tools/costmodel predict $N ${s48/--layers 4/--layers 6} --devices 6 --pp 6 --schedule interleaved --virtual 2 --microbatches 48
+    expect_error 2 "^error: zb1 with 1 microbatch on 2 stages: " "costmodel: zb1's refusal of 1 microbatch says 'microbatch'" \
+        -- tools/costmodel predict $N $s48 --devices 2 --pp 2 --schedule zb1 --microbatches 1
+    expect_error 2 "^error: zbv with PP 4: 1 layer a stage, and it takes 2 or more" "costmodel: zbv on 4 layers over PP 4 is refused for its 1 layer a stage" \
+        -- tools/costmodel predict $N $s48 --devices 4 --pp 4 --schedule zbv --microbatches 8
     # rank with a fixed schedule blames the schedule only for layouts the other fixed flags
     # admit: on 2 devices the one pipeline layout has TP 1, which --sp refuses on any schedule
     expect_error 2 "^error: --schedule dualpipe applies to a pipeline, and the other flags given leave no pipeline layout of 2 devices \(PP 2: sequence parallelism splits across TP: it needs TP above 1\)$" \

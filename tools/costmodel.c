@@ -340,8 +340,11 @@ static Cost cost_of(const Cluster* c, const Shape* m, const Practice* pr, const 
 // the K and V heads, or a multiple of them), CP the sequence in 2 CP chunks, PP up to the
 // layers (split as evenly as the work allows), DP the rest of the devices, EP the experts and DP.
 enum { MAX_TP = 128, MAX_CP = 128 };
+static const char* s_(long k) { return k == 1 ? "" : "s"; }
+static const char* es_(long k) { return k == 1 ? "" : "es"; }
 static const char* layout_rule(const Shape* m, const Layout* l, int devices, char* err, size_t n) {
     double seqs = m->tokens / m->seq;
+    int stage_layers = l->pp > 0 ? (m->layers + l->pp - 1) / l->pp : 0; // the largest stage's
     int kv = m->kv_lora > 0 ? m->heads : m->kv_heads;
     if (l->tp < 1 || l->tp > MAX_TP || m->heads % l->tp || (kv >= l->tp ? kv % l->tp : l->tp % kv))
         snprintf(err, n, "TP %d: the model takes TP up to %d dividing the %d heads and the %d K and V heads (or a multiple of them)",
@@ -354,27 +357,39 @@ static const char* layout_rule(const Shape* m, const Layout* l, int devices, cha
     else if ((long)l->tp * l->cp * l->pp * l->dp != devices)
         snprintf(err, n, "TP %d x CP %d x PP %d does not divide the %d devices", l->tp, l->cp, l->pp, devices);
     else if (fmod(seqs, (double)l->dp * l->M) != 0)
-        snprintf(err, n, "DP %d x %d microbatches does not divide the %.0f sequences of a step", l->dp, l->M, seqs);
+        snprintf(err, n, "DP %d x %d microbatch%s does not divide the %.0f sequences of a step", l->dp, l->M, es_(l->M), seqs);
     else if (m->experts == 0 && l->ep != 1)
         snprintf(err, n, "EP %d: a dense model has no experts to spread", l->ep);
     else if (m->experts > 0 && (l->ep < 1 || l->dp % l->ep || m->experts % l->ep))
         snprintf(err, n, "EP %d: the model takes EP dividing DP (%d) and the experts (%d)", l->ep, l->dp, m->experts);
     else if (l->sp && l->tp == 1)
         snprintf(err, n, "sequence parallelism splits across TP: it needs TP above 1");
-    else if (l->pp > 1 && l->sched == SCHEDULE_INTERLEAVED && (l->V < 2 || l->M % l->pp || (m->layers + l->pp - 1) / l->pp < l->V))
-        snprintf(err, n, "interleaved with V %d: V from 2 to the layers of a stage, and microbatches (%d) a multiple of PP (%d)",
-                 l->V, l->M, l->pp);
+    // the schedules' own conditions, each refusal naming the one that failed
+    else if (l->pp > 1 && l->sched == SCHEDULE_INTERLEAVED && l->V < 2)
+        snprintf(err, n, "interleaved with V %d: it takes V of 2 or more chunks a stage", l->V);
+    else if (l->pp > 1 && l->sched == SCHEDULE_INTERLEAVED && stage_layers < l->V)
+        snprintf(err, n, "interleaved with V %d on PP %d: %d layer%s a stage (at most), fewer than V: each chunk takes a layer",
+                 l->V, l->pp, stage_layers, s_(stage_layers));
+    else if (l->pp > 1 && l->sched == SCHEDULE_INTERLEAVED && l->M % l->pp)
+        snprintf(err, n, "interleaved with %d microbatch%s on PP %d: it takes a multiple of PP microbatches", l->M, es_(l->M), l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_ZB1 && l->M < l->pp)
-        snprintf(err, n, "zb1 with %d microbatches on %d stages: its closed form holds for at least as many microbatches as stages", l->M, l->pp);
-    else if (l->pp > 1 && l->sched == SCHEDULE_ZBV && (l->pp > ZBV_MAX_S || l->M > ZBV_MAX_M || (m->layers + l->pp - 1) / l->pp < 2))
-        snprintf(err, n, "zbv: up to %d stages of 2 layers or more, up to %d microbatches", ZBV_MAX_S, ZBV_MAX_M);
-    else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPEV && (l->M < 2 * l->pp || (m->layers + l->pp - 1) / l->pp < 2))
-        snprintf(err, n, "dualpipev: at least 2 x PP microbatches (%d for PP %d) and 2 layers a stage", 2 * l->pp, l->pp);
+        snprintf(err, n, "zb1 with %d microbatch%s on %d stages: its closed form holds for at least as many microbatches as stages",
+                 l->M, es_(l->M), l->pp);
+    else if (l->pp > 1 && l->sched == SCHEDULE_ZBV && l->pp > ZBV_MAX_S)
+        snprintf(err, n, "zbv with PP %d: the model plays it up to %d stages", l->pp, ZBV_MAX_S);
+    else if (l->pp > 1 && l->sched == SCHEDULE_ZBV && stage_layers < 2)
+        snprintf(err, n, "zbv with PP %d: 1 layer a stage, and it takes 2 or more (a stage's two chunks)", l->pp);
+    else if (l->pp > 1 && l->sched == SCHEDULE_ZBV && l->M > ZBV_MAX_M)
+        snprintf(err, n, "zbv with %d microbatches: the model plays it up to %d", l->M, ZBV_MAX_M);
+    else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPEV && l->M < 2 * l->pp)
+        snprintf(err, n, "dualpipev with %d microbatch%s on PP %d: it takes at least 2 x PP (%d)", l->M, es_(l->M), l->pp, 2 * l->pp);
+    else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPEV && stage_layers < 2)
+        snprintf(err, n, "dualpipev with PP %d: 1 layer a stage, and it takes 2 or more (a stage's two chunks)", l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && l->pp % 2)
         snprintf(err, n, "dualpipe with PP %d: it takes an even PP, ranks r and PP-1-r holding the same two stages", l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_DUALPIPE && (l->M % 2 || l->M < 2 * l->pp))
         snprintf(err, n, "dualpipe with %d microbatch%s on PP %d: it takes an even number of microbatches, at least 2 x PP (%d; "
-                 "DualPipe's own check), half fed in at each end", l->M, l->M == 1 ? "" : "es", l->pp, 2 * l->pp);
+                 "DualPipe's own check), half fed in at each end", l->M, es_(l->M), l->pp, 2 * l->pp);
     else if (l->pp > 1 && l->sched == SCHEDULE_NAIVE)
         snprintf(err, n, "naive runs one microbatch at a time: the model does not consider it");
     else
