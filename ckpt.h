@@ -384,7 +384,11 @@ static void ckpt_create(CkptWriter* w, const char* path, int keep, const CkptHea
     remove_stale_temporaries(path, "MLPCKPT");
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", path, (long)getpid());
     w->f = create_new(w->tmp);
-    if (!w->f) ckpt_fail(w, "create");
+    if (!w->f) {
+        int err = errno;
+        w->tmp[0] = 0; // not this process's file to remove (EEXIST: something there, left alone)
+        errno = err, ckpt_fail(w, "create");
+    }
     ckpt_write(w, h, CKPT_FIXED_BYTES);
     ckpt_write(w, h->code_points, (size_t)h->vocab * sizeof(uint32_t));
 }

@@ -721,13 +721,13 @@ EOT
     if strace -f -o /dev/null -e trace=none true 2>/dev/null; then
         local k missing="" left="" names=()
         rm -f "$TMP"/at.ckpt*
-        strace -f -o "$TMP/calls" -e trace=$calls $p $tiny --steps 5 --save-every 1 --save "$TMP/at.ckpt" >/dev/null 2>&1
+        timeout "$LIMIT" strace -f -o "$TMP/calls" -e trace=$calls $p $tiny --steps 5 --save-every 1 --save "$TMP/at.ckpt" >/dev/null 2>&1
         mapfile -t names < <(grep -oE '^[0-9]+ +[a-z0-9]+\(' "$TMP/calls" | sed -E 's/^[0-9]+ +//; s/\($//')
         for k in $(seq 2 ${#names[@]}); do # (the first puts the first checkpoint in place: before it, there is none)
             local name=${names[k - 1]} nth
             nth=$(printf '%s\n' "${names[@]:0:k}" | grep -cx "$name")
             rm -f "$TMP"/at.ckpt*
-            (strace -f -o /dev/null -e trace=$name -e inject=$name:signal=KILL:when=$nth $p $tiny --steps 5 --save-every 1 \
+            (timeout "$LIMIT" strace -f -o /dev/null -e trace=$name -e inject=$name:signal=KILL:when=$nth $p $tiny --steps 5 --save-every 1 \
                 --save "$TMP/at.ckpt"; true) >/dev/null 2>&1 # (a subshell, which says "Killed" to /dev/null)
             step=$(od -An -t d8 -j 40 -N 8 "$TMP/at.ckpt" 2>/dev/null | tr -d ' ')
             [ -n "$step" ] && $p $tiny --load "$TMP/at.ckpt" --steps "$step" >/dev/null 2>&1 || missing="$missing $k"
@@ -736,8 +736,8 @@ EOT
                 [ -n "$step" ] && $p $tiny --load "$TMP/at.ckpt.1" --steps "$step" >/dev/null 2>&1 || missing="$missing $k(FILE.1)"
             fi
             step=$(od -An -t d8 -j 40 -N 8 "$TMP/at.ckpt" 2>/dev/null | tr -d ' ')
-            $p $tiny --load "$TMP/at.ckpt" --steps $((${step:-0} + 1)) --save "$TMP/at.ckpt" >/dev/null 2>&1
-            [ -z "$(ls "$TMP" | grep '^at\.ckpt.*tmp-')" ] || left="$left $k"
+            run "$TMP/next" $p $tiny --load "$TMP/at.ckpt" --steps $((${step:-0} + 1)) --save "$TMP/at.ckpt" &&
+                [ -z "$(ls "$TMP" | grep '^at\.ckpt.*tmp-')" ] || left="$left $k"
         done
         check "checkpoint: killed at each of the file calls 2 to ${#names[@]} of saves every step (${names[*]:0:7} ...), FILE is there and loads, and FILE.1${missing:+ (not after call$missing)}" \
             test ${#names[@]} -ge 20 -a -z "$missing"
