@@ -395,9 +395,9 @@ static void ckpt_create(CkptWriter* w, const char* path, int keep, const CkptHea
 // A file at `path` that the save or its rotation (--keep) would replace, and is not a
 // checkpoint of this project's (the check before step 1 refused it; something put it there
 // since): the save stops, naming what would have replaced it, the save itself at the path or
-// the rotation at a path.N. `held` is path_holds' answer.
-static void ckpt_refuse(CkptWriter* w, const char* path, int held) {
-    const char* why = held == PATH_NOT_FILE ? "is not a regular file" : path_why;
+// the rotation at a path.N, and path_holds' reason (path_why).
+static void ckpt_refuse(CkptWriter* w, const char* path) {
+    const char* why = path_why;
     if (w->f) fclose(w->f);
     w->f = NULL;
     remove(w->tmp);
@@ -429,7 +429,7 @@ static void ckpt_keep_previous(CkptWriter* w, const char* from, const char* to) 
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", to, (long)getpid());
     int held = path_holds(from, ckpt_recognise);
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from, held);
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from);
     if (held != PATH_OURS) return; // nothing to keep
     if (link(from, tmp) != 0) {
         if (errno == ENOENT) return; // gone since
@@ -437,14 +437,14 @@ static void ckpt_keep_previous(CkptWriter* w, const char* from, const char* to) 
     }
     if ((held = path_holds(tmp, ckpt_recognise)) != PATH_OURS) { // from's file was replaced in between
         remove(tmp);
-        if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from, held);
+        if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from);
         return;
     }
     if ((held = put_in_place(tmp, to, ckpt_recognise)) < 0) {
         int err = errno;
         remove(tmp), errno = err, ckpt_fail(w, "keep the previous");
     }
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, to, held);
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, to);
 }
 // The checksum; the data on the disk (fsync); then the new file in the old one's place, and
 // that renaming on the disk too (fsync of the folder). The checkpoint at `path` exists at
@@ -467,7 +467,7 @@ static void ckpt_close(CkptWriter* w) {
     }
     int held = put_in_place(w->tmp, w->path, ckpt_recognise);
     if (held < 0) ckpt_fail(w, "replace");
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, w->path, held);
+    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, w->path);
     char dir[4096];
     const char* name;
     split_path(w->path, dir, sizeof dir, &name);

@@ -345,16 +345,16 @@ static const char* trace_recognise(FILE* f) {
 
 // What is at an output's path: nothing; an empty file (nothing to lose); a file of this
 // project, one the recogniser reads whole as its kind; a file of something else (why not
-// ours is in path_why); or not a regular file at all (a folder, a device, a named pipe, a
-// symbolic link: lstat, not open, so that a pipe never blocks; an output given as a link
-// is followed first, output_follow below).
+// ours is in path_why); or not a regular file at all (path_why says so: a folder, a device, a
+// named pipe, a symbolic link: lstat, not open, so that a pipe never blocks; an output given
+// as a link is followed first, output_follow below).
 enum { PATH_ABSENT, PATH_EMPTY, PATH_OURS, PATH_FOREIGN, PATH_NOT_FILE };
 static const char* path_why;
 static int path_holds(const char* path, Recogniser ours) {
     struct stat st;
     path_why = "";
-    if (lstat(path, &st) != 0) return errno == ENOENT ? PATH_ABSENT : PATH_NOT_FILE;
-    if (!S_ISREG(st.st_mode)) return PATH_NOT_FILE;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? PATH_ABSENT : (path_why = "is not a regular file", PATH_NOT_FILE);
+    if (!S_ISREG(st.st_mode)) return path_why = "is not a regular file", PATH_NOT_FILE;
     if (st.st_size == 0) return PATH_EMPTY;
     FILE* f = fopen(path, "rb");
     if (!f) return path_why = "cannot be read", PATH_FOREIGN;
@@ -524,13 +524,13 @@ static void whole_close(WholeFile* w) {
     if (fclose(w->f) != 0 && !failed) failed = 1, err = errno;
     w->f = NULL;
     if (!failed && (held = put_in_place(w->tmp, w->path, w->ours)) < 0) failed = 1, err = errno;
-    if (failed) remove(w->tmp);
-    if (failed)
+    if (failed) {
+        remove(w->tmp);
         fatal("cannot write %s '%s': %s; the file there before, if any, is untouched", w->what, w->path, strerror(err));
+    }
     if (held == PATH_FOREIGN || held == PATH_NOT_FILE)
         fatal("cannot write %s '%s': the file there now is not one of this project's (it %s; it appeared during the "
-              "run), and writing would replace it; nothing was written", w->what, w->path,
-              held == PATH_NOT_FILE ? "is not a regular file" : path_why);
+              "run), and writing would replace it; nothing was written", w->what, w->path, path_why);
 }
 
 // Before any training: every output can be written where it is asked for, and writing it
