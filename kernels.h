@@ -335,13 +335,17 @@ static void matmul_float(float* out, const float* a, const float* b, int M, int 
 // accumulators), each over the whole reduction. Both end in the same store.
 #define ME_ROWS 4
 #define ME_COLS 32
-ALWAYS_INLINE void exact_tile_store(int64_t* acc, const uint64_t sum[ME_ROWS][ME_COLS], int red, int N, int mb, int nb) {
+// add: acc += the tile's sums; otherwise acc = them (a caller that would zero acc first
+// saves that pass, and the stores do not read acc: 2% of the large MLP's input gradient).
+ALWAYS_INLINE void exact_tile_store(int64_t* acc, const uint64_t sum[ME_ROWS][ME_COLS], int red, int N, int mb, int nb,
+                                    int add) {
     uint64_t total_bias = (uint64_t)red * fix_bias_bits(); // unsigned: the biased sums wrap, by design
     for (int r = 0; r < mb; r++)
-        for (int c = 0; c < nb; c++) acc[(long)r * N + c] += (int64_t)(sum[r][c] - total_bias);
+        for (int c = 0; c < nb; c++)
+            acc[(long)r * N + c] = (add ? acc[(long)r * N + c] : 0) + (int64_t)(sum[r][c] - total_bias);
 }
 EXACT_KERNEL WIDE_BODY ALWAYS_INLINE void matmul_exact_tile_wide_body(int64_t* acc, const double* block, const double* panel,
-                                                           int red, int N, int mb, int nb) {
+                                                           int red, int N, int mb, int nb, int add) {
     EXACT_KERNEL_BODY
     enum { V = ME_COLS / 8 };
     u64x8 sum[ME_ROWS][V] = {{{0}}};
@@ -362,15 +366,15 @@ EXACT_KERNEL WIDE_BODY ALWAYS_INLINE void matmul_exact_tile_wide_body(int64_t* a
         uint64_t* o = (uint64_t*)acc + (long)r * N;
         int v = 0;
         for (; 8 * v + 8 <= nb; v++) {
-            u64x8 cur = *(u64x8_unaligned*)(o + 8 * v);
-            cur += sum[r][v] - total_bias;
+            u64x8 cur = sum[r][v] - total_bias;
+            if (add) cur += *(u64x8_unaligned*)(o + 8 * v);
             *(u64x8_unaligned*)(o + 8 * v) = cur;
         }
-        for (int c = 8 * v; c < nb; c++) o[c] += sum[r][v][c - 8 * v] - total_bias;
+        for (int c = 8 * v; c < nb; c++) o[c] = (add ? o[c] : 0) + sum[r][v][c - 8 * v] - total_bias;
     }
 }
 EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_body(int64_t* acc, const double* block, const double* panel, int red,
-                                                      int N, int mb, int nb) {
+                                                      int N, int mb, int nb, int add) {
     EXACT_KERNEL_BODY
     enum { S = 8 }; // strip width
     uint64_t out[ME_ROWS][ME_COLS];
@@ -387,11 +391,11 @@ EXACT_KERNEL ALWAYS_INLINE void matmul_exact_tile_body(int64_t* acc, const doubl
         }
         for (int r = 0; r < ME_ROWS; r++) memcpy(&out[r][c0], sum[r], sizeof sum[r]);
     }
-    exact_tile_store(acc, out, red, N, mb, nb);
+    exact_tile_store(acc, out, red, N, mb, nb, add);
 }
 KERNEL_VARIANTS(EXACT_KERNEL, matmul_exact_tile,
-                (int64_t* acc, const double* block, const double* panel, int red, int N, int mb, int nb),
-                (acc, block, panel, red, N, mb, nb))
+                (int64_t* acc, const double* block, const double* panel, int red, int N, int mb, int nb, int add),
+                (acc, block, panel, red, N, mb, nb, add))
 // Rows [i0, i1) of every panel of b ([red][N]) into dst [tn][red][32] as doubles,
 // zero-padded past column N. Row by row of b, so that b is read once and in order, and
 // whole panels with no test per element, which the compiler converts 16 floats at a time:
@@ -464,13 +468,14 @@ static int exact_group(int M, int red, int N) { // blocks to a group
 }
 // Tile t of acc: groups of g blocks, in each group panel by panel, in each panel block by
 // block. Every tile is computed whole by whichever thread runs it.
-static void matmul_exact_at(int t, int64_t* acc, const double* pa, const double* pb, int M, int red, int N, int g) {
+static void matmul_exact_at(int t, int64_t* acc, const double* pa, const double* pb, int M, int red, int N, int g,
+                            int add) {
     int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS;
     int q0 = t / (g * tn) * g, size = tm - q0 < g ? tm - q0 : g, local = t - q0 * tn;
     int p = local / size, q = q0 + local % size, m0 = q * ME_ROWS, n0 = p * ME_COLS;
     int mb = M - m0 < ME_ROWS ? M - m0 : ME_ROWS, nb = N - n0 < ME_COLS ? N - n0 : ME_COLS;
     matmul_exact_tile(acc + (long)m0 * N + n0, pa + (long)q * red * ME_ROWS, pb + (long)p * red * ME_COLS, red, N, mb,
-                      nb);
+                      nb, add);
 }
 
 // Exact-sum range check for a matmul: every term a(m,i)*b(i,n) must be below the limit.
@@ -539,11 +544,11 @@ static void pack_exact_panels(double* dst, const float* b, int red, int N) {
     PARALLEL_FOR((long)red * N, k, chunks,
                  pack_panels_double_rows(dst, b, red, N, k * PACK_ROWS, red < (k + 1) * PACK_ROWS ? red : (k + 1) * PACK_ROWS));
 }
-// acc += a b, from a's blocks pa and b's panels pb
-static void matmul_exact_packed(int64_t* acc, const double* pa, const double* pb, int M, int red, int N) {
+// acc += a b (add), or acc = a b, from a's blocks pa and b's panels pb
+static void matmul_exact_packed(int64_t* acc, const double* pa, const double* pb, int M, int red, int N, int add) {
     int tm = (M + ME_ROWS - 1) / ME_ROWS, tn = (N + ME_COLS - 1) / ME_COLS, g = exact_group(M, red, N);
     cpu_isa(); // asked once, before any thread reads it
-    PARALLEL_FOR((long)M * N * red / 8, t, tm * tn, matmul_exact_at(t, acc, pa, pb, M, red, N, g));
+    PARALLEL_FOR((long)M * N * red / 8, t, tm * tn, matmul_exact_at(t, acc, pa, pb, M, red, N, g, add));
 }
 static void exact_workspace_check(const Workspace* ws, int M, int red, int N, const char* what) {
     if ((long)(M + ME_ROWS - 1) / ME_ROWS * ME_ROWS * red > ws->pa_cap ||
@@ -563,7 +568,7 @@ static void matmul_exact(int64_t* acc, const float* a, long a_sm, long a_si, con
     matmul_exact_check(a, a_sm, a_si, b, M, red, N, max_abs(a, (long)M * red), max_abs(b, (long)red * N), terms, what);
     pack_exact_blocks(ws->pa, a, a_sm, a_si, M, red);
     pack_exact_panels(ws->pb, b, red, N);
-    matmul_exact_packed(acc, ws->pa, ws->pb, M, red, N);
+    matmul_exact_packed(acc, ws->pa, ws->pb, M, red, N, 1);
 }
 
 // dst[c][r] = src[r][c], by blocks of 16 x 16 through two small buffers. Rows of these

@@ -137,8 +137,7 @@ static void linear_forward_partial(int64_t* acc, const float* in, const float* w
     exact_workspace_check(ws, R, K, J, "linear forward");
     matmul_exact_check(in, K, 1, w, R, K, J, max_abs(in, (long)R * K), pw->maxabs, terms, "linear forward");
     pack_exact_blocks(ws->pa, in, K, 1, R, K);
-    fix_zero(acc, (long)R * J);
-    matmul_exact_packed(acc, ws->pa, pw->data, R, K, J);
+    matmul_exact_packed(acc, ws->pa, pw->data, R, K, J, 0); // acc = the sums
 }
 //  2. out[r][j] = float(acc[r][j] + b[j]): the whole sum, rounded to float once with the bias
 static void linear_forward_finish(float* out, const int64_t* acc, const float* b, int R, int J) {
@@ -176,8 +175,7 @@ static void linear_backward_input_partial(int64_t* accT, const float* dout, cons
     transpose(ws->tr, dout, R, J);
     matmul_exact_check(w, J, 1, ws->tr, K, J, R, pw->maxabs, max_abs(ws->tr, (long)J * R), terms, "input gradient");
     pack_exact_panels(ws->pb, ws->tr, J, R);
-    fix_zero(accT, (long)R * K);
-    matmul_exact_packed(accT, pw->data, ws->pb, K, J, R);
+    matmul_exact_packed(accT, pw->data, ws->pb, K, J, R, 0); // accT = the sums
 }
 //  2. din[r][k] = float(accT[k][r]), rounded once
 static void linear_backward_input_finish(float* din, const int64_t* accT, int R, int K) { fix_transpose(din, accT, K, R); }

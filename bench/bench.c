@@ -189,7 +189,7 @@ static void tiles(int steps) {
     for (int r = 0; r < MF_ROWS; r++) arow[r] = rows + (long)r * RED;
     cpu_isa();
     double ms[2];
-    MEDIAN_MS(ms[0], steps, for (int k = 0; k < CALLS; k++) matmul_exact_tile(acc, block, panel, RED, ME_COLS, ME_ROWS, ME_COLS));
+    MEDIAN_MS(ms[0], steps, for (int k = 0; k < CALLS; k++) matmul_exact_tile(acc, block, panel, RED, ME_COLS, ME_ROWS, ME_COLS, 1));
     MEDIAN_MS(ms[1], steps, for (int k = 0; k < CALLS; k++) matmul_float_tile(out, arow, fpanel, RED, MF_COLS, MF_ROWS, MF_COLS));
     printf("| exact tile alone, %d x %d, operands in cache (%d tiles) | %.3f | %.1f |\n", ME_ROWS, ME_COLS, CALLS, ms[0],
            2e-6 * CALLS * ME_ROWS * ME_COLS * RED / ms[0]);

@@ -192,13 +192,18 @@ static void test_matmul_exact(void) {
             // matrix as wide as it is or `pad` wider
             int transposed = how % 2, wider = how / 2;
             long a_sm = transposed ? 1 : red + wider * pad, a_si = transposed ? M + wider * pad : 1;
-            memset(acc, 0, sizeof(int64_t) * M * N);
-            memset(ref, 0, sizeof(int64_t) * M * N);
+            for (long e = 0; e < (long)M * N; e++) acc[e] = ref[e] = (int64_t)(e * 0x9E3779B97F4A7C15ull >> 24); // it adds
             matmul_exact(acc, a, a_sm, a_si, b, M, red, N, red, "test", &ws);
             matmul_exact_ref(ref, a, a_sm, a_si, b, M, red, N);
             check(!memcmp(acc, ref, sizeof(int64_t) * M * N),
-                  "matmul_exact %dx%dx%d%s%s equals per-term llrint sums bit for bit", M, red, N,
+                  "matmul_exact %dx%dx%d%s%s adds per-term llrint sums bit for bit", M, red, N,
                   transposed ? " (transposed a)" : "", wider ? " (a in a wider matrix)" : "");
+            // from the operands it packed, with add = 0: acc = the sums, whatever acc held
+            matmul_exact_packed(acc, ws.pa, ws.pb, M, red, N, 0);
+            memset(ref, 0, sizeof(int64_t) * M * N);
+            matmul_exact_ref(ref, a, a_sm, a_si, b, M, red, N);
+            check(!memcmp(acc, ref, sizeof(int64_t) * M * N), "matmul_exact_packed %dx%dx%d%s%s, add 0, sets the sums",
+                  M, red, N, transposed ? " (transposed a)" : "", wider ? " (a in a wider matrix)" : "");
         }
         free(a), free(b), free(acc), free(ref);
     }
