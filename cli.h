@@ -464,6 +464,19 @@ static void split_path(const char* path, char* dir, size_t n, const char** name)
 // kind is removed: empty, or beginning with `start` (a file cut short included). Anything else
 // may be a user's file that a save, killed while checking it, had moved aside (put_in_place):
 // it stays, with a warning, and where its name is this process's, the save stops.
+// Whether this process met the file `st` describes before (it remembers up to 64): a foreign
+// temporary is warned about once a run, not at every save of --save-every 1.
+static int seen_before(const struct stat* st) {
+    static struct {
+        dev_t dev;
+        ino_t ino;
+    } seen[64];
+    static int n;
+    for (int i = 0; i < n; i++)
+        if (seen[i].dev == st->st_dev && seen[i].ino == st->st_ino) return 1;
+    if (n < 64) seen[n].dev = st->st_dev, seen[n].ino = st->st_ino, n++;
+    return 0;
+}
 static void remove_stale_temporaries(const char* path, const char* start) {
     char dir[4096], full[8400], head[256];
     const char* base;
@@ -484,7 +497,8 @@ static void remove_stale_temporaries(const char* path, const char* start) {
         if (!own && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; // it runs (or may)
         snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
         struct stat st;
-        FILE* f = lstat(full, &st) == 0 && S_ISREG(st.st_mode) ? fopen(full, "rb") : NULL;
+        if (lstat(full, &st) != 0) continue; // gone since the listing
+        FILE* f = S_ISREG(st.st_mode) ? fopen(full, "rb") : NULL;
         int ours = f && (st.st_size == 0 || (fread(head, 1, ns, f) == ns && !memcmp(head, start, ns)));
         if (f) fclose(f);
         if (ours) {
@@ -495,8 +509,9 @@ static void remove_stale_temporaries(const char* path, const char* start) {
             fatal("'%s' is in the way of this run's temporary file, and is not one of this project's files: a run "
                   "killed while it checked a file that had appeared at '%s' may have left it there; move it, then "
                   "run again", full, path);
-        fprintf(stderr, "warning: '%s' is not one of this project's files: a run killed while it checked a file "
-                        "that had appeared at '%s' may have left it there; it is left alone\n", full, path);
+        if (!seen_before(&st))
+            fprintf(stderr, "warning: '%s' is not one of this project's files: a run killed while it checked a file "
+                            "that had appeared at '%s' may have left it there; it is left alone\n", full, path);
     }
     closedir(d);
 }

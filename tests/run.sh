@@ -779,10 +779,11 @@ EOT
     # killed) is removed, never written into
     run "$TMP/rk" $p $tiny --steps 1 --save "$TMP/rk.ckpt"
     echo "my notes" >"$TMP/rk.ckpt.tmp-$dead"
-    run "$TMP/rkw" $p $tiny --load "$TMP/rk.ckpt" --steps 2 --save "$TMP/rk.ckpt"
-    check "checkpoint: a killed process's temporary that is not a checkpoint stays, with a warning, and the save goes on" \
-        bash -c "test \"\$(cat '$TMP/rk.ckpt.tmp-$dead')\" = 'my notes' && grep -q \"warning: '$TMP/rk.ckpt.tmp-$dead' is not one of this project's files\" '$TMP/rkw' && test \$(od -An -t d8 -j 40 -N 8 '$TMP/rk.ckpt' | tr -d ' ') = 2"
+    run "$TMP/rkw" $p $tiny --load "$TMP/rk.ckpt" --steps 4 --save-every 1 --save "$TMP/rk.ckpt"
+    check "checkpoint: a killed process's temporary that is not a checkpoint stays, with one warning in 3 saves, and the saves go on" \
+        bash -c "test \"\$(cat '$TMP/rk.ckpt.tmp-$dead')\" = 'my notes' && test \$(grep -c \"warning: '$TMP/rk.ckpt.tmp-$dead' is not one of this project's files\" '$TMP/rkw') = 1 && test \$(od -An -t d8 -j 40 -N 8 '$TMP/rk.ckpt' | tr -d ' ') = 4"
     rm -f "$TMP/rk.ckpt.tmp-$dead"
+    run "$TMP/rk" $p $tiny --steps 2 --save "$TMP/rk.ckpt" # back to step 2, which the checks below start from
     expect_error 1 "is in the way of this run's temporary file, and is not one of this project's files" \
         "checkpoint: ... one with this process's PID stops the save" -- bash -c "echo 'my notes' >'$TMP/rk.ckpt.tmp-'\$\$ && exec $p $tiny --load '$TMP/rk.ckpt' --steps 3 --save '$TMP/rk.ckpt'"
     check "checkpoint: ... and stays" bash -c "test \"\$(cat '$TMP'/rk.ckpt.tmp-*)\" = 'my notes' && test \$(od -An -t d8 -j 40 -N 8 '$TMP/rk.ckpt' | tr -d ' ') = 2"
