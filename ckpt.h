@@ -429,7 +429,7 @@ static void ckpt_keep_previous(CkptWriter* w, const char* from, const char* to) 
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", to, (long)getpid());
     int held = path_holds(from, ckpt_recognise);
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from);
+    if (path_not_ours(held)) ckpt_refuse(w, from);
     if (held != PATH_OURS) return; // nothing to keep
     if (link(from, tmp) != 0) {
         if (errno == ENOENT) return; // gone since
@@ -437,14 +437,14 @@ static void ckpt_keep_previous(CkptWriter* w, const char* from, const char* to) 
     }
     if ((held = path_holds(tmp, ckpt_recognise)) != PATH_OURS) { // from's file was replaced in between
         remove(tmp);
-        if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, from);
+        if (path_not_ours(held)) ckpt_refuse(w, from);
         return;
     }
     if ((held = put_in_place(tmp, to, ckpt_recognise)) < 0) {
         int err = errno;
         remove(tmp), errno = err, ckpt_fail(w, "keep the previous");
     }
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, to);
+    if (path_not_ours(held)) ckpt_refuse(w, to);
 }
 // The checksum; the data on the disk (fsync); then the new file in the old one's place, and
 // that renaming on the disk too (fsync of the folder). The checkpoint at `path` exists at
@@ -467,7 +467,7 @@ static void ckpt_close(CkptWriter* w) {
     }
     int held = put_in_place(w->tmp, w->path, ckpt_recognise);
     if (held < 0) ckpt_fail(w, "replace");
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) ckpt_refuse(w, w->path);
+    if (path_not_ours(held)) ckpt_refuse(w, w->path);
     char dir[4096];
     const char* name;
     split_path(w->path, dir, sizeof dir, &name);

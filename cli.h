@@ -362,6 +362,8 @@ static int path_holds(const char* path, Recogniser ours) {
     fclose(f);
     return path_why ? PATH_FOREIGN : PATH_OURS;
 }
+// What path_holds found is a user's (or not a file at all): never to be replaced.
+static int path_not_ours(int held) { return held == PATH_FOREIGN || held == PATH_NOT_FILE; }
 
 // rename(2) with Linux's flags: 1 fails if `to` exists (RENAME_NOREPLACE), 2 swaps the two
 // names (RENAME_EXCHANGE). Elsewhere, or on a file system without them, fails with ENOSYS or
@@ -395,7 +397,7 @@ static int put_in_place(const char* tmp, const char* path, Recogniser ours) {
             break;
         }
         int held = path_holds(tmp, ours); // path's file, now at tmp
-        if (held != PATH_FOREIGN && held != PATH_NOT_FILE) return unlink(tmp), held;
+        if (!path_not_ours(held)) return unlink(tmp), held;
         if (rename_flags(tmp, path, 2) != 0)
             fatal("could not put back the file found at '%s' (%s); it is now at '%s'", path, strerror(errno), tmp);
         // what came back to tmp is the new file, unless yet another file was put at path meanwhile
@@ -405,7 +407,7 @@ static int put_in_place(const char* tmp, const char* path, Recogniser ours) {
         return unlink(tmp), held;
     }
     int held = path_holds(path, ours); // no swap here: check, then rename
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE) return unlink(tmp), held;
+    if (path_not_ours(held)) return unlink(tmp), held;
     if (rename(tmp, path) != 0) return -1;
     if (lstat(tmp, &st) == 0 && st.st_dev == mine.st_dev && st.st_ino == mine.st_ino)
         unlink(tmp); // tmp and path were two names of one file, which rename leaves as they are
@@ -543,7 +545,7 @@ static void whole_close(WholeFile* w) {
         remove(w->tmp);
         fatal("cannot write %s '%s': %s; the file there before, if any, is untouched", w->what, w->path, strerror(err));
     }
-    if (held == PATH_FOREIGN || held == PATH_NOT_FILE)
+    if (path_not_ours(held))
         fatal("cannot write %s '%s': the file there now is not one of this project's (it %s; it appeared during the "
               "run), and writing would replace it; nothing was written", w->what, w->path, path_why);
 }
