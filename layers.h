@@ -319,6 +319,23 @@ static void layernorm_backward_params(int64_t* dg, int64_t* db, const float* dy,
 // (train_cp.c); this process passes one block holding every key. Scores and probabilities
 // are kept by the key's position, att[r][h][i][p_j], whatever block brought them.
 
+// s[j] = sum over e < HD of a[e] bT[e][j] (rows of bT `ld` apart) for the first n of Tk keys,
+// each an fmaf chain in the order e = 0, 1, ...: by 16 keys at a time where the block has 16
+// more (loops of a fixed length vectorise; with makemore's 16 positions a query sees fewer,
+// and a loop over just those ran scalar), the sums past n computed and dropped.
+static void dot_keys(float* s, const float* a, const float* bT, long ld, int HD, int n, int Tk) {
+    enum { W = 16 };
+    int j0 = 0;
+    for (; j0 < n && j0 + W <= Tk; j0 += W) {
+        float t[W] = {0};
+        for (int e = 0; e < HD; e++)
+            for (int j = 0; j < W; j++) t[j] = fmaf(a[e], bT[e * ld + j0 + j], t[j]);
+        for (int j = 0; j < W && j0 + j < n; j++) s[j0 + j] = t[j];
+    }
+    for (int j = j0; j < n; j++) s[j] = 0.0f;
+    for (int e = 0; e < HD; e++)
+        for (int j = j0; j < n; j++) s[j] = fmaf(a[e], bT[e * ld + j], s[j]);
+}
 // Pass 1 over a block of Tk keys (k [R][Tk], rows `ldk` floats apart, at head 0): scores into
 // att and the row maxima into rowmax [R][NH][Tq] (start at -infinity). kT: [HD][Tk] floats.
 static void attention_scores(float* att, float* rowmax, const float* qkv, long ldq, const float* k, long ldk,
@@ -335,9 +352,7 @@ static void attention_scores(float* att, float* rowmax, const float* qkv, long l
                 int p = dims_pos(d, i), n = 0;
                 while (n < Tk && kpos[n] <= p) n++; // kpos ascends: keys [0, n) are visible
                 float s[n > 0 ? n : 1];
-                for (int j = 0; j < n; j++) s[j] = 0.0f;
-                for (int e = 0; e < d->HD; e++)
-                    for (int j = 0; j < n; j++) s[j] = fmaf(q[e], kT[(long)e * Tk + j], s[j]);
+                dot_keys(s, q, kT, Tk, d->HD, n, Tk); // q . k_j
                 for (int j = 0; j < n; j++) {
                     float v = s[j] * scale;
                     srow[kpos[j]] = v;
@@ -345,6 +360,37 @@ static void attention_scores(float* att, float* rowmax, const float* qkv, long l
                 }
             }
         }
+}
+// max |x| over `rows` rows of `cols` floats, `ld` apart; infinity if one is not finite. The
+// exact sums below check a bound (this times a factor) once a key, not every term: a term
+// is checked one by one only where the bound fails, so whether a run stops still depends on
+// the terms alone, and the inner loops are products and integer adds.
+static double rows_max_abs(const float* x, long ld, int rows, int cols) {
+    uint32_t mx = 0;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) mx = abs_bits(x[r * ld + c]) > mx ? abs_bits(x[r * ld + c]) : mx;
+    if (mx >= 0x7f800000u) return INFINITY;
+    float f;
+    memcpy(&f, &mx, sizeof f);
+    return f;
+}
+// acc[x] += the exact term a b[x], for x < n, with a40 = a 2^40: a40 b[x] is exact in double,
+// so adding FIX_BIAS rounds it once, as fix_fast(a b[x]) does (EXACT_KERNEL fuses the two: the
+// same bits). Returns whether some term is at or above lim (checked only if `check`).
+EXACT_KERNEL ALWAYS_INLINE int fix_add_scaled(int64_t* restrict acc, double a40, const float* restrict b, int n,
+                                              int check, double lim) {
+    EXACT_KERNEL_BODY
+    uint64_t bias = fix_bias_bits();
+    int bad = 0;
+    for (int x = 0; x < n; x++) {
+        double t = a40 * b[x] + FIX_BIAS;
+        uint64_t bits;
+        memcpy(&bits, &t, sizeof bits);
+        acc[x] += (int64_t)(bits - bias);
+    }
+    if (check)
+        for (int x = 0; x < n; x++) bad |= !(fabs(a40 * (1.0 / FIX_ONE) * b[x]) < lim);
+    return bad;
 }
 // Pass 2 over a block of values (v [R][Tk], rows `ldv` apart, at head 0): e = exp(s - max)
 // in place of the scores; expsum [R][NH][Tq] += exact e; acc [R][Tq][A] += exact e v.
@@ -354,7 +400,8 @@ static void attention_exp_pv(float* att, int64_t* expsum, int64_t* acc, const fl
     double lim = fix_term_limit(terms);
     int bad = 0;
     for (int r = 0; r < d->R; r++)
-        for (int h = 0; h < d->NH; h++)
+        for (int h = 0; h < d->NH; h++) {
+            double vmax = rows_max_abs(v + (long)r * Tk * ldv + h * d->HD, ldv, Tk, d->HD); // |e v| <= vmax: e <= 1
             for (int i = 0; i < d->Tq; i++) {
                 long rhi = ((long)r * d->NH + h) * d->Tq + i;
                 float* srow = att + rhi * d->T;
@@ -365,13 +412,10 @@ static void attention_exp_pv(float* att, int64_t* expsum, int64_t* acc, const fl
                     const float* vj = v + ((long)r * Tk + j) * ldv + h * d->HD;
                     srow[kpos[j]] = e;
                     expsum[rhi] += fix_fast(e);
-                    for (int x = 0; x < d->HD; x++) {
-                        double t = (double)e * vj[x];
-                        bad |= !(fabs(t) < lim);
-                        a[x] += fix_fast(t);
-                    }
+                    bad |= fix_add_scaled(a, (double)e * FIX_ONE, vj, d->HD, !(e * vmax < lim), lim);
                 }
             }
+        }
     if (bad) fatal("attention: a value of v is too large for an exact sum of %ld terms (limit %g)%s%ld: training has "
                    "diverged; lower --lr or use --clip", terms, lim, current_step > 0 ? " at step " : ", before step ",
                    current_step > 0 ? current_step : 1L);
@@ -436,6 +480,7 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
         for (int h = 0; h < d->NH; h++) {
             for (int j = 0; j < Tk; j++)
                 for (int e = 0; e < d->HD; e++) vT[(long)e * Tk + j] = v[((long)r * Tk + j) * ldv + h * d->HD + e];
+            double kmax = rows_max_abs(k + (long)r * Tk * ldk + h * d->HD, ldk, Tk, d->HD);
             for (int i = 0; i < d->Tq; i++) {
                 long rhi = ((long)r * d->NH + h) * d->Tq + i;
                 const float* prow = att + rhi * d->T;
@@ -444,18 +489,16 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
                 int p = dims_pos(d, i), n = 0;
                 while (n < Tk && kpos[n] <= p) n++;
                 float dp[n > 0 ? n : 1];
-                for (int j = 0; j < n; j++) dp[j] = 0.0f;
-                for (int e = 0; e < d->HD; e++)
-                    for (int j = 0; j < n; j++) dp[j] = fmaf(dyi[e], vT[(long)e * Tk + j], dp[j]);
+                dot_keys(dp, dyi, vT, Tk, d->HD, n, Tk); // dP_ij = dO_i . v_j
+                double qmax = rows_max_abs(qi, 0, 1, d->HD), dymax = rows_max_abs(dyi, 0, 1, d->HD);
                 for (int j = 0; j < n; j++) {
                     float P = prow[kpos[j]], ds = P * (dp[j] - D[rhi]) * scale;
                     const float* kj = k + ((long)r * Tk + j) * ldk + h * d->HD;
                     int64_t *dkj = dk + ((long)r * Tk + j) * d->A + h * d->HD, *dvj = dv + ((long)r * Tk + j) * d->A + h * d->HD;
-                    for (int x = 0; x < d->HD; x++) {
-                        double a = (double)ds * kj[x], b = (double)ds * qi[x], c = (double)P * dyi[x];
-                        bad |= !(fabs(a) < lim) | !(fabs(b) < lim) | !(fabs(c) < lim);
-                        dqi[x] += fix_fast(a), dkj[x] += fix_fast(b), dvj[x] += fix_fast(c);
-                    }
+                    double ds40 = (double)ds * FIX_ONE, P40 = (double)P * FIX_ONE, s = fabs((double)ds);
+                    bad |= fix_add_scaled(dqi, ds40, kj, d->HD, !(s * kmax < lim), lim); // dq_i += ds k_j
+                    bad |= fix_add_scaled(dkj, ds40, qi, d->HD, !(s * qmax < lim), lim); // dk_j += ds q_i
+                    bad |= fix_add_scaled(dvj, P40, dyi, d->HD, !(P * dymax < lim), lim); // dv_j += P dO_i
                 }
             }
         }

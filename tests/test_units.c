@@ -12,6 +12,7 @@
 #include "../data.h"
 
 #include <fcntl.h>
+#include <setjmp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -989,6 +990,83 @@ static void test_attention_split(void) {
     free(tmp), free(acc);
 }
 
+// dot_keys (16 keys at a time where the block has 16 more, the rest one by one) against the
+// fmaf chain it stands for, for blocks shorter than, as long as and longer than 16 keys and
+// every count of keys a query sees.
+static void test_dot_keys(void) {
+    const int sizes[][2] = {{4, 3}, {16, 16}, {20, 5}, {33, 8}, {48, 64}}; // Tk, HD
+    int same = 1, cases = 0;
+    for (int s = 0; s < 5; s++) {
+        int Tk = sizes[s][0], HD = sizes[s][1];
+        float a[64], bT[64 * 48], got[48], want[48];
+        fill(a, HD, 300 + s, 1.0f), fill(bT, (long)HD * Tk, 310 + s, 1.0f);
+        for (int n = 0; n <= Tk; n++, cases++) {
+            dot_keys(got, a, bT, Tk, HD, n, Tk);
+            for (int j = 0; j < n; j++) {
+                want[j] = 0.0f;
+                for (int e = 0; e < HD; e++) want[j] = fmaf(a[e], bT[e * Tk + j], want[j]);
+            }
+            same &= !memcmp(got, want, sizeof(float) * n);
+        }
+    }
+    check(same, "attention: dot_keys equals the fmaf chain over the head for each of %d (keys, visible) cases", cases);
+}
+
+// Attention's exact sums check a bound once a key and the terms one by one only where it
+// fails: a run stops if and only if a term it adds is out of range. A value of v (or k) far
+// out of range on a key no query sees stops nothing; on a key a query sees, it stops the run.
+static jmp_buf fatal_back;
+static void fatal_catch(const char* message) {
+    (void)message;
+    longjmp(fatal_back, 1);
+}
+typedef struct {
+    int backward; // 0: pass 2, 1: the backward's block
+    float *att, *v, *k, *qkv, *dy, *D, *vT, *rowmax;
+    int64_t *expsum, *acc, *dk, *dv;
+    int *kpos;
+    BlockDims* d;
+} AttentionCall;
+static int attention_stops(AttentionCall* c) {
+    fatal_end = fatal_catch;
+    int stopped = 1;
+    if (setjmp(fatal_back) == 0) {
+        if (c->backward)
+            attention_backward_block(c->acc, c->dk, c->dv, c->att, c->D, c->qkv, 4, c->k, 4, c->v, 4, c->dy, 4,
+                                     c->kpos, 2, c->d, c->vT, 8);
+        else
+            attention_exp_pv(c->att, c->expsum, c->acc, c->rowmax, c->v, 4, c->kpos, 2, c->d, 8);
+        stopped = 0;
+    }
+    fatal_end = fatal_end_process;
+    return stopped;
+}
+static void test_attention_range(void) {
+    // one row, one head of 4; queries at positions 0 and 1; a block of 2 keys at positions 0
+    // and 5 (the second visible to neither query); limit 2^11 for sums of 8 terms
+    int qpos[2] = {0, 1}, kpos[2] = {0, 5};
+    BlockDims d = {.R = 1, .Tq = 2, .T = 8, .C = 4, .NH = 1, .HD = 4, .A = 4, .F = 16, .pos = qpos};
+    float att[2 * 8] = {0}, rowmax[2] = {0}, v[2 * 4], k[2 * 4], qkv[2 * 4], dy[2 * 4], D[2] = {0}, vT[4 * 2];
+    int64_t expsum[2], acc[2 * 4], dk[2 * 4], dv[2 * 4];
+    for (int i = 0; i < 8; i++) v[i] = k[i] = qkv[i] = dy[i] = 1.0f;
+    AttentionCall c = {0, att, v, k, qkv, dy, D, vT, rowmax, expsum, acc, dk, dv, kpos, &d};
+    int ok = 1;
+    for (int backward = 0; backward < 2; backward++) {
+        float* big = backward ? k : v; // the factor each checks by a bound
+        c.backward = backward;
+        for (int seen = 0; seen < 2; seen++) {
+            // pass 2 reads att as scores (0: e = 1), the backward as probabilities (1 where key 0 is seen)
+            memset(att, 0, sizeof att), att[0] = att[8] = backward ? 1.0f : 0.0f;
+            memset(expsum, 0, sizeof expsum), memset(acc, 0, sizeof acc), memset(dk, 0, sizeof dk), memset(dv, 0, sizeof dv);
+            big[seen ? 2 : 4 + 2] = 1e5f; // on key 0 (a term of each query's sum), or on key 5 (never a term)
+            ok &= attention_stops(&c) == seen;
+            big[seen ? 2 : 4 + 2] = 1.0f;
+        }
+    }
+    check(ok, "attention: a value far out of range stops the run where it is a term (pass 2's v, the backward's k), "
+              "and not on a key no query sees");
+}
+
 // The mixture-of-experts model (model.h), in double precision and written out from its
 // definition: router softmax, top k (ties to the lower index), gates (k = 1: the probability;
 // k = 2: renormalised), capacity C = ceil(F k R / X) by slot then row, experts Linear + ReLU,
@@ -1644,6 +1722,8 @@ int main(void) {
     test_grad_attention();
     test_grad_masked_xent();
     test_attention_split();
+    test_dot_keys();
+    test_attention_range();
     test_grad_gpt(1, 2, 4, 4);
     test_grad_gpt(2, 2, 5, 6);
     test_grad_gpt(1, 1, 3, 3);
