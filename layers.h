@@ -319,22 +319,22 @@ static void layernorm_backward_params(int64_t* dg, int64_t* db, const float* dy,
 // (train_cp.c); this process passes one block holding every key. Scores and probabilities
 // are kept by the key's position, att[r][h][i][p_j], whatever block brought them.
 
-// s[j] = sum over e < HD of a[e] bT[e][j] (rows of bT `ld` apart) for the first n of Tk keys,
+// s[j] = sum over e < HD of a[e] bT[e][j] (bT: [HD][Tk]) for the first n of the block's Tk keys,
 // each an fmaf chain in the order e = 0, 1, ...: by 16 keys at a time where the block has 16
 // more (loops of a fixed length vectorise; with makemore's 16 positions a query sees fewer,
 // and a loop over just those ran scalar), the sums past n computed and dropped.
-static void dot_keys(float* s, const float* a, const float* bT, long ld, int HD, int n, int Tk) {
+static void dot_keys(float* s, const float* a, const float* bT, int HD, int n, int Tk) {
     enum { W = 16 };
     int j0 = 0;
     for (; j0 < n && j0 + W <= Tk; j0 += W) {
         float t[W] = {0};
         for (int e = 0; e < HD; e++)
-            for (int j = 0; j < W; j++) t[j] = fmaf(a[e], bT[e * ld + j0 + j], t[j]);
+            for (int j = 0; j < W; j++) t[j] = fmaf(a[e], bT[(long)e * Tk + j0 + j], t[j]);
         for (int j = 0; j < W && j0 + j < n; j++) s[j0 + j] = t[j];
     }
     for (int j = j0; j < n; j++) s[j] = 0.0f;
     for (int e = 0; e < HD; e++)
-        for (int j = j0; j < n; j++) s[j] = fmaf(a[e], bT[e * ld + j], s[j]);
+        for (int j = j0; j < n; j++) s[j] = fmaf(a[e], bT[(long)e * Tk + j], s[j]);
 }
 // Pass 1 over a block of Tk keys (k [R][Tk], rows `ldk` floats apart, at head 0): scores into
 // att and the row maxima into rowmax [R][NH][Tq] (start at -infinity). kT: [HD][Tk] floats.
@@ -352,7 +352,7 @@ static void attention_scores(float* att, float* rowmax, const float* qkv, long l
                 int p = dims_pos(d, i), n = 0;
                 while (n < Tk && kpos[n] <= p) n++; // kpos ascends: keys [0, n) are visible
                 float s[n > 0 ? n : 1];
-                dot_keys(s, q, kT, Tk, d->HD, n, Tk); // q . k_j
+                dot_keys(s, q, kT, d->HD, n, Tk); // q . k_j
                 for (int j = 0; j < n; j++) {
                     float v = s[j] * scale;
                     srow[kpos[j]] = v;
@@ -375,18 +375,19 @@ static double rows_max_abs(const float* x, long ld, int rows, int cols) {
     return f;
 }
 // acc[x] += the exact term a b[x], for x < n, with a40 = a 2^40: a40 b[x] is exact in double,
-// so adding FIX_BIAS rounds it once, as fix_fast(a b[x]) does (EXACT_KERNEL fuses the two: the
-// same bits). Returns whether some term is at or above lim (checked only if `check`).
-EXACT_KERNEL ALWAYS_INLINE int fix_add_scaled(int64_t* restrict acc, double a40, const float* restrict b, int n,
-                                              int check, double lim) {
-    EXACT_KERNEL_BODY
+// so adding FIX_BIAS rounds it once, as fix_fast(a b[x]) does (fused into one multiply-add or
+// not, the same bits). Returns whether some term is at or above lim (checked only if `check`:
+// the caller's bound failed). The sum wraps as unsigned: an out-of-range term, about to stop
+// the run, is no signed overflow.
+ALWAYS_INLINE int fix_add_scaled(int64_t* restrict acc, double a40, const float* restrict b, int n, int check,
+                                 double lim) {
     uint64_t bias = fix_bias_bits();
     int bad = 0;
     for (int x = 0; x < n; x++) {
         double t = a40 * b[x] + FIX_BIAS;
         uint64_t bits;
         memcpy(&bits, &t, sizeof bits);
-        acc[x] += (int64_t)(bits - bias);
+        acc[x] = (int64_t)((uint64_t)acc[x] + (bits - bias));
     }
     if (check)
         for (int x = 0; x < n; x++) bad |= !(fabs(a40 * (1.0 / FIX_ONE) * b[x]) < lim);
@@ -401,7 +402,7 @@ static void attention_exp_pv(float* att, int64_t* expsum, int64_t* acc, const fl
     int bad = 0;
     for (int r = 0; r < d->R; r++)
         for (int h = 0; h < d->NH; h++) {
-            double vmax = rows_max_abs(v + (long)r * Tk * ldv + h * d->HD, ldv, Tk, d->HD); // |e v| <= vmax: e <= 1
+            double vmax = rows_max_abs(v + (long)r * Tk * ldv + h * d->HD, ldv, Tk, d->HD); // |e v| <= e max|v|
             for (int i = 0; i < d->Tq; i++) {
                 long rhi = ((long)r * d->NH + h) * d->Tq + i;
                 float* srow = att + rhi * d->T;
@@ -489,7 +490,7 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
                 int p = dims_pos(d, i), n = 0;
                 while (n < Tk && kpos[n] <= p) n++;
                 float dp[n > 0 ? n : 1];
-                dot_keys(dp, dyi, vT, Tk, d->HD, n, Tk); // dP_ij = dO_i . v_j
+                dot_keys(dp, dyi, vT, d->HD, n, Tk); // dP_ij = dO_i . v_j
                 double qmax = rows_max_abs(qi, 0, 1, d->HD), dymax = rows_max_abs(dyi, 0, 1, d->HD);
                 for (int j = 0; j < n; j++) {
                     float P = prow[kpos[j]], ds = P * (dp[j] - D[rhi]) * scale;
@@ -498,7 +499,7 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
                     double ds40 = (double)ds * FIX_ONE, P40 = (double)P * FIX_ONE, s = fabs((double)ds);
                     bad |= fix_add_scaled(dqi, ds40, kj, d->HD, !(s * kmax < lim), lim); // dq_i += ds k_j
                     bad |= fix_add_scaled(dkj, ds40, qi, d->HD, !(s * qmax < lim), lim); // dk_j += ds q_i
-                    bad |= fix_add_scaled(dvj, P40, dyi, d->HD, !(P * dymax < lim), lim); // dv_j += P dO_i
+                    bad |= fix_add_scaled(dvj, P40, dyi, d->HD, !(fabsf(P) * dymax < lim), lim); // dv_j += P dO_i
                 }
             }
         }

@@ -1001,7 +1001,7 @@ static void test_dot_keys(void) {
         float a[64], bT[64 * 48], got[48], want[48];
         fill(a, HD, 300 + s, 1.0f), fill(bT, (long)HD * Tk, 310 + s, 1.0f);
         for (int n = 0; n <= Tk; n++, cases++) {
-            dot_keys(got, a, bT, Tk, HD, n, Tk);
+            dot_keys(got, a, bT, HD, n, Tk);
             for (int j = 0; j < n; j++) {
                 want[j] = 0.0f;
                 for (int e = 0; e < HD; e++) want[j] = fmaf(a[e], bT[e * Tk + j], want[j]);
