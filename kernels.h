@@ -67,7 +67,7 @@
 // Exact sums: every sum over the batch (weight, bias and embedding gradients, the loss),
 // the forward of row-parallel linear layers (the MLP's even ones, the GPT's proj and fc2),
 // the input gradient of column-parallel ones (the MLP's odd ones, the GPT's qkv, fc and
-// lm_head), the softmax denominator, attention's sums over keys (transformer.h) and the
+// lm_head), the softmax denominator, attention's sums over keys (layers.h) and the
 // gradient norm. All other sums are float chains in a fixed order.
 //
 // Range: a term must satisfy |term| < 2^11 (so the fast conversion below applies) and a

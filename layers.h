@@ -309,7 +309,7 @@ static void layernorm_backward_params(int64_t* dg, int64_t* db, const float* dy,
 // in each. For each row r, head h and query i at position p, over the keys j at positions
 // <= p (the causal mask; padding needs no mask of its own: a padded position's query attends
 // to real keys before it, and its target is ignored by the loss):
-//   s_ij = (q_i . k_j) / sqrt(HD)               float, a fixed order over HD
+//   s_ij = (q_i . k_j) x (1/sqrt(HD))           float, a fixed order over HD
 //   m_i = max_j s_ij                             pass 1 (exact in any order)
 //   e_ij = exp(s_ij - m_i), S_i = sum_j e_ij     pass 2, exact sums, and with them
 //   y_i = (sum_j e_ij v_j) / S_i                 (so y needs no P before its sum: two passes, not three)
@@ -322,7 +322,8 @@ static void layernorm_backward_params(int64_t* dg, int64_t* db, const float* dy,
 // s[j] = sum over e < HD of a[e] bT[e][j] (bT: [HD][Tk]) for the first n of the block's Tk keys,
 // each an fmaf chain in the order e = 0, 1, ...: by 16 keys at a time where the block has 16
 // more (loops of a fixed length vectorise; with makemore's 16 positions a query sees fewer,
-// and a loop over just those ran scalar), the sums past n computed and dropped.
+// and a loop over just those ran scalar), the sums past n computed and dropped. Either path
+// is the same chain from 0, so which one a key takes changes none of its bits.
 static void dot_keys(float* s, const float* a, const float* bT, int HD, int n, int Tk) {
     enum { W = 16 };
     int j0 = 0;
@@ -362,9 +363,11 @@ static void attention_scores(float* att, float* rowmax, const float* qkv, long l
         }
 }
 // max |x| over `rows` rows of `cols` floats, `ld` apart; infinity if one is not finite. The
-// exact sums below check a bound (this times a factor) once a key, not every term: a term
-// is checked one by one only where the bound fails, so whether a run stops still depends on
-// the terms alone, and the inner loops are products and integer adds.
+// exact sums below add, for each (query, key) pair, HD terms factor x vector (e v_j, dS k_j,
+// dS q_i, P dO_i); they check one bound a pair, |factor| x max |vector| (the max taken once a
+// block of keys, or once a query), not every term, and check a pair's terms one by one only
+// where it fails (NaN and infinity fail it), so whether a run stops still depends on the terms
+// alone, and the inner loops are products and integer adds.
 static double rows_max_abs(const float* x, long ld, int rows, int cols) {
     uint32_t mx = 0;
     for (int r = 0; r < rows; r++)
@@ -455,7 +458,7 @@ static void attention_forward(float* atty, float* att, const float* qkv, const B
 
 // Backward. With dO the gradient of y and P the probabilities:
 //   D_i = dO_i . y_i (= sum_j P_ij dO_i . v_j: a dot over HD, not a sum over keys, so no
-//   layout splits it), dP_ij = dO_i . v_j, dS_ij = P_ij (dP_ij - D_i) / sqrt(HD), and
+//   layout splits it), dP_ij = dO_i . v_j, dS_ij = P_ij (dP_ij - D_i) x (1/sqrt(HD)), and
 //   dq_i = sum_j dS_ij k_j, dk_j = sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i, all exact.
 // D [R][NH][Tq] from dO and y (each [R][Tq], rows `ld` apart, at head 0)
 static void attention_backward_d(float* D, const float* dy, const float* y, long ld, const BlockDims* d) {
