@@ -459,13 +459,6 @@ static void split_path(const char* path, char* dir, size_t n, const char** name)
     else if (slash == path) snprintf(dir, n, "/"), *name = slash + 1;
     else snprintf(dir, n, "%.*s", (int)(slash - path), path), *name = slash + 1;
 }
-// Removes the temporaries of output `path` (path.tmp-PID, and the checkpoint rotation's
-// path.K.tmp-PID) left by processes that no longer run on this machine (killed while writing),
-// or by an earlier process with this one's PID (a job requeued in a fresh container): this
-// process has none of its own when it starts a file. Only what reads as one of the output's
-// kind is removed: empty, or beginning with `start` (a file cut short included). Anything else
-// may be a user's file that a save, killed while checking it, had moved aside (put_in_place):
-// it stays, with a warning, and where its name is this process's, the save stops.
 // Whether this process met the file `st` describes before (it remembers up to 64): a foreign
 // temporary is warned about once a run, not at every save of --save-every 1.
 static int seen_before(const struct stat* st) {
@@ -479,6 +472,13 @@ static int seen_before(const struct stat* st) {
     if (n < 64) seen[n].dev = st->st_dev, seen[n].ino = st->st_ino, n++;
     return 0;
 }
+// Removes the temporaries of output `path` (path.tmp-PID, and the checkpoint rotation's
+// path.K.tmp-PID) left by processes that no longer run on this machine (killed while writing),
+// or by an earlier process with this one's PID (a job requeued in a fresh container): this
+// process has none of its own when it starts a file. Only what reads as one of the output's
+// kind is removed: empty, or beginning with `start` (a file cut short included). Anything else
+// may be a user's file that a save, killed while checking it, had moved aside (put_in_place):
+// it stays, with a warning, and where its name is this process's, the save stops.
 static void remove_stale_temporaries(const char* path, const char* start) {
     char dir[4096], full[8400], head[256];
     const char* base;

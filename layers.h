@@ -369,13 +369,9 @@ static void attention_scores(float* att, float* rowmax, const float* qkv, long l
 // where it fails (NaN and infinity fail it), so whether a run stops still depends on the terms
 // alone, and the inner loops are products and integer adds.
 static double rows_max_abs(const float* x, long ld, int rows, int cols) {
-    uint32_t mx = 0;
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) mx = abs_bits(x[r * ld + c]) > mx ? abs_bits(x[r * ld + c]) : mx;
-    if (mx >= 0x7f800000u) return INFINITY;
-    float f;
-    memcpy(&f, &mx, sizeof f);
-    return f;
+    double mx = 0.0;
+    for (int r = 0; r < rows; r++) mx = fmax(mx, max_abs(x + r * ld, cols));
+    return mx;
 }
 // acc[x] += the exact term a b[x], for x < n, with a40 = a 2^40: a40 b[x] is exact in double,
 // so adding FIX_BIAS rounds it once, as fix_fast(a b[x]) does (fused into one multiply-add or
@@ -494,7 +490,7 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
                 while (n < Tk && kpos[n] <= p) n++;
                 float dp[n > 0 ? n : 1];
                 dot_keys(dp, dyi, vT, d->HD, n, Tk); // dP_ij = dO_i . v_j
-                double qmax = rows_max_abs(qi, 0, 1, d->HD), dymax = rows_max_abs(dyi, 0, 1, d->HD);
+                double qmax = max_abs(qi, d->HD), dymax = max_abs(dyi, d->HD);
                 for (int j = 0; j < n; j++) {
                     float P = prow[kpos[j]], ds = P * (dp[j] - D[rhi]) * scale;
                     const float* kj = k + ((long)r * Tk + j) * ldk + h * d->HD;
