@@ -21,17 +21,21 @@
  *
  * replay's model, for one step (every term per rank; ranks work in parallel):
  *
- *   time = compute x (1 / (1 - bubble)) x oversubscription  +  messages x alpha  +  bytes / beta
+ *   time = compute x oversubscription  +  messages x alpha  +  bytes / beta
+ *   compute = M x (fixed + (fb(R) - fixed) / (T C)) / S / (1 - bubble)  +  optimizer / (T S [D C])
  *
- *   compute          the rank's share of train.c's work at its rows: B/D rows of a data-
- *                    parallel replica (measured at that row count, so small batches keep
- *                    their overheads), 1/T of them for tensor, 1/C for context and 1/S for
- *                    pipeline parallelism
+ *   fb(R)            train.c's forward and backward at R rows, measured (its step less the
+ *                    optimizer): a microbatch's rows, R = B / (D M), M microbatches a step
+ *   fixed            the part of fb that does not grow with rows (the table's line through
+ *                    its first two points, at 0 rows): calls and loops, which every tensor
+ *                    (T) and context (C) rank runs whole; the S stages split it
+ *   optimizer        train.c's optimizer step, measured apart; ZeRO shards it over D x C
  *   bubble           the schedule's closed form: (S-1)/(M+S-1) for GPipe and 1F1B, ...
  *   oversubscription ranks / cores, when processes take turns on the cores (emulated hosts
  *                    share this machine's cores)
  *   messages, bytes  what the rank sends per step: the program's formula for bytes and its
- *                    count of messages
+ *                    count of messages; an axis whose groups cross between hosts charges
+ *                    what the host sends across on it, all its groups at once
  *
  * Communication is charged in full, never hidden behind compute: the programs' collectives
  * block (train_dp --overlap aside), so that is what they do.
@@ -68,7 +72,9 @@ static double arg_number(const char* what, const char* s, double lo, int lo_open
 // compute: seconds of one training step of train.c's model on R rows, by the project's kernels
 
 static Dataset names;
-static double step_seconds(const Options* o, const Config* c, int R) {
+// (*optimizer: the optimizer's step alone, of that: it runs once a step, where forward and
+// backward run once a microbatch)
+static double step_seconds(const Options* o, const Config* c, int R, double* optimizer) {
     State s = state_alloc(n_params(c), o->opt.adamw);
     Holding all = holding_units(c, &s, 0, n_units(c), 0);
     holding_load(&all, o, &names, c);
@@ -77,7 +83,7 @@ static double step_seconds(const Options* o, const Config* c, int R) {
     // the mean of 41 steps or more, over half a second at least, as a run's step time is a
     // mean (seconds / steps): on a machine shared with other jobs the steps that wait for a
     // core count too, and a measurement shorter than a few of a scheduler's slices misses them
-    double total = 0, start = 0;
+    double total = 0, start = 0, opt = 0;
     int reps = 0;
     for (int rep = -5; rep < 41 || (now_seconds() - start < 0.5 && rep < 1000000); rep++) {
         if (rep == 0) start = now_seconds();
@@ -86,11 +92,13 @@ static double step_seconds(const Options* o, const Config* c, int R) {
         model_forward_rows(c, s.params, &w, &rows, 0, R, R, NULL);
         fix_zero(s.grads, s.n);
         model_backward(c, s.params, s.grads, &w, R, R);
+        double t1 = now_seconds();
         optimizer_step(&o->opt, s.params, s.grads, s.m, s.v, s.n, grad_factor(R), 1.0f, rep + 10);
-        if (rep >= 0) total += now_seconds() - t0, reps++;
+        if (rep >= 0) total += now_seconds() - t0, opt += now_seconds() - t1, reps++;
     }
     work_free(&w);
     state_free(&s);
+    *optimizer = opt / reps;
     return total / reps;
 }
 
@@ -99,14 +107,17 @@ static double step_seconds(const Options* o, const Config* c, int R) {
 
 // What the model needs of a run: its program and layout, and what the rank that sends the
 // most sends per step (the formula's bytes, of them on each axis of the grid, and its
-// messages). Axes in the grid's order of ranks (train_3d.c), fastest first: tensor,
-// context, pipeline, data; the expert axis is carved out of the data axis (--ep).
+// messages), and what every rank sends on each axis (a host's link carries what its own
+// ranks send: a pipeline's stages can send ten times one another's bytes). Axes in the
+// grid's order of ranks (train_3d.c), fastest first: tensor, context, pipeline, data; the
+// expert axis is carved out of the data axis (--ep).
 enum { AXIS_TP, AXIS_CP, AXIS_PP, AXIS_DP, AXIS_EP, AXES };
 typedef struct {
     char program[64], layout[320];
     int ranks, batch;
     double sent, messages;
     double axis[AXES];
+    double rank_axis[MAX_RANKS][AXES];
 } Run;
 
 static Run run_of(const Summary* m) {
@@ -114,11 +125,12 @@ static Run run_of(const Summary* m) {
     snprintf(r.program, sizeof r.program, "%s", m->program);
     snprintf(r.layout, sizeof r.layout, "%s", m->layout);
     for (int q = 0; q < m->ranks; q++) {
+        // summary.h's axes: tensor, data, pipeline, context, experts
+        static const int from[AXES] = {[AXIS_TP] = 0, [AXIS_DP] = 1, [AXIS_PP] = 2, [AXIS_CP] = 3, [AXIS_EP] = 4};
+        for (int a = 0; a < AXES; a++) r.rank_axis[q][a] = m->axis[q][from[a]];
         if (m->sent_formula[q] > r.sent) {
             r.sent = m->sent_formula[q];
-            // summary.h's axes: tensor, data, pipeline, context, experts
-            r.axis[AXIS_TP] = m->axis[q][0], r.axis[AXIS_DP] = m->axis[q][1], r.axis[AXIS_PP] = m->axis[q][2];
-            r.axis[AXIS_CP] = m->axis[q][3], r.axis[AXIS_EP] = m->axis[q][4];
+            for (int a = 0; a < AXES; a++) r.axis[a] = r.rank_axis[q][a];
         }
         r.messages = m->messages[q] > r.messages ? m->messages[q] : r.messages;
     }
@@ -179,7 +191,7 @@ typedef struct {
     int hosts;
 } Links;
 
-// The groups of axis a of a grid that cross between hosts, counted on the host that has the
+// The bytes a host sends across on axis a of a grid in a step, on the host that sends the
 // most (0: every group lies inside one host, on shared memory). Ranks fill the hosts in
 // order, per_host a host, and train_3d numbers them tensor fastest, then context, pipeline,
 // data (rank = tp + T (cp + C (pp + P dp))). A group is the ranks that share every coordinate
@@ -187,12 +199,15 @@ typedef struct {
 // coordinates (ZeRO's gradients sum over other rows and other positions alike), so with D = 1
 // and C = 2 it is the context pair, inside a host; the expert axis's is E consecutive data
 // coordinates (dp / E the same). Every group of an axis runs its collectives at once, each
-// crossing group a ring with one stream leaving the host: they share its link.
-static int axis_crossing(const int deg[AXES], int a, int per_host) {
+// crossing group a ring with one stream leaving the host, of what one member sends (the most
+// of its members on the host): the host's link carries the sum of its crossing groups'
+// streams, and the last of them ends when the link has sent them all.
+static double crossing_bytes(const Run* r, const int deg[AXES], int a, int per_host) {
     int T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP], E = deg[AXIS_EP], N = T * C * P * deg[AXIS_DP];
-    int most = 0;
+    double most = 0;
     for (int host = 0; host * per_host < N; host++) {
         int keys[MAX_RANKS], n = 0;
+        double stream[MAX_RANKS], sum = 0;
         for (int q = host * per_host; q < N && q < (host + 1) * per_host; q++) {
             int tp = q % T, cp = q / T % C, pp = q / (T * C) % P, dp = q / (T * C * P), crosses = 0;
             for (int m = 0; m < N && !crosses; m++) { // m in q's group: every coordinate but the group's own the same
@@ -205,57 +220,70 @@ static int axis_crossing(const int deg[AXES], int a, int per_host) {
             // the group's key: the coordinates its members share
             int key = a == AXIS_TP ? q / T : a == AXIS_CP ? tp + T * (pp + P * dp) : a == AXIS_PP ? tp + T * (cp + C * dp)
                     : a == AXIS_DP ? tp + T * pp : tp + T * (cp + C * (pp + P * (dp / E)));
-            int seen = 0;
-            for (int i = 0; i < n; i++) seen |= keys[i] == key;
-            if (!seen) keys[n++] = key;
+            int i = 0;
+            while (i < n && keys[i] != key) i++;
+            if (i == n) keys[n] = key, stream[n++] = 0;
+            stream[i] = fmax(stream[i], r->rank_axis[q][a]);
         }
-        most = n > most ? n : most;
+        for (int i = 0; i < n; i++) sum += stream[i];
+        most = fmax(most, sum);
     }
     return most;
 }
 
-// Seconds of one step of run r: compute from `t_rows` (the model's step time by rows,
-// train.c's: the MLP's table for the MLP, the GPT's for the GPT; make cluster gives each run
-// its own). In a grid, each axis's bytes go over the link its groups live on, a crossing
-// axis's at the link's rate shared by the host's crossing groups (axis_crossing).
-static double predict_run(const Run* r, double (*t_rows)(void* ctx, int rows), void* ctx, int cores, Links k,
-                          double* compute_out) {
-    int N = r->ranks, S, M, deg[AXES];
-    double bubble = layout_bubble(r->layout, &S, &M);
-    run_degrees(r, S, deg);
-    int D = deg[AXIS_DP];
-    double compute = t_rows(ctx, (r->batch + D - 1) / D) / deg[AXIS_TP] / deg[AXIS_CP] / deg[AXIS_PP] / (1 - bubble);
-    if (N > cores) compute *= (double)N / cores;
-    *compute_out = compute;
-    int grid = deg[AXIS_TP] < N && deg[AXIS_CP] < N && deg[AXIS_DP] < N && deg[AXIS_PP] < N; // more than one axis
-    if (grid && r->sent > 0 && k.hosts > 1) {
-        int per_host = (N + k.hosts - 1) / k.hosts;
-        double comm = 0;
-        for (int a = 0; a < AXES; a++) { // messages shared out in proportion to the bytes
-            int sharing = axis_crossing(deg, a, per_host);
-            double share = r->axis[a] / r->sent;
-            comm += share * r->messages * (sharing ? k.alpha : k.local_alpha) + r->axis[a] * (sharing ? sharing / k.beta : 1 / k.local_beta);
-        }
-        return compute + comm;
-    }
-    return compute + r->messages * k.alpha + r->sent / k.beta;
-}
-
-// t_rows from a table of measured (rows, seconds), linear between its points
+// A compute table: train.c's step by rows, measured (rows, seconds), linear between its
+// points; and of each step, the optimizer's (once a step, at every row count the same work).
 typedef struct {
     int n;
     int rows[32];
-    double sec[32];
+    double sec[32], optimizer;
     char model[256]; // the model it timed (report.h's model_words)
 } Table;
-static double table_rows(void* ctx, int rows) {
-    const Table* t = ctx;
+static double table_rows(const Table* t, double rows) {
     if (rows <= t->rows[0]) return t->sec[0] * rows / t->rows[0];
     for (int i = 1; i < t->n; i++)
         if (rows <= t->rows[i])
             return t->sec[i - 1] + (t->sec[i] - t->sec[i - 1]) * (rows - t->rows[i - 1]) / (t->rows[i] - t->rows[i - 1]);
     return t->sec[t->n - 1] * rows / t->rows[t->n - 1];
 }
+
+// Seconds of one step of run r on compute table t (train.c's step by rows, of the run's own
+// model). A microbatch's forward and backward run at its own rows (R = B / (D M): at small R a
+// step is mostly what does not grow with rows, calls and loops, and M microbatches pay it M
+// times); of that, the part that does not grow with rows (the table's line through its first
+// two points, at 0 rows) is not split by tensor or context parallelism, whose ranks each run
+// every layer's calls, on narrower matrices or fewer positions; stages split it, each running
+// its own layers. The optimizer runs once a step, on a rank's slice of the parameters. In a
+// grid, each axis's bytes go over the link its groups live on, a crossing axis's at the host's
+// crossing bytes (crossing_bytes) over the link's rate.
+static double predict_run(const Run* r, const Table* t, int cores, Links k, double* compute_out) {
+    int N = r->ranks, S, M, deg[AXES];
+    double bubble = layout_bubble(r->layout, &S, &M);
+    run_degrees(r, S, deg);
+    int D = deg[AXIS_DP], T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP];
+    double R = ceil(ceil((double)r->batch / D) / M), opt = t->optimizer;
+    double fb = table_rows(t, R) - opt, fixed = 0; // forward and backward of a microbatch; of it, what rows do not change
+    if (t->n > 1) {
+        double f0 = t->sec[0] - opt, f1 = t->sec[1] - opt;
+        fixed = fmin(fmax(f0 - t->rows[0] * (f1 - f0) / (t->rows[1] - t->rows[0]), 0), fmax(f0, 0));
+    }
+    int sharded = !strcmp(r->program, "train_fsdp.c") || strstr(r->layout, "ZeRO") != NULL; // the optimizer over D x C
+    double compute = M * (fixed + (fb - fixed) / (T * C)) / P / (1 - bubble) + opt / (T * P) / (sharded ? D * C : 1);
+    if (N > cores) compute *= (double)N / cores;
+    *compute_out = compute;
+    int grid = T < N && C < N && D < N && P < N; // more than one axis
+    if (grid && r->sent > 0 && k.hosts > 1) {
+        int per_host = (N + k.hosts - 1) / k.hosts;
+        double comm = 0;
+        for (int a = 0; a < AXES; a++) { // messages shared out in proportion to the bytes
+            double across = crossing_bytes(r, deg, a, per_host), share = r->axis[a] / r->sent;
+            comm += share * r->messages * (across > 0 ? k.alpha : k.local_alpha) + (across > 0 ? across / k.beta : r->axis[a] / k.local_beta);
+        }
+        return compute + comm;
+    }
+    return compute + r->messages * k.alpha + r->sent / k.beta;
+}
+
 // train.c's step by rows 1, 2, 4, ..., 64, for the model of train.c's flags (argv[0]: "compute")
 static Table measure_table(int argc, char** argv) {
     Options o;
@@ -264,12 +292,15 @@ static Table measure_table(int argc, char** argv) {
     load_data(&names, &o, &c);
     Table t = {0};
     model_words(&c, t.model, sizeof t.model);
-    for (int rows = 1; rows <= 64; rows *= 2) t.rows[t.n] = rows, t.sec[t.n++] = step_seconds(&o, &c, rows);
+    double opt[7];
+    for (int rows = 1; rows <= 64; rows *= 2) t.rows[t.n] = rows, t.sec[t.n] = step_seconds(&o, &c, rows, &opt[t.n]), t.n++;
+    t.optimizer = median(opt, t.n); // the same work at every row count: the median of the seven
     return t;
 }
-// A table measured earlier: its "model=..." line, then "rows=R ms=X" lines, rows rising
+// A table measured earlier: its "model=..." line, its "optimizer_ms=X" line (the optimizer's
+// part of each step), then "rows=R ms=X" lines, rows rising
 static Table read_table(const char* path) {
-    Table t = {0};
+    Table t = {.optimizer = -1};
     FILE* f = fopen(path, "r");
     if (!f) fatal("cannot open compute table '%s': %s", path, strerror(errno));
     char line[256];
@@ -284,6 +315,11 @@ static Table read_table(const char* path) {
             snprintf(t.model, sizeof t.model, "%.255s", line + 6);
             continue;
         }
+        if (sscanf(line, " optimizer_ms=%63s", ms) == 1 && t.n == 0 && t.optimizer < 0) {
+            if (cm_number("optimizer_ms", ms, 0, 0, 1e9, 0, &x, err, sizeof err)) fatal("%s:%d: %s", path, number, err);
+            t.optimizer = x / 1e3;
+            continue;
+        }
         if (sscanf(line, " rows=%63[^ ] ms=%63s", rows, ms) != 2 || t.n == 32)
             fatal("%s:%d: expected 'rows=R ms=X' (at most 32 lines), got '%.60s'", path, number, line);
         if (cm_number("rows", rows, 1, 0, 1 << 20, 1, &r, err, sizeof err) || cm_number("ms", ms, 0, 1, 1e9, 0, &x, err, sizeof err))
@@ -294,6 +330,11 @@ static Table read_table(const char* path) {
     fclose(f);
     if (t.n == 0) fatal("'%s' holds no rows=R ms=X lines", path);
     if (!t.model[0]) fatal("'%s' does not say which model it timed (no model= line): measure it again with tools/costmodel compute", path);
+    if (t.optimizer < 0)
+        fatal("'%s' does not give the optimizer's part of a step (no optimizer_ms= line): measure it again with tools/costmodel compute", path);
+    for (int i = 0; i < t.n; i++)
+        if (t.optimizer > t.sec[i])
+            fatal("'%s': optimizer_ms=%g is more than the whole step at rows=%d (%g ms)", path, 1e3 * t.optimizer, t.rows[i], 1e3 * t.sec[i]);
     return t;
 }
 
@@ -929,7 +970,13 @@ static void near(const char* what, double got, double want) {
     printf("%s %s: %.9g (by hand %.9g)\n", ok ? "PASSED" : "FAILED", what, got, want);
     failures += !ok;
 }
-static double flat(void* ctx, int rows) { return *(double*)ctx * rows; }
+// replay on a table of 1 ms a row (nothing fixed, no optimizer), every rank of the run
+// sending what its busiest rank sends on each axis
+static double replay_case(Run* r, int cores, Links k, double* compute) {
+    Table flat = {.n = 2, .rows = {1, 64}, .sec = {1e-3, 64e-3}};
+    for (int q = 0; q < r->ranks; q++) memcpy(r->rank_axis[q], r->axis, sizeof r->axis);
+    return predict_run(r, &flat, cores, k, compute);
+}
 
 static int selftest(void) {
     // a ring all-reduce of 8 MB over 4 ranks, alpha 10 us, beta 1 GB/s: 6 x (10 us + 2 ms)
@@ -945,53 +992,73 @@ static int selftest(void) {
          layout_bubble("grid of 2 tensor x 2 data x 2 pipeline = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", &S, &M), 0.2);
 
     // replay: 1 ms per row; data parallel on 2 ranks, 32 rows: 16 ms + 4 messages x 10 us + 150 KB / 100 MB/s
-    double ms = 1e-3, compute;
-    Run dp = {"train_dp.c", "data parallel over 2 ranks", 2, 32, 149088, 4, {0}};
+    double compute;
+    Run dp = {"train_dp.c", "data parallel over 2 ranks", 2, 32, 149088, 4, {0}, {{0}}};
     Links k = {1e-5, 1e8, 1e-6, 1e9, 2};
-    near("replay: dp on 2 ranks", predict_run(&dp, flat, &ms, 2, k, &compute), 0.016 + 4e-5 + 149088 / 1e8);
+    near("replay: dp on 2 ranks", replay_case(&dp, 2, k, &compute), 0.016 + 4e-5 + 149088 / 1e8);
     // a pipeline of 2 stages, 1F1B, M = 4: 32 ms / 2 / (1 - 1/5) = 20 ms, plus 8 messages of 1 KB
-    Run pp = {"train_pp.c", "pipeline of 2 stages x 1 chunks, 4 microbatches, 1f1b schedule", 2, 32, 8192, 8, {0}};
-    near("replay: pp 2 stages, 1f1b, M 4", predict_run(&pp, flat, &ms, 2, k, &compute), 0.020 + 8e-5 + 8192 / 1e8);
+    Run pp = {"train_pp.c", "pipeline of 2 stages x 1 chunks, 4 microbatches, 1f1b schedule", 2, 32, 8192, 8, {0}, {{0}}};
+    near("replay: pp 2 stages, 1f1b, M 4", replay_case(&pp, 2, k, &compute), 0.020 + 8e-5 + 8192 / 1e8);
     // tensor and context parallel on 4 ranks: 32 ms / 4, and 10 messages of 10 KB
-    Run tp = {"train_tp.c", "tensor parallel over 4 ranks", 4, 32, 1e5, 10, {0}};
-    near("replay: tp on 4 ranks", predict_run(&tp, flat, &ms, 4, k, &compute), 0.008 + 1e-4 + 1e5 / 1e8);
-    Run cpr = {"train_cp.c", "context parallel over 4 ranks", 4, 32, 1e5, 10, {0}};
-    near("replay: cp on 4 ranks", predict_run(&cpr, flat, &ms, 4, k, &compute), 0.008 + 1e-4 + 1e5 / 1e8);
+    Run tp = {"train_tp.c", "tensor parallel over 4 ranks", 4, 32, 1e5, 10, {0}, {{0}}};
+    near("replay: tp on 4 ranks", replay_case(&tp, 4, k, &compute), 0.008 + 1e-4 + 1e5 / 1e8);
+    Run cpr = {"train_cp.c", "context parallel over 4 ranks", 4, 32, 1e5, 10, {0}, {{0}}};
+    near("replay: cp on 4 ranks", replay_case(&cpr, 4, k, &compute), 0.008 + 1e-4 + 1e5 / 1e8);
     // 8 ranks on 2 cores: compute takes 4 times as long
-    Run g = {"train_3d.c", "grid of 2 tensor x 2 pipeline x 2 data = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", 8, 32, 0, 0, {0}};
-    near("replay: 3d 2x2x2 on 2 cores", predict_run(&g, flat, &ms, 2, (Links){0, 1, 0, 1, 2}, &compute), 16e-3 / 2 / 2 / 0.8 * 4);
+    Run g = {"train_3d.c", "grid of 2 tensor x 2 pipeline x 2 data = 8 ranks; ZeRO stage 1; 4 microbatches, gpipe", 8, 32, 0, 0, {0}, {{0}}};
+    near("replay: 3d 2x2x2 on 2 cores", replay_case(&g, 2, (Links){0, 1, 0, 1, 2}, &compute), 16e-3 / 2 / 2 / 0.8 * 4);
     // on 2 hosts of 4 ranks: tensor and pipeline axes inside a host (ranks tp fastest, then
     // pp), the data axis across; 10 messages shared out as the bytes: 1000 tp, 3000 dp, 1000 pp;
     // the 4 ranks of a host are 4 data-axis pairs crossing at once: the link's rate shared 4 ways
     g.sent = 5000, g.messages = 10, g.axis[AXIS_TP] = 1000, g.axis[AXIS_DP] = 3000, g.axis[AXIS_PP] = 1000;
     near("replay: 3d 2x2x2 on 2 hosts: only the data axis crosses, 4 pairs sharing the link",
-         predict_run(&g, flat, &ms, 2, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 4 * 3000 / 1e8);
+         replay_case(&g, 2, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 4 * 3000 / 1e8);
     // a 4D grid 2 x 2 x 1 x 2 on 2 hosts: tensor and context inside (4 ranks), pipeline across
     Run g4 = {"train_3d.c", "grid of 2 tensor x 2 context x 2 pipeline x 1 data = 8 ranks; 4 microbatches, 1f1b", 8, 32,
-              4000, 8, {1000, 2000, 1000, 0}};
+              4000, 8, {1000, 2000, 1000, 0}, {{0}}};
     near("replay: 4D grid 2x2x1x2: compute 32 ms / 2 / 2 / 2 / (1 - 1/5), context axis inside a host, 4 stage pairs crossing",
-         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 4 * 1000 / 1e8);
+         replay_case(&g4, 8, k, &compute), 32e-3 / 8 / 0.8 + 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 4 * 1000 / 1e8);
     // the same grid's data axis, its D x C group (D = 1): the context pairs, inside a host
     g4.sent = 6000, g4.axis[AXIS_DP] = 2000;
     near("replay: 4D grid with D = 1: its data axis's bytes (summed over the context pair) stay inside a host",
-         predict_run(&g4, flat, &ms, 8, k, &compute), 32e-3 / 8 / 0.8 + 8 * 5000 / 6000.0 * 1e-6 + 5000 / 1e9 + 8 * 1000 / 6000.0 * 1e-5 + 4 * 1000 / 1e8);
+         replay_case(&g4, 8, k, &compute), 32e-3 / 8 / 0.8 + 8 * 5000 / 6000.0 * 1e-6 + 5000 / 1e9 + 8 * 1000 / 6000.0 * 1e-5 + 4 * 1000 / 1e8);
     // with D = 2 (2 x 1 x 2 x 2 on 2 hosts): the data axis crosses, the pipeline stays inside
     Run g5 = {"train_3d.c", "grid of 2 tensor x 1 context x 2 pipeline x 2 data = 8 ranks; 4 microbatches, 1f1b", 8, 32,
-              4000, 8, {1000, 0, 1000, 2000}};
+              4000, 8, {1000, 0, 1000, 2000}, {{0}}};
     near("replay: 3D grid 2x1x2x2: the data axis crosses (4 pairs at once), the pipeline stays",
-         predict_run(&g5, flat, &ms, 8, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 4 * 1e-5 + 4 * 2000 / 1e8);
+         replay_case(&g5, 8, k, &compute) - compute, 4 * 1e-6 + 2000 / 1e9 + 4 * 1e-5 + 4 * 2000 / 1e8);
     // the expert axis (--ep 2, carved out of D 4): 2 tensor x 1 x 1 pipeline x 4 data on 2
     // hosts: an expert group is 2 consecutive data coordinates, ranks {0, 2} and {1, 3} inside
     // host 0: its bytes on shared memory; the data axis crosses, 2 groups from each host
     Run g6 = {"train_3d.c", "grid of 2 tensor x 1 pipeline x 4 data = 8 ranks; ZeRO stage 1; 1 microbatch, gpipe; expert "
-              "parallel over 2 of the data-parallel ranks (4 experts a block, top-1)", 8, 32, 4000, 8, {1000, 0, 0, 1000, 2000}};
+              "parallel over 2 of the data-parallel ranks (4 experts a block, top-1)", 8, 32, 4000, 8, {1000, 0, 0, 1000, 2000}, {{0}}};
     near("replay: the expert axis's bytes inside a host, on shared memory",
-         predict_run(&g6, flat, &ms, 8, k, &compute) - compute, 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 2 * 1000 / 1e8);
+         replay_case(&g6, 8, k, &compute) - compute, 6 * 1e-6 + 3000 / 1e9 + 2 * 1e-5 + 2 * 1000 / 1e8);
     // with E 4 the expert groups are the whole data axis: they cross
     snprintf(g6.layout, sizeof g6.layout, "grid of 2 tensor x 1 pipeline x 4 data = 8 ranks; ZeRO stage 1; 1 microbatch, gpipe; "
              "expert parallel over 4 of the data-parallel ranks (4 experts a block, top-1)");
     near("replay: EP 4 over 2 hosts: the expert axis's bytes cross, 2 groups a host",
-         predict_run(&g6, flat, &ms, 8, k, &compute) - compute, 2 * 1e-6 + 1000 / 1e9 + 6 * 1e-5 + 2 * 1000 / 1e8 + 2 * 2000 / 1e8);
+         replay_case(&g6, 8, k, &compute) - compute, 2 * 1e-6 + 1000 / 1e9 + 6 * 1e-5 + 2 * 1000 / 1e8 + 2 * 2000 / 1e8);
+
+    // a host's link carries its own ranks' bytes: the same grid with the second stage's ranks
+    // (pp 1: ranks 2, 3, 6, 7) sending a tenth of the first's on the data axis; host 0's 4
+    // crossing pairs send 3000 + 3000 + 300 + 300 bytes
+    for (int q = 0; q < g.ranks; q++) g.rank_axis[q][AXIS_DP] = q / 2 % 2 ? 300 : 3000;
+    near("replay: 3d 2x2x2 on 2 hosts, stages sending unequal bytes: the host's sum crosses",
+         predict_run(&g, &(Table){.n = 2, .rows = {1, 64}, .sec = {1e-3, 64e-3}}, 2, k, &compute) - compute,
+         4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 6600 / 1e8);
+    // a table with a part that does not grow with rows and an optimizer: a step at R rows is
+    // 0.2 ms (optimizer) + 1 ms + 0.5 ms x R
+    Table fixed = {.n = 3, .rows = {1, 2, 64}, .sec = {1.7e-3, 2.2e-3, 33.2e-3}, .optimizer = 0.2e-3};
+    for (int q = 0; q < 4; q++) memset(pp.rank_axis[q], 0, sizeof pp.rank_axis[q]), memset(tp.rank_axis[q], 0, sizeof tp.rank_axis[q]);
+    // 4 microbatches of 8 rows, each 1 + 4 ms, on 2 stages: 4 x 5 / 2 / (1 - 1/5), and half the optimizer
+    near("replay: pp, microbatches at their own rows", predict_run(&pp, &fixed, 2, k, &compute) - (8e-5 + 8192 / 1e8), 4 * 5e-3 / 2 / 0.8 + 0.1e-3);
+    // tensor parallel on 4 ranks, 32 rows: the 1 ms on every rank, 16 ms split 4 ways, the optimizer too
+    near("replay: tp, the part that does not grow with rows on every rank", predict_run(&tp, &fixed, 4, k, &compute) - (1e-4 + 1e5 / 1e8),
+         1e-3 + 16e-3 / 4 + 0.2e-3 / 4);
+    // ZeRO-3 on 2 ranks, 16 rows each: 1 + 8 ms, and the optimizer on half the parameters
+    Run fsdp = {"train_fsdp.c", "ZeRO stage 3 over 2 ranks", 2, 32, 0, 0, {0}, {{0}}};
+    near("replay: fsdp, the optimizer sharded", predict_run(&fsdp, &fixed, 2, k, &compute), 9e-3 + 0.1e-3);
 
     // ---- the transformer (tools/costmodel_llm.h) ----
     // parameters, GPT-2 small by hand: 12 layers of 768, MHA, GELU 3072, vocabulary 50257:
@@ -1470,7 +1537,7 @@ int main(int argc, char** argv) {
     if (!strcmp(verb, "selftest") && argc == 2) return selftest();
     if (!strcmp(verb, "compute")) {
         Table t = measure_table(argc - 1, argv + 1);
-        printf("model=%s\n", t.model);
+        printf("model=%s\noptimizer_ms=%.4f\n", t.model, 1e3 * t.optimizer);
         for (int i = 0; i < t.n; i++) printf("rows=%d ms=%.4f\n", t.rows[i], 1e3 * t.sec[i]);
         return 0;
     }
@@ -1497,7 +1564,7 @@ int main(int argc, char** argv) {
         if (strcmp(m.model, t.model))
             fatal("'%s' trained %s, but the compute table timed %s: measure the table with the run's model flags "
                   "(tools/costmodel compute --model ...)", argv[2], m.model, t.model);
-        double compute, s = predict_run(&r, table_rows, &t, (int)sysconf(_SC_NPROCESSORS_ONLN), k, &compute);
+        double compute, s = predict_run(&r, &t, (int)sysconf(_SC_NPROCESSORS_ONLN), k, &compute);
         printf("predicted_ms=%.4f compute_ms=%.4f comm_ms=%.4f\n", 1e3 * s, 1e3 * compute, 1e3 * (s - compute));
         return 0;
     }
