@@ -104,7 +104,7 @@ relay() {
 costmodel_inputs() {
     local good=cluster/h100-16k.txt bad="$TMP/cluster.txt"
     local shape="--layers 4 --width 256 --heads 8 --vocab 1000 --seq 256 --tokens 65536"
-    local C="tools/costmodel rank"
+    local C="tools/costmodel rank" C_PREDICT="tools/costmodel predict cluster/h100-16k.txt"
     line() { grep -n "^$1 " "$good" | cut -d: -f1; } # the line of a key in the good file
     cluster_bad() { # PATTERN NAME SED-EXPRESSION
         sed "$3" "$good" >"$bad"
@@ -324,6 +324,12 @@ costmodel_inputs() {
     else
         skip "costmodel under UBSan: this compiler cannot build with -fsanitize=undefined ($(head -c 200 "$TMP/ubsan.err"))"
     fi
+    # DeepSpeed's BF16 optimizer (BLOOM's): a pass over the gradients after each microbatch,
+    # memory-bound (its size by hand: tools/costmodel selftest)
+    check "costmodel: predict --grad-accum-pass charges a pass over the gradients a microbatch (memory-bound time and the step grow)" \
+        bash -c "a=\$($C_PREDICT $shape --devices 8 --dp 8 --microbatches 4); b=\$($C_PREDICT $shape --devices 8 --dp 8 --microbatches 4 --grad-accum-pass);
+                 awk -v a=\"\$a\" -v b=\"\$b\" 'function f(s, k) { match(s, k \"=[^ ]*\"); return substr(s, RSTART + length(k) + 1, RLENGTH - length(k) - 1) + 0 }
+                     BEGIN { exit !(f(b, \"membound_s\") > f(a, \"membound_s\") && f(b, \"step_s\") > f(a, \"step_s\") && f(b, \"attention_s\") == f(a, \"attention_s\")) }'"
     # the published runs: each projection (its layout's rank and its figure) as recorded in
     # tools/costmodel.c and docs/cluster.md; a change of the model that moves one fails here
     run "$TMP/published" tools/costmodel published --check

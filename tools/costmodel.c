@@ -686,11 +686,12 @@ static Published published_runs(int i) {
          "DeepSeek-V3 Technical Report (2024), sections 2.2 and 3.1-3.3", 1.658e5, 30, 7},
         // BLOOM's paper (section 3.4, "Engineering") and training chronicles: TP 4, PP 12, DP 8,
         // ZeRO-1, micro-batches of 2 sequences, activations checkpointed, Megatron-DeepSpeed's
-        // 1F1B schedule and its fused (not flash) attention; "about 150 TFLOPs" a GPU in
-        // Megatron's count (recomputation counted)
-        {"BLOOM 176B, 384 A100s", "cluster/a100-jean-zay.txt", 384, bloom, {.unfused = 1},
+        // 1F1B schedule and its fused (not flash) attention, BF16 with DeepSpeed's BF16
+        // optimizer (its gradients summed in FP32 by a pass after each microbatch:
+        // --grad-accum-pass); "about 150 TFLOPs" a GPU in Megatron's count (recomputation counted)
+        {"BLOOM 176B, 384 A100s", "cluster/a100-jean-zay.txt", 384, bloom, {.unfused = 1, .grad_accum_pass = 1},
          {4, 1, 12, 8, 1, 1, 0, RECOMPUTE_FULL, SCHEDULE_1F1B, 1, 128}, COUNT_TFLOPS, 150e12, 0.20,
-         "BLOOM (Le Scao et al. 2022), section 3.4; BigScience's model card", 1.848e14, 47, 8},
+         "BLOOM (Le Scao et al. 2022), section 3.4; BigScience's model card", 1.733e14, 30, 1},
         // MegaScale (Jiang et al., NSDI 2024), section 6.1 and Table 2: GPT-3 175B on 12,288
         // Ampere GPUs, 6,144 sequences a step, TP 8 (with SP), PP 8 interleaved, DP 192;
         // TP's and DP's traffic overlapped with the products (section 3.2), FlashAttention-2
@@ -799,7 +800,7 @@ static const Flag llm_flags[] = {
     {"experts", 'n', 0, 65536, 1}, {"top-k", 'n', 1, 65536, 1}, {"expert-ffn", 'n', 1, 1 << 24, 1},
     {"shared-experts", 'n', 0, 64, 1}, {"dense-layers", 'n', 0, 100000, 1}, {"q-lora", 'n', 1, 1 << 20, 1},
     {"kv-lora", 'n', 1, 1 << 20, 1}, {"rope-dim", 'n', 1, 65536, 1}, {"dropout", 's', 0, 0, 0}, {"mtp", 'n', 1, 16, 1}, {"fp8", 's', 0, 0, 0}, {"route-nodes", 'n', 1, 4096, 1}, {"comm-sms", 'n', 1, 100000, 1},
-    {"bf16-moments", 's', 0, 0, 0},
+    {"bf16-moments", 's', 0, 0, 0}, {"grad-accum-pass", 's', 0, 0, 0},
     {"dp-overlap", 'n', 0, 1, 0}, {"ep-overlap", 'n', 0, 1, 0}, {"tp-overlap", 'n', 0, 1, 0}, {"cp-exchange", 'w', 0, 0, 0},
     {"attention", 'w', 0, 0, 0},
     {"devices", 'n', 1, CLUSTER_MAX_DEVICES, 1}, {"tp", 'n', 1, 1 << 20, 1}, {"cp", 'n', 1, 1 << 20, 1},
@@ -880,6 +881,7 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (q.pr.comm_sms >= c->sms && c->sms) usage_error("--comm-sms %d: a device has %d SMs, and compute needs some", q.pr.comm_sms, c->sms);
     q.pr.tp_overlap = VAL("tp-overlap");
     q.pr.bf16_moments = GIVEN(&q, "bf16-moments");
+    q.pr.grad_accum_pass = GIVEN(&q, "grad-accum-pass");
     if (word[flag_index("attention")]) {
         const char* s = word[flag_index("attention")];
         if (strcmp(s, "flash") && strcmp(s, "unfused")) usage_error("--attention must be flash or unfused, got '%s'", s);
@@ -1305,6 +1307,14 @@ static int selftest(void) {
     pr.bf16_moments = 1;
     near("... with BF16 moments and FP32 gradients: 22 bytes a parameter", layout_cost(&c, &big, &pr, &dp8, 8, 0, 0).optimizer, 22 * P / 8 / 1e12);
     pr.bf16_moments = 0;
+    // DeepSpeed's BF16 optimizer: each of the M 2 microbatches' gradients added into FP32 by a
+    // pass of 18 bytes a parameter (the device holds all P), memory-bound, part of compute
+    Cost fused = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
+    pr.grad_accum_pass = 1;
+    kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
+    pr.grad_accum_pass = 0;
+    near("FP32 gradient sums by a pass of their own: M x 18 bytes a parameter", kk.compute - fused.compute, 2 * 18 * P / 1e12);
+    near("... in the memory-bound part", kk.membound - fused.membound, 2 * 18 * P / 1e12);
     dp8.zero = 0, dp8.recompute = RECOMPUTE_FULL;
     kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
     near("HFU under full recomputation: the papers' count over the same step", kk.hfu,
@@ -1529,7 +1539,7 @@ static void usage(void) {
             "LAYOUT:   --tp --cp --pp --dp --ep (rank: marks that layout) --zero 0-3 --sp --recompute none|selective|full|norms\n"
             "          --schedule %s --virtual V --microbatches M (rank: fixed for all)\n"
             "PRACTICE: --fp8 --dp-overlap F --ep-overlap F --tp-overlap F --route-nodes R --cp-exchange allgather|ring --comm-sms N\n"
-            "          --attention flash|unfused --bf16-moments --devices N\n", scheds);
+            "          --attention flash|unfused --bf16-moments --grad-accum-pass --devices N\n", scheds);
 }
 
 int main(int argc, char** argv) {

@@ -84,6 +84,7 @@ typedef struct {
     double tp_overlap;             // fraction of TP's traffic hidden behind the layers' matrix products
     int unfused;                   // attention as two batched products and a softmax through HBM (no FlashAttention)
     int bf16_moments;              // Adam's m and v in BF16, the gradients in FP32 (DeepSeek-V3's state), else 2 + 2 + 12 bytes
+    int grad_accum_pass;           // each microbatch's BF16 gradients added into FP32 ones by a pass of their own (DeepSpeed's BF16 optimizer)
 } Practice;
 
 // Recomputation: config.h's none, selective (attention's core again, Korthikanti et al.) and
@@ -456,6 +457,15 @@ static double state_bytes(double params, int zero, double shards) { return state
 // each way, the gradient 4 in: 22).
 enum { OPTIMIZER_BYTES = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2, OPTIMIZER_BYTES_BF16_MOMENTS = 4 + 2 + 2 + 4 + 4 + 2 + 2 + 2 };
 static double optimizer_params(double params, int zero, double shards) { return zero >= 1 ? params / shards : params; }
+// Gradients accumulated in FP32 by a pass of their own, after each microbatch's backward
+// (--grad-accum-pass): DeepSpeed's BF16 optimizer, which BLOOM trained with, does it in its
+// pipeline engine (PipelineEngine._exec_backward_pass calls BF16_Optimizer.update_hp_grads
+// after every microbatch: hp_grad.add_(lp.grad.to(float32)) for each parameter). The BF16
+// gradient read and written as an FP32 copy (2 + 4), the copy and the FP32 gradient read and
+// the sum written (4 + 4 + 4): 18 bytes a parameter the device holds, memory-bound, every
+// microbatch. Megatron-LM fuses the sum into the weight-gradient product (its
+// gradient_accumulation_fusion: the product accumulates into the FP32 gradient), no pass.
+enum { GRAD_ACCUM_BYTES = 2 + 4 + 4 + 4 + 4 };
 // The parameters on one device of a stage of n layers (the layers' average: the dense ones
 // apart from the routed experts, which EP shares out), with the embedding on the first
 // device and the head and final norm on the last (zbv: both on device 0).
@@ -762,6 +772,16 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     if (pr->comm_sms > 0 && c->sms > 0) {
         k.overlap = (tp_hidden + cp_hidden + ep_hidden + pp_hidden + dp_hidden) * pr->comm_sms / c->sms;
         k.compute += k.overlap;
+    }
+    if (pr->grad_accum_pass) { // every microbatch, on the device that holds the most
+        double most = 0;
+        for (int r = 0; r < l->pp; r++) {
+            double dense, experts;
+            device_params(m, l, n, r, &dense, &experts);
+            most = fmax(most, dense + experts);
+        }
+        double pass = M * most * GRAD_ACCUM_BYTES / c->hbm;
+        k.compute += pass, k.membound += pass;
     }
     k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
     // memory: the device that holds the most, its stage's weights and activations
