@@ -159,7 +159,7 @@ costmodel_inputs() {
     run "$TMP/cm.out" ./train --steps 2 --samples 0 --quiet --summary "$TMP/cm.sum"
     local mlp_model
     mlp_model=$(grep '^model=' "$TMP/cm.sum")
-    printf '%s\noptimizer_ms=0\nrows=1 ms=0.01\nrows=64 ms=0.5\n' "$mlp_model" >"$TMP/cm.compute"
+    printf '%s\nonce_ms=0\nrows=1 ms=0.01\nrows=64 ms=0.5\n' "$mlp_model" >"$TMP/cm.compute"
     expect_error 2 "BETA \(bytes/s\) must be a decimal number above 0 .*, got '1e8x'" "costmodel: an unreadable link speed is refused" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8x "$TMP/cm.compute"
     expect_error 2 "ALPHA \(seconds\) must be a decimal number from 0 .*, got 'nan'" "costmodel: a link latency of nan is refused" \
@@ -167,10 +167,10 @@ costmodel_inputs() {
     expect_error 2 "BETA \(bytes/s\) must be a decimal number above 0 and at most 1e\+14, got '1.0486e\+15'" \
         "costmodel: a link speed tools/pingpong could not measure (2^20 B / 1 ns) is refused" \
         -- tools/costmodel replay "$TMP/cm.sum" 3.998e-03 1.0486e+15 "$TMP/cm.compute"
-    printf '%s\noptimizer_ms=0\nrows=1 ms=0.01\nrows=64 ms=abc\n' "$mlp_model" >"$TMP/cm.compute"
+    printf '%s\nonce_ms=0\nrows=1 ms=0.01\nrows=64 ms=abc\n' "$mlp_model" >"$TMP/cm.compute"
     expect_error 1 "cm.compute:4: ms must be a decimal number" "costmodel: a compute table's bad line is refused, not the rest ignored" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.compute"
-    printf '%s\noptimizer_ms=0\nrows=1 ms=0.01\nrows=64 ms=0.5\n' "$mlp_model" >"$TMP/cm.compute"
+    printf '%s\nonce_ms=0\nrows=1 ms=0.01\nrows=64 ms=0.5\n' "$mlp_model" >"$TMP/cm.compute"
     check "costmodel: replay of train.c's summary predicts its compute from the table (32 rows: 0.01 + 31/63 x 0.49 ms)" \
         bash -c "tools/costmodel replay '$TMP/cm.sum' 1e-5 1e8 '$TMP/cm.compute' | grep -q '^predicted_ms=0.2511 '"
     # a summary records its model, and replay predicts it only from a table of that model's step
@@ -178,7 +178,7 @@ costmodel_inputs() {
     check "costmodel: a --summary records the model it trained (model=mlp ...)" grep -q '^model=mlp vocab=' "$TMP/cm.sum"
     check "costmodel: tools/costmodel compute's table names its model first (model=gpt ...)" \
         bash -c "tools/costmodel compute --model gpt --layers 1 --emb 8 --heads 1 | head -1 | grep -q '^model=gpt '"
-    printf 'model=gpt vocab=27 context=16 emb=64 hidden=-1 layers=4 heads=4 experts=0 top_k=-1\noptimizer_ms=0\nrows=1 ms=0.01\nrows=64 ms=0.5\n' >"$TMP/cm.gpt"
+    printf 'model=gpt vocab=27 context=16 emb=64 hidden=-1 layers=4 heads=4 experts=0 top_k=-1\nonce_ms=0\nrows=1 ms=0.01\nrows=64 ms=0.5\n' >"$TMP/cm.gpt"
     expect_error 1 "trained mlp .*, but the compute table timed gpt" "costmodel: replay refuses to predict an MLP's run from a GPT's compute table" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.gpt"
     grep -v '^model=' "$TMP/cm.sum" >"$TMP/cm.old.sum"
@@ -187,16 +187,20 @@ costmodel_inputs() {
     grep -v '^model=' "$TMP/cm.compute" >"$TMP/cm.old.compute"
     expect_error 1 "does not say which model it timed" "costmodel: replay refuses a compute table that does not name its model" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
-    # the optimizer's part of a step, measured apart (it runs once a step, forward and backward
-    # once a microbatch): a table without it, or with more than a whole step, is refused
-    grep -v '^optimizer_ms=' "$TMP/cm.compute" >"$TMP/cm.old.compute"
-    expect_error 1 "does not give the optimizer's part of a step" "costmodel: replay refuses a compute table without its optimizer's time" \
+    # what runs once a step (the gradients zeroed, the optimizer), measured apart: forward and
+    # backward run once a microbatch. A table without it, with it not below a step, or not
+    # starting at 1 row (its line at 0 rows comes from its first points) is refused
+    grep -v '^once_ms=' "$TMP/cm.compute" >"$TMP/cm.old.compute"
+    expect_error 1 "does not give the part of a step that runs once" "costmodel: replay refuses a compute table without its once-a-step time" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
-    sed 's/^optimizer_ms=.*/optimizer_ms=0.02/' "$TMP/cm.compute" >"$TMP/cm.old.compute"
-    expect_error 1 "optimizer_ms=0.02 is more than the whole step at rows=1" "costmodel: a compute table's optimizer longer than a step is refused" \
+    sed 's/^once_ms=.*/once_ms=0.01/' "$TMP/cm.compute" >"$TMP/cm.old.compute"
+    expect_error 1 "once_ms=0.01 is not less than the whole step at rows=1" "costmodel: a compute table's once-a-step time as long as a step is refused" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
-    check "costmodel: tools/costmodel compute's table gives the optimizer's part second (optimizer_ms=)" \
-        bash -c "tools/costmodel compute --model gpt --layers 1 --emb 8 --heads 1 | sed -n 2p | grep -Eq '^optimizer_ms=[0-9.]+$'"
+    sed 's/^rows=1 /rows=2 /' "$TMP/cm.compute" >"$TMP/cm.old.compute"
+    expect_error 1 "starts at rows=2: a table starts at rows=1" "costmodel: a compute table that does not start at 1 row is refused" \
+        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
+    check "costmodel: tools/costmodel compute's table gives the once-a-step part second (once_ms=)" \
+        bash -c "tools/costmodel compute --model gpt --layers 1 --emb 8 --heads 1 | sed -n 2p | grep -Eq '^once_ms=[0-9.]+$'"
     # a summary's values are checked, not read as they come (batch=-3 gave predicted_ms=-90)
     sed 's/^batch=.*/batch=-3/' "$TMP/cm.sum" >"$TMP/cm.bad.sum"
     expect_error 1 "batch=-3 is not a whole number from 1" "costmodel: a summary's batch=-3 is refused" \

@@ -22,20 +22,27 @@
  * replay's model, for one step (every term per rank; ranks work in parallel):
  *
  *   time = compute x oversubscription  +  messages x alpha  +  bytes / beta
- *   compute = M x (fixed + (fb(R) - fixed) / (T C)) / S / (1 - bubble)  +  optimizer / (T S [D C])
+ *   compute = sum over the M microbatches of (fixed + (fb(R_m) - fixed) / (T C)) / S / (1 - bubble)
+ *             + once / (T S), and under ZeRO / (D C) as well
  *
- *   fb(R)            train.c's forward and backward at R rows, measured (its step less the
- *                    optimizer): a microbatch's rows, R = B / (D M), M microbatches a step
- *   fixed            the part of fb that does not grow with rows (the table's line through
- *                    its first two points, at 0 rows): calls and loops, which every tensor
- *                    (T) and context (C) rank runs whole; the S stages split it
- *   optimizer        train.c's optimizer step, measured apart; ZeRO shards it over D x C
+ *   T, C, S, D       the tensor, context, pipeline (stages) and data degrees
+ *   fb(R)            train.c's forward and backward at R rows, measured (`compute`: its step
+ *                    at 1 to 64 rows, less what runs once), linear between the rows timed and
+ *                    along the last segment past them; R_m, microbatch m's rows on the busiest
+ *                    data rank (the programs' split of the batch B: M parts, each over D)
+ *   fixed            the part of fb that does not grow with rows (the least-squares line
+ *                    through the rows 1 to 8, at 0 rows): calls and loops, which every tensor
+ *                    and context rank runs whole; the S stages split it
+ *   once             what runs once a step, measured apart: the gradients zeroed and the
+ *                    optimizer's step, on a rank's slice of the parameters (ZeRO: the D x C
+ *                    ranks of a data group each update a slice of it)
  *   bubble           the schedule's closed form: (S-1)/(M+S-1) for GPipe and 1F1B, ...
  *   oversubscription ranks / cores, when processes take turns on the cores (emulated hosts
  *                    share this machine's cores)
- *   messages, bytes  what the rank sends per step: the program's formula for bytes and its
- *                    count of messages; an axis whose groups cross between hosts charges
- *                    what the host sends across on it, all its groups at once
+ *   messages, bytes  what the busiest rank sends per step: the program's formula for bytes
+ *                    and its count of messages; in a grid over hosts, each host's link carries
+ *                    what its ranks send across on every axis (their groups all at once), and
+ *                    the host that sends the most sets the pace
  *
  * Communication is charged in full, never hidden behind compute: the programs' collectives
  * block (train_dp --overlap aside), so that is what they do.
@@ -72,9 +79,9 @@ static double arg_number(const char* what, const char* s, double lo, int lo_open
 // compute: seconds of one training step of train.c's model on R rows, by the project's kernels
 
 static Dataset names;
-// (*optimizer: the optimizer's step alone, of that: it runs once a step, where forward and
-// backward run once a microbatch)
-static double step_seconds(const Options* o, const Config* c, int R, double* optimizer) {
+// (*once: of that, the gradients zeroed and the optimizer's step, which run once a step
+// where forward and backward run once a microbatch)
+static double step_seconds(const Options* o, const Config* c, int R, double* once) {
     State s = state_alloc(n_params(c), o->opt.adamw);
     Holding all = holding_units(c, &s, 0, n_units(c), 0);
     holding_load(&all, o, &names, c);
@@ -89,16 +96,18 @@ static double step_seconds(const Options* o, const Config* c, int R, double* opt
         if (rep == 0) start = now_seconds();
         double t0 = now_seconds();
         Rows rows = training_rows(&names, o->seed, rep + 10, 0);
-        model_forward_rows(c, s.params, &w, &rows, 0, R, R, NULL);
-        fix_zero(s.grads, s.n);
-        model_backward(c, s.params, s.grads, &w, R, R);
         double t1 = now_seconds();
+        fix_zero(s.grads, s.n);
+        double t2 = now_seconds();
+        model_forward_rows(c, s.params, &w, &rows, 0, R, R, NULL);
+        model_backward(c, s.params, s.grads, &w, R, R);
+        double t3 = now_seconds();
         optimizer_step(&o->opt, s.params, s.grads, s.m, s.v, s.n, grad_factor(R), 1.0f, rep + 10);
-        if (rep >= 0) total += now_seconds() - t0, opt += now_seconds() - t1, reps++;
+        if (rep >= 0) total += now_seconds() - t0, opt += (t2 - t1) + (now_seconds() - t3), reps++;
     }
     work_free(&w);
     state_free(&s);
-    *optimizer = opt / reps;
+    *once = opt / reps;
     return total / reps;
 }
 
@@ -191,8 +200,9 @@ typedef struct {
     int hosts;
 } Links;
 
-// The bytes a host sends across on axis a of a grid in a step, on the host that sends the
-// most (0: every group lies inside one host, on shared memory). Ranks fill the hosts in
+// The bytes `host` sends across on axis a of a grid in a step (0: every group of the axis with
+// a rank on the host lies inside it, on shared memory), and in *groups how many of its groups
+// cross. Ranks fill the hosts in
 // order, per_host a host, and train_3d numbers them tensor fastest, then context, pipeline,
 // data (rank = tp + T (cp + C (pp + P dp))). A group is the ranks that share every coordinate
 // but its axis's: the data axis's is the D x C ranks that share a rank's tensor and pipeline
@@ -202,12 +212,11 @@ typedef struct {
 // crossing group a ring with one stream leaving the host, of what one member sends (the most
 // of its members on the host): the host's link carries the sum of its crossing groups'
 // streams, and the last of them ends when the link has sent them all.
-static double crossing_bytes(const Run* r, const int deg[AXES], int a, int per_host) {
+static double crossing_bytes(const Run* r, const int deg[AXES], int a, int per_host, int host, int* groups) {
     int T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP], E = deg[AXIS_EP], N = T * C * P * deg[AXIS_DP];
-    double most = 0;
-    for (int host = 0; host * per_host < N; host++) {
-        int keys[MAX_RANKS], n = 0;
-        double stream[MAX_RANKS], sum = 0;
+    int keys[MAX_RANKS], n = 0;
+    double stream[MAX_RANKS], sum = 0;
+    {
         for (int q = host * per_host; q < N && q < (host + 1) * per_host; q++) {
             int tp = q % T, cp = q / T % C, pp = q / (T * C) % P, dp = q / (T * C * P), crosses = 0;
             for (int m = 0; m < N && !crosses; m++) { // m in q's group: every coordinate but the group's own the same
@@ -225,61 +234,90 @@ static double crossing_bytes(const Run* r, const int deg[AXES], int a, int per_h
             if (i == n) keys[n] = key, stream[n++] = 0;
             stream[i] = fmax(stream[i], r->rank_axis[q][a]);
         }
-        for (int i = 0; i < n; i++) sum += stream[i];
-        most = fmax(most, sum);
     }
-    return most;
+    for (int i = 0; i < n; i++) sum += stream[i];
+    *groups = n;
+    return sum;
 }
 
-// A compute table: train.c's step by rows, measured (rows, seconds), linear between its
-// points; and of each step, the optimizer's (once a step, at every row count the same work).
+// A compute table: train.c's step by rows, measured (rows, seconds, from 1 row), and of each
+// step what runs once whatever the microbatches (the gradients zeroed, the optimizer's step).
 typedef struct {
     int n;
     int rows[32];
-    double sec[32], optimizer;
+    double sec[32], once;
     char model[256]; // the model it timed (report.h's model_words)
 } Table;
-static double table_rows(const Table* t, double rows) {
-    if (rows <= t->rows[0]) return t->sec[0] * rows / t->rows[0];
-    for (int i = 1; i < t->n; i++)
-        if (rows <= t->rows[i])
-            return t->sec[i - 1] + (t->sec[i] - t->sec[i - 1]) * (rows - t->rows[i - 1]) / (t->rows[i] - t->rows[i - 1]);
-    return t->sec[t->n - 1] * rows / t->rows[t->n - 1];
+// Forward and backward at `rows` (the step less what runs once): linear between the table's
+// points, and past its last one along its last segment (one point: in proportion).
+static double table_fb(const Table* t, double rows) {
+    if (t->n == 1) return (t->sec[0] - t->once) * rows / t->rows[0];
+    int i = 1;
+    while (i < t->n - 1 && rows > t->rows[i]) i++;
+    double x0 = t->rows[i - 1], x1 = t->rows[i], y0 = t->sec[i - 1] - t->once, y1 = t->sec[i] - t->once;
+    return y0 + (y1 - y0) * (rows - x0) / (x1 - x0);
+}
+// Of forward and backward, the part that does not grow with rows: the least-squares line
+// through the table's points up to 8 rows, at 0 rows (calls and loops; one pair of points
+// alone swings with a measurement's noise), at least 0 and at most the step at 1 row.
+static double table_fixed(const Table* t) {
+    double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < t->n && t->rows[i] <= 8; i++) {
+        double x = t->rows[i], y = t->sec[i] - t->once;
+        n++, sx += x, sy += y, sxx += x * x, sxy += x * y;
+    }
+    if (n < 2) return 0;
+    double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+    return fmin(fmax((sy - slope * sx) / n, 0), t->sec[0] - t->once);
 }
 
 // Seconds of one step of run r on compute table t (train.c's step by rows, of the run's own
-// model). A microbatch's forward and backward run at its own rows (R = B / (D M): at small R a
-// step is mostly what does not grow with rows, calls and loops, and M microbatches pay it M
-// times); of that, the part that does not grow with rows (the table's line through its first
-// two points, at 0 rows) is not split by tensor or context parallelism, whose ranks each run
-// every layer's calls, on narrower matrices or fewer positions; stages split it, each running
-// its own layers. The optimizer runs once a step, on a rank's slice of the parameters. In a
-// grid, each axis's bytes go over the link its groups live on, a crossing axis's at the host's
-// crossing bytes (crossing_bytes) over the link's rate.
+// model). Each of the M microbatches runs forward and backward at its own rows (the
+// programs' split, microbatch_rows: at small row counts a step is mostly what does not grow
+// with rows, calls and loops, which every microbatch pays); of that, the part that does not
+// grow with rows (table_fixed) is not split by tensor or context parallelism, whose ranks
+// each run every layer's calls, on narrower matrices or fewer positions, while the S stages
+// split it, each running its own layers. What runs once a step (the gradients zeroed, the
+// optimizer), on a rank's slice of the parameters: 1 / (T S), and under ZeRO 1 / (D C) of
+// that. In a grid, each axis's bytes go over the link its groups live on; a host's link
+// carries what the host sends across on every axis (crossing_bytes), the host that sends the
+// most setting the pace.
 static double predict_run(const Run* r, const Table* t, int cores, Links k, double* compute_out) {
     int N = r->ranks, S, M, deg[AXES];
     double bubble = layout_bubble(r->layout, &S, &M);
     run_degrees(r, S, deg);
-    int D = deg[AXIS_DP], T = deg[AXIS_TP], C = deg[AXIS_CP], P = deg[AXIS_PP];
-    double R = ceil(ceil((double)r->batch / D) / M), opt = t->optimizer;
-    double fb = table_rows(t, R) - opt, fixed = 0; // forward and backward of a microbatch; of it, what rows do not change
-    if (t->n > 1) {
-        double f0 = t->sec[0] - opt, f1 = t->sec[1] - opt;
-        fixed = fmin(fmax(f0 - t->rows[0] * (f1 - f0) / (t->rows[1] - t->rows[0]), 0), fmax(f0, 0));
+    int D = deg[AXIS_DP], T = deg[AXIS_TP], C = deg[AXIS_CP];
+    S = deg[AXIS_PP];
+    if (T * C * S * D != N) fatal("'%s': %d tensor x %d context x %d stages x %d data is not its %d ranks", r->layout, T, C, S, D, N);
+    double fixed = table_fixed(t), fb = 0;
+    for (int m = 0; m < M; m++) { // the busiest data rank's rows of each microbatch
+        long first;
+        int rows = microbatch_rows(r->batch, M, m, D, 0, &first);
+        if (rows < 1) fatal("'%s': %d microbatches of a batch of %d over %d data ranks leave one empty", r->layout, M, r->batch, D);
+        fb += fixed + (table_fb(t, rows) - fixed) / (T * C);
     }
-    int sharded = !strcmp(r->program, "train_fsdp.c") || strstr(r->layout, "ZeRO") != NULL; // the optimizer over D x C
-    double compute = M * (fixed + (fb - fixed) / (T * C)) / P / (1 - bubble) + opt / (T * P) / (sharded ? D * C : 1);
+    int sharded = !strcmp(r->program, "train_fsdp.c") || strstr(r->layout, "ZeRO") != NULL; // once-a-step work over D x C
+    double compute = fb / S / (1 - bubble) + t->once / (T * S) / (sharded ? D * C : 1);
     if (N > cores) compute *= (double)N / cores;
+    if (!(compute > 0 && isfinite(compute)))
+        fatal("the compute table gives %g ms for this run's rows (a table of steps that do not grow with rows?)", 1e3 * compute);
     *compute_out = compute;
-    int grid = T < N && C < N && D < N && P < N; // more than one axis
+    int grid = T < N && C < N && D < N && S < N; // more than one axis
     if (grid && r->sent > 0 && k.hosts > 1) {
-        int per_host = (N + k.hosts - 1) / k.hosts;
-        double comm = 0;
-        for (int a = 0; a < AXES; a++) { // messages shared out in proportion to the bytes
-            double across = crossing_bytes(r, deg, a, per_host), share = r->axis[a] / r->sent;
-            comm += share * r->messages * (across > 0 ? k.alpha : k.local_alpha) + (across > 0 ? across / k.beta : r->axis[a] / k.local_beta);
+        int per_host = (N + k.hosts - 1) / k.hosts, crosses[AXES] = {0};
+        double link = 0, comm = 0;
+        for (int host = 0; host * per_host < N; host++) {
+            double sent = 0;
+            for (int a = 0; a < AXES; a++) {
+                int groups;
+                sent += crossing_bytes(r, deg, a, per_host, host, &groups);
+                crosses[a] |= groups > 0;
+            }
+            link = fmax(link, sent);
         }
-        return compute + comm;
+        for (int a = 0; a < AXES; a++) // messages shared out in proportion to the bytes
+            comm += r->axis[a] / r->sent * r->messages * (crosses[a] ? k.alpha : k.local_alpha) + (crosses[a] ? 0 : r->axis[a] / k.local_beta);
+        return compute + comm + link / k.beta;
     }
     return compute + r->messages * k.alpha + r->sent / k.beta;
 }
@@ -292,15 +330,15 @@ static Table measure_table(int argc, char** argv) {
     load_data(&names, &o, &c);
     Table t = {0};
     model_words(&c, t.model, sizeof t.model);
-    double opt[7];
-    for (int rows = 1; rows <= 64; rows *= 2) t.rows[t.n] = rows, t.sec[t.n] = step_seconds(&o, &c, rows, &opt[t.n]), t.n++;
-    t.optimizer = median(opt, t.n); // the same work at every row count: the median of the seven
+    double once[7];
+    for (int rows = 1; rows <= 64; rows *= 2) t.rows[t.n] = rows, t.sec[t.n] = step_seconds(&o, &c, rows, &once[t.n]), t.n++;
+    t.once = median(once, t.n); // the same work at every row count: the median of the seven
     return t;
 }
-// A table measured earlier: its "model=..." line, its "optimizer_ms=X" line (the optimizer's
-// part of each step), then "rows=R ms=X" lines, rows rising
+// A table measured earlier: its "model=..." line, its "once_ms=X" line (the part of each
+// step that runs once a step), then "rows=R ms=X" lines, rows rising from 1
 static Table read_table(const char* path) {
-    Table t = {.optimizer = -1};
+    Table t = {.once = -1};
     FILE* f = fopen(path, "r");
     if (!f) fatal("cannot open compute table '%s': %s", path, strerror(errno));
     char line[256];
@@ -315,9 +353,9 @@ static Table read_table(const char* path) {
             snprintf(t.model, sizeof t.model, "%.255s", line + 6);
             continue;
         }
-        if (sscanf(line, " optimizer_ms=%63s", ms) == 1 && t.n == 0 && t.optimizer < 0) {
-            if (cm_number("optimizer_ms", ms, 0, 0, 1e9, 0, &x, err, sizeof err)) fatal("%s:%d: %s", path, number, err);
-            t.optimizer = x / 1e3;
+        if (sscanf(line, " once_ms=%63s", ms) == 1 && t.n == 0 && t.once < 0) {
+            if (cm_number("once_ms", ms, 0, 0, 1e9, 0, &x, err, sizeof err)) fatal("%s:%d: %s", path, number, err);
+            t.once = x / 1e3;
             continue;
         }
         if (sscanf(line, " rows=%63[^ ] ms=%63s", rows, ms) != 2 || t.n == 32)
@@ -330,11 +368,12 @@ static Table read_table(const char* path) {
     fclose(f);
     if (t.n == 0) fatal("'%s' holds no rows=R ms=X lines", path);
     if (!t.model[0]) fatal("'%s' does not say which model it timed (no model= line): measure it again with tools/costmodel compute", path);
-    if (t.optimizer < 0)
-        fatal("'%s' does not give the optimizer's part of a step (no optimizer_ms= line): measure it again with tools/costmodel compute", path);
+    if (t.once < 0)
+        fatal("'%s' does not give the part of a step that runs once (no once_ms= line): measure it again with tools/costmodel compute", path);
+    if (t.rows[0] != 1) fatal("'%s' starts at rows=%d: a table starts at rows=1 (tools/costmodel compute's)", path, t.rows[0]);
     for (int i = 0; i < t.n; i++)
-        if (t.optimizer > t.sec[i])
-            fatal("'%s': optimizer_ms=%g is more than the whole step at rows=%d (%g ms)", path, 1e3 * t.optimizer, t.rows[i], 1e3 * t.sec[i]);
+        if (t.once >= t.sec[i])
+            fatal("'%s': once_ms=%g is not less than the whole step at rows=%d (%g ms)", path, 1e3 * t.once, t.rows[i], 1e3 * t.sec[i]);
     return t;
 }
 
@@ -1049,9 +1088,17 @@ static int selftest(void) {
     near("replay: 3d 2x2x2 on 2 hosts, stages sending unequal bytes: the host's sum crosses",
          predict_run(&g, &(Table){.n = 2, .rows = {1, 64}, .sec = {1e-3, 64e-3}}, 2, k, &compute) - compute,
          4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 6600 / 1e8);
-    // a table with a part that does not grow with rows and an optimizer: a step at R rows is
-    // 0.2 ms (optimizer) + 1 ms + 0.5 ms x R
-    Table fixed = {.n = 3, .rows = {1, 2, 64}, .sec = {1.7e-3, 2.2e-3, 33.2e-3}, .optimizer = 0.2e-3};
+    // a table with a part that does not grow with rows and one that runs once: a step at R rows
+    // is 0.2 ms (once a step) + 1 ms + 0.5 ms x R
+    Table fixed = {.n = 5, .rows = {1, 2, 4, 8, 64}, .sec = {1.7e-3, 2.2e-3, 3.2e-3, 5.2e-3, 33.2e-3}, .once = 0.2e-3};
+    near("the part that does not grow with rows: the table's line at 0 rows", table_fixed(&fixed), 1e-3);
+    near("forward and backward past the table's last row, along its last segment", table_fb(&fixed, 128), 1e-3 + 64e-3);
+    // a noisy table (forward and backward 1.6, 1.9, 3.0, 5.0 ms at 1, 2, 4, 8 rows): the least-
+    // squares line through the four, slope 14.275 / 28.75, at 0 rows 2.875 - 3.75 slope, not
+    // the 1.3 of the first two points' line
+    Table noisy = {.n = 4, .rows = {1, 2, 4, 8}, .sec = {1.7e-3, 2.0e-3, 3.1e-3, 5.1e-3}, .once = 0.1e-3};
+    near("the part that does not grow with rows, from a noisy table: least squares over 1 to 8 rows", table_fixed(&noisy),
+         (2.875 - 3.75 * 14.275 / 28.75) * 1e-3);
     for (int q = 0; q < 4; q++) memset(pp.rank_axis[q], 0, sizeof pp.rank_axis[q]), memset(tp.rank_axis[q], 0, sizeof tp.rank_axis[q]);
     // 4 microbatches of 8 rows, each 1 + 4 ms, on 2 stages: 4 x 5 / 2 / (1 - 1/5), and half the optimizer
     near("replay: pp, microbatches at their own rows", predict_run(&pp, &fixed, 2, k, &compute) - (8e-5 + 8192 / 1e8), 4 * 5e-3 / 2 / 0.8 + 0.1e-3);
@@ -1061,6 +1108,39 @@ static int selftest(void) {
     // ZeRO-3 on 2 ranks, 16 rows each: 1 + 8 ms, and the optimizer on half the parameters
     Run fsdp = {"train_fsdp.c", "ZeRO stage 3 over 2 ranks", 2, 32, 0, 0, {0}, {{0}}};
     near("replay: fsdp, the optimizer sharded", predict_run(&fsdp, &fixed, 2, k, &compute), 9e-3 + 0.1e-3);
+    // context parallel on 4 ranks, 32 rows: the 1 ms on every rank, 16 ms split 4 ways; no
+    // ZeRO, so every rank runs the whole optimizer
+    for (int q = 0; q < 4; q++) memset(cpr.rank_axis[q], 0, sizeof cpr.rank_axis[q]);
+    near("replay: cp, the part that does not grow with rows on every rank", predict_run(&cpr, &fixed, 4, k, &compute) - (1e-4 + 1e5 / 1e8),
+         1e-3 + 16e-3 / 4 + 0.2e-3);
+    // a ZeRO grid with context parallelism: 2 context x 2 data, 16 rows a data rank, 1 + 8 / 2
+    // ms; what runs once over the D x C = 4 ranks of the data group
+    Run zc = {"train_3d.c", "grid of 1 tensor x 2 context x 1 pipeline x 2 data = 4 ranks; ZeRO stage 1; 1 microbatch, gpipe", 4, 32,
+              0, 0, {0}, {{0}}};
+    near("replay: a ZeRO grid with context parallelism, what runs once over D x C", predict_run(&zc, &fixed, 4, k, &compute),
+         1e-3 + 8e-3 / 2 + 0.2e-3 / 4);
+    // a batch of 9 in 4 microbatches (3, 2, 2, 2 rows, the programs' split): 4 x 1 + 0.5 x 9 ms,
+    // on 2 stages
+    Run pp9 = pp;
+    pp9.batch = 9;
+    near("replay: pp, microbatches of unequal rows", predict_run(&pp9, &fixed, 2, k, &compute) - (8e-5 + 8192 / 1e8), (4e-3 + 4.5e-3) / 2 / 0.8 + 0.1e-3);
+    // the host that sends the most sets the pace: host 1's first-stage ranks (4 and 5) send
+    // 5000 bytes on the data axis, host 0's 3000
+    for (int q = 0; q < g.ranks; q++) g.rank_axis[q][AXIS_DP] = q / 2 % 2 ? 300 : q >= 4 ? 5000 : 3000;
+    near("replay: the host that sends the most across sets the pace",
+         predict_run(&g, &(Table){.n = 2, .rows = {1, 64}, .sec = {1e-3, 64e-3}}, 2, k, &compute) - compute,
+         4 * 1e-6 + 2000 / 1e9 + 6 * 1e-5 + 10600 / 1e8);
+    // one rank a host (8 hosts): each link carries its rank's bytes on every axis; rank 0 sends
+    // 1000 + 3000 + 1000, rank 1 2000 + 300 + 1000: the busiest link 5000 (not the axes' own
+    // busiest, 2000 + 3000 + 1000)
+    Run g8 = g;
+    for (int q = 0; q < g8.ranks; q++) {
+        double tp_b = q == 1 ? 2000 : 1000, dp_b = q == 0 ? 3000 : 300;
+        g8.rank_axis[q][AXIS_TP] = tp_b, g8.rank_axis[q][AXIS_DP] = dp_b, g8.rank_axis[q][AXIS_PP] = 1000;
+    }
+    near("replay: a host's link carries its ranks' bytes on every axis together",
+         predict_run(&g8, &(Table){.n = 2, .rows = {1, 64}, .sec = {1e-3, 64e-3}}, 2, (Links){1e-5, 1e8, 1e-6, 1e9, 8}, &compute) - compute,
+         10 * 1e-5 + 5000 / 1e8);
 
     // ---- the transformer (tools/costmodel_llm.h) ----
     // parameters, GPT-2 small by hand: 12 layers of 768, MHA, GELU 3072, vocabulary 50257:
@@ -1315,6 +1395,7 @@ static int selftest(void) {
     pr.grad_accum_pass = 0;
     near("FP32 gradient sums by a pass of their own: M x 18 bytes a parameter", kk.compute - fused.compute, 2 * 18 * P / 1e12);
     near("... in the memory-bound part", kk.membound - fused.membound, 2 * 18 * P / 1e12);
+    near("... and the FP32 gradients held beside the BF16 ones, 4 bytes a parameter (ZeRO-3 here: over 8)", kk.weights - fused.weights, 4 * P / 8);
     dp8.zero = 0, dp8.recompute = RECOMPUTE_FULL;
     kk = layout_cost(&c, &big, &pr, &dp8, 8, 0, 0);
     near("HFU under full recomputation: the papers' count over the same step", kk.hfu,
@@ -1547,7 +1628,7 @@ int main(int argc, char** argv) {
     if (!strcmp(verb, "selftest") && argc == 2) return selftest();
     if (!strcmp(verb, "compute")) {
         Table t = measure_table(argc - 1, argv + 1);
-        printf("model=%s\noptimizer_ms=%.4f\n", t.model, 1e3 * t.optimizer);
+        printf("model=%s\nonce_ms=%.4f\n", t.model, 1e3 * t.once);
         for (int i = 0; i < t.n; i++) printf("rows=%d ms=%.4f\n", t.rows[i], 1e3 * t.sec[i]);
         return 0;
     }

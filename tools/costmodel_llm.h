@@ -463,8 +463,11 @@ static double optimizer_params(double params, int zero, double shards) { return 
 // after every microbatch: hp_grad.add_(lp.grad.to(float32)) for each parameter). The BF16
 // gradient read and written as an FP32 copy (2 + 4), the copy and the FP32 gradient read and
 // the sum written (4 + 4 + 4): 18 bytes a parameter the device holds, memory-bound, every
-// microbatch. Megatron-LM fuses the sum into the weight-gradient product (its
-// gradient_accumulation_fusion: the product accumulates into the FP32 gradient), no pass.
+// microbatch (its clear_lp_grads before each backward sets the BF16 gradients to None in
+// the versions of 2022, no traffic). The FP32 gradients are held whole beside the BF16 ones,
+// 4 bytes a parameter more (ZeRO-2 and 3 would shard them). Megatron-LM fuses the sum into
+// the weight-gradient product (its gradient_accumulation_fusion: the product accumulates into
+// the FP32 gradient), no pass.
 enum { GRAD_ACCUM_BYTES = 2 + 4 + 4 + 4 + 4 };
 // The parameters on one device of a stage of n layers (the layers' average: the dense ones
 // apart from the routed experts, which EP shares out), with the embedding on the first
@@ -698,6 +701,16 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
     k.membound = group_tokens * per_stage * mb_s;
     k.attention = group_tokens * per_stage * att_s;
     double M = l->M; // (doubles: no int product overflows)
+    if (pr->grad_accum_pass) { // every microbatch, on the device that holds the most; compute, as the rest, that traffic may hide behind
+        double most = 0;
+        for (int r = 0; r < l->pp; r++) {
+            double dense, experts;
+            device_params(m, l, n, r, &dense, &experts);
+            most = fmax(most, dense + experts);
+        }
+        double pass = M * most * GRAD_ACCUM_BYTES / c->hbm;
+        k.compute += pass, k.membound += pass;
+    }
     // TP: 2 all-reduces of a microbatch's activations per layer forward, 2 backward, 2 more
     // when the forward runs again; a stated fraction hidden behind the products (--tp-overlap)
     double n_tp = 4 + (l->recompute == RECOMPUTE_FULL ? 2 : 0);
@@ -773,22 +786,13 @@ static Cost layout_cost(const Cluster* c, const Shape* m, const Practice* pr, co
         k.overlap = (tp_hidden + cp_hidden + ep_hidden + pp_hidden + dp_hidden) * pr->comm_sms / c->sms;
         k.compute += k.overlap;
     }
-    if (pr->grad_accum_pass) { // every microbatch, on the device that holds the most
-        double most = 0;
-        for (int r = 0; r < l->pp; r++) {
-            double dense, experts;
-            device_params(m, l, n, r, &dense, &experts);
-            most = fmax(most, dense + experts);
-        }
-        double pass = M * most * GRAD_ACCUM_BYTES / c->hbm;
-        k.compute += pass, k.membound += pass;
-    }
     k.step = (k.compute + k.tp + k.cp + k.ep) / (1 - k.bubble) + k.pp + k.dp + k.optimizer;
     // memory: the device that holds the most, its stage's weights and activations
     for (int r = 0; r < l->pp; r++) {
         double dense, experts, acts = stage_activation_bytes(m, l, n, r, zbv_peak, pr->fp8);
         device_params(m, l, n, r, &dense, &experts);
         double weights = state_bytes_as(dense, l->zero, shards, pr->bf16_moments) + state_bytes_as(experts, l->zero, expert_shards, pr->bf16_moments);
+        if (pr->grad_accum_pass) weights += 4 * (dense / (l->zero >= 2 ? shards : 1) + experts / (l->zero >= 2 ? expert_shards : 1));
         if (weights + acts > k.memory) k.memory = weights + acts, k.weights = weights, k.acts = acts;
     }
     k.fits = k.memory <= c->memory;
