@@ -190,15 +190,14 @@ costmodel_inputs() {
     # what runs once a step (the gradients zeroed, the optimizer), measured apart: forward and
     # backward run once a microbatch. A table without it, with it not below a step, or not
     # starting at 1 row (its line at 0 rows comes from its first points) is refused
-    grep -v '^once_ms=' "$TMP/cm.compute" >"$TMP/cm.old.compute"
-    expect_error 1 "does not give the part of a step that runs once" "costmodel: replay refuses a compute table without its once-a-step time" \
-        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
-    sed 's/^once_ms=.*/once_ms=0.01/' "$TMP/cm.compute" >"$TMP/cm.old.compute"
-    expect_error 1 "once_ms=0.01 is not less than the whole step at rows=1" "costmodel: a compute table's once-a-step time as long as a step is refused" \
-        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
-    sed 's/^rows=1 /rows=2 /' "$TMP/cm.compute" >"$TMP/cm.old.compute"
-    expect_error 1 "starts at rows=2: a table starts at rows=1" "costmodel: a compute table that does not start at 1 row is refused" \
-        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
+    table_bad() { # SED-EXPRESSION PATTERN NAME: replay refuses the compute table so edited
+        sed "$1" "$TMP/cm.compute" >"$TMP/cm.old.compute"
+        expect_error 1 "$2" "costmodel: $3" -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
+    }
+    table_bad '/^once_ms=/d' "does not give the part of a step that runs once" "replay refuses a compute table without its once-a-step time"
+    table_bad 's/^once_ms=.*/once_ms=0.01/' "once_ms=0.01 is not less than the whole step at rows=1" \
+        "a compute table's once-a-step time as long as a step is refused"
+    table_bad 's/^rows=1 /rows=2 /' "starts at rows=2: a table starts at rows=1" "a compute table that does not start at 1 row is refused"
     check "costmodel: tools/costmodel compute's table gives the once-a-step part second (once_ms=)" \
         bash -c "tools/costmodel compute --model gpt --layers 1 --emb 8 --heads 1 | sed -n 2p | grep -Eq '^once_ms=[0-9.]+$'"
     # a summary's values are checked, not read as they come (batch=-3 gave predicted_ms=-90)
