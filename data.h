@@ -80,11 +80,6 @@ typedef struct {
 // ----------------------------------------------------------------------------
 // files, and UTF-8
 
-// What a path that is not a regular file is, for messages.
-static const char* file_kind(mode_t mode) {
-    return S_ISDIR(mode) ? "a folder" : S_ISFIFO(mode) ? "a named pipe" : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
-         : S_ISSOCK(mode) ? "a socket" : S_ISLNK(mode) ? "a symbolic link" : "not a regular file";
-}
 
 // Opens an input (the data, a checkpoint, a log) without ever waiting: opening a named pipe
 // that no process writes blocks forever, so the path is looked at first, and anything but a

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 // ----------------------------------------------------------------------------
@@ -331,6 +332,26 @@ __attribute__((format(printf, 5, 6))) static void trace_event(const char* cat, d
     e->t0 = t0, e->t1 = t1, e->bytes = bytes;
 }
 
+// What a path that is not a regular file is, for messages.
+static const char* file_kind(mode_t mode) {
+    return S_ISDIR(mode) ? "a folder" : S_ISFIFO(mode) ? "a named pipe" : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
+         : S_ISSOCK(mode) ? "a socket" : S_ISLNK(mode) ? "a symbolic link" : "not a regular file";
+}
+
+// Opens a file a tool reads (a summary, a log, a compute table, a trace), or the process ends
+// saying why: only a regular file of at most max_bytes, since a named pipe would block the
+// open forever and a device such as /dev/zero would never end.
+static FILE* open_tool_file(const char* path, const char* what, long max_bytes) {
+    struct stat st;
+    if (stat(path, &st) != 0) fatal("cannot open %s '%s': %s", what, path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) fatal("%s '%s' is %s, not a regular file", what, path, file_kind(st.st_mode));
+    if (st.st_size > max_bytes)
+        fatal("%s '%s' is %.0f MB, more than the %ld MB such a file can be", what, path, st.st_size / 1e6, max_bytes >> 20);
+    FILE* f = fopen(path, "r");
+    if (!f) fatal("cannot open %s '%s': %s", what, path, strerror(errno));
+    return f;
+}
+
 // The pipeline actions of a trace written by trace_write (train_pp.c names them "F3 chunk 1":
 // the action, its microbatch, its chunk): at most `max` of them into ev; returns how many.
 typedef struct {
@@ -339,8 +360,7 @@ typedef struct {
     double t0, dur; // microseconds
 } PipeEvent;
 static int trace_read_pipeline(const char* path, PipeEvent* ev, int max) {
-    FILE* in = fopen(path, "r");
-    if (!in) fatal("cannot open trace '%s': %s", path, strerror(errno));
+    FILE* in = open_tool_file(path, "trace", 256L << 20);
     char line[1024];
     int n = 0;
     while (fgets(line, sizeof line, in) && n < max) { // one event per line, as trace_write writes them

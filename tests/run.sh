@@ -194,6 +194,26 @@ costmodel_inputs() {
         sed "$1" "$TMP/cm.compute" >"$TMP/cm.old.compute"
         expect_error 1 "$2" "costmodel: $3" -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.old.compute"
     }
+    # the tools' readers take regular files only, of bounded size: a named pipe blocked the open
+    # forever, /dev/zero grew to 24 GB (audit 5: F71, F78, F80, F82, D39-D41)
+    [ -p "$TMP/fifo" ] || mkfifo "$TMP/fifo"
+    expect_error 1 "summary '/dev/zero' is a device, not a regular file" "costmodel: replay of /dev/zero as the summary is refused at once" \
+        -- tools/costmodel replay /dev/zero 1e-5 1e8
+    expect_error 1 "summary '.*fifo' is a named pipe, not a regular file" "costmodel: replay of a named pipe as the summary is refused, not waited on" \
+        -- tools/costmodel replay "$TMP/fifo" 1e-5 1e8
+    expect_error 1 "compute table '/dev/zero' is a device, not a regular file" "costmodel: a compute table of /dev/zero is refused at once" \
+        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 /dev/zero
+    expect_error 1 "compute table '.*fifo' is a named pipe, not a regular file" "costmodel: a named pipe as the compute table is refused, not waited on" \
+        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/fifo"
+    head -c 2000000 /dev/zero | tr '\0' '#' >"$TMP/cm.big"
+    expect_error 1 "compute table '.*cm.big' is 2 MB, more than the 1 MB" "costmodel: a compute table larger than any is refused, not read" \
+        -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.big"
+    expect_error 1 "trace '/dev/zero' is a device, not a regular file" "schedules: --svg of /dev/zero as a trace is refused at once" \
+        -- tools/schedules --svg "$TMP/never.svg" 2 4 /dev/zero
+    expect_error 1 "trace '.*fifo' is a named pipe, not a regular file" "schedules: --svg of a named pipe as a trace is refused, not waited on" \
+        -- tools/schedules --svg "$TMP/never.svg" 2 4 "$TMP/fifo"
+    expect_error 1 "trace '$TMP' is a folder, not a regular file" "schedules: --svg of a folder as a trace says it is a folder" \
+        -- tools/schedules --svg "$TMP/never.svg" 2 4 "$TMP"
     table_bad '/^once_ms=/d' "does not give the part of a step that runs once" "replay refuses a compute table without its once-a-step time"
     table_bad 's/^once_ms=.*/once_ms=0.01/' "once_ms=0.01 is not less than the whole step at rows=1" \
         "a compute table's once-a-step time as long as a step is refused"

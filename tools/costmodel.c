@@ -339,8 +339,7 @@ static Table measure_table(int argc, char** argv) {
 // step that runs once a step), then "rows=R ms=X" lines, rows rising from 1
 static Table read_table(const char* path) {
     Table t = {.once = -1};
-    FILE* f = fopen(path, "r");
-    if (!f) fatal("cannot open compute table '%s': %s", path, strerror(errno));
+    FILE* f = open_tool_file(path, "compute table", 1L << 20);
     char line[256];
     int number = 0;
     while (fgets(line, sizeof line, f)) {

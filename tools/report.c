@@ -31,8 +31,7 @@ typedef struct {
 } Run;
 
 static void read_log(Run* r, const char* path) {
-    FILE* f = fopen(path, "r");
-    if (!f) fatal("cannot open '%s': %s", path, strerror(errno));
+    FILE* f = open_tool_file(path, "log", 256L << 20);
     char line[512];
     long cap = 1024;
     r->loss = mallocCheck(sizeof(double) * cap);
@@ -204,7 +203,8 @@ int main(int argc, char** argv) {
         snprintf(path, sizeof path, "%s/runs/%s.csv", out, r->name);
         read_log(r, path);
         snprintf(path, sizeof path, "%s/runs/%s.cmp", out, r->name);
-        FILE* f = fopen(path, "r");
+        struct stat st;
+        FILE* f = stat(path, &st) == 0 ? open_tool_file(path, "comparison", 1L << 20) : NULL;
         if (f) {
             if (!fgets(r->cmp, sizeof r->cmp, f)) r->cmp[0] = 0;
             r->cmp[strcspn(r->cmp, "\n")] = 0;

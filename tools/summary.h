@@ -39,8 +39,9 @@ static double summary_number(const char* path, const char* key, const char* text
 
 static void summary_read(Summary* r, const char* path) {
     memset(r, 0, sizeof *r);
-    FILE* f = fopen(path, "r");
-    if (!f) fatal("cannot open '%s': %s (did the run finish?)", path, strerror(errno));
+    struct stat st;
+    if (stat(path, &st) != 0) fatal("cannot open '%s': %s (did the run finish?)", path, strerror(errno));
+    FILE* f = open_tool_file(path, "summary", 64L << 20);
     char* line = NULL; // any length: a name may be long
     size_t cap = 0;
     int q = 0;
