@@ -91,7 +91,7 @@ static const CliFlag cli_common[] = {
     {"samples", "N", "names to generate at the end (default 10)"},
     {"log", "FILE", "write a CSV line per step: step, train loss, val loss, ms, tokens/s (--load: continues its own log)"},
     {"log-overwrite", NULL, "with --log: replace the file even if it is not a log of this run"},
-    {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end, or on SIGINT or SIGTERM, "
+    {"save", "FILE", "write a checkpoint (parameters and optimizer state) at the end, or on SIGINT, SIGTERM or SIGHUP, "
                      "then stop with exit status 75 (resume with --load)"},
     {"save-every", "N", "with --save: also write it every N steps"},
     {"keep", "K", "with --save: keep the last K checkpoints, FILE, FILE.1, ... (default 2)"},

@@ -89,7 +89,7 @@ typedef struct {
     int stopped;     // a signal stopped training (step_end): save_at ends the run, EXIT_STOPPED
 } Progress;
 
-// SIGINT or SIGTERM with --save: the first asks training to stop after the current step,
+// SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session) with --save: the first asks training to stop after the current step,
 // with a checkpoint, and the run then ends with status EXIT_STOPPED (util.h); a second, a
 // second or more later, ends the process at once. Signals within a second of the first are
 // the same request, come by
@@ -192,6 +192,7 @@ static Progress progress_start(const Options* o, int printing, SaveFn save, void
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGHUP, &sa, NULL);
     }
     if (printing && o->log) p.log = log_open(o);
     return p;
@@ -268,7 +269,7 @@ static void save_at(Progress* p, long step) {
 
 // A training step ends, with its mean training loss; `validate` runs when a progress line
 // is due (it returns the validation loss). With --save, the checkpoint is written every
-// --save-every steps, and, if a SIGINT or SIGTERM reached any rank, now: then it returns 1,
+// --save-every steps, and, if a SIGINT, SIGTERM or SIGHUP reached any rank, now: then it returns 1,
 // training stops, and every rank stops after the same step.
 typedef double (*ValidateFn)(void* ctx);
 static int step_end(Progress* p, long step, double train_loss, ValidateFn validate, void* ctx) {

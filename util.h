@@ -153,7 +153,7 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fatal(const char* fm
 }
 
 // Exit statuses: 0 done; 1 an error in the inputs or while running (fatal); 2 bad usage,
-// refused before anything was read or written; EXIT_STOPPED, stopped by SIGTERM or SIGINT
+// refused before anything was read or written; EXIT_STOPPED, stopped by SIGTERM, SIGHUP or SIGINT
 // with its checkpoint written (report.h), to be resumed with --load. 75 is sysexits.h's
 // EX_TEMPFAIL ("a temporary failure: try again later"): distinct from the others, so that a
 // scheduler's requeue rule (Slurm's RequeueExit=75, LSF's bsub -Q 75) or a job script can

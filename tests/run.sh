@@ -1003,11 +1003,11 @@ EOT
         local pid=$!
         for _ in $(seq 1 100); do [ "$(wc -l 2>/dev/null <"$TMP/sig.csv")" -gt 1 ] 2>/dev/null && break; sleep 0.1; done # training began
         sleep 1
-        kill -TERM $pid
+        kill -"${SIG:-TERM}" $pid
         wait $pid
         local status=$?
         run "$TMP/sig2.out" "$@" --steps 40000 --load "$TMP/sig.ckpt" --save "$TMP/sig.ckpt" --log "$TMP/sig.csv" --quiet --samples 0
-        check "checkpoint: $name stopped by SIGTERM (exit $status, $(grep -o 'after step [0-9]*' "$TMP/sig.out")) exits 75 (issue 36: 12), saves, and resumes to the same bits as a run never stopped" \
+        check "checkpoint: $name stopped by SIG${SIG:-TERM} (exit $status, $(grep -o 'after step [0-9]*' "$TMP/sig.out")) exits 75 (issue 36: 12), saves, and resumes to the same bits as a run never stopped" \
             bash -c "test $status = 75 && grep -q 'stopped by a signal after step [0-9]*: .*(exit status 75' '$TMP/sig.out' && cmp -s '$TMP/sig.ckpt' '$TMP/nonstop.ckpt'"
         check "checkpoint: ... and its --log, continued by the resumed run, is whole: the losses of steps 1 to 40000 of a run never stopped" \
             cmp -s <(cut -d, -f1-3 "$TMP/sig.csv") <(cut -d, -f1-3 "$TMP/nonstop.csv")
@@ -1015,6 +1015,8 @@ EOT
     run "$TMP/nonstop" $p --steps 40000 --save "$TMP/nonstop.ckpt" --log "$TMP/nonstop.csv" --quiet --samples 0
     sigterm_resume "train.c" $p
     sigterm_resume "train_dp.c on 2 ranks" $MPIRUN -n 2 ./train_dp
+    SIG=HUP sigterm_resume "train.c (SIGHUP: a closed terminal)" $p
+    SIG=HUP sigterm_resume "train_dp.c on 2 ranks under tools/mpirun (SIGHUP)" $MPIRUN -n 2 ./train_dp
     # a scheduler signals every process of a job and mpirun forwards what it got: two signals a
     # moment apart are one request, and the run still saves (before, the second ended it at once)
     rm -f "$TMP/sig2.ckpt"*
