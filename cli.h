@@ -652,7 +652,14 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     while (!*err && (c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
         if (c == '?' || c == ':') {
             const char* bad = argv[optind - 1];
-            snprintf(cli_error, sizeof cli_error, "%s '%s'", c == ':' ? "missing value for" : "unknown flag", bad);
+            // A single dash ("-steps") is read as short options, and getopt stops inside the word
+            // before moving optind past it, so the word is the next one.
+            int short_word = c == '?' && optopt > 0 && !(bad[0] == '-' && bad[1] == optopt);
+            if (short_word && optind < argc) bad = argv[optind];
+            if (c == '?' && bad[0] == '-' && bad[1] != '-' && bad[1])
+                snprintf(cli_error, sizeof cli_error, "unknown flag '%s' (flags start with --)", bad);
+            else
+                snprintf(cli_error, sizeof cli_error, "%s '%s'", c == ':' ? "missing value for" : "unknown flag", bad);
             *err = cli_error;
             break;
         }

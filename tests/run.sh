@@ -412,6 +412,10 @@ section_units() {
 section_cli() {
     local p=./train
     expect_error 2 "unknown flag '--bogus'" "cli: an unknown flag exits 2 with its name" -- $p --bogus
+    # a single dash is a common slip; the message named the program or the previous value (audit 5: Q55, Q65, Q70)
+    expect_error 2 "unknown flag '-steps' \(flags start with --\)" "cli: a single-dash flag is named, and how flags start" -- $p -steps 5
+    expect_error 2 "unknown flag '-steps' \(flags start with --\)" "cli: a single-dash flag after a value is named, not the value" -- $p --samples 3 -steps 5
+    expect_error 2 "unknown flag '-st' \(flags start with --\)" "cli: a short single-dash flag is named" -- $p --steps 5 -st 5
     expect_error 2 "usage: " "cli: a bad flag prints the usage" -- $p --bogus
     expect_error 2 "--batch must be an integer from 1 to 65536, got '0'" "cli: --batch 0 is refused with its range" -- $p --batch 0
     expect_error 2 "--batch must be an integer from 1 to 65536, got '12x'" "cli: --batch 12x is refused" -- $p --batch 12x
