@@ -237,12 +237,22 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
         *sum = fnv1a(*sum, h->code_points, (size_t)h->vocab * sizeof(uint32_t));
         h->bytes = (long)CKPT_FIXED_BYTES + h->vocab * (long)sizeof(uint32_t);
     }
+    // Each field in its range before the size is computed from them; the message names the field.
+#define CKPT_RANGE(bad, ...) \
+    do { if (bad) { snprintf(detail, sizeof detail, __VA_ARGS__); \
+         CKPT_BAD(2, "is corrupt: its header is inconsistent (%s), which no run writes", detail); } } while (0)
+    CKPT_RANGE(h->n_params <= 0 || h->n_params > (1L << 31), "%lld parameters: it is 1 to 2^31", (long long)h->n_params);
+    CKPT_RANGE(h->step < 0 || h->step > 1000000000L, "step %lld: it is 0 to 1e9", (long long)h->step);
+    CKPT_RANGE(h->adamw != 0 && h->adamw != 1, "adamw %d: it is 0 (sgd) or 1 (adamw)", (int)h->adamw);
+    CKPT_RANGE(h->model != MODEL_MLP && h->model != MODEL_GPT, "model %d: it is %d (mlp) or %d (gpt)", (int)h->model,
+               MODEL_MLP, MODEL_GPT);
+    CKPT_RANGE(h->heads < 0 || h->heads > 4096, "heads %d: it is 0 to 4096", h->heads);
+    CKPT_RANGE(h->experts < 0 || h->experts > 1024, "experts %d: it is 0 (dense) to 1024", h->experts);
+    CKPT_RANGE(h->experts > 0 && (h->top_k < 1 || h->top_k > 2), "top_k %d: with experts it is 1 or 2", h->top_k);
+#undef CKPT_RANGE
     long size = -1;
     if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (h->n_params <= 0 || h->n_params > (1L << 31) || h->step < 0 || h->step > 1000000000L || (h->adamw != 0 && h->adamw != 1) ||
-        (h->model != MODEL_MLP && h->model != MODEL_GPT) || h->heads < 0 || h->heads > 4096 ||
-        h->experts < 0 || h->experts > 1024 || (h->experts > 0 && (h->top_k < 1 || h->top_k > 2)) ||
-        size != h->bytes + ckpt_floats(h) * (long)sizeof(float) + (long)sizeof(uint64_t))
+    if (size != h->bytes + ckpt_floats(h) * (long)sizeof(float) + (long)sizeof(uint64_t))
         CKPT_BAD(2, "is corrupt or truncated (its header does not match its size)");
     if (ckpt_header_inconsistent(h, detail, sizeof detail))
         CKPT_BAD(2, "is corrupt: its header is inconsistent (%s), which no run writes", detail);

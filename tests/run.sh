@@ -662,6 +662,7 @@ if what == "v2": b[0:8] = b"MLPCKPT2"; del b[360:376]  # from format 3: format 2
 if what == "heads": b[84:88] = struct.pack("<i", 2)
 if what == "big": b[48:56] = struct.pack("<q", struct.unpack("<q", b[48:56])[0] + 1000)
 if what.startswith("i32:"): at, v = map(int, what[4:].split(":")); b[at:at + 4] = struct.pack("<i", v)  # i32:OFFSET:VALUE
+if what.startswith("i64:"): at, v = map(int, what[4:].split(":")); b[at:at + 8] = struct.pack("<q", v)
 if what.startswith("u32:"): at, v = map(int, what[4:].split(":")); b[at:at + 4] = struct.pack("<I", v)
 h = 0xcbf29ce484222325
 for x in b[:-8]: h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
@@ -721,7 +722,18 @@ i32:84:0|heads 0: a GPT has 1 or more, dividing its width 16
 i32:20:0|width 0: it is 1 to 4096
 i32:16:100000|context 100000: it is 1 to 1024
 i32:28:-1|layers -1: it is 1 to 32
+i32:84:-4|heads -4: it is 0 to 4096
+i64:40:-5|step -5: it is 0 to 1e9
+i64:40:9223372036854775807|step 9223372036854775807: it is 0 to 1e9
+i32:36:7|model 7: it is 0 \(mlp\) or 1 \(gpt\)
+i32:32:2|adamw 2: it is 0 \(sgd\) or 1 \(adamw\)
+i32:88:-1|experts -1: it is 0 \(dense\) to 1024
 EOT
+        # fields out of range named too, not blamed on the file's size (audit 5: J3-J5, J14, J15, J19, J41)
+        run "$TMP/moe5" $p $gpt --experts 2 --steps 2 --save "$TMP/moe.ckpt"
+        poke "$TMP/moe.ckpt" "$TMP/field.ckpt" i32:92:9
+        expect_error 1 "checkpoint '$TMP/field.ckpt' is corrupt: its header is inconsistent \(top_k 9: with experts it is 1 or 2\)" \
+            "checkpoint: a checksummed experts header with top_k 9 is refused, naming the field" -- $p $gpt --experts 2 --load "$TMP/field.ckpt" --steps 10
         # a vocabulary holding a UTF-16 surrogate (not a character) is corrupt, not printed as
         # invalid UTF-8 (issue 36: 10): names.txt's token 26, 'z', made U+D800
         poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((128 + 4 * 26)):55296
