@@ -38,12 +38,13 @@
 // deliberate. The data are read once, checked as they are read (the checksum, and that
 // every value is finite), before training starts.
 
-#define CKPT_MAGIC "MLPCKPT4"
+#define CKPT_MAGIC "MLPCKPT5"
+#define CKPT_MAGIC_V4 "MLPCKPT4" // format 4: format 5 without the microbatches (the header ends at 128 bytes)
 #define CKPT_MAGIC_V3 "MLPCKPT3" // format 3: the vocabulary as 256 bytes, no model kind (an MLP), no losses
 #define CKPT_MAGIC_V2 "MLPCKPT2" // format 2: format 3 without the mixture-of-experts fields (a dense model)
 #define CKPT_BYTE_ORDER 0x01020304u // reads as 0x04030201 on a machine of the other byte order
 
-// Format 4's header, as it starts its file: every byte a field (no padding), then the
+// Format 5's header, as it starts its file: every byte a field (no padding), then the
 // vocabulary (`vocab` code points, uint32), then the floats, then the checksum.
 typedef struct {
     char magic[8];
@@ -58,6 +59,8 @@ typedef struct {
     int32_t experts, top_k; // the mixture of experts (experts 0: a dense model)
     float lr, weight_decay, beta1, beta2, eps, clip;
     float capacity, aux_loss;
+    int32_t microbatches; // --microbatches of a mixture of experts, which decide its result (0: dense, or format 4 and before)
+    int32_t unused;       // written 0: the header stays a multiple of 8 bytes
     // in memory only: the vocabulary that follows the header in the file (the code point of
     // each token, so that another dataset is caught), and, for a header read from a file,
     // its format and its bytes (vocabulary included) as they are there
@@ -66,7 +69,8 @@ typedef struct {
     long bytes;
 } CkptHeader;
 #define CKPT_FIXED_BYTES offsetof(CkptHeader, code_points)
-_Static_assert(offsetof(CkptHeader, code_points) == 128, "format 4's header is 128 bytes, with no padding");
+_Static_assert(offsetof(CkptHeader, code_points) == 136, "format 5's header is 136 bytes, with no padding");
+#define CKPT_V4_BYTES offsetof(CkptHeader, microbatches)
 
 // Formats 2 and 3, as in their files (format 2 ends before `experts`), read to convert.
 typedef struct {
@@ -121,6 +125,7 @@ static CkptHeader ckpt_header(const Config* c, const Options* o, const Dataset* 
     h.lr = o->opt.lr, h.weight_decay = o->opt.weight_decay, h.beta1 = o->opt.beta1, h.beta2 = o->opt.beta2;
     h.eps = o->opt.eps, h.clip = o->opt.clip;
     h.experts = c->experts, h.top_k = c->top_k, h.capacity = c->capacity, h.aux_loss = c->aux_loss;
+    h.microbatches = c->experts > 0 ? o->microbatches : 0; // a dense model's do not change its bits
     return h;
 }
 static long ckpt_floats(const CkptHeader* h) { return (h->adamw ? 3 : 1) * (long)h->n_params; }
@@ -183,9 +188,9 @@ static const char* ckpt_vocab_invalid(const CkptHeader* h, char* buf, size_t n) 
 
 // Reads and checks a header: this project's, this byte order, fields that a run of this
 // project writes, sizes that fit the file; adds its bytes, as they are in the file, to the
-// checksum *sum. A header of format 2 or 3 reads as format 4's: an MLP, its vocabulary's
-// bytes the code points (U+0000..U+00FF), the losses unknown; format 2's model is dense
-// (experts 0). Returns 0; or 1 if the file is not a checkpoint at all, 2 if it is one that
+// checksum *sum. A header of format 2, 3 or 4 reads as format 5's, its microbatches 0
+// (unknown); of format 2 or 3, an MLP, its vocabulary's bytes the code points (U+0000..U+00FF),
+// the losses unknown; of format 2, a dense model (experts 0). Returns 0; or 1 if the file is not a checkpoint at all, 2 if it is one that
 // cannot be used (another format or byte order, corrupt, cut short), and why, a phrase
 // that follows the file's name. The caller frees the vocabulary (ckpt_header_free).
 static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, size_t n) {
@@ -196,15 +201,16 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
     if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "MLPCKPT", 7) != 0)
         CKPT_BAD(1, "is not a checkpoint of this project (bad header)");
     int format = magic[7] - '0';
-    if (format < 2 || format > 4)
-        CKPT_BAD(2, "has format %.8s, this program reads %s, %s and %s: save it again with the program that wrote it",
-                 magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC);
-    if (format == 4) {
+    if (format < 2 || format > 5)
+        CKPT_BAD(2, "has format %.8s, this program reads %s, %s, %s and %s: save it again with the program that wrote it",
+                 magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC_V4, CKPT_MAGIC);
+    size_t fixed = format == 5 ? CKPT_FIXED_BYTES : CKPT_V4_BYTES; // format 4: the microbatches stay 0, unknown
+    if (format >= 4) {
         memcpy(h->magic, magic, 8);
-        if (fread((char*)h + 8, 1, CKPT_FIXED_BYTES - 8, f) != CKPT_FIXED_BYTES - 8)
+        if (fread((char*)h + 8, 1, fixed - 8, f) != fixed - 8)
             CKPT_BAD(1, "is not a checkpoint of this project (bad header)");
         h->code_points = NULL; // (the read stopped before it)
-        *sum = fnv1a(*sum, h, CKPT_FIXED_BYTES);
+        *sum = fnv1a(*sum, h, fixed);
     } else {
         CkptHeaderV3 old;
         memset(&old, 0, sizeof old);
@@ -229,13 +235,13 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
     h->format = format;
     if (h->byte_order != CKPT_BYTE_ORDER)
         CKPT_BAD(2, "was written on a machine of the other byte order; this program reads its own only");
-    if (h->vocab < 1 || h->vocab > (format == 4 ? DATA_MAX_VOCAB : 256))
+    if (h->vocab < 1 || h->vocab > (format >= 4 ? DATA_MAX_VOCAB : 256))
         CKPT_BAD(2, "is corrupt (a vocabulary of %d tokens)", h->vocab);
-    if (format == 4) { // the vocabulary follows
+    if (format >= 4) { // the vocabulary follows
         h->code_points = mallocCheck((size_t)h->vocab * sizeof(uint32_t));
         if (fread(h->code_points, sizeof(uint32_t), (size_t)h->vocab, f) != (size_t)h->vocab) CKPT_BAD(2, "is truncated");
         *sum = fnv1a(*sum, h->code_points, (size_t)h->vocab * sizeof(uint32_t));
-        h->bytes = (long)CKPT_FIXED_BYTES + h->vocab * (long)sizeof(uint32_t);
+        h->bytes = (long)fixed + h->vocab * (long)sizeof(uint32_t);
     }
     // Each field in its range before the size is computed from them; the message names the field.
 #define CKPT_RANGE(bad, ...) \
@@ -249,6 +255,9 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
     CKPT_RANGE(h->heads < 0 || h->heads > 4096, "heads %d: it is 0 to 4096", h->heads);
     CKPT_RANGE(h->experts < 0 || h->experts > 1024, "experts %d: it is 0 (dense) to 1024", h->experts);
     CKPT_RANGE(h->experts > 0 && (h->top_k < 1 || h->top_k > 2), "top_k %d: with experts it is 1 or 2", h->top_k);
+    CKPT_RANGE(format == 5 && h->experts > 0 && (h->microbatches < 1 || h->microbatches > 65536),
+               "microbatches %d: with experts it is 1 to 65536", h->microbatches);
+    CKPT_RANGE(format == 5 && h->experts == 0 && h->microbatches != 0, "microbatches %d: a dense model's is 0", h->microbatches);
 #undef CKPT_RANGE
     long size = -1;
     if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
@@ -362,6 +371,10 @@ static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* 
     CKPT_DIFF(c->experts > 0 && h->top_k != c->top_k, " --top-k %d (now %d);", h->top_k, c->top_k);
     CKPT_DIFF(c->experts > 0 && h->capacity != c->capacity, " --capacity %g (now %g);", h->capacity, c->capacity);
     CKPT_DIFF(c->experts > 0 && h->aux_loss != c->aux_loss, " --aux-loss %g (now %g);", h->aux_loss, c->aux_loss);
+    // a dense model's microbatches change nothing (exact sums); an expert's capacity and
+    // balancing loss are a microbatch's, so the microbatches decide its result
+    CKPT_DIFF(c->experts > 0 && h->microbatches && h->microbatches != o->microbatches, " --microbatches %d (now %d);",
+              h->microbatches, o->microbatches);
 #undef CKPT_DIFF
     if (n > 0 && !o->allow_changes)
         fatal("checkpoint '%s' was trained with other settings:%s resuming would not continue that run. Pass the "

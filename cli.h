@@ -100,7 +100,7 @@ static const CliFlag cli_common[] = {
     {"summary", "FILE", "write the run's measured figures as key=value lines (make run reads them)"},
     {"max-line", "N", "longest accepted line of --data, in bytes (default 1024)"},
     {"timeout", "SECONDS", "end the job when no training step finishes for that long, saying where it waits (default 300; 0: never)"},
-    {"allow-changes", NULL, "--load: resume even with another seed, batch, optimizer setting or data file"},
+    {"allow-changes", NULL, "with --load: resume even with another seed, batch, optimizer setting, data file, or experts' microbatches"},
     {"quiet", NULL, "print only the results: validation loss and names"},
     {"help", NULL, "print this help"},
 };
@@ -767,6 +767,10 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     }
     if (!*err && o->log_overwrite && !o->log) {
         snprintf(cli_error, sizeof cli_error, "--log-overwrite applies to --log FILE only");
+        *err = cli_error;
+    }
+    if (!*err && o->allow_changes && !o->load) {
+        snprintf(cli_error, sizeof cli_error, "--allow-changes applies to --load FILE only");
         *err = cli_error;
     }
     if (!*err) *err = cli_check_outputs(o);

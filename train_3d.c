@@ -803,6 +803,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B, .comm = CP_RING, .zigzag = 1};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 14, grid_flag, &run);
+    o.microbatches = run.M; // what a checkpoint records
     grid_resolve(&run, &o);
     Grid* g = &run.grid;
     grid_init(g); // the coordinates and the axes' groups

@@ -658,6 +658,7 @@ int main(int argc, char** argv) {
     Options o;
     Run run = {.pp = group_world("pp"), .M = 4, .sched = SCHEDULE_1F1B, .V = 0};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, pp_flags, 4, pp_flag, &run);
+    o.microbatches = run.M; // what a checkpoint records
     dist_dense_only(&o, RUN_LINE);
     int S = world_size, V = schedule_chunks(run.sched, run.V > 0 ? run.V : 2);
     pp_check_layout(&o, run.sched, S, run.V > 0 ? run.V : 2, run.M, run.V > 0, RUN_LINE);

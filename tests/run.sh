@@ -414,6 +414,7 @@ section_cli() {
     expect_error 2 "unknown flag '--bogus'" "cli: an unknown flag exits 2 with its name" -- $p --bogus
     # a single dash is a common slip; the message named the program or the previous value (audit 5: Q55, Q65, Q70)
     expect_error 2 "unknown flag '-steps' \(flags start with --\)" "cli: a single-dash flag is named, and how flags start" -- $p -steps 5
+    expect_error 2 "--allow-changes applies to --load FILE only" "cli: --allow-changes without --load is refused, as --log-overwrite without --log (audit 5: Q52)" -- $p --allow-changes --steps 5
     expect_error 2 "unknown flag '-steps' \(flags start with --\)" "cli: a single-dash flag after a value is named, not the value" -- $p --samples 3 -steps 5
     expect_error 2 "unknown flag '-st' \(flags start with --\)" "cli: a short single-dash flag is named" -- $p --steps 5 -st 5
     expect_error 2 "usage: " "cli: a bad flag prints the usage" -- $p --bogus
@@ -655,7 +656,7 @@ section_checkpoint() {
 import struct, sys
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
 b = bytearray(open(src, "rb").read())
-if what == "nan": at = 128 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 4: the header, the vocabulary's code points, the floats
+if what == "nan": at = 136 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 5: the header, the vocabulary's code points, the floats
 if what == "order": b[8:12] = bytes(reversed(b[8:12]))
 if what == "v1": b[0:8] = b"MLPCKPT1"
 if what == "v2": b[0:8] = b"MLPCKPT2"; del b[360:376]  # from format 3: format 2 is its header without the experts' fields
@@ -697,6 +698,17 @@ PY
             check "checkpoint: a format 3 checkpoint ($opt, the vocabulary as bytes) resumes as a run never stopped" \
                 bash -c "cmp -s '$TMP/o40.out' '$TMP/o3.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o3.ckpt'"
         done
+        # format 4 still reads, its microbatches unknown: tests/old/format4_experts.ckpt is commit
+        # c8074e0's train --context 3 --emb 2 --hidden 4 --experts 2 --steps 20
+        run "$TMP/o40.out" $p $old --experts 2 --steps 40 --save "$TMP/o40.ckpt" --log "$TMP/o40.csv"
+        run "$TMP/o4.out" $p $old --experts 2 --steps 40 --load tests/old/format4_experts.ckpt --save "$TMP/o4.ckpt"
+        check "checkpoint: a format 4 checkpoint (before the microbatches) resumes as a run never stopped, and is saved again in format 5" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o4.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o4.ckpt' && head -c 8 '$TMP/o4.ckpt' | grep -q MLPCKPT5"
+        # with experts the microbatches decide the result (capacity and the balancing loss are a
+        # microbatch's): a resume under others is refused, as another --capacity (audit 5: E1, E2)
+        expect_error 1 "other settings: --microbatches 1 \(now 4\);" "checkpoint: an experts checkpoint resumed under another --microbatches is refused, naming it" \
+            -- $p $old --experts 2 --steps 60 --load "$TMP/o40.ckpt" --microbatches 4
+        expect_error 0 "validation loss" "checkpoint: ... unless --allow-changes" -- $p $old --experts 2 --steps 60 --load "$TMP/o40.ckpt" --microbatches 4 --allow-changes
         poke "$TMP/s120.ckpt" "$TMP/big.ckpt" big
         expect_error 1 "does not match its size" "checkpoint: a header claiming more parameters than the file holds is refused" -- $p --load "$TMP/big.ckpt" --steps 150
         expect_error 2 "does not match its size" "checkpoint: tools/compare refuses it too, with exit 2 (it overflowed its buffer before)" -- tools/compare "$TMP/s120.csv" "$TMP/s120.csv" "$TMP/s120.ckpt" "$TMP/big.ckpt"
@@ -734,9 +746,13 @@ EOT
         poke "$TMP/moe.ckpt" "$TMP/field.ckpt" i32:92:9
         expect_error 1 "checkpoint '$TMP/field.ckpt' is corrupt: its header is inconsistent \(top_k 9: with experts it is 1 or 2\)" \
             "checkpoint: a checksummed experts header with top_k 9 is refused, naming the field" -- $p $gpt --experts 2 --load "$TMP/field.ckpt" --steps 10
+        expect_error 1 "other settings: --microbatches 1 \(now 4\);" "checkpoint: ... also through train_3d's own default of 4 microbatches" \
+            -- $MPIRUN -n 2 ./train_3d --model gpt --emb 16 --heads 4 --layers 1 --experts 2 --samples 0 --quiet --dp 2 --ep 2 --steps 10 --load "$TMP/moe.ckpt"
+        expect_error 0 "validation loss" "checkpoint: a dense checkpoint resumes under other microbatches (exact sums: the same bits)" \
+            -- $p $gpt --steps 10 --load "$TMP/gpt.ckpt" --microbatches 2
         # a vocabulary holding a UTF-16 surrogate (not a character) is corrupt, not printed as
         # invalid UTF-8 (issue 36: 10): names.txt's token 26, 'z', made U+D800
-        poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((128 + 4 * 26)):55296
+        poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((136 + 4 * 26)):55296
         expect_error 1 "checkpoint '$TMP/surrogate.ckpt' is corrupt: its vocabulary's token 26 is U\+D800, a UTF-16 surrogate, not a character" \
             "checkpoint: a vocabulary holding U+D800 is refused as corrupt (issue 36: 10)" -- $p --load "$TMP/surrogate.ckpt" --steps 150
         check "checkpoint: ... its message is valid UTF-8" iconv -f UTF-8 -t UTF-8 "$TMP/err"
