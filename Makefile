@@ -2,7 +2,7 @@
 #
 #   make              build every program (installs OpenMPI first if it is missing and you are root)
 #   make run          the main job: train.c and every strategy, compared (QUICK=1: fewer steps)
-#   make test         every test; the last line says "N passed, N failed"
+#   make test         every test; the last line says "N passed, N failed" (QUICK=1: a few minutes, every program once)
 #   make check        every program built with AddressSanitizer and UBSan, and a fast subset of the tests
 #   make fuzz         every reader of outside input (data, checkpoints, flags, the tools' files) under libFuzzer (clang)
 #   make zoo          the bug zoo: 27 classic bugs of distributed training, each caught by a test
@@ -92,7 +92,7 @@ run: all tools/compare tools/report tools/schedules
 
 test: all $(TESTS)
 	@tools/need.sh xmllint libxml2-utils
-	@bash tests/run.sh
+	@bash tests/run.sh $(if $(QUICK),units cli quick)
 
 # sanitizers: a copy of the tree built with ASan and UBSan, a subset of the tests on it
 check:

@@ -164,12 +164,27 @@ static const char* cli_float(const char* flag, const char* s, double lo, double 
     return NULL;
 }
 
-// Two paths name the same file (that exists), or the same string.
+// The folder of a path, and the name in it.
+static void split_path(const char* path, char* dir, size_t n, const char** name) {
+    const char* slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, n, "."), *name = path;
+    else if (slash == path) snprintf(dir, n, "/"), *name = slash + 1;
+    else snprintf(dir, n, "%.*s", (int)(slash - path), path), *name = slash + 1;
+}
+
+// Two paths name the same file: one that exists (the same inode), or, where neither exists
+// yet, the same name in the same folder however it is spelled (./F, dir/../F).
 static int same_file(const char* a, const char* b) {
     struct stat sa, sb;
     if (!a || !b) return 0;
     if (!strcmp(a, b)) return 1;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    int has_a = stat(a, &sa) == 0, has_b = stat(b, &sb) == 0;
+    if (has_a || has_b) return has_a && has_b && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char da[4096], db[4096];
+    const char *na, *nb;
+    split_path(a, da, sizeof da, &na);
+    split_path(b, db, sizeof db, &nb);
+    return !strcmp(na, nb) && stat(da, &sa) == 0 && stat(db, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 // ----------------------------------------------------------------------------
@@ -452,13 +467,6 @@ static const char* output_follow(const char* path, char* out, size_t n) {
     return "is a symbolic link in a chain of more than 40 (a loop?)";
 }
 
-// The folder of a path, and the name in it.
-static void split_path(const char* path, char* dir, size_t n, const char** name) {
-    const char* slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, n, "."), *name = path;
-    else if (slash == path) snprintf(dir, n, "/"), *name = slash + 1;
-    else snprintf(dir, n, "%.*s", (int)(slash - path), path), *name = slash + 1;
-}
 // Whether this process met the file `st` describes before (it remembers up to 64): a foreign
 // temporary is warned about once a run, not at every save of --save-every 1.
 static int seen_before(const struct stat* st) {
@@ -584,7 +592,14 @@ static const char* cli_check_outputs(Options* o) {
                   : (access(path, F_OK) == 0 && access(path, W_OK) != 0) ? "exists and cannot be written"
                                                                           : NULL;
         for (int j = 0; j < i && !why; j++)
-            if (*paths[j] && same_file(path, *paths[j])) why = "is also another output";
+            if (*paths[j] && same_file(path, *paths[j]))
+                snprintf(what, sizeof what, "is also the --%s file", names[j]), why = what;
+        for (int k = 1; i != 1 && o->save && k < o->keep && !why; k++) {
+            snprintf(file, sizeof file, "%s.%d", o->save, k);
+            if (same_file(path, file))
+                snprintf(what, sizeof what, "is '%s', a name the --save rotation writes (--keep %d keeps %s, %s.1, ...)",
+                         file, o->keep, o->save, o->save), why = what;
+        }
         // what is there: the path itself, and for --save the files its rotation renames
         for (int k = 0; !why && k < (i == 1 ? o->keep : 1); k++) {
             if (k == 0) snprintf(file, sizeof file, "%s", path);

@@ -4,6 +4,7 @@
 #
 #   bash tests/run.sh             # every section
 #   bash tests/run.sh cli data    # only these sections (names below, in run_section calls)
+#   bash tests/run.sh units cli quick  # the quick tier, make test QUICK=1 (quick runs only when named)
 #
 # Each check prints PASSED or FAILED and its name. Every command runs under a time limit,
 # so a deadlock fails its test instead of hanging the run.
@@ -971,6 +972,13 @@ EOT
     expect_error 2 "--log '$TMP/data.txt' is the --data file: refusing to start" "checkpoint: --log onto the data file is refused before step 1" -- $p --data "$TMP/data.txt" --log "$TMP/data.txt"
     expect_error 2 "--save '$TMP/data.txt' is the --data file" "checkpoint: --save onto the data file is refused" -- $p --data "$TMP/data.txt" --save "$TMP/data.txt"
     check "checkpoint: and the data file is untouched" cmp -s names.txt "$TMP/data.txt"
+    # two spellings of one output, or an output at a name the rotation writes, before the file exists (audit 5: item 4)
+    mkdir -p "$TMP/alias"
+    expect_error 2 "--save '$TMP/al.ckpt' is also the --log file: refusing to start" "checkpoint: --save F --log dir/../F, F not there yet, is refused before step 1" -- $p --steps 5 --save "$TMP/al.ckpt" --log "$TMP/alias/../al.ckpt"
+    expect_error 2 "--log '$TMP/al.ckpt.1' is '$TMP/al.ckpt.1', a name the --save rotation writes" "checkpoint: --log at FILE.1 of --save FILE (--keep 2) is refused before step 1" -- $p --steps 5 --save "$TMP/al.ckpt" --log "$TMP/al.ckpt.1"
+    expect_error 2 "--summary '$TMP/./al.ckpt.2' is '$TMP/al.ckpt.2', a name the --save rotation writes" "checkpoint: --summary at FILE.2 with --keep 3, spelled otherwise, is refused" -- $p --steps 5 --save "$TMP/al.ckpt" --keep 3 --summary "$TMP/./al.ckpt.2"
+    expect_error 0 "validation loss" "checkpoint: ... and FILE.1 is free with --keep 1" -- $p --steps 5 --save "$TMP/al.ckpt" --keep 1 --log "$TMP/al.ckpt.1" --quiet
+    check "checkpoint: none of the refused runs wrote anything" bash -c "! test -e '$TMP/alias/al.ckpt' && test -e '$TMP/al.ckpt' && ! test -e '$TMP/al.ckpt.2'"
     expect_error 2 "--summary '$TMP/s120.ckpt' is the --load checkpoint" "checkpoint: --summary onto the --load checkpoint is refused" -- $p --load "$TMP/s120.ckpt" --steps 150 --summary "$TMP/s120.ckpt"
     expect_error 2 "--save '/nonexistent/x.ckpt' is in a folder that does not exist" "checkpoint: --save into a missing folder is refused before training, not after" -- $p --save /nonexistent/x.ckpt
     expect_error 2 "--save-every and --keep apply to --save FILE only" "checkpoint: --save-every without --save is refused" -- $p --save-every 10
@@ -2306,15 +2314,35 @@ section_docs() {
 }
 
 # ----------------------------------------------------------------------------
+# the quick tier (make test QUICK=1, with the units and the flags): every program once against
+# train.c, each model, a few minutes; make test runs the same layouts among many more
+section_quick() {
+    local m="--steps 200 --eval-every 100" g="--model gpt --emb 32 --layers 2 --steps 12 --eval-every 6"
+    reference q_mlp $m
+    same_as q_mlp "quick: train_dp on 2 ranks, --overlap, same as train.c" $MPIRUN -n 2 ./train_dp $m --overlap --bucket-kb 4
+    same_as q_mlp "quick: train_fsdp ZeRO-3 on 2 ranks, same as train.c" $MPIRUN -n 2 ./train_fsdp $m --zero 3
+    same_as q_mlp "quick: train_tp on 2 ranks, same as train.c" $MPIRUN -n 2 ./train_tp $m
+    same_as q_mlp "quick: train_pp, 2 stages, 1f1b, same as train.c" $MPIRUN -n 2 ./train_pp $m --schedule 1f1b
+    same_as q_mlp "quick: train_3d 2 x 1 x 2, same as train.c" $MPIRUN -n 4 ./train_3d $m --tp 2 --pp 2
+    reference q_gpt $g
+    same_as q_gpt "quick: the GPT in train_tp on 2 ranks, --sp, same as train.c" $MPIRUN -n 2 ./train_tp $g --sp
+    same_as q_gpt "quick: the GPT in train_cp on 2 ranks, ring attention, same as train.c" $MPIRUN -n 2 ./train_cp $g
+    same_as q_gpt "quick: the GPT in train_pp, 2 stages, dualpipev, same as train.c" $MPIRUN -n 2 ./train_pp $g --schedule dualpipev
+    reference q_moe $m --experts 4
+    same_as q_moe "quick: train_ep, 4 experts on 2 ranks, same as train.c --experts 4" $MPIRUN -n 2 ./train_ep $m --experts 4
+}
+
+# ----------------------------------------------------------------------------
 run_section() {
     local name=$1
-    if [ -z "$SECTIONS" ] || [[ " $SECTIONS " == *" $name "* ]]; then
+    if { [ -z "$SECTIONS" ] && [ "$name" != quick ]; } || [[ " $SECTIONS " == *" $name "* ]]; then
         echo "== $name"
         "section_$name"
     fi
 }
 SECTIONS="$*"
 run_section units
+run_section quick
 run_section cli
 run_section data
 run_section train
