@@ -430,7 +430,8 @@ static void moe_print_load(const Config* c, const Acts* a, const Progress* pr) {
 // One row per lane (a pipeline stage, a rank), time flowing right, each column a slice of time:
 // action i of lane s ran from t0[s*n + i] to t1[s*n + i] (seconds since the step began)
 // and is drawn with mark[s*n + i]; idle time is blank. An action shorter than a column
-// still gets one (the actions after it shift right to make room). Mark 0 is padding, for a
+// still gets one (the actions after it shift right to make room, and those at the end of the
+// step shift left, so that a slow machine's timing never hides one). Mark 0 is padding, for a
 // lane with fewer actions than n: drawn nowhere.
 static void draw_timeline(int lanes, const char* lane_name, int n, const double* t0, const double* t1,
                           const char* mark, int width, const char* legend) {
@@ -442,11 +443,15 @@ static void draw_timeline(int lanes, const char* lane_name, int n, const double*
     for (int s = 0; s < lanes; s++) {
         memset(row, ' ', (size_t)width);
         row[width] = 0;
+        int left = 0; // the actions still to draw, each of which needs a column of its own
+        for (int i = 0; i < n; i++) left += mark[s * n + i] != 0;
         for (int i = 0, next = 0; i < n; i++) { // next: the first column not drawn yet
             if (!mark[s * n + i]) continue;
             int a = (int)(t0[s * n + i] / end * width), b = (int)(t1[s * n + i] / end * width);
             a = a > next ? a : next;
-            a = a < width ? a : width - 1;
+            a = a < width - left ? a : width - left;
+            a = a > 0 ? a : 0;
+            left--;
             for (int x = a; x < b && x < width; x++) row[x] = mark[s * n + i];
             row[a] = mark[s * n + i];
             next = (b > a + 1 ? b : a + 1);

@@ -10,6 +10,7 @@
  */
 #include "../model.h"
 #include "../data.h"
+#include "../report.h"
 
 #include <fcntl.h>
 #include <setjmp.h>
@@ -1688,6 +1689,33 @@ static void test_rng(void) {
           "rng: uniform in [0,1), normal with mean %.3f and variance %.3f, a pure function of its inputs", mean, var);
 }
 
+// ----------------------------------------------------------------------------
+// --timeline's drawing: every action gets a column of its own, however short, also when
+// several crowd the end of the step (a loaded machine's timing hid one: audit 5, item 9)
+static void test_timeline(void) {
+    double t0[] = {0, 0.990, 0.995, 0.9990, 0.0, 0.5}, t1[] = {0.9, 0.992, 0.996, 1.0, 0.0001, 0.50001};
+    char mark[] = {'0', '1', 'a', 'b', 'x', 'y'};
+    fflush(stdout);
+    int saved = dup(1);
+    FILE* f = tmpfile();
+    if (saved < 0 || !f) { check(0, "timeline: a temporary file for its output"); return; }
+    dup2(fileno(f), 1);
+    draw_timeline(2, "lane", 4, t0, t1, mark, 10, "legend");
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    char out[4096] = "";
+    rewind(f);
+    size_t got = fread(out, 1, sizeof out - 1, f);
+    out[got] = 0;
+    fclose(f);
+    char* lane0 = strstr(out, "lane 0 |");
+    int ok = lane0 != NULL;
+    for (const char* m = "01ab"; *m && lane0; m++) ok &= memchr(lane0 + 8, *m, 10) != NULL;
+    check(ok, "timeline: four actions, three of them in the last 1%% of a 10-column step, each drawn (%s)",
+          lane0 ? "lane 0 found" : "no lane 0");
+}
+
 int main(void) {
     test_matmul_float();
     test_matmul_exact();
@@ -1696,6 +1724,7 @@ int main(void) {
     test_expf_array();
     test_fix();
     test_split_invariance();
+    test_timeline();
     {
         Config mlp = {.vocab = 27, .context = 3, .emb = 5, .hidden = 7, .layers = 3};
         Config mlp2 = {.vocab = 27, .context = 4, .emb = 3, .hidden = 64, .layers = 2};
