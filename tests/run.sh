@@ -182,6 +182,19 @@ costmodel_inputs() {
     printf 'model=gpt vocab=27 context=16 emb=64 hidden=-1 layers=4 heads=4 experts=0 top_k=-1\nonce_ms=0\nrows=1 ms=0.01\nrows=64 ms=0.5\n' >"$TMP/cm.gpt"
     expect_error 1 "trained mlp .*, but the compute table timed gpt" "costmodel: replay refuses to predict an MLP's run from a GPT's compute table" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8 "$TMP/cm.gpt"
+    # a GPT's summary without a table is refused at once, saying so (it timed the MLP for 3.5 s,
+    # then blamed a table the user never gave); HOSTS 1 is one host, shared memory's link;
+    # more hosts than ranks is refused (audit 5: F140, F87, F110)
+    sed 's/^model=mlp .*/model=gpt vocab=27 context=16 emb=64 hidden=-1 layers=4 heads=4 experts=0 top_k=-1/' "$TMP/cm.sum" >"$TMP/cm.gpt.sum"
+    expect_error 1 "trained gpt .*: replay times train.c's default MLP unless it is given a compute table" \
+        "costmodel: replay of a GPT's summary without a compute table says a table is needed" -- tools/costmodel replay "$TMP/cm.gpt.sum" 1e-5 1e8
+    run "$TMP/cm.dp.out" $MPIRUN -n 2 ./train_dp --steps 2 --samples 0 --quiet --summary "$TMP/cm.dp.sum"
+    check "costmodel: replay of train_dp with HOSTS 1 charges shared memory's link (1 us a message), not the hosts' (1 s)" \
+        bash -c "tools/costmodel replay '$TMP/cm.dp.sum' 1 1e8 '$TMP/cm.compute' 1e-6 1e14 1 | grep -Eq '^predicted_ms=0\.[0-9]+ '"
+    check "costmodel: ... and with HOSTS 2 the hosts' link (4 messages of 1 s)" \
+        bash -c "tools/costmodel replay '$TMP/cm.dp.sum' 1 1e8 '$TMP/cm.compute' 1e-6 1e14 2 | grep -Eq '^predicted_ms=4[0-9]{3}\.'"
+    expect_error 2 "HOSTS 3 is more hosts than the run's 2 ranks" "costmodel: replay refuses more hosts than the run's ranks" \
+        -- tools/costmodel replay "$TMP/cm.dp.sum" 1e-5 1e8 "$TMP/cm.compute" 1e-6 1e9 3
     grep -v '^model=' "$TMP/cm.sum" >"$TMP/cm.old.sum"
     expect_error 1 "does not say which model it trained" "costmodel: replay refuses a summary that does not record its model" \
         -- tools/costmodel replay "$TMP/cm.old.sum" 1e-5 1e8 "$TMP/cm.compute"

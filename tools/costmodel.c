@@ -319,6 +319,7 @@ static double predict_run(const Run* r, const Table* t, int cores, Links k, doub
             comm += r->axis[a] / r->sent * r->messages * (crosses[a] ? k.alpha : k.local_alpha) + (crosses[a] ? 0 : r->axis[a] / k.local_beta);
         return compute + comm + link / k.beta;
     }
+    if (k.hosts == 1) return compute + r->messages * k.local_alpha + r->sent / k.local_beta; // all on shared memory
     return compute + r->messages * k.alpha + r->sent / k.beta;
 }
 
@@ -1036,6 +1037,8 @@ static int selftest(void) {
     Run dp = {"train_dp.c", "data parallel over 2 ranks", 2, 32, 149088, 4, {0}, {{0}}};
     Links k = {1e-5, 1e8, 1e-6, 1e9, 2};
     near("replay: dp on 2 ranks", replay_case(&dp, 2, k, &compute), 0.016 + 4e-5 + 149088 / 1e8);
+    near("replay: dp on 2 ranks of one host: shared memory's link",
+         replay_case(&dp, 2, (Links){1e-5, 1e8, 1e-6, 1e9, 1}, &compute), 0.016 + 4e-6 + 149088 / 1e9);
     // a pipeline of 2 stages, 1F1B, M = 4: 32 ms / 2 / (1 - 1/5) = 20 ms, plus 8 messages of 1 KB
     Run pp = {"train_pp.c", "pipeline of 2 stages x 1 chunks, 4 microbatches, 1f1b schedule", 2, 32, 8192, 8, {0}, {{0}}};
     near("replay: pp 2 stages, 1f1b, M 4", replay_case(&pp, 2, k, &compute), 0.020 + 8e-5 + 8192 / 1e8);
@@ -1647,10 +1650,18 @@ int main(int argc, char** argv) {
         Summary m;
         summary_read(&m, argv[2]);
         Run r = run_of(&m);
-        Table t = argc >= 6 ? read_table(argv[5]) : measure_table(1, (char*[]){"compute", NULL});
+        if (k.hosts > r.ranks)
+            usage_error("HOSTS %d is more hosts than the run's %d ranks", k.hosts, r.ranks);
         // the run's compute comes from a table of its own model's step, never another's
         if (!m.model[0])
             fatal("'%s' does not say which model it trained (no model= line: a summary older than that): run it again", argv[2]);
+        const char* no_table = "replay times train.c's default MLP unless it is given a compute table of the run's model "
+                               "(tools/costmodel compute with the run's model flags > TABLE, then replay RUN.sum ALPHA BETA TABLE)";
+        if (argc < 6 && strncmp(m.model, "mlp ", 4))
+            fatal("'%s' trained %s: %s", argv[2], m.model, no_table);
+        Table t = argc >= 6 ? read_table(argv[5]) : measure_table(1, (char*[]){"compute", NULL});
+        if (argc < 6 && strcmp(m.model, t.model))
+            fatal("'%s' trained %s, not train.c's default model (%s): %s", argv[2], m.model, t.model, no_table);
         if (strcmp(m.model, t.model))
             fatal("'%s' trained %s, but the compute table timed %s: measure the table with the run's model flags "
                   "(tools/costmodel compute --model ...)", argv[2], m.model, t.model);
