@@ -1492,6 +1492,21 @@ section_schedules() {
     printf '{"name": "F3 chunk 1", "cat": "pipeline", "ph": "X", "pid": 7, "tid": 0, "ts": 1.0, "dur": 2.0}\n' >"$TMP/rank7.json"
     expect_error 2 "is not one of a pipeline of 4 ranks and 8 microbatches" "schedules: a trace of another pipeline (rank 7 of 4) is refused" \
         -- tools/schedules --svg "$TMP/new.svg" 4 8 "$TMP/rank7.json"
+    # the S, V and M given are the picture's and the lists': never silently replaced (audit 5: D5, D6, TR6, TR7, D45)
+    expect_error 2 "V 1: dualpipev runs 2 chunks a rank; give V 2" "schedules: tools/schedules dualpipev with V 1 is refused, not run with V 2" \
+        -- tools/schedules dualpipev 3 1 6
+    expect_error 2 "V 4: 1f1b runs 1 chunk a rank; give V 1" "schedules: tools/schedules 1f1b with V 4 is refused, not run with V 1" \
+        -- tools/schedules 1f1b 3 4 6
+    run "$TMP/tr2" $MPIRUN -n 2 ./train_pp --layers 2 --microbatches 4 --steps 2 --samples 0 --quiet --trace "$TMP/pp2.json"
+    expect_error 2 "has no action of rank 2: it is not a run of 4 ranks and 4 microbatches" \
+        "schedules: --svg of 4 ranks from a 2-rank trace is refused" -- tools/schedules --svg "$TMP/new.svg" 4 4 "$TMP/pp2.json"
+    expect_error 2 "has no action of microbatch 4: it is not a run of 2 ranks and 8 microbatches" \
+        "schedules: --svg of 8 microbatches from a 4-microbatch trace is refused" -- tools/schedules --svg "$TMP/new.svg" 2 8 "$TMP/pp2.json"
+    check "schedules: ... and of its own 2 ranks and 4 microbatches drawn" \
+        bash -c "tools/schedules --svg '$TMP/new.svg' 2 4 '$TMP/pp2.json' && grep -q '</svg>' '$TMP/new.svg'"
+    expect_error 2 "--svg is given twice" "schedules: --svg given twice is named, not read as a trace" \
+        -- tools/schedules --svg "$TMP/new.svg" 2 4 --svg "$TMP/b.svg"
+    rm -f "$TMP/new.svg"
     run "$TMP/tl" $MPIRUN -n 2 ./train_pp --layers 2 --microbatches 4 --schedule zb1 --steps 5 --samples 0 --timeline
     check "schedules: --timeline draws F, I and W apart (digits, letters, capitals) for zb1" \
         awk '/^  stage [0-9] \|/ { n++; if ($0 !~ /[0-9]/ || $0 !~ /[a-d]/ || $0 !~ /[A-D]/) bad = 1 } END { exit !(n == 2 && !bad) }' "$TMP/tl"

@@ -73,7 +73,10 @@ static const char* parse_run(int argc, char** argv, Run* run) {
                    : flag[2] == 'i' ? &run->d.i : &run->d.w;
         *to = x;
     }
-    run->V = schedule_chunks(run->sched, run->V);
+    if (schedule_chunks(run->sched, run->V) != run->V) // the V given is never silently replaced (audit 5: D5, D6)
+        return snprintf(cli_error, sizeof cli_error, "V %d: %s runs %d chunk%s a rank; give V %d", run->V, argv[1],
+                        schedule_chunks(run->sched, run->V), schedule_chunks(run->sched, run->V) == 1 ? "" : "s",
+                        schedule_chunks(run->sched, run->V)), cli_error;
     return schedule_rule(run->sched, run->S, run->V, run->M, cli_error, sizeof cli_error);
 }
 
@@ -94,6 +97,14 @@ static const char* read_trace(const char* path, int S, int M, PipeEvent* ev, int
             return snprintf(cli_error, sizeof cli_error, "trace '%s': its action %d (%c%d of rank %d) is not one of a "
                             "pipeline of %d ranks and %d microbatches", path, i + 1, e->op ? e->op : '?', e->mb,
                             e->rank, S, M), cli_error;
+    }
+    // the picture's S and M are the trace's: every rank and every microbatch in it (audit 5: TR6, TR7)
+    for (int want = 0; want < S || want < M; want++) {
+        int rank_seen = want >= S, mb_seen = want >= M;
+        for (int i = 0; i < *n; i++) rank_seen |= ev[i].rank == want, mb_seen |= ev[i].mb == want;
+        if (!rank_seen || !mb_seen)
+            return snprintf(cli_error, sizeof cli_error, "trace '%s' has no action of %s %d: it is not a run of %d ranks "
+                            "and %d microbatches", path, rank_seen ? "microbatch" : "rank", want, S, M), cli_error;
     }
     return NULL;
 }
@@ -243,6 +254,9 @@ static int svg(int argc, char** argv) {
     const char* err;
     if ((err = parse_count("S", argv[3], 1, 64, &S)) || (err = parse_count("M", argv[4], 1, 65536, &M)))
         return fprintf(stderr, "tools/schedules --svg: %s\n", err), 2;
+    for (int k = 5; k < argc; k++)
+        if (!strcmp(argv[k], "--svg"))
+            return fprintf(stderr, "tools/schedules --svg: --svg is given twice: give each flag once\n"), 2;
     if (n_traces > N_SCHEDULES)
         return fprintf(stderr, "tools/schedules --svg: %d traces, but one per schedule at most (%d)\n", n_traces,
                        N_SCHEDULES), 2;
