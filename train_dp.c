@@ -43,7 +43,7 @@
 typedef struct Run Run;
 struct Run {
     Config cfg;
-    Dataset ds;     // the data
+    Dataset ds;
     State st;       // a whole replica, identical on every rank: parameters, gradient sums, m, v
     Work work;      // activations (of this rank's rows), scratch, kernel workspace
     Group dp;       // every rank
@@ -58,11 +58,10 @@ struct Run {
 // the gradients all-reduced after backward
 //
 // The global batch of B rows is cut into contiguous shares (32 rows on 3 ranks: 11, 11, 10).
-// Each rank sums, exactly, the gradients of its own rows; the all-reduce adds those sums; the
-// optimizer divides once by the batch's n targets (B for the MLP). So every row weighs the
-// same, whichever rank holds it: averaging each rank's mean gradient instead would weigh the
-// 10 rows of the last rank more than the 11 of the others. The sums are 64-bit integers
-// (kernels.h), so adding them in any order gives the same bits.
+// Each rank sums its own rows' gradients exactly, the all-reduce adds the sums, and the
+// optimizer divides once by the batch's n targets. So every row weighs the same: averaging
+// each rank's mean gradient would weigh the last rank's 10 rows more than the others' 11.
+// The sums are 64-bit integers (kernels.h), so any order of addition gives the same bits.
 
 static void backward_allreduce(Run* r, int R, long B) {
     model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B); // sums over this rank's R rows
@@ -92,8 +91,7 @@ static void backward_overlap(Run* r, int R, long B) {
             group_iallreduce(&r->dp, r->st.grads + lo, top - lo, MPI_INT64_T, MPI_SUM, &bucket[n_buckets++]);
             top = lo;
         }
-        // MPI advances a non-blocking collective only inside an MPI call, so each gets one here.
-        // They are tested one by one because gcc warns on MPICH's MPI_STATUSES_IGNORE.
+        // MPI advances a non-blocking collective only inside an MPI call: give each bucket one.
         int done;
         for (int b = 0; b < n_buckets; b++) MPI_Test(&bucket[b], &done, MPI_STATUS_IGNORE);
     }
@@ -138,13 +136,13 @@ static double train_step(Run* r, const Options* o, long step) {
 // ----------------------------------------------------------------------------
 // --sync weights: average the weights after the step, instead of the gradients before it
 //
-// Each rank steps on the gradient sums of its own rows alone, with the factor N / n instead
-// of 1 / n (n: the whole batch's targets), so that the mean of the N ranks' new parameters is
-// train.c's update; then the parameters are averaged (an exact sum, divided by N and rounded
-// once). With SGD that is train.c's update in exact arithmetic, but not bit for bit: train.c
-// rounds one step, p - lr * g, while here every rank rounds its own step before the average,
-// so the last bits differ from step 2 on and the difference grows with the steps
-// (docs/exactness.md). With AdamW or clipping it is not even the same update: refused.
+// Each rank steps on its own rows' gradient sums alone, scaled by N / n instead of 1 / n (n:
+// the whole batch's targets), so that the mean of the N ranks' new parameters is train.c's
+// update; then the parameters are averaged (an exact sum, divided by N, rounded once). With
+// SGD that is train.c's update in exact arithmetic but not bit for bit: train.c rounds one
+// step, each rank here rounds its own before the average, so the last bits differ from step 2
+// on and drift further with the steps (docs/exactness.md). With AdamW or clipping it is not
+// even the same update, so main refuses them.
 
 static void backward_own_rows(Run* r, int R, long B) { // r->backward under --sync weights
     model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B);
@@ -181,16 +179,14 @@ static int64_t microbatches(Run* r, const Rows* batch, long B) {
 // ----------------------------------------------------------------------------
 // the formulas: what a rank sends and holds, beside what it measured (the report's figures)
 //
-// Per rank and step, on N ranks, for P parameters (the default model has P = 18,635: the
-// embedding 27 x 16 = 432, linear 1 256 x 64 + 64 = 16,448 (its input: 16 positions x 16),
-// linear 2 64 x 27 + 27 = 1,755; docs/model.md):
+// Per rank and step, on N ranks, for P parameters (18,635 in the default model: docs/model.md):
 //   sent   = ring x (8 B x P + 8 B)          ring = 2(N-1)/N, the share of its buffer a ring
 //                                            all-reduce sends; 8 B a gradient sum (int64),
 //                                            and the loss sum
 //          = 1 x 8 B x 18,636 = 149.1 KB     (the default, N = 2)
 //   memory = (4 + 8 + adam) B x P + acts     4 B a parameter, 8 a gradient sum, adam = 8 for
 //                                            AdamW's m and v (else 0); acts: the activations
-//                                            of the rows of this rank's share of a microbatch
+//                                            of this rank's rows of a microbatch
 
 static Figures figures(const Run* r, const Progress* pr, int R, int B) {
     long P = r->st.n;
