@@ -39,8 +39,7 @@
 // ceil(size[u] / N) elements: rank r's shard is elements [r * shard[u], (r + 1) * shard[u]).
 // The last shard is padded with zeros, and they stay zero: a zero gradient and a zero
 // parameter stay zero under SGD, AdamW and weight decay. Gradients are exact sums
-// (kernels.h), so their reduce-scatter is exact too. A unit is only a block of numbers here,
-// so train_3d.c shards a unit's tensor-parallel slice in the same way.
+// (kernels.h), so their reduce-scatter is exact too.
 
 typedef struct Fsdp Fsdp;
 
@@ -105,9 +104,8 @@ static int64_t* zero3_unit_grads(Fsdp* f, int u) {
     fix_zero(f->unit.grad, f->dp->size * f->shard[u]);
     return f->unit.grad;
 }
-// After unit u's backward: each rank receives, for its own shard, the sum over every rank's
-// rows, and adds it to its sums. It adds, as every backward does, so that several passes in
-// one step (microbatches) accumulate.
+// After unit u's backward: each rank receives its own shard's sum over every rank's rows and
+// adds it to its sums, so that several passes in one step (microbatches) accumulate.
 static void zero3_reduce_unit_grads(Fsdp* f, int u) {
     group_reduce_scatter(f->dp, f->unit.grad, f->shard[u], MPI_INT64_T, MPI_SUM, f->grads[u]);
 }
@@ -169,8 +167,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     if (probs) model_probs(c, rows, a->out[c->layers + 1], R, probs);
     return a->loss;
 }
-// train.c's model_backward, last unit first: each unit gathered again, its gradient
-// reduce-scattered as soon as it is made.
+// train.c's model_backward: each unit gathered again, its gradient reduce-scattered at once.
 static void backward(Run* r, int R, long B) {
     const Config* c = &r->cfg;
     for (int u = n_units(c) - 1; u >= 0; u--) {
@@ -205,16 +202,15 @@ static double train_step(Run* r, const Options* o, long step) {
 #endif // TRAIN_3D
 
 // ============================================================================
-// The first read ends here. Chapters follow: ZeRO-1 and -2; --prefetch; microbatches; the
-// formulas. Then what only serves.
+// The first read ends here. Then the chapters, and last what only serves.
 
 // ----------------------------------------------------------------------------
-// ZeRO-1 and -2: each rank holds every unit's parameters whole, sharding less for fewer sends
+// ZeRO-1 and -2: every rank holds every unit's parameters whole
 //
-// ZeRO-2 shards the gradient sums and AdamW's state, and reduce-scatters each unit's
-// gradient as ZeRO-3 does; ZeRO-1 shards only AdamW's state, so its backward adds into the
-// whole gradient, all-reduced once the whole backward is done. Both then all-gather every
-// unit whole after the optimizer step, so neither gathers before a unit computes.
+// The two lighter stages gather nothing before a unit computes. ZeRO-2 shards the gradient
+// sums and AdamW's state, reduce-scattering as ZeRO-3 does; ZeRO-1 shards AdamW's state
+// alone, and all-reduces the whole gradient after backward. Both all-gather every unit whole
+// after the optimizer step.
 //
 //   what each rank holds    parameters            gradient sums         m, v
 //   stage 1                 whole                 whole                 its shard
@@ -251,9 +247,9 @@ static const FsdpStage zero2 = {zero3_zero_grads, whole_unit_params, zero3_unit_
 // ----------------------------------------------------------------------------
 // --prefetch (stage 3): the next unit's all-gather runs while this one computes
 //
-// Two scratch buffers for a unit's parameters: while unit u computes from one, the next
-// unit's non-blocking all-gather fills the other, and the next call waits for it instead of
-// gathering. fsdp_init puts this function in ZeRO-3's place.
+// While unit u computes from one scratch buffer, the next unit's non-blocking all-gather
+// fills the other; the next call waits for it instead of gathering. fsdp_init puts this
+// function in ZeRO-3's place.
 
 static const float* prefetched_unit_params(Fsdp* f, int u, int next) {
     FsdpUnit* s = &f->unit;
@@ -276,34 +272,30 @@ static const float* prefetched_unit_params(Fsdp* f, int u, int next) {
 // ----------------------------------------------------------------------------
 // microbatches: a step's rows in M passes, their gradients added
 //
-// --microbatches M runs forward and backward M times a step, each on this rank's rows of one
-// microbatch (train_step's loop), so that a pass needs the activations of fewer rows. Every
-// backward adds into the gradient sums, which are zeroed once a step, so the sums, and the
-// step, are those of one pass over all the rows. ZeRO-2 and -3 reduce-scatter each unit's
-// gradient once a pass, so M times a step (and ZeRO-3 gathers each unit 2M times); ZeRO-1's
-// all-reduce and the all-gather after the step stay once a step. train_3d.c's pipeline
-// schedules run their microbatches through these same functions.
+// train_step's loop runs forward and backward once a microbatch, so that a pass holds the
+// activations of fewer rows. Every backward adds into the gradient sums, zeroed once a step,
+// so the step is that of one pass over all the rows. ZeRO-2 and -3 reduce-scatter each unit
+// once a pass (ZeRO-3 gathers it twice a pass); ZeRO-1's all-reduce and the all-gather after
+// the step stay once a step. train_3d.c's pipeline schedules use these same functions.
 
 // ----------------------------------------------------------------------------
 // the formulas: what a rank sends and holds per step, predicted (for the report)
 //
-// Two counts of parameters, for N ranks: P, the model's (18,635 for the default model, in
-// units of 432, 16,448 and 1,755: docs/model.md); and P_N, with each unit padded to a
-// multiple of N so that it cuts into N equal shards (18,636 for N = 2: 1,755 becomes 1,756).
+// Two counts of parameters, for N ranks: P, the model's (18,635 by default, docs/model.md);
+// and P_N, each unit padded to N equal shards (18,636 for N = 2: 1,755 becomes 1,756).
 // U is the largest unit's parameters, unpadded. half = (N-1)/N: the share of its buffer a
 // ring reduce-scatter or all-gather sends (an all-reduce sends 2 half). 8 B a gradient sum
 // (int64), 4 B a parameter, adam = 8 B for AdamW's m and v (else 0):
 //
-//   stage  sent, for M passes a step            memory (+ the activations of B/N rows)
+//   stage  sent, for M passes a step            memory (+ a microbatch's activations)
 //   1      2 half x 8 P_N + half x 4 P_N        4P + 8P + adam P/N
 //   2      M half x 8 P_N + half x 4 P_N        4P + 8P/N + 8U + adam P/N
 //   3      M (half x 8 P_N + 2 half x 4 P_N)    4P/N + 4U + 8P/N + 8U + adam P/N
 //
 // 8U: one unit's gradient before its reduce-scatter; 4U: one unit's parameters gathered (8U
-// with --prefetch: two units). Every stage also all-reduces the loss sum (2 half x 8 B), and
-// --clip the norm's two pieces. The default, stage 3, N = 2, M = 1:
-// (1/2 x 8 + 2 x 1/2 x 4) B x 18,636 + 8 B = 149.1 KB sent. The report's words write P for
-// both counts.
+// with --prefetch). Every stage also all-reduces the loss sum (2 half x 8 B), and --clip the
+// norm's two pieces. The default, ZeRO-3, N = 2, M = 1: (1/2 x 8 + 2 x 1/2 x 4) B x 18,636
+// + 8 B = 149.1 KB sent. The report's words write P for both counts.
 
 // `passes`: the forward-and-backward passes of a step (M; train_3d.c: its microbatches).
 static double fsdp_sent_formula(const Fsdp* f, int passes) {
@@ -426,9 +418,7 @@ static double validation_loss(void* ctx) {
 }
 
 // ----------------------------------------------------------------------------
-// the figures (they only serve the report): what this rank sent and holds, each beside the
-// formulas (fsdp_sent_formula, fsdp_mem_formula, the loss sum's all-reduce, the two of the
-// clipping norm, and the activations of its rows)
+// the figures: what this rank sent and holds, each beside its formula
 
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int R, int B) {
     const Config* c = &r->cfg;
