@@ -12,24 +12,12 @@
  *            grads: exact sums  <-- all-reduce (sum) -->  grads: exact sums
  *            optimizer step               optimizer step    (the same on both)
  *
- * One step, in the order it communicates (main's training loop):
+ * One step (train_step), in the order it communicates:
  *   1. forward and backward on this rank's rows     nothing sent
- *   2. all-reduce (sum) the P gradient sums          backward(), in "the strategy" below
- *   3. all-reduce (sum) the loss sum                 main
+ *   2. all-reduce (sum) the P gradient sums          after backward: backward_allreduce;
+ *                                                    during it, in buckets: backward_overlap
+ *   3. all-reduce (sum) the loss sum                 train_step
  *   4. the optimizer step, the same on every rank    nothing sent
- * Then, each a section of its own, read apart: --overlap (step 2 in buckets while backward
- * runs), --sync weights (average the weights after the step instead), the figures.
- *
- * Per rank and step, on N ranks, for P parameters (the default model has P = 18,635: the
- * embedding 27 x 16 = 432, linear 1 256 x 64 + 64 = 16,448 (its input: 16 positions x 16),
- * linear 2 64 x 27 + 27 = 1,755; docs/model.md):
- *   sent   = ring x (8 B x P + 8 B)          ring = 2(N-1)/N, the share of its buffer a ring
- *                                            all-reduce sends; 8 B a gradient sum (int64),
- *                                            and the loss sum
- *          = 1 x 8 B x 18,636 = 149.1 KB     (the default, N = 2)
- *   memory = (4 + 8 + adam) B x P + acts     4 B a parameter, 8 a gradient sum, adam = 8 for
- *                                            AdamW's m and v (else 0); acts: the activations
- *                                            of this rank's B/N rows
  *
  *   make train_dp && mpirun -n 2 ./train_dp           # --oversubscribe: more ranks than cores
  *   mpirun -n 3 --oversubscribe ./train_dp --overlap  # all-reduce buckets during backward
@@ -37,8 +25,9 @@
  *
  * Compare with ./train: the same losses, names and final checkpoint, whatever N.
  *
- * Sections: the state of one run; the strategy: backward, then the all-reduce; --overlap;
- * --sync weights; the forward pass; the figures; options; main.
+ * The first read, down to its end marker: the gradients all-reduced after backward, then in
+ * buckets during it, then one training step. After it, a section each for --sync weights,
+ * --microbatches and the formulas; then validation, options and main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -51,39 +40,30 @@
 // ----------------------------------------------------------------------------
 // the state of one run
 
-typedef struct {
+typedef struct Run Run;
+struct Run {
     Config cfg;
-    Dataset ds;     // the data
+    Dataset ds;
     State st;       // a whole replica, identical on every rank: parameters, gradient sums, m, v
     Work work;      // activations (of this rank's rows), scratch, kernel workspace
     Group dp;       // every rank
-    int overlap;    // --overlap
+    void (*backward)(Run* r, int R, long B); // how the gradients are summed: main chooses it once
+    int overlap;       // --overlap
     long bucket_bytes; // --bucket-kb
     int sync_weights;  // --sync weights
     int M;             // --microbatches
-} Run;
-
-static void run_free(Run* r) {
-    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work);
-}
-
-// --save: this run's checkpoint at `step` (every rank calls it)
-static void save(void* ctx, const Options* o, long step) {
-    Run* r = ctx;
-    if (world_rank == 0) ckpt_save(o, &r->ds, &r->cfg, step, &r->st); // every rank holds the same replica: one writes it
-}
+};
 
 // ----------------------------------------------------------------------------
-// the strategy: backward, then the gradient sums all-reduced
+// the gradients all-reduced after backward
 //
-// The global batch of B rows is cut into contiguous shares (32 rows on 3 ranks: 11, 11, 10;
-// util.h's split_range). Each rank sums, exactly, the gradients of its own rows; the
-// all-reduce adds those sums; the optimizer divides once by the batch's n targets (B for the
-// MLP). So every row weighs the same, whichever rank holds it: averaging each rank's mean
-// gradient instead would weigh the 10 rows of the last rank more than the 11 of the others.
-// The sums are 64-bit integers (kernels.h), so adding them in any order gives the same bits.
+// The global batch of B rows is cut into contiguous shares (32 rows on 3 ranks: 11, 11, 10).
+// Each rank sums its own rows' gradients exactly, the all-reduce adds the sums, and the
+// optimizer divides once by the batch's n targets. So every row weighs the same: averaging
+// each rank's mean gradient would weigh the last rank's 10 rows more than the others' 11.
+// The sums are 64-bit integers (kernels.h), so any order of addition gives the same bits.
 
-static void backward(Run* r, int R, long B) {
+static void backward_allreduce(Run* r, int R, long B) {
     model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B); // sums over this rank's R rows
     group_allreduce(&r->dp, r->st.grads, r->st.n, MPI_INT64_T, MPI_SUM); // + every other rank's: all B rows
 }
@@ -91,15 +71,15 @@ static void backward(Run* r, int R, long B) {
 // ----------------------------------------------------------------------------
 // --overlap: the same all-reduce, in buckets, while backward runs
 //
-// Backward produces the gradients last unit first. A bucket is the units whose gradients
-// backward has produced since the last bucket was sent: as soon as it holds --bucket-kb
-// (or backward is done), a non-blocking all-reduce of it starts and runs while backward goes
-// on with the units below. The sums are the same as backward()'s; only when they travel
-// differs. (On 2 cores it is slower: docs/dp.md.)
+// Backward produces the gradients one unit at a time, last unit first. A bucket is the units
+// finished since the last bucket was sent, whole units only, so it is one contiguous range of
+// the gradient array. As soon as it holds --bucket-kb (or backward is done), a non-blocking
+// all-reduce of it starts and runs while backward goes on with the units below. The sums are
+// backward_allreduce's; only when they travel differs. (On 2 cores it is slower: docs/dp.md.)
 
 static void backward_overlap(Run* r, int R, long B) {
     const Config* c = &r->cfg;
-    MPI_Request bucket[MAX_LAYERS + 2]; // each bucket's all-reduce (at most one a unit)
+    MPI_Request bucket[MAX_LAYERS + 2]; // at most one bucket a unit
     int n_buckets = 0;
     long top = r->st.n; // the bucket being filled: gradients [unit_offset(c, u), top)
     for (int u = n_units(c) - 1; u >= 0; u--) {
@@ -111,22 +91,62 @@ static void backward_overlap(Run* r, int R, long B) {
             group_iallreduce(&r->dp, r->st.grads + lo, top - lo, MPI_INT64_T, MPI_SUM, &bucket[n_buckets++]);
             top = lo;
         }
-        int done; // MPI advances a non-blocking collective only inside MPI calls: give it a chance
-        for (int b = 0; b < n_buckets; b++) MPI_Test(&bucket[b], &done, MPI_STATUS_IGNORE); // (one by one: gcc
-    }                                                                                    // warns on MPICH's STATUSES_IGNORE)
-    for (int b = 0; b < n_buckets; b++) MPI_Wait(&bucket[b], MPI_STATUS_IGNORE); // every bucket summed before the optimizer reads them
+        // MPI advances a non-blocking collective only inside an MPI call: give each bucket one.
+        int done;
+        for (int b = 0; b < n_buckets; b++) MPI_Test(&bucket[b], &done, MPI_STATUS_IGNORE);
+    }
+    for (int b = 0; b < n_buckets; b++) MPI_Wait(&bucket[b], MPI_STATUS_IGNORE); // the optimizer reads every sum
 }
+
+// ----------------------------------------------------------------------------
+// one training step
+
+static int64_t microbatches(Run* r, const Rows* batch, long B);                // --microbatches, below
+static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step); // --sync weights, below
+
+// main calls it once a step and prints the mean loss it returns. r->backward is
+// backward_allreduce, or backward_overlap with --overlap.
+static double train_step(Run* r, const Options* o, long step) {
+    long B = o->batch, P = r->st.n;
+    Rows batch = training_rows(&r->ds, o->seed, step, 0);
+    long n = dataset_batch_targets(&r->ds, o->seed, step, B); // of the whole batch, on every rank
+    fix_zero(r->st.grads, P);
+    int64_t loss;
+    if (r->M > 1) {
+        loss = microbatches(r, &batch, B);
+    } else {
+        long first, end;
+        split_range(B, r->dp.size, r->dp.rank, &first, &end); // this rank's rows
+        int R = (int)(end - first);
+        loss = model_forward_rows(&r->cfg, r->st.params, &r->work, &batch, first, R, B, NULL);
+        r->backward(r, R, B);
+    }
+    group_allreduce(&r->dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
+    if (r->sync_weights) {
+        step_sync_weights(r, &o->opt, n, step);
+    } else { // every rank holds the whole summed gradient: the norm needs no communication
+        float scale = clip_factor(&o->opt, &(GradSpan){r->st.grads, P}, 1, n, NULL, NULL);
+        optimizer_step(&o->opt, r->st.params, r->st.grads, r->st.m, r->st.v, P, grad_factor(n), scale, step);
+    }
+    return fix_to(loss) / n;
+}
+
+// ---- first read ends here: the rest adds --sync weights, --microbatches and the formulas.
 
 // ----------------------------------------------------------------------------
 // --sync weights: average the weights after the step, instead of the gradients before it
 //
-// Each rank steps on the gradient sums of its own rows alone, with the factor N / n instead
-// of 1 / n (n: the whole batch's targets), so that the mean of the N ranks' new parameters is
-// train.c's update; then the parameters are averaged (an exact sum, divided by N and rounded
-// once). With SGD that is train.c's update in exact arithmetic, but not bit for bit: train.c
-// rounds one step, p - lr * g, while here every rank rounds its own step before the average,
-// so the last bits differ from step 2 on and the difference grows with the steps
-// (docs/exactness.md). With AdamW or clipping it is not even the same update: refused.
+// Each rank steps on its own rows' gradient sums alone, scaled by N / n instead of 1 / n (n:
+// the whole batch's targets), so that the mean of the N ranks' new parameters is train.c's
+// update; then the parameters are averaged (an exact sum, divided by N, rounded once). With
+// SGD that is train.c's update in exact arithmetic but not bit for bit: train.c rounds one
+// step, each rank here rounds its own before the average, so the last bits differ from step 2
+// on and drift further with the steps (docs/exactness.md). With AdamW or clipping it is not
+// even the same update, so main refuses them.
+
+static void backward_own_rows(Run* r, int R, long B) { // r->backward under --sync weights
+    model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B);
+}
 
 static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step) {
     long P = r->st.n;
@@ -139,8 +159,56 @@ static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step) {
 }
 
 // ----------------------------------------------------------------------------
-// the forward pass: train.c's, on this rank's rows
+// --microbatches: the batch in M pieces, one after another, and still one all-reduce a step
+//
+// Each microbatch adds its rows' gradients to the same exact sums, so after the last one they
+// are the whole batch's, as in train.c. Only the last one's backward sums them across ranks.
 
+static int64_t microbatches(Run* r, const Rows* batch, long B) {
+    int64_t loss = 0;
+    for (int m = 0; m < r->M; m++) {
+        long first;
+        int R = microbatch_rows(B, r->M, m, r->dp.size, r->dp.rank, &first); // this rank's rows of microbatch m
+        loss += model_forward_rows(&r->cfg, r->st.params, &r->work, batch, first, R, B, NULL);
+        if (m < r->M - 1) model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B);
+        else r->backward(r, R, B);
+    }
+    return loss;
+}
+
+// ----------------------------------------------------------------------------
+// the formulas: what a rank sends and holds, beside what it measured (the report's figures)
+//
+// Per rank and step, on N ranks, for P parameters (18,635 in the default model: docs/model.md):
+//   sent   = ring x (8 B x P + 8 B)          ring = 2(N-1)/N, the share of its buffer a ring
+//                                            all-reduce sends; 8 B a gradient sum (int64),
+//                                            and the loss sum
+//          = 1 x 8 B x 18,636 = 149.1 KB     (the default, N = 2)
+//   memory = (4 + 8 + adam) B x P + acts     4 B a parameter, 8 a gradient sum, adam = 8 for
+//                                            AdamW's m and v (else 0); acts: the activations
+//                                            of this rank's rows of a microbatch
+
+static Figures figures(const Run* r, const Progress* pr, int R, int B) {
+    long P = r->st.n;
+    int N = r->dp.size;
+    double acts_row = acts_bytes_per_row(&r->cfg, 0, n_units(&r->cfg), NULL), adam = r->st.m ? 8.0 : 0.0;
+    Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received), .params = 4.0 * P,
+                 .grads = 8.0 * P, .optim = adam * P, .acts = R * acts_row, .bubble = -1};
+    f.sent_formula = ring_allreduce_bytes(8.0 * P + 8.0, N);
+    long mb = (B + r->M - 1) / r->M; // the largest microbatch, its rows shared by the N ranks
+    f.mem_formula = (4.0 + 8.0 + adam) * P + (double)((mb + N - 1) / N) * acts_row;
+    return f;
+}
+
+static void formula_words(const Run* r, char* sent, char* mem, int size) {
+    snprintf(sent, size, "2(N-1)/N x 8 B x (P gradients + 1 loss), P = %ld", r->st.n);
+    snprintf(mem, size, "(4 + 8 + 8 with AdamW) B x P + activations of ceil(ceil(B/M)/N) rows, a microbatch's share");
+}
+
+// ----------------------------------------------------------------------------
+// validation, sampling and checkpoints
+
+// model.h's ForwardFn: train.c's forward pass, on this rank's rows.
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
     Run* r = ctx;
     return model_forward_rows(&r->cfg, r->st.params, &r->work, rows, first, R, rows_total, probs);
@@ -154,25 +222,14 @@ static double validation_loss(void* ctx) {
     return mean_loss(total, &r->ds);
 }
 
-// ----------------------------------------------------------------------------
-// the figures (they only serve the report): what this rank sent and holds, each beside the
-// header's formula
-
-static Figures figures(const Run* r, const Progress* pr, int R, int B) {
-    long P = r->st.n;
-    int N = r->dp.size;
-    double acts_row = acts_bytes_per_row(&r->cfg, 0, n_units(&r->cfg), NULL), adam = r->st.m ? 8.0 : 0.0;
-    Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received), .params = 4.0 * P,
-                 .grads = 8.0 * P, .optim = adam * P, .acts = R * acts_row, .bubble = -1};
-    f.sent_formula = ring_allreduce_bytes(8.0 * P + 8.0, N);
-    long mb = (B + r->M - 1) / r->M; // the largest microbatch, its rows shared by the N ranks
-    f.mem_formula = (4.0 + 8.0 + adam) * P + (double)((mb + N - 1) / N) * acts_row;
-    return f;
+// --save: this run's checkpoint at `step` (every rank calls it)
+static void save(void* ctx, const Options* o, long step) {
+    Run* r = ctx;
+    if (world_rank == 0) ckpt_save(o, &r->ds, &r->cfg, step, &r->st); // every rank holds the same replica: one writes it
 }
-// The formulas in words, for the report: P's value printed beside them.
-static void formula_words(const Run* r, char* sent, char* mem, int size) {
-    snprintf(sent, size, "2(N-1)/N x 8 B x (P gradients + 1 loss), P = %ld", r->st.n);
-    snprintf(mem, size, "(4 + 8 + 8 with AdamW) B x P + activations of ceil(ceil(B/M)/N) rows, a microbatch's share");
+
+static void run_free(Run* r) {
+    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work);
 }
 
 // ----------------------------------------------------------------------------
@@ -217,14 +274,14 @@ int main(int argc, char** argv) {
                   "not linear in the gradient, so averaging the weights of ranks that each stepped on their own "
                   "rows is not gradient averaging");
     if (run.sync_weights && run.overlap) dist_exit(2, RUN_LINE, "--overlap applies to --sync grads only");
+    run.backward = run.sync_weights ? backward_own_rows : run.overlap ? backward_overlap : backward_allreduce;
 
     // data
     load_data(&run.ds, &o, &run.cfg);
 
     // model: a whole replica (parameters, exact gradient sums, optimizer state), activations
     Config* cfg = &run.cfg;
-    long np = n_params(cfg);
-    run.st = state_alloc(np, o.opt.adamw);
+    run.st = state_alloc(n_params(cfg), o.opt.adamw);
     long start = state_load(&run.st, &o, &run.ds, cfg);
     int B = o.batch, M = run.M = o.microbatches;
     long first;
@@ -241,25 +298,8 @@ int main(int argc, char** argv) {
     Progress progress = progress_start(&o, world_rank == 0, save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
-        Rows batch = training_rows(&run.ds, o.seed, step, 0);
-        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
-        int64_t loss = 0;
-        fix_zero(run.st.grads, np);
-        for (int m = 0; m < M; m++) { // --microbatches: each adds its sums; the last one's backward all-reduces
-            int Rm = microbatch_rows(B, M, m, run.dp.size, run.dp.rank, &first); // this rank's rows of it
-            loss += forward(&run, &batch, first, Rm, B, NULL);
-            if (m < M - 1 || run.sync_weights) model_backward(cfg, run.st.params, run.st.grads, &run.work, Rm, B);
-            else if (run.overlap) backward_overlap(&run, Rm, B); // --overlap: the same sums, all-reduced in buckets
-            else backward(&run, Rm, B); // the plain path: backward, then the all-reduce
-        }
-        group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
-        if (run.sync_weights) {
-            step_sync_weights(&run, &o.opt, n, step); // --sync weights: step on own rows, then average
-        } else { // every rank holds the whole summed gradient: the norm needs no communication
-            float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
-            optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
-        }
-        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
+        double loss = train_step(&run, &o, step);
+        if (step_end(&progress, step, loss, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 

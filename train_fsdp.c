@@ -1,55 +1,30 @@
 /*
- * train_fsdp.c: fully sharded data parallel, ZeRO stages 1, 2 and 3. Data parallel (every
- * rank takes a share of each batch, as in train_dp.c), but the model's state is cut across
- * the ranks: stage 1 shards the optimizer state, stage 2 the gradients too, stage 3 the
- * parameters too, so that in stage 3 no rank holds more of the model than its shards and
- * one unit at a time. It prints exactly what train.c prints for the same flags.
+ * train_fsdp.c: fully sharded data parallel (ZeRO-3). Data parallel as in train_dp.c: every
+ * rank takes a share of each batch's rows. But no rank holds the whole model: each unit (the
+ * embedding, each linear layer with its bias) is cut into N shards, one a rank. A rank
+ * all-gathers a unit's parameters just before the unit computes and drops them after; after
+ * the unit's backward it reduce-scatters the unit's gradient, so that it receives the sum
+ * over every rank's rows for its own shard; the optimizer then updates that shard alone.
+ * It prints exactly what train.c prints for the same flags.
  *
- *   ZeRO-3, 2 ranks; each unit (embedding, linear 1, ...) is cut into 2 shards
+ *   ZeRO-3 on 2 ranks, one unit u of 32 parameters
  *
- *               rank 0: rows 0-15                 rank 1: rows 16-31
- *   forward     all-gather unit u  <------------>  all-gather unit u   (then drop it)
- *   backward    all-gather unit u  <------------>  all-gather unit u
- *               reduce-scatter its gradient  --->  each keeps the sum of its shard
- *   step        update shard 0                     update shard 1
- *
- * One step, in the order it communicates (main's training loop, through the functions of
- * the section "the strategy", in this order):
- *   forward, unit by unit        stage 3: all-gather unit u            fsdp_unit_params
- *   backward, last unit first    stage 3: all-gather unit u again      fsdp_unit_params
- *                                stages 2, 3: reduce-scatter u's grad  fsdp_reduce_unit_grads
- *   after backward               stage 1: all-reduce every gradient    fsdp_reduce_grads
- *                                all-reduce the loss sum               main
- *   optimizer step               each rank updates its shards, then    fsdp_step
- *                                stages 1, 2 all-gather every unit
- * Then, each a section of its own, read apart: --prefetch (stage 3: the next unit's
- * all-gather runs while this one computes); checkpoints and the clipping norm; the formulas.
- *
- * Per rank and step, on N ranks, for P parameters (the default model has P = 18,635 in
- * units of 432, 16,448 and 1,755; docs/model.md), U the largest unit's. half = (N-1)/N: the
- * share of its buffer a ring reduce-scatter or all-gather sends (an all-reduce sends 2 half).
- * 8 B a gradient sum (int64), 4 B a parameter, adam = 8 B for AdamW's m and v (else 0):
- *
- *   stage  sent                       memory (+ the activations of B/N rows)
- *   1      2 half x 8P + half x 4P    4P + 8P + adam P/N
- *   2      half x 8P + half x 4P      4P + 8P/N + 8U + adam P/N
- *   3      half x 8P + 2 half x 4P    4P/N + 4U + 8P/N + 8U + adam P/N
- *
- * 8U: one unit's gradient before its reduce-scatter; 4U: one unit's parameters gathered (8U
- * with --prefetch: two units). P counts each unit padded to a multiple of N. Every stage also
- * all-reduces the loss sum (2 half x 8 B), and --clip the norm's two pieces. The default,
- * stage 3, N = 2: (1/2 x 8 + 2 x 1/2 x 4) B x 18,636 + 8 B = 149.1 KB sent (linear 2's 1,755
- * padded to 1,756).
+ *               rank 0 holds u[0..15]             rank 1 holds u[16..31]
+ *   forward     all-gather u  <---------------->  all-gather u         compute, drop u
+ *   backward    all-gather u  <---------------->  all-gather u         compute u's gradient
+ *               reduce-scatter u's gradient <-->  each keeps its shard's sum
+ *   step        update u[0..15]                   update u[16..31]
  *
  *   make train_fsdp && mpirun -n 2 ./train_fsdp          # --zero 3 (the default)
  *   mpirun -n 4 --oversubscribe ./train_fsdp --zero 1 --optimizer adamw
- *   mpirun -n 2 ./train_fsdp --prefetch                  # stage 3: gather the next unit early
+ *   mpirun -n 2 ./train_fsdp --prefetch                  # gather the next unit early
  *
  * Compare with ./train: the same losses, names and final checkpoint, for every stage and N.
  *
- * Sections: the strategy; --prefetch; checkpoints and the clipping norm; the formulas (these
- * four are what train_3d.c uses); then the program: the state of one run; the forward and
- * backward passes; the figures; options; main.
+ * The first read: what a rank holds; ZeRO-3's gather, reduce-scatter and step; one training
+ * step. Then one chapter each: ZeRO-1 and -2 (--zero 1, 2); --prefetch; microbatches; the
+ * formulas. Then what only serves: sizes and buffers, checkpoints and the clipping norm,
+ * train_3d.c's plug-in points, the report, options and main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -58,222 +33,271 @@
 #include "dist.h"
 
 // ----------------------------------------------------------------------------
-// the strategy: shards of every unit
+// what a rank holds: its shard of every unit
 //
-// Each unit (the embedding, each linear layer with its bias) is a flat block of `size`
-// parameters, cut into N equal shards of shard = ceil(size / N): this rank's shard is
-// elements [rank * shard, (rank + 1) * shard). The last shard is padded with zeros that never
-// change (a zero gradient and a zero parameter stay zero under SGD, AdamW and weight decay).
-//
-//   what each rank holds              parameters            gradient sums         m, v
-//   stage 1                           whole                 whole                 its shard
-//   stage 2                           whole                 its shard + one unit  its shard
-//   stage 3                           its shard + one unit  its shard + one unit  its shard
-//
-//   what it sends, and where          stage 1          stage 2              stage 3
-//   before unit u runs                -                -                    all-gather u
-//   after unit u's backward           -                reduce-scatter u's   reduce-scatter u's
-//   after the whole backward          all-reduce all   -                    -
-//   optimizer step: update its shard  all-gather all   all-gather all       -
-//
-// "Whole" is every unit, each padded to N shards ("whole_" below); "its shard" is this
-// rank's share of every unit ("shard_" below); "one unit" is a buffer for the unit in use.
-// Gradients are exact sums (kernels.h), so a reduce-scatter of them is exact too. The
-// functions see a unit only as a block of `size` floats, so train_3d.c uses them on the
-// tensor-parallel slices of units too.
+// Unit u is a flat block of size[u] parameters, cut into N shards of shard[u] =
+// ceil(size[u] / N) elements: rank r's shard is elements [r * shard[u], (r + 1) * shard[u]).
+// The last shard is padded with zeros, and they stay zero: a zero gradient and a zero
+// parameter stay zero under SGD, AdamW and weight decay. Gradients are exact sums
+// (kernels.h), so their reduce-scatter is exact too.
 
+typedef struct Fsdp Fsdp;
+
+// What the ZeRO stage does at each point of a step. fsdp_init chooses them once: ZeRO-3's
+// are in the next section, ZeRO-1's, ZeRO-2's and --prefetch's in their chapters.
 typedef struct {
-    int stage;    // ZeRO stage: 1, 2 or 3
-    int prefetch; // stage 3, --prefetch: gather the next unit while this one computes
-    Group* dp;    // the N ranks that share the shards
-    int n_units;
-    long size[MAX_LAYERS + 2];      // unit u's parameters
-    long shard[MAX_LAYERS + 2];     // one rank's share of unit u: ceil(size[u] / N)
-    long whole_off[MAX_LAYERS + 3]; // where unit u starts in a whole_ buffer (units padded: N * shard)
-    long shard_off[MAX_LAYERS + 3]; // where this rank's shard of unit u starts in a shard_ buffer
-    // What this rank stores; NULL where its stage stores none:
-    float* whole_params;    // stages 1, 2: every unit [whole_off[n_units]]; this rank's shard inside
-    float* shard_params;    // stage 3: this rank's shard of every unit [shard_off[n_units]]
-    int64_t* whole_grads;   // stage 1: every unit's gradient sums [whole_off[n_units]]
-    int64_t* shard_grads;   // stages 2, 3: this rank's shards' sums over every rank's rows [shard_off[n_units]]
-    float *m, *v;           // AdamW's state of this rank's shards [shard_off[n_units]] (NULL with SGD)
-    int64_t* unit_grad;     // stages 2, 3: one unit's gradient over this rank's rows, then reduce-scattered
-    float* gathered[2];     // stage 3: one unit's parameters, all-gathered (the second for --prefetch)
+    void (*zero_grads)(Fsdp* f);                           // before backward
+    const float* (*unit_params)(Fsdp* f, int u, int next); // before unit u computes
+    int64_t* (*unit_grads)(Fsdp* f, int u);                // where unit u's backward adds
+    void (*reduce_unit_grads)(Fsdp* f, int u);             // after unit u's backward
+    void (*reduce_grads)(Fsdp* f);                         // after the whole backward
+    void (*gather_params)(Fsdp* f);                        // after the optimizer step
+} FsdpStage;
+
+// Scratch for the one unit in use: not part of the model.
+typedef struct {
+    float* gathered[2];            // its parameters, all-gathered (the second: --prefetch's)
+    int64_t* grad;                 // its gradient over this rank's rows, before the reduce-scatter
     MPI_Request pending;           // --prefetch: the all-gather in flight,
     int pending_unit, pending_buf; // of unit pending_unit (-1: none) into gathered[pending_buf]
-    long bytes_params, bytes_grads, bytes_opt; // what this rank holds, the "one unit" buffers included
-} Fsdp;
+} FsdpUnit;
 
-static void fsdp_init(Fsdp* f, int stage, int prefetch, Group* dp, const long* unit_size, int n_units, int adamw) {
-    memset(f, 0, sizeof *f);
-    f->stage = stage;
-    f->prefetch = prefetch && stage == 3;
-    f->dp = dp;
-    f->n_units = n_units;
-    int N = dp->size;
-    long biggest = 0; // the largest padded unit: the "one unit" buffers' size
-    for (int u = 0; u < n_units; u++) {
-        f->size[u] = unit_size[u];
-        f->shard[u] = (unit_size[u] + N - 1) / N;
-        f->whole_off[u + 1] = f->whole_off[u] + N * f->shard[u];
-        f->shard_off[u + 1] = f->shard_off[u] + f->shard[u];
-        if (N * f->shard[u] > biggest) biggest = N * f->shard[u];
-    }
-    long n_whole = f->whole_off[n_units], n_shard = f->shard_off[n_units]; // elements of a whole_, a shard_ buffer
-    // zeros: the padding stays zero
-    if (stage < 3) f->whole_params = callocCheck(n_whole, sizeof(float));
-    if (stage == 3) f->shard_params = callocCheck(n_shard, sizeof(float));
-    if (stage == 1) f->whole_grads = callocCheck(n_whole, sizeof(int64_t));
-    if (stage >= 2) f->shard_grads = callocCheck(n_shard, sizeof(int64_t));
-    if (stage >= 2) f->unit_grad = callocCheck(biggest, sizeof(int64_t));
-    if (adamw) f->m = callocCheck(n_shard, sizeof(float)), f->v = callocCheck(n_shard, sizeof(float));
-    for (int b = 0; stage == 3 && b < 1 + f->prefetch; b++) f->gathered[b] = callocCheck(biggest, sizeof(float));
-    f->pending = MPI_REQUEST_NULL;
-    f->pending_unit = -1;
-    // for the figures
-    f->bytes_params = (stage < 3 ? n_whole : n_shard + (1 + f->prefetch) * biggest) * (long)sizeof(float);
-    f->bytes_grads = (stage == 1 ? n_whole : n_shard + biggest) * (long)sizeof(int64_t);
-    f->bytes_opt = adamw ? 2 * n_shard * (long)sizeof(float) : 0;
+struct Fsdp {
+    int stage;                  // ZeRO stage: 1, 2 or 3
+    int prefetch;               // --prefetch (stage 3)
+    Group* dp;                  // the N ranks that share the shards
+    int n_units;
+    long size[MAX_LAYERS + 2];  // unit u's parameters
+    long shard[MAX_LAYERS + 2]; // one shard of unit u: ceil(size[u] / N) elements
+    // What this rank holds of unit u: its shard of the parameters, of the gradient sums over
+    // every rank's rows, and of AdamW's m and v (NULL with SGD).
+    float* params[MAX_LAYERS + 2];
+    int64_t* grads[MAX_LAYERS + 2];
+    float *m[MAX_LAYERS + 2], *v[MAX_LAYERS + 2];
+    FsdpUnit unit;              // scratch
+    FsdpStage fn;               // the stage's functions
+    // ZeRO-1 and -2 (their chapter): every unit whole, each padded to N shards, from
+    // whole_off[u]; params[u] (and at ZeRO-1 grads[u]) point inside.
+    float* whole_params;
+    int64_t* whole_grads;
+    long whole_off[MAX_LAYERS + 3];
+    void* alloc[4];                            // for fsdp_free
+    long bytes_params, bytes_grads, bytes_opt; // for the report: what this rank holds, scratch included
+};
+
+// ----------------------------------------------------------------------------
+// ZeRO-3: gather a unit, compute, drop it; reduce-scatter its gradient; update the shard
+
+static void zero3_zero_grads(Fsdp* f) {
+    for (int u = 0; u < f->n_units; u++) fix_zero(f->grads[u], f->shard[u]);
 }
-
-static void fsdp_free(Fsdp* f) {
-    free(f->whole_params), free(f->shard_params), free(f->whole_grads), free(f->shard_grads);
-    free(f->m), free(f->v), free(f->unit_grad), free(f->gathered[0]), free(f->gathered[1]);
+// Before unit u computes, in forward and again in backward: its whole parameters,
+// all-gathered from every rank's shard. The next unit's gather overwrites them, which is why
+// backward gathers each unit again. `next` is for --prefetch.
+static const float* zero3_unit_params(Fsdp* f, int u, int next) {
+    (void)next;
+    group_allgather(f->dp, f->params[u], f->unit.gathered[0], f->shard[u], MPI_FLOAT);
+    return f->unit.gathered[0];
 }
+// Unit u's backward adds its gradient over this rank's rows into the scratch, zeroed here.
+static int64_t* zero3_unit_grads(Fsdp* f, int u) {
+    fix_zero(f->unit.grad, f->dp->size * f->shard[u]);
+    return f->unit.grad;
+}
+// After unit u's backward: each rank receives its own shard's sum over every rank's rows and
+// adds it to its sums, so that several passes in one step (microbatches) accumulate.
+static void zero3_reduce_unit_grads(Fsdp* f, int u) {
+    group_reduce_scatter(f->dp, f->unit.grad, f->shard[u], MPI_INT64_T, MPI_SUM, f->grads[u]);
+}
+static void nothing(Fsdp* f) { (void)f; }
 
-// This rank's elements of unit u: [*lo, *hi), padding excluded.
+static const FsdpStage zero3 = {zero3_zero_grads, zero3_unit_params, zero3_unit_grads, zero3_reduce_unit_grads,
+                                nothing, nothing};
+
+// The step calls the stage's functions by these names, as train_3d.c does.
+static void fsdp_zero_grads(Fsdp* f) { f->fn.zero_grads(f); }
+static const float* fsdp_unit_params(Fsdp* f, int u, int next) { return f->fn.unit_params(f, u, next); }
+static int64_t* fsdp_unit_grads(Fsdp* f, int u) { return f->fn.unit_grads(f, u); }
+static void fsdp_reduce_unit_grads(Fsdp* f, int u) { f->fn.reduce_unit_grads(f, u); }
+static void fsdp_reduce_grads(Fsdp* f) { f->fn.reduce_grads(f); }
+static void fsdp_gather_params(Fsdp* f) { f->fn.gather_params(f); }
+
+// This rank's elements of unit u: [*lo, *hi), the padding excluded.
 static void fsdp_range(const Fsdp* f, int u, long* lo, long* hi) {
     *lo = f->dp->rank * f->shard[u];
     *hi = *lo + f->shard[u] < f->size[u] ? *lo + f->shard[u] : f->size[u];
     if (*hi < *lo) *hi = *lo;
 }
-// This rank's shard of unit u, of the parameters and of the gradient sums: stored apart, or
-// inside the whole.
-static float* fsdp_shard_params(const Fsdp* f, int u) {
-    if (f->shard_params) return f->shard_params + f->shard_off[u];
-    return f->whole_params + f->whole_off[u] + f->dp->rank * f->shard[u];
-}
-static int64_t* fsdp_shard_grads(const Fsdp* f, int u) {
-    if (f->shard_grads) return f->shard_grads + f->shard_off[u];
-    return f->whole_grads + f->whole_off[u] + f->dp->rank * f->shard[u];
-}
-
-static const float* fsdp_prefetched_params(Fsdp* f, int u, int next); // --prefetch, the next section
-
-// Before unit u runs, in forward or backward: its whole parameters. Stages 1 and 2 hold
-// them; stage 3 all-gathers them into the "one unit" buffer, which the next unit's gather
-// overwrites: so backward gathers each unit again. `next`: the unit after u (-1: none), for
-// --prefetch.
-static const float* fsdp_unit_params(Fsdp* f, int u, int next) {
-    if (f->stage < 3) return f->whole_params + f->whole_off[u];
-    if (f->prefetch) return fsdp_prefetched_params(f, u, next);
-    group_allgather(f->dp, f->shard_params + f->shard_off[u], f->gathered[0], f->shard[u], MPI_FLOAT);
-    return f->gathered[0];
-}
-
-// Before backward: every gradient sum this rank stores, zero.
-static void fsdp_zero_grads(Fsdp* f) {
-    if (f->stage == 1) fix_zero(f->whole_grads, f->whole_off[f->n_units]);
-    else fix_zero(f->shard_grads, f->shard_off[f->n_units]);
-}
-// Where backward adds unit u's gradient over this rank's rows: stage 1 into the whole
-// gradient; stages 2 and 3 into the "one unit" buffer (zeroed here).
-static int64_t* fsdp_unit_grads(Fsdp* f, int u) {
-    if (f->stage == 1) return f->whole_grads + f->whole_off[u];
-    fix_zero(f->unit_grad, f->dp->size * f->shard[u]);
-    return f->unit_grad;
-}
-// After unit u's backward, stages 2 and 3: reduce-scatter its gradient, so that each rank
-// receives the exact sum over every rank's rows of its own shard, and adds it to its shard's
-// sums: added, as every backward adds, so that several passes in one step (train_3d.c's
-// microbatches) accumulate.
-static void fsdp_reduce_unit_grads(Fsdp* f, int u) {
-    if (f->stage == 1) return;
-    group_reduce_scatter(f->dp, f->unit_grad, f->shard[u], MPI_INT64_T, MPI_SUM, f->shard_grads + f->shard_off[u]);
-}
-// After the whole backward, stage 1: all-reduce the whole gradient.
-static void fsdp_reduce_grads(Fsdp* f) {
-    if (f->stage == 1) group_allreduce(f->dp, f->whole_grads, f->whole_off[f->n_units], MPI_INT64_T, MPI_SUM);
-}
-
-// Stages 1 and 2 hold every unit whole: all-gather each from its shards (after each
-// optimizer step, and after loading).
-static void fsdp_gather_params(Fsdp* f) {
-    if (f->stage == 3) return;
-    for (int u = 0; u < f->n_units; u++)
-        group_allgather(f->dp, fsdp_shard_params(f, u), f->whole_params + f->whole_off[u], f->shard[u], MPI_FLOAT);
-}
-// The optimizer step: every rank updates only its shards (their sums are complete: every
-// rank's rows), then stages 1 and 2 all-gather.
+// The optimizer step: each rank updates its shards alone, since their sums are over every
+// rank's rows. At ZeRO-3 nothing follows; ZeRO-1 and -2 gather every unit whole again.
 static void fsdp_step(Fsdp* f, const Optimizer* opt, double factor, float scale, long t) {
     for (int u = 0; u < f->n_units; u++) {
         long lo, hi;
         fsdp_range(f, u, &lo, &hi);
-        float *m = f->m ? f->m + f->shard_off[u] : NULL, *v = f->v ? f->v + f->shard_off[u] : NULL;
-        optimizer_step(opt, fsdp_shard_params(f, u), fsdp_shard_grads(f, u), m, v, hi - lo, factor, scale, t);
+        optimizer_step(opt, f->params[u], f->grads[u], f->m[u], f->v[u], hi - lo, factor, scale, t);
     }
     fsdp_gather_params(f);
 }
 
+#ifndef TRAIN_3D // the program's step; train_3d.c has its own
+
+// ----------------------------------------------------------------------------
+// one training step: train.c's, unit by unit through the stage's functions
+
+typedef struct {
+    Config cfg;
+    Dataset ds;          // the data
+    Fsdp f;              // parameters, gradients and optimizer state, sharded
+    Work work;           // activations and scratch of the passes
+    Group dp;            // every rank
+    int stage, prefetch; // --zero, --prefetch
+    int M;               // --microbatches
+    Holding mine;        // what this rank holds of the model, for checkpoints
+    GradSpan spans[MAX_LAYERS + 2]; // the gradients this rank counts in the clipping norm
+    int n_spans;
+} Run;
+
+// train.c's model_forward_rows, each unit's parameters gathered first.
+static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
+    Run* r = ctx;
+    const Config* c = &r->cfg;
+    Acts* a = work_load(&r->work, rows, first, R, c->context);
+    for (int u = 0; u < n_units(c); u++)
+        unit_forward(c, u, fsdp_unit_params(&r->f, u, u + 1), a, &r->work.scratch, R, rows_total, &r->work.ws);
+    if (probs) model_probs(c, rows, a->out[c->layers + 1], R, probs);
+    return a->loss;
+}
+// train.c's model_backward: each unit gathered again, its gradient reduce-scattered at once.
+static void backward(Run* r, int R, long B) {
+    const Config* c = &r->cfg;
+    for (int u = n_units(c) - 1; u >= 0; u--) {
+        const float* w = fsdp_unit_params(&r->f, u, u - 1);
+        unit_recompute(c, u, w, &r->work.acts, &r->work.scratch, R, &r->work.ws); // --recompute
+        unit_backward(c, u, w, fsdp_unit_grads(&r->f, u), &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
+        fsdp_reduce_unit_grads(&r->f, u);
+        scratch_step_down(&r->work.scratch);
+    }
+}
+
+// One step on the whole batch of B rows, of which this rank takes its share; the mean loss.
+static double train_step(Run* r, const Options* o, long step) {
+    int B = o->batch, M = r->M;
+    Rows batch = training_rows(&r->ds, o->seed, step, 0);
+    long n = dataset_batch_targets(&r->ds, o->seed, step, B); // of the whole batch, on every rank
+    int64_t loss = 0;
+    fsdp_zero_grads(&r->f);
+    for (int m = 0; m < M; m++) { // M = 1 unless --microbatches (their chapter)
+        long first;
+        int Rm = microbatch_rows(B, M, m, r->dp.size, r->dp.rank, &first); // this rank's rows of it
+        loss += forward(r, &batch, first, Rm, B, NULL);
+        backward(r, Rm, B);
+    }
+    fsdp_reduce_grads(&r->f);                              // ZeRO-1's all-reduce; nothing at ZeRO-3
+    group_allreduce(&r->dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
+    float scale = clip_factor(&o->opt, r->spans, r->n_spans, n, group_norm, &r->dp); // the norm over every shard
+    fsdp_step(&r->f, &o->opt, grad_factor(n), scale, step);
+    return fix_to(loss) / n;
+}
+
+#endif // TRAIN_3D
+
+// ============================================================================
+// The first read ends here. Then the chapters, and last what only serves.
+
+// ----------------------------------------------------------------------------
+// ZeRO-1 and -2: every rank holds every unit's parameters whole
+//
+// The two lighter stages gather nothing before a unit computes. ZeRO-2 shards the gradient
+// sums and AdamW's state, reduce-scattering as ZeRO-3 does; ZeRO-1 shards AdamW's state
+// alone, and all-reduces the whole gradient after backward. Both all-gather every unit whole
+// after the optimizer step.
+//
+//   what each rank holds    parameters            gradient sums         m, v
+//   stage 1                 whole                 whole                 its shard
+//   stage 2                 whole                 its shard + one unit  its shard
+//   stage 3                 its shard + one unit  its shard + one unit  its shard
+//
+//   what it sends, when        stage 1          stage 2              stage 3
+//   before unit u computes     -                -                    all-gather u
+//   after unit u's backward    -                reduce-scatter u's   reduce-scatter u's
+//   after the whole backward   all-reduce all   -                    -
+//   after the optimizer step   all-gather all   all-gather all       -
+
+static const float* whole_unit_params(Fsdp* f, int u, int next) {
+    (void)next;
+    return f->whole_params + f->whole_off[u];
+}
+// Every unit from its shards, after each optimizer step and after loading.
+static void allgather_whole_params(Fsdp* f) {
+    for (int u = 0; u < f->n_units; u++)
+        group_allgather(f->dp, f->params[u], f->whole_params + f->whole_off[u], f->shard[u], MPI_FLOAT);
+}
+static void zero1_zero_grads(Fsdp* f) { fix_zero(f->whole_grads, f->whole_off[f->n_units]); }
+static int64_t* zero1_unit_grads(Fsdp* f, int u) { return f->whole_grads + f->whole_off[u]; }
+static void zero1_reduce_unit_grads(Fsdp* f, int u) { (void)f, (void)u; }
+static void zero1_reduce_grads(Fsdp* f) {
+    group_allreduce(f->dp, f->whole_grads, f->whole_off[f->n_units], MPI_INT64_T, MPI_SUM);
+}
+
+static const FsdpStage zero1 = {zero1_zero_grads, whole_unit_params, zero1_unit_grads, zero1_reduce_unit_grads,
+                                zero1_reduce_grads, allgather_whole_params};
+static const FsdpStage zero2 = {zero3_zero_grads, whole_unit_params, zero3_unit_grads, zero3_reduce_unit_grads,
+                                nothing, allgather_whole_params};
+
 // ----------------------------------------------------------------------------
 // --prefetch (stage 3): the next unit's all-gather runs while this one computes
 //
-// Two "one unit" buffers: while unit u computes from one, the next unit's non-blocking
-// all-gather fills the other; the next call waits for it instead of gathering.
+// While unit u computes from one scratch buffer, the next unit's non-blocking all-gather
+// fills the other; the next call waits for it instead of gathering. fsdp_init puts this
+// function in ZeRO-3's place.
 
-static const float* fsdp_prefetched_params(Fsdp* f, int u, int next) {
+static const float* prefetched_unit_params(Fsdp* f, int u, int next) {
+    FsdpUnit* s = &f->unit;
     int b = 0; // the buffer unit u is in
-    if (f->pending_unit == u) { // started by the call before: wait for it to arrive
-        MPI_Wait(&f->pending, MPI_STATUS_IGNORE);
-        b = f->pending_buf;
+    if (s->pending_unit == u) { // started by the call before: wait for it to arrive
+        MPI_Wait(&s->pending, MPI_STATUS_IGNORE);
+        b = s->pending_buf;
     } else { // none started, or of another unit (train_3d.c's schedules): finish it, gather u now
-        if (f->pending_unit >= 0) MPI_Wait(&f->pending, MPI_STATUS_IGNORE);
-        group_allgather(f->dp, f->shard_params + f->shard_off[u], f->gathered[0], f->shard[u], MPI_FLOAT);
+        if (s->pending_unit >= 0) MPI_Wait(&s->pending, MPI_STATUS_IGNORE);
+        group_allgather(f->dp, f->params[u], s->gathered[0], f->shard[u], MPI_FLOAT);
     }
-    f->pending_unit = -1;
+    s->pending_unit = -1;
     if (next >= 0 && next < f->n_units) { // the next unit, into the other buffer
-        group_iallgather(f->dp, f->shard_params + f->shard_off[next], f->gathered[1 - b], f->shard[next], MPI_FLOAT,
-                         &f->pending);
-        f->pending_unit = next, f->pending_buf = 1 - b;
+        group_iallgather(f->dp, f->params[next], s->gathered[1 - b], f->shard[next], MPI_FLOAT, &s->pending);
+        s->pending_unit = next, s->pending_buf = 1 - b;
     }
-    return f->gathered[b];
+    return s->gathered[b];
 }
 
 // ----------------------------------------------------------------------------
-// checkpoints and the clipping norm (plumbing: what this rank holds, as ckpt.h and optim.h
-// take it)
-
-// For checkpoints and initialisation: this rank's shard of every unit.
-static Holding fsdp_holding(const Fsdp* f) {
-    Holding h = {0};
-    for (int u = 0; u < f->n_units; u++) {
-        long lo, hi;
-        fsdp_range(f, u, &lo, &hi);
-        h.n[u] = hi - lo;
-        h.first[u] = lo;
-        h.at[0][u] = fsdp_shard_params(f, u);
-        h.at[1][u] = f->m ? f->m + f->shard_off[u] : NULL;
-        h.at[2][u] = f->v ? f->v + f->shard_off[u] : NULL;
-    }
-    return h;
-}
-// The gradients this rank counts in the global norm: its shards (disjoint across ranks).
-static int fsdp_grad_spans(const Fsdp* f, GradSpan* spans) {
-    for (int u = 0; u < f->n_units; u++) {
-        long lo, hi;
-        fsdp_range(f, u, &lo, &hi);
-        spans[u] = (GradSpan){fsdp_shard_grads(f, u), hi - lo};
-    }
-    return f->n_units;
-}
+// microbatches: a step's rows in M passes, their gradients added
+//
+// train_step's loop runs forward and backward once a microbatch, so that a pass holds the
+// activations of fewer rows. Every backward adds into the gradient sums, zeroed once a step,
+// so the step is that of one pass over all the rows. ZeRO-2 and -3 reduce-scatter each unit
+// once a pass (ZeRO-3 gathers it twice a pass); ZeRO-1's all-reduce and the all-gather after
+// the step stay once a step. train_3d.c's pipeline schedules use these same functions.
 
 // ----------------------------------------------------------------------------
-// the formulas (they only serve the report): the header's, for units of N * shard[u]
-// elements (padded)
+// the formulas: what a rank sends and holds per step, predicted (for the report)
+//
+// Two counts of parameters, for N ranks: P, the model's (18,635 by default, docs/model.md);
+// and P_N, each unit padded to N equal shards (18,636 for N = 2: 1,755 becomes 1,756).
+// U is the largest unit's parameters, unpadded. half = (N-1)/N: the share of its buffer a
+// ring reduce-scatter or all-gather sends (an all-reduce sends 2 half). 8 B a gradient sum
+// (int64), 4 B a parameter, adam = 8 B for AdamW's m and v (else 0):
+//
+//   stage  sent, for M passes a step            memory (+ a microbatch's activations)
+//   1      2 half x 8 P_N + half x 4 P_N        4P + 8P + adam P/N
+//   2      M half x 8 P_N + half x 4 P_N        4P + 8P/N + 8U + adam P/N
+//   3      M (half x 8 P_N + 2 half x 4 P_N)    4P/N + 4U + 8P/N + 8U + adam P/N
+//
+// 8U: one unit's gradient before its reduce-scatter; 4U: one unit's parameters gathered (8U
+// with --prefetch). Every stage also all-reduces the loss sum (2 half x 8 B), and --clip the
+// norm's two pieces. The default, ZeRO-3, N = 2, M = 1: (1/2 x 8 + 2 x 1/2 x 4) B x 18,636
+// + 8 B = 149.1 KB sent. The report's words write P for both counts.
 
-// What the stage sends per step from each rank: see the header. `passes` is how many
-// forward-and-backward passes a step makes (train_3d.c: one a microbatch); stage 1's
-// all-reduce and the all-gather after the step happen once a step.
+// `passes`: the forward-and-backward passes of a step (M; train_3d.c: its microbatches).
 static double fsdp_sent_formula(const Fsdp* f, int passes) {
     double sent = 0;
     int N = f->dp->size;
@@ -287,8 +311,7 @@ static double fsdp_sent_formula(const Fsdp* f, int passes) {
     }
     return sent;
 }
-// What the ZeRO paper's accounting predicts a rank holds (the header's memory column), for
-// P parameters in units of which the largest has U.
+// The table's memory column, the ZeRO paper's accounting, for P and U as above.
 static double fsdp_mem_formula(const Fsdp* f, double P, double U, int adamw) {
     int N = f->dp->size;
     double adam = adamw ? 8.0 : 0.0, one_unit_grad = 8.0 * U, one_unit_params = 4.0 * U * (1 + f->prefetch);
@@ -297,53 +320,93 @@ static double fsdp_mem_formula(const Fsdp* f, double P, double U, int adamw) {
     return 4.0 * P / N + one_unit_params + 8.0 * P / N + one_unit_grad + adam * P / N;
 }
 
-#ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the sections above
+// ----------------------------------------------------------------------------
+// what only serves: sizes and buffers
+
+static void fsdp_init(Fsdp* f, int stage, int prefetch, Group* dp, const long* unit_size, int n_units, int adamw) {
+    memset(f, 0, sizeof *f);
+    f->stage = stage;
+    f->prefetch = prefetch && stage == 3;
+    f->dp = dp;
+    f->n_units = n_units;
+    int N = dp->size;
+    long biggest = 0; // the largest padded unit: the scratch's size
+    long shard_off[MAX_LAYERS + 3] = {0}; // where this rank's shard of unit u starts in a buffer of shards
+    for (int u = 0; u < n_units; u++) {
+        f->size[u] = unit_size[u];
+        f->shard[u] = (unit_size[u] + N - 1) / N;
+        f->whole_off[u + 1] = f->whole_off[u] + N * f->shard[u];
+        shard_off[u + 1] = shard_off[u] + f->shard[u];
+        if (N * f->shard[u] > biggest) biggest = N * f->shard[u];
+    }
+    long n_whole = f->whole_off[n_units], n_shard = shard_off[n_units];
+    // calloc: the padding starts, and stays, zero
+    float* shard_params = stage == 3 ? callocCheck(n_shard, sizeof(float)) : NULL;
+    int64_t* shard_grads = stage >= 2 ? callocCheck(n_shard, sizeof(int64_t)) : NULL;
+    if (stage < 3) f->whole_params = callocCheck(n_whole, sizeof(float));
+    if (stage == 1) f->whole_grads = callocCheck(n_whole, sizeof(int64_t));
+    float *m = NULL, *v = NULL;
+    if (stage >= 2) f->unit.grad = callocCheck(biggest, sizeof(int64_t));
+    if (adamw) m = callocCheck(n_shard, sizeof(float)), v = callocCheck(n_shard, sizeof(float));
+    for (int b = 0; stage == 3 && b < 1 + f->prefetch; b++) f->unit.gathered[b] = callocCheck(biggest, sizeof(float));
+    for (int u = 0; u < n_units; u++) {
+        long mine = f->whole_off[u] + dp->rank * f->shard[u]; // this rank's shard inside the whole
+        f->params[u] = shard_params ? shard_params + shard_off[u] : f->whole_params + mine;
+        f->grads[u] = shard_grads ? shard_grads + shard_off[u] : f->whole_grads + mine;
+        f->m[u] = m ? m + shard_off[u] : NULL;
+        f->v[u] = v ? v + shard_off[u] : NULL;
+    }
+    f->alloc[0] = shard_params, f->alloc[1] = shard_grads, f->alloc[2] = m, f->alloc[3] = v;
+    f->unit.pending = MPI_REQUEST_NULL;
+    f->unit.pending_unit = -1;
+    f->fn = stage == 1 ? zero1 : stage == 2 ? zero2 : zero3;
+    if (f->prefetch) f->fn.unit_params = prefetched_unit_params;
+    f->bytes_params = (stage < 3 ? n_whole : n_shard + (1 + f->prefetch) * biggest) * (long)sizeof(float);
+    f->bytes_grads = (stage == 1 ? n_whole : n_shard + biggest) * (long)sizeof(int64_t);
+    f->bytes_opt = adamw ? 2 * n_shard * (long)sizeof(float) : 0;
+}
+
+static void fsdp_free(Fsdp* f) {
+    for (int i = 0; i < 4; i++) free(f->alloc[i]);
+    free(f->whole_params), free(f->whole_grads), free(f->unit.grad), free(f->unit.gathered[0]), free(f->unit.gathered[1]);
+}
+
+// ----------------------------------------------------------------------------
+// what only serves: checkpoints and the clipping norm, as ckpt.h and optim.h take them
+
+// For checkpoints and initialisation: this rank's shard of every unit.
+static Holding fsdp_holding(const Fsdp* f) {
+    Holding h = {0};
+    for (int u = 0; u < f->n_units; u++) {
+        long lo, hi;
+        fsdp_range(f, u, &lo, &hi);
+        h.n[u] = hi - lo;
+        h.first[u] = lo;
+        h.at[0][u] = f->params[u];
+        h.at[1][u] = f->m[u];
+        h.at[2][u] = f->v[u];
+    }
+    return h;
+}
+// The gradients this rank counts in the global norm: its shards, disjoint across ranks.
+static int fsdp_grad_spans(const Fsdp* f, GradSpan* spans) {
+    for (int u = 0; u < f->n_units; u++) {
+        long lo, hi;
+        fsdp_range(f, u, &lo, &hi);
+        spans[u] = (GradSpan){f->grads[u], hi - lo};
+    }
+    return f->n_units;
+}
+#ifdef TRAIN_3D // train_3d.c's plug-in point: this rank's shard of unit u's gradient sums
+static int64_t* fsdp_shard_grads(const Fsdp* f, int u) { return f->grads[u]; }
+#endif
+
+#ifndef TRAIN_3D // the rest of this file is the program
 
 #define RUN_LINE "mpirun -n 2 ./train_fsdp"
 
-// ----------------------------------------------------------------------------
-// the state of one run
-
-typedef struct {
-    Config cfg;
-    Dataset ds;     // the data
-    Fsdp f;         // parameters, gradients and optimizer state, sharded
-    Work work;
-    Group dp;       // every rank
-    int stage, prefetch; // --zero, --prefetch
-    Holding mine;   // what this rank holds of the model, for checkpoints
-    int M;          // --microbatches
-} Run;
-
 static void run_free(Run* r) {
     dataset_free(&r->ds), fsdp_free(&r->f), work_free(&r->work);
-}
-
-// ----------------------------------------------------------------------------
-// the forward and backward passes: train.c's (model.h's model_forward_rows and model_backward),
-// unit by unit, each unit's parameters and gradient through the strategy's functions
-
-static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
-    Run* r = ctx;
-    const Config* c = &r->cfg;
-    Acts* a = work_load(&r->work, rows, first, R, c->context);
-    for (int u = 0; u < n_units(c); u++)
-        unit_forward(c, u, fsdp_unit_params(&r->f, u, u + 1), a, &r->work.scratch, R, rows_total, &r->work.ws);
-    if (probs) model_probs(c, rows, a->out[c->layers + 1], R, probs);
-    return a->loss;
-}
-
-// Backward, last unit first; stages 2 and 3 reduce-scatter each unit's gradient as soon as
-// it is done (stage 1 all-reduces them all once the step's microbatches are done: main).
-static void backward(Run* r, int R, long B) {
-    const Config* c = &r->cfg;
-    for (int u = n_units(c) - 1; u >= 0; u--) {
-        const float* w = fsdp_unit_params(&r->f, u, u - 1);
-        unit_recompute(c, u, w, &r->work.acts, &r->work.scratch, R, &r->work.ws); // --recompute
-        unit_backward(c, u, w, fsdp_unit_grads(&r->f, u), &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
-        fsdp_reduce_unit_grads(&r->f, u);
-        scratch_step_down(&r->work.scratch);
-    }
 }
 
 // Mean loss over the whole validation split: each rank evaluates its share of it.
@@ -355,9 +418,7 @@ static double validation_loss(void* ctx) {
 }
 
 // ----------------------------------------------------------------------------
-// the figures (they only serve the report): what this rank sent and holds, each beside the
-// formulas (fsdp_sent_formula, fsdp_mem_formula, the loss sum's all-reduce, the two of the
-// clipping norm, and the activations of its rows)
+// the figures: what this rank sent and holds, each beside its formula
 
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int R, int B) {
     const Config* c = &r->cfg;
@@ -436,27 +497,13 @@ int main(int argc, char** argv) {
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
-    int B = o.batch, M = run.M = o.microbatches;
-    GradSpan spans[MAX_LAYERS + 2];
-    int n_spans = fsdp_grad_spans(&run.f, spans);
+    int B = o.batch;
+    run.M = o.microbatches;
+    run.n_spans = fsdp_grad_spans(&run.f, run.spans);
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
-        Rows batch = training_rows(&run.ds, o.seed, step, 0);
-        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
-        int64_t loss = 0;
-        fsdp_zero_grads(&run.f);
-        for (int m = 0; m < M; m++) { // --microbatches: each microbatch's gradients added (reduce-scattered each time)
-            long first;
-            int Rm = microbatch_rows(B, M, m, run.dp.size, run.dp.rank, &first); // this rank's rows of it
-            loss += forward(&run, &batch, first, Rm, B, NULL);
-            backward(&run, Rm, B);
-        }
-        fsdp_reduce_grads(&run.f); // stage 1: all-reduce every gradient
-        group_allreduce(&run.dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
-        float scale = clip_factor(&o.opt, spans, n_spans, n, group_norm, &run.dp); // the norm over every shard
-        fsdp_step(&run.f, &o.opt, grad_factor(n), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
+        if (step_end(&progress, step, train_step(&run, &o, step), validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 
