@@ -2113,6 +2113,8 @@ section_run() {
         bash -c "grep '^| train_pp.c' '$TMP/run.out' | grep -Eq '\| [0-9.]+ (B|KB|MB) \([0-9.]+ (B|KB|MB)\) \| .* \| [0-9.]+ \(' "
     check "run: loss.svg is well-formed XML with one curve per run" \
         bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 14"
+    check "run: loss.svg's panels say their model (the GPT's was titled as the MLP's: audit 5)" \
+        bash -c "grep -q 'train.c (1 process), the MLP:' '$TMP/out/loss.svg' && grep -q 'train.c (1 process), the GPT:' '$TMP/out/loss.svg'"
     check "run: pipeline.svg is well-formed XML with a forward and a backward pass of every microbatch on every stage" \
         bash -c "xmllint --noout '$TMP/out/pipeline.svg' && test \$(grep -c 'class=\"pass\"' '$TMP/out/pipeline.svg') = 16"
     check "run: the schedules table has a row for each of the 6 schedules, each the same as train.c" \

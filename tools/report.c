@@ -87,8 +87,15 @@ static void loss_panel(FILE* f, Run* runs, int n, int group, double y0, double p
             lo = s / window < lo ? s / window : lo, hi = s / window > hi ? s / window : hi;
         }
     if (!(hi > lo)) hi = lo + 1;
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"13\">%s (%s): mean over %ld steps</text>\n", x0, y0 - 8,
-            runs[group].s.program, runs[group].s.layout, window);
+    const char* model = runs[group].s.model; // "gpt vocab=27 ... experts=4 ...": the panel says which model it is
+    const char* experts = strstr(model, " experts=");
+    int n_experts = experts ? atoi(experts + 9) : 0;
+    char which[64] = "";
+    if (model[0])
+        snprintf(which, sizeof which, ", the %s%s", !strncmp(model, "gpt", 3) ? "GPT" : "MLP",
+                 n_experts > 0 ? " with experts" : "");
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"13\">%s (%s)%s: mean over %ld steps</text>\n", x0, y0 - 8,
+            runs[group].s.program, runs[group].s.layout, which, window);
     fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#999\"/>\n", x0, y0, pw, ph);
     for (int t = 0; t <= 4; t++) { // axes: 5 ticks each
         double v = lo + (hi - lo) * t / 4, y = y0 + ph - ph * t / 4, st = (double)steps * t / 4, x = x0 + pw * t / 4;
