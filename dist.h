@@ -239,7 +239,7 @@ static void group_alltoall(Group* g, const void* send, void* recv, long count, M
 static double ring_allreduce_bytes(double bytes, int n) { return 2.0 * (n - 1) / n * bytes; }
 static double ring_half_bytes(double bytes, int n) { return (double)(n - 1) / n * bytes; }
 
-// The callback through which model.h's clip_factor communicates: the gradient norm's two
+// The callback through which optim.h's clip_factor communicates: the gradient norm's two
 // pieces combined over a group (MAX, then SUM).
 static void group_norm(void* group, float* maxabs, int64_t* sumsq) {
     if (maxabs) group_allreduce(group, maxabs, 1, MPI_FLOAT, MPI_MAX);

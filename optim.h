@@ -120,23 +120,38 @@ typedef struct {
 // maxabs NULL). NULL when one process holds every gradient.
 typedef void (*NormFn)(void* ctx, float* maxabs, int64_t* sumsq);
 
-// The factor every gradient is multiplied by: clip / norm when --clip is set and the
-// global norm exceeds it, else 1.
-static float clip_factor(const Optimizer* opt, const GradSpan* spans, int n, long batch, NormFn combine, void* ctx) {
-    if (opt->clip <= 0.0f) return 1.0f;
+// The global norm in three pieces, so that a strategy file can show its two all-reduces
+// between them (train_3d.c does): the largest gradient, which sets the fixed-point scale
+// 2^e; the exact sum of squares at that scale; and the factor from that sum.
+static float spans_maxabs(const GradSpan* spans, int n, long batch) {
     float mx = 0.0f;
     for (int i = 0; i < n; i++) {
         float m = grads_maxabs(spans[i].g, spans[i].n, batch);
         mx = m > mx ? m : mx;
     }
+    return mx;
+}
+static int64_t spans_sumsq(const GradSpan* spans, int n, long batch, int e) {
+    int64_t sumsq = 0;
+    for (int i = 0; i < n; i++) sumsq += grads_sumsq(spans[i].g, spans[i].n, batch, e);
+    return sumsq;
+}
+static float clip_from_sumsq(const Optimizer* opt, int64_t sumsq, int e) {
+    float norm = (float)ldexp(sqrt((double)sumsq / NORM_ONE), e);
+    return norm > opt->clip ? opt->clip / norm : 1.0f;
+}
+
+// The factor every gradient is multiplied by: clip / norm when --clip is set and the
+// global norm exceeds it, else 1.
+static float clip_factor(const Optimizer* opt, const GradSpan* spans, int n, long batch, NormFn combine, void* ctx) {
+    if (opt->clip <= 0.0f) return 1.0f;
+    float mx = spans_maxabs(spans, n, batch);
     if (combine) combine(ctx, &mx, NULL);
     int e;
     frexpf(mx, &e); // mx = f * 2^e with 0.5 <= f < 1
-    int64_t sumsq = 0;
-    for (int i = 0; i < n; i++) sumsq += grads_sumsq(spans[i].g, spans[i].n, batch, e);
+    int64_t sumsq = spans_sumsq(spans, n, batch, e);
     if (combine) combine(ctx, NULL, &sumsq);
-    float norm = (float)ldexp(sqrt((double)sumsq / NORM_ONE), e);
-    return norm > opt->clip ? opt->clip / norm : 1.0f;
+    return clip_from_sumsq(opt, sumsq, e);
 }
 
 #pragma GCC diagnostic pop
