@@ -778,7 +778,7 @@ static void grid_experts_init(Run* r, const Options* o, int mb_rows) {
     const Config* c = &r->cfg;
     int T = c->context, Tq = r->tensor.dims.Tq, C = r->grid.C;
     ep_init(&r->experts, &r->grid.axis[EXPERT], &r->grid.axis[EXPERT], c);
-    r->experts.plan = grid_plan, r->experts.plan_ctx = r;
+    r->experts.hook = (EpPlanHook){grid_plan, r};
     long size[MAX_LAYERS + 2] = {0};
     for (int u = 0; u < n_units(c); u++)
         if (r->fsdp.size[u] > 0 && is_moe(c, u)) size[u] = (long)(r->experts.x_hi - r->experts.x_lo) * expert_params(c, u);

@@ -26,10 +26,9 @@
  *   mpirun -n 4 ./train_ep --experts 8 --top-k 2 --timeline  # the last step: dispatch, experts, combine
  *   mpirun -n 2 ./train_ep --model gpt --experts 4           # the GPT: 4 experts in every block
  *
- * The first read (up to its marker) is one MoE layer's forward and backward with top-1
- * routing, then one training step. The chapters after it: top-2, capacity and dropped
- * tokens, the balancing loss, the GPT's experts, microbatches, the formulas, the timeline.
- * train_3d.c includes this file for its expert axis and uses the strategy's functions.
+ * First read: the plan, one MoE layer's forward and backward (top-1), one training step.
+ * Then chapters: top-2, capacity and dropped tokens, the balancing loss, the GPT's experts,
+ * microbatches, the formulas, the timeline. train_3d.c's expert axis runs the strategy.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -41,22 +40,24 @@
 // the strategy: what a rank holds
 
 typedef struct {
+    int* all_counts; // [N][k][X] every rank's counts of choices (MoeLayer's counts)
+    int* a2a;        // [4][N] one all-to-all's counts and displacements, in floats
+} EpScratch;
+// train_3d.c's plug-in point: its plan, as its ranks hold parts of rows; NULL here: ep_plan
+typedef struct {
+    void (*plan)(void* ctx, const Config* c, MoeLayer* m, int n, int training, int64_t* aux);
+    void* ctx;
+} EpPlanHook;
+typedef struct {
     Group* ep;        // the N ranks the experts are split over: the all-to-alls
-    Group* counts_to; // the same N ranks, for the counts' all-gather (train_ep.c: its Group dp,
-                      // only to count those bytes apart; train_3d.c: its expert axis again)
+    Group* counts_to; // the same ranks, for the counts' all-gather (train_ep.c's dp: its bytes apart)
     int x_lo, x_hi;   // this rank's experts [x_lo, x_hi) of every MoE layer
     int* x_first;     // [N + 1] rank q holds experts [x_first[q], x_first[q + 1])
-    // scratch
-    int* all_counts;  // [N][k][X] every rank's counts of choices (MoeLayer's counts)
-    int* a2a;         // [4][N] one all-to-all's counts and displacements, in floats
-    // train_3d.c's plug-in point: its own plan, since its ranks do not each hold whole rows
-    // of the batch (capacity and the balancing loss are batch-wide); here NULL: ep_plan
-    void (*plan)(void* ctx, const Config* c, MoeLayer* m, int n, int training, int64_t* aux);
-    void* plan_ctx;
+    EpScratch scratch;
+    EpPlanHook hook;
 } Ep;
 
-// One MoE layer as this rank runs it: the router's weight (replicated), this rank's experts,
-// where their exact gradients add, and what kind of pass it is.
+// One MoE layer as this rank runs it: its weights, where their gradients add, the pass's kind.
 typedef struct {
     MoeLayer* m;           // its routing, plan and buffers (moe.h)
     const float* router;   // the router's weight [K][X]
@@ -96,14 +97,13 @@ typedef struct {
 
 static void ep_plan(Ep* p, const Config* c, MoeLayer* m, int n, int training, int64_t* aux) {
     int N = p->ep->size, me = p->ep->rank;
-    group_allgather(p->counts_to, m->counts, p->all_counts, (long)c->top_k * c->experts, MPI_INT); // all-gather
-    long n_total = moe_batch_tokens(c, p->all_counts, N), C = moe_capacity(c, n_total, training);
-    moe_plan(c, m, p->all_counts, N, me, p->x_first, n, C); // kept, routed_to, expert_from, each row's place
-    if (training) moe_balance(c, m, p->all_counts, N, me, n, n_total, C, aux); // the balancing loss's chapter
+    group_allgather(p->counts_to, m->counts, p->scratch.all_counts, (long)c->top_k * c->experts, MPI_INT); // all-gather
+    long n_total = moe_batch_tokens(c, p->scratch.all_counts, N), C = moe_capacity(c, n_total, training);
+    moe_plan(c, m, p->scratch.all_counts, N, me, p->x_first, n, C); // kept, routed_to, expert_from, each row's place
+    if (training) moe_balance(c, m, p->scratch.all_counts, N, me, n, n_total, C, aux); // the balancing loss's chapter
 }
 
-// send_rows[q] rows of `width` floats to rank q, recv_rows[q] from it, both in rank order;
-// `what` names it in traces (the plumbing, at the end)
+// send_rows[q] rows of `width` floats to rank q, recv_rows[q] from it, in rank order (plumbing)
 static void ep_all_to_all(Ep* p, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
                           const char* what);
 
@@ -116,7 +116,7 @@ static void ep_moe_forward(Ep* p, const Config* c, const EpLayer* l, const float
     const Expert* e = &m->e;
     int N = p->ep->size, X = c->experts;
     moe_route(c, m, in, l->router, n, l->ws); // each token's expert, its gate, the counts
-    if (p->plan) p->plan(p->plan_ctx, c, m, n, l->training, l->aux); // (train_3d.c's)
+    if (p->hook.plan) p->hook.plan(p->hook.ctx, c, m, n, l->training, l->aux); // (train_3d.c's)
     else ep_plan(p, c, m, n, l->training, l->aux);
     moe_permute(m, in); // the routed rows' inputs, by expert
     ep_all_to_all(p, m->routed_in, m->routed_to, m->expert_in, m->expert_from, e->K, "dispatch");
@@ -163,7 +163,6 @@ static void ep_moe_backward(Ep* p, const Config* c, const EpLayer* l, const floa
 }
 
 #ifndef TRAIN_3D // from here to the end of the first read: the program; train_3d.c has its own
-
 #define RUN_LINE "mpirun -n 2 ./train_ep --experts 4"
 
 // ----------------------------------------------------------------------------
@@ -171,7 +170,7 @@ static void ep_moe_backward(Ep* p, const Config* c, const EpLayer* l, const floa
 
 typedef struct {
     Config cfg;
-    Dataset ds;        // the data
+    Dataset ds;
     State st;          // the replicated weights and this rank's experts, unit by unit (ep_layout)
     long off[MAX_LAYERS + 2], n[MAX_LAYERS + 2]; // where each unit starts in st, and its size here
     Ep experts;        // this rank's experts [x_lo, x_hi) of every MoE layer, and the all-to-alls
@@ -179,13 +178,12 @@ typedef struct {
     Group ep;          // every rank: the all-to-alls
     Group dp;          // every rank too (main: the same communicator): the all-reduces, the all-gathers
     int M;             // --microbatches: the batch in M passes, each split over the ranks
+    GradSpan spans[2 * (MAX_LAYERS + 2)]; // what the gradient norm counts here (ep_grad_spans)
+    int n_spans;
+    int timeline;      // --timeline
     // scratch
     int64_t* packed;   // the replicated gradients, packed for their one all-reduce
     int* gathered;     // [2][N]: the probabilities' counts and displacements, for sampling
-    // the report
-    GradSpan spans[2 * (MAX_LAYERS + 2)]; // for the gradient norm (ep_grad_spans)
-    int n_spans;
-    int timeline;      // --timeline
 } Run;
 
 static void ep_gather_probs(Run* r, const Rows* rows, int R, const Acts* a, float* probs);
@@ -195,8 +193,7 @@ static double validation_loss(void* ctx);
 // the forward and backward passes
 
 // The rows [first, first + R) split over the ranks, each through the whole model. Returns
-// the exact sum of all R rows' losses on every rank; with probs, every rank receives all R
-// rows' probabilities.
+// the exact sum of all R rows' losses on every rank (with probs, all their probabilities).
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
     Run* r = ctx;
     const Config* c = &r->cfg;
@@ -303,57 +300,40 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
 
 // ----------------------------------------------------------------------------
 // top-2
-//
-// With --top-k 2 each token has up to two routed rows, one for each of its two most probable
-// experts. moe_route renormalises the two gates over the pair (Mixtral), so that a token's
-// output keeps one expert's scale; the counts are [k][X]; routed rows go by expert, then
-// choice, then token; moe_unpermute adds the two gated outputs in choice order. Nothing in
-// this file changes: the all-to-alls carry what the plan says, whatever k is.
+// With --top-k 2 a token has a routed row for each of its two most probable experts, their
+// gates renormalised over the pair (Mixtral), summed in choice order. Nothing in this file
+// changes: the counts are [k][X], and the all-to-alls carry what the plan says.
 
 // ----------------------------------------------------------------------------
 // capacity and dropped tokens
-//
 // In training an expert takes at most C = ceil(F k n / X) of the batch's n tokens (F is
-// --capacity, 1.25 by default); past that, a choice is dropped: it has no routed row, and
-// its term of the token's output is 0. The queue of an expert holds every first choice
-// before any second choice, each by token of the batch. The ranks hold contiguous ranges of
-// the batch in rank order, so a choice's place in the queue needs every earlier rank's
-// counts: that is why ep_plan all-gathers them. moe_plan's kept[q][x] is rank q's rows that
-// expert x keeps; moe.h's worked example, before moe_plan, shows a plan with drops.
-// Validation and sampling drop nothing (moe_capacity: no limit).
+// --capacity, 1.25 by default); a choice past that is dropped, its term of the output 0. An
+// expert's queue holds every first choice before any second, each by token of the batch.
+// So a choice's place needs every earlier rank's counts: that is why ep_plan all-gathers
+// them. moe.h's worked example, before moe_plan, shows drops. Validation drops nothing.
 
 // ----------------------------------------------------------------------------
 // the balancing loss
-//
 // A term that pushes the router to spread the tokens: aux = alpha X sum_x f_x P_x (Switch),
-// with f_x the share of the batch's choices that went to x and P_x the mean probability the
-// router gave x. moe_balance, in ep_plan, takes f_x from the gathered counts (so every rank
-// has the same) and adds the exact terms of this rank's tokens to aux; forward's all-reduce
-// sums them beside the loss. Its gradient, alpha X f_x on each token's p_x, enters
-// moe_router_backward, and the router's gradient is all-reduced with the replicated ones.
+// f_x the share of the batch's choices that went to x, P_x x's mean probability. ep_plan's
+// moe_balance takes f_x from the gathered counts and adds this rank's tokens' exact terms;
+// forward's all-reduce sums them beside the loss; moe_router_backward adds its gradient.
 
 // ----------------------------------------------------------------------------
 // the GPT's experts
-//
-// With --model gpt the layer is the MLP half of a block, and its tokens are positions.
-// moe_unit_before runs the block's attention half and ln2 on this rank's rows, then gives
-// the layer ln2's output rows of the positions it routes (in training, those with a target:
-// model.h's "a unit with a mixture of experts"); moe_unit_after adds the residual. An expert
-// is the block's MLP (fc C -> 4C, GELU, fc2 4C -> C) with weights of its own, so K = H = C
-// and the communication is the MLP's. In backward, moe_unit_backward_after runs the attention
-// half's backward, and `terms` counts B x the positions a row routes.
+// With --model gpt the layer is a block's MLP half, and its tokens are positions: those
+// with a target, in training. moe_unit_before runs the attention half and ln2 and gives the
+// layer their rows; moe_unit_after adds the residual (model.h's "a unit with a mixture of
+// experts"). An expert is the block's MLP, C -> 4C -> C, so the communication is the MLP's.
 
 // ----------------------------------------------------------------------------
 // microbatches
-//
-// --microbatches M runs the batch in M passes, each split over the ranks as a whole batch
-// would be. Each pass has its own capacity and balancing loss, so the result is that of
-// ./train --experts X --microbatches M (and a checkpoint records M). The gradients add, as
-// exact sums, over the passes; the replicated ones are all-reduced once, after the last.
+// --microbatches M runs the batch in M passes, each split over the ranks and with its own
+// capacity and balancing loss: ./train --experts X --microbatches M's bits. The replicated
+// gradients are all-reduced once, after the last pass.
 
 // ----------------------------------------------------------------------------
 // the formulas
-//
 // Per rank q and step: n_q of the batch's n tokens (a token is the MLP's row, or the GPT's
 // position; in training, those with a target only; the MLP: R_q rows of B), X_q of the X
 // experts, top-k routing, L MoE layers of inputs K_l and outputs H (the GPT: C and C), P_r
@@ -370,8 +350,7 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
 //           R_q rows, each MoE layer's buffers among them: a token's k rows routed and (even
 //           load) k received, 6 rows of max(K_l, H) floats a choice, and what experts keep
 
-// The all-to-alls' bytes on the rows the routing sent, `rows` of them (MoeLayer's
-// tokens_out + tokens_in).
+// The all-to-alls' bytes for `rows` rows sent or received (MoeLayer's tokens_out + tokens_in)
 static double ep_a2a_bytes_of(const Expert* e, double rows) { return 4.0 * (e->K + e->H) * rows; }
 
 #ifndef TRAIN_3D
@@ -379,8 +358,7 @@ static const char sent_words[] = "all-to-all 4 B x (K+H) x tokens sent to and re
                                  "+ all-reduce 2(N-1)/N x 8 B x (replicated P + 2); + counts (N-1) x 4 B x k X a layer";
 static const char mem_words[] = "(4 + 8 + 8 with AdamW) B x (replicated P + this rank's experts) + activations";
 
-// The all-to-alls' formula on the rows the routing sent, over the layers (moe_balance counts
-// the rows).
+// The all-to-alls' formula on the rows the routing sent, over the layers (moe_balance's counts)
 static double ep_a2a_bytes(const Run* r) {
     const Config* c = &r->cfg;
     double bytes = 0;
@@ -416,8 +394,7 @@ static Figures figures(const Run* r, const Progress* pr, int R) {
     return f;
 }
 
-// The all-to-alls apart, per rank: measured, beside the formula on the rows routed and the
-// formula with even routing and no drops (real routing sends fewer or more).
+// The all-to-alls per rank: measured, on the rows routed, and with even routing and no drops.
 static void ep_print_exchange(const Run* r, const Progress* pr, int B) {
     double figs[3] = {per_step(pr, r->ep.sent), per_step(pr, ep_a2a_bytes(r)), ep_a2a_formula(r)}, *all = NULL;
     if (r->ep.rank == 0) all = mallocCheck(sizeof(double) * 3 * r->ep.size);
@@ -444,11 +421,8 @@ static void ep_print_exchange(const Run* r, const Progress* pr, int B) {
 
 // ----------------------------------------------------------------------------
 // the timeline
-//
-// --timeline draws the last step on every rank from its trace events: the router (r), the
-// all-to-alls (D dispatch and its backward, C combine and its backward), the experts (E),
-// the gates' gradients (g), the rest of forward (f) and backward (b), the all-reduces and
-// all-gathers (A).
+// --timeline draws the last step on every rank from its trace events, a letter for each
+// kind: the all-to-alls, the experts and the rest, as its legend says.
 
 static char ep_mark(const TraceEvent* e) {
     const char* n = e->name;
@@ -482,15 +456,15 @@ static void ep_init(Ep* p, Group* ep, Group* counts_to, const Config* c) {
     }
     p->x_first[ep->size] = c->experts;
     p->x_lo = p->x_first[ep->rank], p->x_hi = p->x_first[ep->rank + 1];
-    p->all_counts = mallocCheck(sizeof(int) * ep->size * c->top_k * c->experts);
-    p->a2a = mallocCheck(sizeof(int) * 4 * ep->size);
+    p->scratch.all_counts = mallocCheck(sizeof(int) * ep->size * c->top_k * c->experts);
+    p->scratch.a2a = mallocCheck(sizeof(int) * 4 * ep->size);
 }
-static void ep_free(Ep* p) { free(p->x_first), free(p->all_counts), free(p->a2a); }
+static void ep_free(Ep* p) { free(p->x_first), free(p->scratch.all_counts), free(p->scratch.a2a); }
 
 static void ep_all_to_all(Ep* p, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
                           const char* what) {
     int N = p->ep->size, me = p->ep->rank;
-    int *sc = p->a2a, *sd = sc + N, *rc = sd + N, *rd = rc + N;
+    int *sc = p->scratch.a2a, *sd = sc + N, *rc = sd + N, *rd = rc + N;
     long s = 0, t = 0; // MPI counts are ints: the totals must fit one
     for (int q = 0; q < N; q++) s += (long)send_rows[q] * width, t += (long)recv_rows[q] * width;
     if (s > INT_MAX || t > INT_MAX)
@@ -520,9 +494,8 @@ static void run_free(Run* r) {
     ep_free(&r->experts);
 }
 
-// Unit u as this rank holds it (config.h's Share): an MoE unit's own tensors (the MLP's
-// router; the GPT's block's attention, LayerNorms and router), then its experts [x_lo, x_hi);
-// any other unit whole.
+// Unit u as this rank holds it (config.h's Share): an MoE unit's own tensors (the router; the
+// GPT's attention and LayerNorms), then its experts [x_lo, x_hi); any other unit whole.
 static Share ep_share(const Run* r, int u) {
     return is_moe(&r->cfg, u) ? (Share){0, 1, r->experts.x_lo, r->experts.x_hi} : share_whole(&r->cfg);
 }
