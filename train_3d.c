@@ -384,7 +384,8 @@ static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Act
     tp_block_forward_attention(&r->tensor, &p, &ba, a->out[u - 1], s, tok, &r->ws); // x1 and ln2's output
     m->n = gpt_moe_tokens(c, m, a, &d);
     gpt_moe_gather(m->in, m, ba.ln2, c->emb);
-    ep_moe_forward(&r->experts, c, w + l.router_w, we, m, m->in, s->tmp, m->n, a->training, &r->aux, &r->ws);
+    EpLayer el = {.m = m, .router = w + l.router_w, .experts = we, .training = a->training, .aux = &r->aux, .ws = &r->ws};
+    ep_moe_forward(&r->experts, c, &el, m->in, s->tmp, m->n);
     gpt_moe_residual(a->out[u], ba.x1, m, s->tmp, tok.all, c->emb);
     if (a->training) { // for the all-to-all's formula
         int me = r->experts.ep->rank;
@@ -410,7 +411,9 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
     MoeLayer* m = &a->moe[u];
     long terms = batch * c->context;
     gpt_moe_gather(s->tmp, m, s->dout, c->emb); // the tokens' output gradients
-    ep_moe_backward(&r->experts, c, w + l.router_w, we, g + l.router_w, ge, m, m->in, s->tmp, s->din, terms, &r->ws);
+    EpLayer el = {.m = m, .router = w + l.router_w, .experts = we, .router_grad = g + l.router_w, .experts_grad = ge,
+                  .terms = terms, .ws = &r->ws};
+    ep_moe_backward(&r->experts, c, &el, m->in, s->tmp, s->din);
     gpt_moe_scatter(st.dln2, m, s->din, tok.all, c->emb); // ln2's output gradient: the tokens', 0 elsewhere
     tp_block_backward_input_attention(&r->tensor, &p, &ba, &st, a->out[u - 1], s, tok, &r->ws);
     tp_block_backward_weight_attention(&r->tensor, &gg, &ba, &st, a->out[u - 1], tok, terms, &r->ws);
@@ -775,7 +778,7 @@ static void grid_experts_init(Run* r, const Options* o, int mb_rows) {
     const Config* c = &r->cfg;
     int T = c->context, Tq = r->tensor.dims.Tq, C = r->grid.C;
     ep_init(&r->experts, &r->grid.axis[EXPERT], &r->grid.axis[EXPERT], c);
-    r->experts.plan = grid_plan, r->experts.plan_ctx = r;
+    r->experts.hook = (EpPlanHook){grid_plan, r};
     long size[MAX_LAYERS + 2] = {0};
     for (int u = 0; u < n_units(c); u++)
         if (r->fsdp.size[u] > 0 && is_moe(c, u)) size[u] = (long)(r->experts.x_hi - r->experts.x_lo) * expert_params(c, u);

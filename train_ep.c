@@ -1,12 +1,11 @@
 /*
  * train_ep.c: expert parallelism. The model is train.c's with --experts X: every hidden
- * layer of the MLP, or the MLP half of every block of the GPT (--model gpt), a mixture of X
- * experts with a router (moe.h: the router, the plan of who sends what, an expert, and
- * moe_forward, the layer on one process). The experts are spread over the N ranks, a
- * contiguous range each; everything else (the embedding, the routers, the output layer;
- * the GPT's attention and LayerNorms) is replicated. Ranks split every batch's rows as
- * data parallelism does. It prints exactly what `./train --experts X` prints for the same
- * flags: the same loss at every step, the same final parameters bit for bit, the same names.
+ * layer of the MLP, or the MLP half of every block of the GPT (--model gpt), is a mixture of
+ * X experts with a router (moe.h). The experts are spread over the N ranks, a contiguous
+ * range each; everything else (the embedding, the routers, the output layer; the GPT's
+ * attention and LayerNorms) is replicated. Ranks split every batch's rows as data
+ * parallelism does. It prints exactly what `./train --experts X` prints for the same flags:
+ * the same loss at every step, the same final parameters bit for bit, the same names.
  *
  *              rank 0: rows 0-15, experts 0 1           rank 1: rows 16-31, experts 2 3
  *   forward    embedding (the GPT: attention, ln2), router: each token's top-k experts
@@ -17,41 +16,19 @@
  *              --- combine (all-to-all): each output row back to its token's rank ---------->
  *              <-----------------------------------------------------------------------------
  *              out = sum of gate x output (the GPT: + the residual); output layer, loss
- *   backward   the same two all-to-alls in reverse, as backward runs: combine's backward
- *              takes the output gradients to the experts, dispatch's backward brings the
- *              input gradients back. An expert's weight gradient sums, exactly, its tokens
- *              from every rank on the rank that holds it: it needs no all-reduce.
+ *   backward   the same two all-to-alls in reverse: combine's backward takes the output
+ *              gradients to the experts, dispatch's backward brings the input gradients back.
+ *              An expert's weight gradient sums, exactly, its tokens from every rank on the
+ *              rank that holds it: it needs no all-reduce.
  *              --- all-reduce: the replicated weights' gradients, as in data parallelism
- *
- * Per rank q and step: n_q of the batch's n tokens (a token is the MLP's row, or the GPT's
- * position; in training, those with a target only: model.h's "a unit with a mixture of
- * experts"; the MLP: R_q rows of B), X_q of the X experts, top-k routing, L MoE layers of
- * inputs K_l and outputs H (the GPT: C and C), P_r replicated parameters:
- *   sent  all-to-alls  4 B x (K_l + H) for each row this rank routes to another rank's expert
- *                      and each its experts receive from another rank: the token's rank sends
- *                      the row's input (K_l floats, dispatch) and output gradient (H, combine's
- *                      backward), the expert's rank its output (H, combine) and input gradient
- *                      (K_l, dispatch's backward). With even routing and no drops, per layer,
- *                      k n_q (1 - X_q/X) rows out and k (n - n_q) X_q/X in
- *        all-gather    the counts, (N-1) x 4 B x k X per layer
- *        all-reduce    the replicated gradients and the loss, 2(N-1)/N x 8 B x (P_r + 2)
- *   memory  (4 + 8, + 8 with AdamW) B x (P_r + the X_q experts' parameters) + activations of
- *           R_q rows, each MoE layer's buffers among them: a token's k rows routed and (even
- *           load) k received, 6 rows of max(K_l, H) floats a choice, and what experts keep
  *
  *   make train_ep && mpirun -n 2 ./train_ep --experts 4      # --oversubscribe for more ranks than cores
  *   mpirun -n 4 ./train_ep --experts 8 --top-k 2 --timeline  # the last step: dispatch, experts, combine
  *   mpirun -n 2 ./train_ep --model gpt --experts 4           # the GPT: 4 experts in every block
  *
- * Compare with ./train --experts 4 (--model gpt): the same losses, names and final
- * checkpoint, whatever N. With --microbatches M, each microbatch is split over the ranks and
- * has its own capacity and load-balancing loss: ./train --experts 4 --microbatches M's bits. Initial values: train.c's, each element by its index in train.c's
- * layout (ckpt.h's holding_load, in main, through ep_share and config.h's table), or the checkpoint's.
- *
- * Sections: the strategy, an MoE layer's communication (train_3d.c's expert axis runs it
- * too); the state of one run; the forward and backward passes, and the replicated
- * gradients' all-reduce; what only serves the report (figures, the all-to-all table, the
- * timeline); options; main.
+ * First read: the plan, one MoE layer's forward and backward (top-1), one training step.
+ * Then chapters: top-2, capacity and dropped tokens, the balancing loss, the GPT's experts,
+ * microbatches, the formulas, the timeline. train_3d.c's expert axis runs the strategy.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -60,105 +37,112 @@
 #include "dist.h"
 
 // ----------------------------------------------------------------------------
-// the strategy: tokens to their experts and back
-//
-// An MoE layer is moe.h's steps, with the communication between them here: read
-// ep_moe_forward beside moe.h's moe_forward (one process), and ep_moe_backward beside
-// moe_backward. Where moe_forward copies, these make an all-to-all; before planning, every
-// rank's counts of choices are all-gathered. The functions take the router's and the
-// experts' parameters as two pointers, so that train_3d.c runs them on its expert-parallel
-// group, with parameters FSDP has just gathered.
+// the strategy: what a rank holds
 
 typedef struct {
+    int* all_counts; // [N][k][X] every rank's counts of choices (MoeLayer's counts)
+    int* a2a;        // [4][N] one all-to-all's counts and displacements, in floats
+} EpScratch;
+// train_3d.c's plug-in point: its plan, as its ranks hold parts of rows; NULL here: ep_plan
+typedef struct {
+    void (*plan)(void* ctx, const Config* c, MoeLayer* m, int n, int training, int64_t* aux);
+    void* ctx;
+} EpPlanHook;
+typedef struct {
     Group* ep;        // the N ranks the experts are split over: the all-to-alls
-    Group* counts_to; // the same N ranks, for the counts' all-gather: train_ep.c's Group dp
-                      // (the same communicator; apart only to count the bytes), train_3d.c's ep
+    Group* counts_to; // the same ranks, for the counts' all-gather (train_ep.c's dp: its bytes apart)
     int x_lo, x_hi;   // this rank's experts [x_lo, x_hi) of every MoE layer
     int* x_first;     // [N + 1] rank q holds experts [x_first[q], x_first[q + 1])
-    int* all_counts;  // [N][k][X] every rank's counts of choices (MoeLayer's counts)
-    int* a2a;         // [4][N] one all-to-all's counts and displacements, in floats
-    // train_3d.c's plan, where the ranks of the group do not hold the whole batch (moe.h's
-    // capacity and load-balancing loss are batch-wide); NULL here: ep_plan
-    void (*plan)(void* ctx, const Config* c, MoeLayer* m, int n, int training, int64_t* aux);
-    void* plan_ctx;
+    EpScratch scratch;
+    EpPlanHook hook;
 } Ep;
 
-// X experts of every layer over the ranks of `ep`, a contiguous range each (split_range)
-static void ep_init(Ep* p, Group* ep, Group* counts_to, const Config* c) {
-    *p = (Ep){.ep = ep, .counts_to = counts_to};
-    p->x_first = mallocCheck(sizeof(int) * (ep->size + 1));
-    for (int q = 0; q < ep->size; q++) {
-        long lo, hi;
-        split_range(c->experts, ep->size, q, &lo, &hi);
-        p->x_first[q] = (int)lo;
-    }
-    p->x_first[ep->size] = c->experts;
-    p->x_lo = p->x_first[ep->rank], p->x_hi = p->x_first[ep->rank + 1];
-    p->all_counts = mallocCheck(sizeof(int) * ep->size * c->top_k * c->experts);
-    p->a2a = mallocCheck(sizeof(int) * 4 * ep->size);
-}
-static void ep_free(Ep* p) { free(p->x_first), free(p->all_counts), free(p->a2a); }
+// One MoE layer as this rank runs it: its weights, where their gradients add, the pass's kind.
+typedef struct {
+    MoeLayer* m;           // its routing, plan and buffers (moe.h)
+    const float* router;   // the router's weight [K][X]
+    const float* experts;  // this rank's experts [x_lo, x_hi), one block after another
+    int64_t* router_grad;  // backward: the router's gradient, all-reduced after backward
+    int64_t* experts_grad; // backward: the experts', complete here
+    int training;          // capacity and the balancing loss apply (their chapters)
+    int64_t* aux;          // training: the balancing loss's terms are added here
+    long terms;            // backward: the most terms an exact sum over tokens has (the batch's tokens)
+    Workspace* ws;
+} EpLayer;
 
-// The plan of a pass, once the router has chosen (ep_moe_forward's first step after it):
-// every rank's counts of choices all-gathered, so that every rank knows how many tokens
-// the batch has, which choices the capacity keeps and how many rows each rank sends each
-// other (moe.h's moe_plan); in training, the load-balancing loss (its exact terms of this
-// rank's tokens added to *aux). The ranks' tokens are the whole batch, contiguous ranges
-// of it in rank order.
+// ----------------------------------------------------------------------------
+// the plan: who sends which rows where
+//
+// The router has chosen each token's expert. Every rank all-gathers every rank's counts of
+// choices, so that each rank computes the same plan with no further message. An example:
+// 2 ranks, X = 4 experts (rank 0 holds 0 1, rank 1 holds 2 3: x_first = {0, 2, 4}), top-1,
+// the batch's tokens t0 t1 t2 on rank 0 and t3 t4 t5 on rank 1. "t5>2" is t5's row for
+// expert 2, and "|" parts the rows by the rank they go to or come from.
+//
+//                               rank 0                     rank 1
+//   the router's choices        t0>2  t1>0  t2>1           t3>1  t4>3  t5>2
+//   counts, by expert 0..3      1 1 1 0                    0 1 1 1          (all-gathered)
+//   routed rows, by expert      t1>0 t2>1 | t0>2           t3>1 | t5>2 t4>3
+//   routed_to[q]                {2, 1}                     {1, 2}
+//   expert rows, by rank        t1>0 t2>1 | t3>1           t0>2 | t5>2 t4>3
+//   expert_from[q]              {2, 1}                     {1, 2}
+//
+// A rank sorts its routed rows by expert, so the rows for rank q's experts are one block:
+// routed_to[q] is its own counts of q's experts. From the gathered counts it also knows
+// expert_from[q], rank q's counts of this rank's experts. kept[q][x] is rank q's rows for
+// expert x (its counts, less what the capacity drops). Dispatch is one all-to-all, routed
+// rows out and expert rows in; the expert rows come by rank, then expert, so an expert runs
+// once per sending rank: rank 1's expert 2 on t0, then on t5. Combine sends each output row
+// back the way it came, into the routed row it left (t0's output lands in rank 0's row 2).
+
 static void ep_plan(Ep* p, const Config* c, MoeLayer* m, int n, int training, int64_t* aux) {
     int N = p->ep->size, me = p->ep->rank;
-    group_allgather(p->counts_to, m->counts, p->all_counts, (long)c->top_k * c->experts, MPI_INT); // all-gather
-    long n_total = moe_batch_tokens(c, p->all_counts, N), C = moe_capacity(c, n_total, training);
-    moe_plan(c, m, p->all_counts, N, me, p->x_first, n, C);
-    if (training) moe_balance(c, m, p->all_counts, N, me, n, n_total, C, aux);
+    group_allgather(p->counts_to, m->counts, p->scratch.all_counts, (long)c->top_k * c->experts, MPI_INT); // all-gather
+    long n_total = moe_batch_tokens(c, p->scratch.all_counts, N), C = moe_capacity(c, n_total, training);
+    moe_plan(c, m, p->scratch.all_counts, N, me, p->x_first, n, C); // kept, routed_to, expert_from, each row's place
+    if (training) moe_balance(c, m, p->scratch.all_counts, N, me, n, n_total, C, aux); // the balancing loss's chapter
 }
 
-// (below: dispatch and combine's MPI_Alltoallv, with its counts and displacements)
+// send_rows[q] rows of `width` floats to rank q, recv_rows[q] from it, in rank order (plumbing)
 static void ep_all_to_all(Ep* p, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
                           const char* what);
 
-// The layer of experts on this rank's n tokens, in [n][K] -> out [n][H] (the unit around it
-// gives them: model.h's moe_unit_before); `wr` is the router's weight, `we` this rank's
-// experts [x_lo, x_hi), one after another. `training`: capacity and the load-balancing
-// loss apply (its terms added to *aux).
-static void ep_moe_forward(Ep* p, const Config* c, const float* wr, const float* we, MoeLayer* m, const float* in,
-                           float* out, int n, int training, int64_t* aux, Workspace* ws) {
+// ----------------------------------------------------------------------------
+// an MoE layer: route, dispatch, the experts, combine
+
+// The layer on this rank's n tokens: in [n][K] -> out [n][H].
+static void ep_moe_forward(Ep* p, const Config* c, const EpLayer* l, const float* in, float* out, int n) {
+    MoeLayer* m = l->m;
     const Expert* e = &m->e;
     int N = p->ep->size, X = c->experts;
-    moe_route(c, m, in, wr, n, ws); // the router on this rank's tokens
-    if (p->plan) p->plan(p->plan_ctx, c, m, n, training, aux); // (train_3d.c's)
-    else ep_plan(p, c, m, n, training, aux);                   // the counts all-gathered, then moe.h's plan
-    moe_permute(m, in);             // the routed rows' inputs, in the dispatch order
-    // dispatch: each routed row to the rank holding its expert
+    moe_route(c, m, in, l->router, n, l->ws); // each token's expert, its gate, the counts
+    if (p->hook.plan) p->hook.plan(p->hook.ctx, c, m, n, l->training, l->aux); // (train_3d.c's)
+    else ep_plan(p, c, m, n, l->training, l->aux);
+    moe_permute(m, in); // the routed rows' inputs, by expert
     ep_all_to_all(p, m->routed_in, m->routed_to, m->expert_in, m->expert_from, e->K, "dispatch");
-    // this rank's experts on their rows, which came by rank, then expert: from each rank q a
-    // block for each expert, kept[q][x] rows (moe.h's worked example, before moe_plan)
     double t = trace_clock();
-    for (int q = 0, at = 0; q < N; q++)
+    for (int q = 0, at = 0; q < N; q++) // a block of expert rows from each rank q, for each expert
         for (int x = p->x_lo; x < p->x_hi; x++) {
             int rows = m->kept[(long)q * X + x];
             if (rows == 0) continue;
             expert_forward(e, m->expert_out + (long)at * e->H, m->expert_saved + (long)at * e->saved,
-                           m->expert_in + (long)at * e->K, we + moe_expert_at(e, x, p->x_lo), rows, m->tmp, m->acc, ws);
+                           m->expert_in + (long)at * e->K, l->experts + moe_expert_at(e, x, p->x_lo), rows, m->tmp,
+                           m->acc, l->ws);
             at += rows;
         }
     trace_event("compute", t, trace_clock(), 0, "experts %d", m->layer);
-    // combine: each output row back to the rank it came from
     ep_all_to_all(p, m->expert_out, m->expert_from, m->routed_out, m->routed_to, e->H, "combine");
-    moe_unpermute(c, m, out, n);    // each token's gated sum of its experts' outputs
+    moe_unpermute(c, m, out, n); // each token's gate x its expert's output
 }
 
-// Its backward: from its tokens' output gradients dout [n][H], their input gradients din
-// [n][K] (in: their input rows), and the exact gradients of the router (into gr) and of
-// this rank's experts (into ge) added. `terms`: how many terms those exact sums over tokens
-// may have (kernels.h's fix_term checks each term's range against it): the batch's tokens,
-// alike in every layout. The router's gradient, replicated, is all-reduced after backward.
-static void ep_moe_backward(Ep* p, const Config* c, const float* wr, const float* we, int64_t* gr, int64_t* ge,
-                            MoeLayer* m, const float* in, const float* dout, float* din, long terms, Workspace* ws) {
+// Its backward, from dout [n][H]: din [n][K], and the router's and this rank's experts'
+// exact gradients added. Each all-to-all runs the other way from its forward.
+static void ep_moe_backward(Ep* p, const Config* c, const EpLayer* l, const float* in, const float* dout,
+                            float* din) {
+    MoeLayer* m = l->m;
     const Expert* e = &m->e;
     int N = p->ep->size, X = c->experts, n = m->n;
     moe_unpermute_backward(c, m, dout, n); // the gates' gradients; each routed row's output gradient
-    // combine's backward: each routed row's output gradient to its expert's rank (the way dispatch went)
     ep_all_to_all(p, m->routed_dout, m->routed_to, m->expert_dout, m->expert_from, e->H, "combine (backward)");
     double t = trace_clock();
     for (int q = 0, at = 0; q < N; q++) // the blocks as forward ran them
@@ -166,52 +150,19 @@ static void ep_moe_backward(Ep* p, const Config* c, const float* wr, const float
             int rows = m->kept[(long)q * X + x];
             if (rows == 0) continue;
             long off = moe_expert_at(e, x, p->x_lo);
-            expert_backward(e, m->expert_din + (long)at * e->K, ge + off, m->expert_dout + (long)at * e->H,
+            expert_backward(e, m->expert_din + (long)at * e->K, l->experts_grad + off, m->expert_dout + (long)at * e->H,
                             m->expert_in + (long)at * e->K, m->expert_out + (long)at * e->H,
-                            m->expert_saved + (long)at * e->saved, we + off, rows, terms, m->tmp, m->acc, ws);
+                            m->expert_saved + (long)at * e->saved, l->experts + off, rows, l->terms, m->tmp, m->acc,
+                            l->ws);
             at += rows;
         }
     trace_event("compute", t, trace_clock(), 0, "experts backward %d", m->layer);
-    // dispatch's backward: each expert row's input gradient back to its token's rank (the way combine went)
     ep_all_to_all(p, m->expert_din, m->expert_from, m->routed_din, m->routed_to, e->K, "dispatch (backward)");
-    moe_router_backward(c, m, wr, gr, in, din, n, terms, ws);
-    moe_permute_backward(c, m, din, n); // plus each kept choice's input gradient from its expert
+    moe_router_backward(c, m, l->router, l->router_grad, in, din, n, l->terms, l->ws);
+    moe_permute_backward(c, m, din, n); // plus each routed row's input gradient, back in its token's row
 }
 
-// An all-to-all of rows of `width` floats: send_rows[q] of them to rank q (the rows are in
-// rank order), recv_rows[q] of them from rank q, into recv in rank order. `what` names it
-// in traces and the timeline.
-static void ep_all_to_all(Ep* p, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
-                          const char* what) {
-    int N = p->ep->size, me = p->ep->rank;
-    int *sc = p->a2a, *sd = sc + N, *rc = sd + N, *rd = rc + N;
-    long s = 0, t = 0; // MPI counts are ints: the totals must fit one
-    for (int q = 0; q < N; q++) s += (long)send_rows[q] * width, t += (long)recv_rows[q] * width;
-    if (s > INT_MAX || t > INT_MAX)
-        fatal("%s: %ld floats, more than one MPI all-to-all sends; lower --batch", what, s > t ? s : t);
-    for (int q = 0, so = 0, ro = 0; q < N; q++) {
-        sc[q] = send_rows[q] * width, sd[q] = so, so += sc[q];
-        rc[q] = recv_rows[q] * width, rd[q] = ro, ro += rc[q];
-    }
-    double t0 = now_seconds(), sent = p->ep->sent;
-    waiting_for = what;
-    MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, p->ep->comm);
-    waiting_for = NULL;
-    for (int q = 0; q < N; q++) // what stays on this rank is not sent
-        if (q != me) {
-            if (sc[q]) count_sent(p->ep, 4.0 * sc[q]);
-            if (rc[q]) count_received(p->ep, 4.0 * rc[q]);
-        }
-    trace_event("comm", t0, now_seconds(), p->ep->sent - sent, "%s", what);
-}
-
-// The all-to-alls' formula (the top of this file), on the rows the routing sent: 4 B x
-// (K + H) for each row sent to or received from another rank, `rows` of them (MoeLayer's
-// tokens_out + tokens_in).
-static double ep_a2a_bytes_of(const Expert* e, double rows) { return 4.0 * (e->K + e->H) * rows; }
-
-#ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the strategy above
-
+#ifndef TRAIN_3D // from here to the end of the first read: the program; train_3d.c has its own
 #define RUN_LINE "mpirun -n 2 ./train_ep --experts 4"
 
 // ----------------------------------------------------------------------------
@@ -219,57 +170,30 @@ static double ep_a2a_bytes_of(const Expert* e, double rows) { return 4.0 * (e->K
 
 typedef struct {
     Config cfg;
-    Dataset ds;        // the data
+    Dataset ds;
     State st;          // the replicated weights and this rank's experts, unit by unit (ep_layout)
     long off[MAX_LAYERS + 2], n[MAX_LAYERS + 2]; // where each unit starts in st, and its size here
     Ep experts;        // this rank's experts [x_lo, x_hi) of every MoE layer, and the all-to-alls
     Work work;         // activations of this rank's rows, and each MoE layer's MoeLayer (moe.h)
     Group ep;          // every rank: the all-to-alls
     Group dp;          // every rank too (main: the same communicator): the all-reduces, the all-gathers
+    int M;             // --microbatches: the batch in M passes, each split over the ranks
+    GradSpan spans[2 * (MAX_LAYERS + 2)]; // what the gradient norm counts here (ep_grad_spans)
+    int n_spans;
+    int timeline;      // --timeline
+    // scratch
     int64_t* packed;   // the replicated gradients, packed for their one all-reduce
     int* gathered;     // [2][N]: the probabilities' counts and displacements, for sampling
-    int timeline;      // --timeline
-    int M;             // --microbatches: the batch in M passes, each split over the ranks
 } Run;
 
-static void run_free(Run* r) {
-    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), free(r->packed), free(r->gathered);
-    ep_free(&r->experts);
-}
-
-// Unit u as this rank holds it (config.h's Share): an MoE unit's own tensors (the MLP's
-// router; the GPT's block's attention, LayerNorms and router), then its experts [x_lo, x_hi);
-// any other unit whole.
-static Share ep_share(const Run* r, int u) {
-    return is_moe(&r->cfg, u) ? (Share){0, 1, r->experts.x_lo, r->experts.x_hi} : share_whole(&r->cfg);
-}
-static void ep_layout(Run* r) {
-    long at = 0;
-    for (int u = 0; u < n_units(&r->cfg); u++) {
-        r->n[u] = share_params(&r->cfg, u, ep_share(r, u));
-        r->off[u] = at, at += r->n[u];
-    }
-}
-// The replicated part of unit u (the embedding, every router, the output layer; the GPT's
-// attention and LayerNorms too): its first ep_replicated(u) elements here
-static long ep_replicated(const Run* r, int u) { return is_moe(&r->cfg, u) ? moe_shared_params(&r->cfg, u) : r->n[u]; }
-static Holding ep_holding(Run* r) {
-    Holding h = {0};
-    for (int u = 0; u < n_units(&r->cfg); u++) {
-        h.n[u] = r->n[u], h.share[u] = ep_share(r, u);
-        h.at[0][u] = r->st.params + r->off[u];
-        h.at[1][u] = r->st.m ? r->st.m + r->off[u] : NULL;
-        h.at[2][u] = r->st.v ? r->st.v + r->off[u] : NULL;
-    }
-    return h;
-}
+static void ep_gather_probs(Run* r, const Rows* rows, int R, const Acts* a, float* probs);
+static double validation_loss(void* ctx);
 
 // ----------------------------------------------------------------------------
-// the forward pass: the rows [first, first + R) split over the ranks, each through the
-// whole model, the MoE layers exchanging tokens. Returns the exact sum of all R rows'
-// losses on every rank (and adds their load-balancing terms to acts.aux); with probs, every
-// rank receives all R rows' probabilities.
+// the forward and backward passes
 
+// The rows [first, first + R) split over the ranks, each through the whole model. Returns
+// the exact sum of all R rows' losses on every rank (with probs, all their probabilities).
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
     Run* r = ctx;
     const Config* c = &r->cfg;
@@ -280,40 +204,29 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     for (int u = 0; u < n_units(c); u++) {
         const float* w = r->st.params + r->off[u];
         Scratch* s = &r->work.scratch;
-        if (is_moe(c, u)) { // the unit's ops around its layer of experts (the GPT's attention half) are model.h's
+        if (is_moe(c, u)) { // the unit's own ops around its layer (the GPT's chapter) are model.h's
             const float* in;
             float* out;
             double t = trace_clock();
             int n = moe_unit_before(c, u, w, a, s, (int)(hi - lo), &in, &out, &r->work.ws);
             trace_event("compute", t, trace_clock(), 0, "forward %s", unit_name(c, u));
-            // the unit here (ep_layout): its shared parameters, the router's weight among them
-            // (moe_router_at: the MLP's first, the GPT's after attention and LayerNorms), then its experts
-            ep_moe_forward(&r->experts, c, w + moe_router_at(c), w + moe_shared_params(c, u), &a->moe[u], in, out, n,
-                           a->training, &a->aux, &r->work.ws);
+            EpLayer l = {.m = &a->moe[u], .router = w + moe_router_at(c), .experts = w + moe_shared_params(c, u),
+                         .training = a->training, .aux = &a->aux, .ws = &r->work.ws};
+            ep_moe_forward(&r->experts, c, &l, in, out, n);
             moe_unit_after(c, u, a, s, (int)(hi - lo));
         } else {
             unit_forward(c, u, w, a, s, (int)(hi - lo), rows_total, &r->work.ws);
         }
     }
     int64_t sums[2] = {a->loss, a->aux};
-    group_allreduce(&r->dp, sums, 2, MPI_INT64_T, MPI_SUM); // the loss and the load-balancing loss
+    group_allreduce(&r->dp, sums, 2, MPI_INT64_T, MPI_SUM); // the loss and the balancing loss
     a->aux = sums[1];
-    if (probs) {
-        int N = r->ep.size, V = c->vocab, *counts = r->gathered, *displs = counts + N;
-        for (int q = 0; q < N; q++) {
-            long qlo, qhi;
-            split_range(R, N, q, &qlo, &qhi);
-            counts[q] = (int)((qhi - qlo) * V), displs[q] = (int)(qlo * V);
-        }
-        // this rank's rows' probabilities (the GPT's at the position sampled), in scratch free between passes
-        float* own = r->work.scratch.dout;
-        model_probs(c, rows, a->out[c->layers + 1], (int)(hi - lo), own);
-        MPI_Allgatherv(own, counts[r->ep.rank], MPI_FLOAT, probs, counts, displs, MPI_FLOAT, r->dp.comm);
-    }
+    if (probs) ep_gather_probs(r, rows, R, a, probs);
     return sums[0];
 }
-// Backward, unit by unit: an MoE unit's layer through ep_moe_backward (`terms`: the batch's
-// tokens), the rest as train.c's; with --recompute, what a block did not keep first (model.h).
+
+// Unit by unit, this rank's R rows of a batch of B; with --recompute, what a block did not
+// keep first (model.h).
 static void backward(Run* r, int R, long B) {
     const Config* c = &r->cfg;
     Acts* a = &r->work.acts;
@@ -327,8 +240,10 @@ static void backward(Run* r, int R, long B) {
             float* din;
             long terms = B * moe_tokens_per_row(c);
             moe_unit_backward_before(c, u, a, s, &in, &dout, &din);
-            ep_moe_backward(&r->experts, c, w + moe_router_at(c), w + moe_shared_params(c, u), g + moe_router_at(c),
-                            g + moe_shared_params(c, u), &a->moe[u], in, dout, din, terms, &r->work.ws);
+            EpLayer l = {.m = &a->moe[u], .router = w + moe_router_at(c), .experts = w + moe_shared_params(c, u),
+                         .router_grad = g + moe_router_at(c), .experts_grad = g + moe_shared_params(c, u),
+                         .terms = terms, .ws = &r->work.ws};
+            ep_moe_backward(&r->experts, c, &l, in, dout, din);
             double t = trace_clock();
             moe_unit_backward_after(c, u, w, g, a, s, R, terms, &r->work.ws);
             trace_event("compute", t, trace_clock(), 0, "input gradient %s", unit_name(c, u));
@@ -339,8 +254,11 @@ static void backward(Run* r, int R, long B) {
     }
 }
 
-// After backward: the replicated weights' gradients summed over the ranks, packed into one
-// all-reduce. The experts' are complete where they are held.
+// The replicated part of unit u is its first ep_replicated(u) elements here: the embedding,
+// every router, the output layer (the GPT's attention and LayerNorms too).
+static long ep_replicated(const Run* r, int u) { return is_moe(&r->cfg, u) ? moe_shared_params(&r->cfg, u) : r->n[u]; }
+
+// The replicated weights' gradients summed over the ranks, packed into one all-reduce.
 static void ep_allreduce_replicated(Run* r) {
     long n = 0;
     for (int u = 0; u < n_units(&r->cfg); u++)
@@ -351,35 +269,96 @@ static void ep_allreduce_replicated(Run* r) {
         memcpy(r->st.grads + r->off[u], r->packed + n, ep_replicated(r, u) * sizeof(int64_t)), n += ep_replicated(r, u);
 }
 
-// The gradient norm counts every element once: the replicated ones on rank 0, each expert
-// on its rank.
-static int ep_grad_spans(const Run* r, GradSpan* spans) {
-    int n = 0;
-    for (int u = 0; u < n_units(&r->cfg); u++) {
-        long rep = ep_replicated(r, u);
-        if (r->ep.rank == 0) spans[n++] = (GradSpan){r->st.grads + r->off[u], rep};
-        if (r->n[u] > rep) spans[n++] = (GradSpan){r->st.grads + r->off[u] + rep, r->n[u] - rep};
+// ----------------------------------------------------------------------------
+// one training step
+
+// Returns step_end's answer: nonzero when a signal stops the run.
+static int train_step(Run* r, Options* o, Progress* pr, long step) {
+    int B = o->batch, M = r->M;
+    long first, np = r->st.n;
+    step_begin(pr, step);
+    Rows batch = training_rows(&r->ds, o->seed, step, 0);
+    long n = dataset_batch_targets(&r->ds, o->seed, step, B); // of the whole batch, on every rank
+    int64_t loss = 0, aux = 0;
+    fix_zero(r->st.grads, np);
+    for (int m = 0; m < M; m++) { // M = 1 unless --microbatches (its chapter)
+        long lo, hi;
+        split_range(B, M, m, &lo, &hi);
+        loss += forward(r, &batch, lo, (int)(hi - lo), B, NULL); // the sum of all the rows' losses
+        aux += r->work.acts.aux;
+        backward(r, microbatch_rows(B, M, m, r->ep.size, r->ep.rank, &first), B);
     }
-    return n;
+    pr->aux = fix_to(aux) / n;
+    ep_allreduce_replicated(r); // the experts' gradients are complete where they are held
+    float scale = clip_factor(&o->opt, r->spans, r->n_spans, n, group_norm, &r->dp);
+    optimizer_step(&o->opt, r->st.params, r->st.grads, r->st.m, r->st.v, np, grad_factor(n), scale, step);
+    return step_end(pr, step, fix_to(loss) / n, validation_loss, r);
 }
 
-// Mean loss over the whole validation split: every pass's rows are split over the ranks.
-static double validation_loss(void* ctx) {
-    Run* r = ctx;
-    return mean_loss(evaluate(forward, r, &r->ds, 1, 0), &r->ds);
-}
+#endif // TRAIN_3D
+// ---------------------------------------------------------------------------- first read ends here
 
 // ----------------------------------------------------------------------------
-// what only serves the report: the figures beside their formulas (the top of this file),
-// the all-to-all table, the timeline
+// top-2
+// With --top-k 2 a token has a routed row for each of its two most probable experts, their
+// gates renormalised over the pair (Mixtral), summed in choice order. Nothing in this file
+// changes: the counts are [k][X], and the all-to-alls carry what the plan says.
 
-// The formulas of figures(), in words, for the report.
+// ----------------------------------------------------------------------------
+// capacity and dropped tokens
+// In training an expert takes at most C = ceil(F k n / X) of the batch's n tokens (F is
+// --capacity, 1.25 by default); a choice past that is dropped, its term of the output 0. An
+// expert's queue holds every first choice before any second, each by token of the batch.
+// So a choice's place needs every earlier rank's counts: that is why ep_plan all-gathers
+// them. moe.h's worked example, before moe_plan, shows drops. Validation drops nothing.
+
+// ----------------------------------------------------------------------------
+// the balancing loss
+// A term that pushes the router to spread the tokens: aux = alpha X sum_x f_x P_x (Switch),
+// f_x the share of the batch's choices that went to x, P_x x's mean probability. ep_plan's
+// moe_balance takes f_x from the gathered counts and adds this rank's tokens' exact terms;
+// forward's all-reduce sums them beside the loss; moe_router_backward adds its gradient.
+
+// ----------------------------------------------------------------------------
+// the GPT's experts
+// With --model gpt the layer is a block's MLP half, and its tokens are positions: those
+// with a target, in training. moe_unit_before runs the attention half and ln2 and gives the
+// layer their rows; moe_unit_after adds the residual (model.h's "a unit with a mixture of
+// experts"). An expert is the block's MLP, C -> 4C -> C, so the communication is the MLP's.
+
+// ----------------------------------------------------------------------------
+// microbatches
+// --microbatches M runs the batch in M passes, each split over the ranks and with its own
+// capacity and balancing loss: ./train --experts X --microbatches M's bits. The replicated
+// gradients are all-reduced once, after the last pass.
+
+// ----------------------------------------------------------------------------
+// the formulas
+// Per rank q and step: n_q of the batch's n tokens (a token is the MLP's row, or the GPT's
+// position; in training, those with a target only; the MLP: R_q rows of B), X_q of the X
+// experts, top-k routing, L MoE layers of inputs K_l and outputs H (the GPT: C and C), P_r
+// replicated parameters:
+//   sent  all-to-alls  4 B x (K_l + H) for each row this rank routes to another rank's expert
+//                      and each its experts receive from another rank: the token's rank sends
+//                      the row's input (K_l floats, dispatch) and output gradient (H, combine's
+//                      backward), the expert's rank its output (H, combine) and input gradient
+//                      (K_l, dispatch's backward). With even routing and no drops, per layer,
+//                      k n_q (1 - X_q/X) rows out and k (n - n_q) X_q/X in
+//        all-gather    the counts, (N-1) x 4 B x k X per layer
+//        all-reduce    the replicated gradients and the loss, 2(N-1)/N x 8 B x (P_r + 2)
+//   memory  (4 + 8, + 8 with AdamW) B x (P_r + the X_q experts' parameters) + activations of
+//           R_q rows, each MoE layer's buffers among them: a token's k rows routed and (even
+//           load) k received, 6 rows of max(K_l, H) floats a choice, and what experts keep
+
+// The all-to-alls' bytes for `rows` rows sent or received (MoeLayer's tokens_out + tokens_in)
+static double ep_a2a_bytes_of(const Expert* e, double rows) { return 4.0 * (e->K + e->H) * rows; }
+
+#ifndef TRAIN_3D
 static const char sent_words[] = "all-to-all 4 B x (K+H) x tokens sent to and received from other ranks; "
                                  "+ all-reduce 2(N-1)/N x 8 B x (replicated P + 2); + counts (N-1) x 4 B x k X a layer";
 static const char mem_words[] = "(4 + 8 + 8 with AdamW) B x (replicated P + this rank's experts) + activations";
 
-// The all-to-alls' formula on the rows the routing sent (ep_a2a_bytes_of), over the layers
-// (moe_balance counts the rows).
+// The all-to-alls' formula on the rows the routing sent, over the layers (moe_balance's counts)
 static double ep_a2a_bytes(const Run* r) {
     const Config* c = &r->cfg;
     double bytes = 0;
@@ -389,9 +368,7 @@ static double ep_a2a_bytes(const Run* r) {
     }
     return bytes;
 }
-// and with even routing and no drops, per step: k n_q (1 - X_q/X) rows out, k (n - n_q)
-// X_q/X in, with n_q this rank's tokens of the batch's n (the MLP's: R_q rows of B; the
-// GPT's: positions with a target, their means over the steps)
+// and with even routing and no drops, per step, from the means of n_q and n over the steps
 static double ep_a2a_formula(const Run* r) {
     const Config* c = &r->cfg;
     double k = c->top_k, share = (double)(r->experts.x_hi - r->experts.x_lo) / c->experts, bytes = 0;
@@ -417,8 +394,7 @@ static Figures figures(const Run* r, const Progress* pr, int R) {
     return f;
 }
 
-// The all-to-alls apart, per rank: measured, beside the formula on the rows routed and the
-// formula with even routing and no drops (real routing sends fewer or more).
+// The all-to-alls per rank: measured, on the rows routed, and with even routing and no drops.
 static void ep_print_exchange(const Run* r, const Progress* pr, int B) {
     double figs[3] = {per_step(pr, r->ep.sent), per_step(pr, ep_a2a_bytes(r)), ep_a2a_formula(r)}, *all = NULL;
     if (r->ep.rank == 0) all = mallocCheck(sizeof(double) * 3 * r->ep.size);
@@ -443,10 +419,11 @@ static void ep_print_exchange(const Run* r, const Progress* pr, int B) {
     free(all);
 }
 
-// --timeline: the last step on every rank, from its trace events: the router (r), the
-// all-to-alls (D dispatch and its backward, C combine and its backward), the experts (E),
-// the gates' gradients (g), the rest of forward (f) and backward (b), the all-reduces and
-// all-gathers (A).
+// ----------------------------------------------------------------------------
+// the timeline
+// --timeline draws the last step on every rank from its trace events, a letter for each
+// kind: the all-to-alls, the experts and the rest, as its legend says.
+
 static char ep_mark(const TraceEvent* e) {
     const char* n = e->name;
     if (!strncmp(n, "dispatch", 8)) return 'D';
@@ -462,6 +439,117 @@ static char ep_mark(const TraceEvent* e) {
 static void ep_timeline(const Run* r, double step_t0) {
     dist_trace_timeline(r->ep.comm, step_t0, ep_mark, "r router, D dispatch, E experts, C combine, "
                         "g gates' gradients, f other forward, b other backward, A all-reduce and all-gather");
+}
+#endif // TRAIN_3D
+
+// ----------------------------------------------------------------------------
+// plumbing: the strategy's setup and its all-to-all
+
+// X experts of every layer over the ranks of `ep`, a contiguous range each (split_range)
+static void ep_init(Ep* p, Group* ep, Group* counts_to, const Config* c) {
+    *p = (Ep){.ep = ep, .counts_to = counts_to};
+    p->x_first = mallocCheck(sizeof(int) * (ep->size + 1));
+    for (int q = 0; q < ep->size; q++) {
+        long lo, hi;
+        split_range(c->experts, ep->size, q, &lo, &hi);
+        p->x_first[q] = (int)lo;
+    }
+    p->x_first[ep->size] = c->experts;
+    p->x_lo = p->x_first[ep->rank], p->x_hi = p->x_first[ep->rank + 1];
+    p->scratch.all_counts = mallocCheck(sizeof(int) * ep->size * c->top_k * c->experts);
+    p->scratch.a2a = mallocCheck(sizeof(int) * 4 * ep->size);
+}
+static void ep_free(Ep* p) { free(p->x_first), free(p->scratch.all_counts), free(p->scratch.a2a); }
+
+static void ep_all_to_all(Ep* p, const float* send, const int* send_rows, float* recv, const int* recv_rows, int width,
+                          const char* what) {
+    int N = p->ep->size, me = p->ep->rank;
+    int *sc = p->scratch.a2a, *sd = sc + N, *rc = sd + N, *rd = rc + N;
+    long s = 0, t = 0; // MPI counts are ints: the totals must fit one
+    for (int q = 0; q < N; q++) s += (long)send_rows[q] * width, t += (long)recv_rows[q] * width;
+    if (s > INT_MAX || t > INT_MAX)
+        fatal("%s: %ld floats, more than one MPI all-to-all sends; lower --batch", what, s > t ? s : t);
+    for (int q = 0, so = 0, ro = 0; q < N; q++) {
+        sc[q] = send_rows[q] * width, sd[q] = so, so += sc[q];
+        rc[q] = recv_rows[q] * width, rd[q] = ro, ro += rc[q];
+    }
+    double t0 = now_seconds(), sent = p->ep->sent;
+    waiting_for = what;
+    MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, p->ep->comm);
+    waiting_for = NULL;
+    for (int q = 0; q < N; q++) // what stays on this rank is not sent
+        if (q != me) {
+            if (sc[q]) count_sent(p->ep, 4.0 * sc[q]);
+            if (rc[q]) count_received(p->ep, 4.0 * rc[q]);
+        }
+    trace_event("comm", t0, now_seconds(), p->ep->sent - sent, "%s", what);
+}
+
+#ifndef TRAIN_3D
+// ----------------------------------------------------------------------------
+// plumbing: the program's state, its layout and the gradient norm
+
+static void run_free(Run* r) {
+    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), free(r->packed), free(r->gathered);
+    ep_free(&r->experts);
+}
+
+// Unit u as this rank holds it (config.h's Share): an MoE unit's own tensors (the router; the
+// GPT's attention and LayerNorms), then its experts [x_lo, x_hi); any other unit whole.
+static Share ep_share(const Run* r, int u) {
+    return is_moe(&r->cfg, u) ? (Share){0, 1, r->experts.x_lo, r->experts.x_hi} : share_whole(&r->cfg);
+}
+static void ep_layout(Run* r) {
+    long at = 0;
+    for (int u = 0; u < n_units(&r->cfg); u++) {
+        r->n[u] = share_params(&r->cfg, u, ep_share(r, u));
+        r->off[u] = at, at += r->n[u];
+    }
+}
+static Holding ep_holding(Run* r) {
+    Holding h = {0};
+    for (int u = 0; u < n_units(&r->cfg); u++) {
+        h.n[u] = r->n[u], h.share[u] = ep_share(r, u);
+        h.at[0][u] = r->st.params + r->off[u];
+        h.at[1][u] = r->st.m ? r->st.m + r->off[u] : NULL;
+        h.at[2][u] = r->st.v ? r->st.v + r->off[u] : NULL;
+    }
+    return h;
+}
+
+// The gradient norm counts every element once: the replicated ones on rank 0, each expert
+// on its rank.
+static int ep_grad_spans(const Run* r, GradSpan* spans) {
+    int n = 0;
+    for (int u = 0; u < n_units(&r->cfg); u++) {
+        long rep = ep_replicated(r, u);
+        if (r->ep.rank == 0) spans[n++] = (GradSpan){r->st.grads + r->off[u], rep};
+        if (r->n[u] > rep) spans[n++] = (GradSpan){r->st.grads + r->off[u] + rep, r->n[u] - rep};
+    }
+    return n;
+}
+
+// Sampling: every rank receives all R rows' probabilities (the GPT's at the position
+// sampled), this rank's own made in scratch that is free between passes.
+static void ep_gather_probs(Run* r, const Rows* rows, int R, const Acts* a, float* probs) {
+    const Config* c = &r->cfg;
+    long lo, hi;
+    split_range(R, r->ep.size, r->ep.rank, &lo, &hi);
+    int N = r->ep.size, V = c->vocab, *counts = r->gathered, *displs = counts + N;
+    for (int q = 0; q < N; q++) {
+        long qlo, qhi;
+        split_range(R, N, q, &qlo, &qhi);
+        counts[q] = (int)((qhi - qlo) * V), displs[q] = (int)(qlo * V);
+    }
+    float* own = r->work.scratch.dout;
+    model_probs(c, rows, a->out[c->layers + 1], (int)(hi - lo), own);
+    MPI_Allgatherv(own, counts[r->ep.rank], MPI_FLOAT, probs, counts, displs, MPI_FLOAT, r->dp.comm);
+}
+
+// Mean loss over the whole validation split: every pass's rows are split over the ranks.
+static double validation_loss(void* ctx) {
+    Run* r = ctx;
+    return mean_loss(evaluate(forward, r, &r->ds, 1, 0), &r->ds);
 }
 
 // ----------------------------------------------------------------------------
@@ -525,30 +613,12 @@ int main(int argc, char** argv) {
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
-    GradSpan spans[2 * (MAX_LAYERS + 2)];
-    int n_spans = ep_grad_spans(&run, spans);
+    run.n_spans = ep_grad_spans(&run, run.spans);
     DistSave saver = {&holding, &run.ds, cfg};
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &saver, dist_any);
     progress.record_last = run.timeline; // the timeline is drawn from the last step's trace events
-    for (long step = start + 1; step <= o.steps; step++) {
-        step_begin(&progress, step);
-        Rows batch = training_rows(&run.ds, o.seed, step, 0);
-        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // of the whole batch, on every rank
-        int64_t loss = 0, aux = 0;
-        fix_zero(run.st.grads, np);
-        for (int m = 0; m < M; m++) { // --microbatches: capacity and load balance per microbatch, as train.c's
-            long lo, hi;
-            split_range(B, M, m, &lo, &hi);
-            loss += forward(&run, &batch, lo, (int)(hi - lo), B, NULL); // this rank's share; the sum of all its rows' losses
-            aux += run.work.acts.aux;
-            backward(&run, microbatch_rows(B, M, m, N, run.ep.rank, &first), B);
-        }
-        progress.aux = fix_to(aux) / n;
-        ep_allreduce_replicated(&run); // once, after the last microbatch
-        float scale = clip_factor(&o.opt, spans, n_spans, n, group_norm, &run.dp);
-        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
-    }
+    for (long step = start + 1; step <= o.steps; step++)
+        if (train_step(&run, &o, &progress, step)) break; // a signal: stop, saved
     save_at(&progress, start + progress.steps);
 
     // validation, sampling and report
@@ -565,5 +635,4 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 0;
 }
-
 #endif // TRAIN_3D
