@@ -125,8 +125,8 @@ static int pp_rank_of(const Pp* p, int k) {
 }
 // Microbatch m (train_3d.c: this replica's share of it): its first row of the batch, and
 // (returned) how many (model.h's microbatch_rows: 32 rows into 3 microbatches, 11, 11, 10).
-static int pp_mb_rows(const Pp* p, int m, long* first) {
-    return microbatch_rows(p->batch, p->M, m, p->plug.replicas, p->plug.replica, first);
+static int pp_mb_rows(const Pp* p, int m, long* row) {
+    return microbatch_rows(p->batch, p->M, m, p->plug.replicas, p->plug.replica, row);
 }
 
 // ----------------------------------------------------------------------------
@@ -258,7 +258,8 @@ static void pp_zero_bubble(Pp* p, const Rows* rows, const Action* a);
 // last chunk, the exact loss sum over the pipeline's rows. For 1F1B on S = 2 ranks and M = 4
 // microbatches (schedules.h's schedule_1f1b: rank r runs S-1-r forwards to fill the
 // pipeline, then a forward and a backward in turn, then the backwards left), the lists
-// are these, each action written chunk.microbatch (tools/schedules 1f1b 2 1 4):
+// are these, each action written chunk.microbatch (tools/schedules 1f1b 2 1 4; pp_init,
+// after the first read, builds every schedule's lists and checks them):
 //   rank 0: F0.0 F0.1 B0.0 F0.2 B0.1 F0.3 B0.2 B0.3
 //   rank 1: F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 F1.3 B1.3
 static int64_t pp_step(Pp* p, const Rows* rows) {
@@ -348,7 +349,8 @@ static double train_step(Run* r, const Options* o, long step) {
 // the zero-bubble actions: W, and DualPipeV's F&B
 //
 // A zero-bubble schedule (zb1, zbv, dualpipev) splits a backward into I and W, so that the
-// gradient the chunk before waits for leaves before the weight gradients are computed.
+// gradient the chunk before waits for leaves before the weight gradients are computed; W
+// then runs where 1F1B would idle.
 
 // W of microbatch m through chunk k: the weight gradients, from what its I stashed.
 static void pp_weight(Pp* p, int k, int m) {
@@ -466,13 +468,13 @@ static void pp_free(Pp* p) {
 // chunk in model order: blocking messages suffice, they all flow one way. Each chunk has
 // its own activations for these passes. Returns the loss sum on the rank of the last
 // chunk, whose pass activations hold the probabilities (pp_last_acts).
-static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first, int R, long rows_total, int tag) {
+static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first_row, int R, long rows_total, int tag) {
     int64_t loss = 0;
     for (int k = 0; k < p->n_chunks; k++) {
         int v, w, lo = p->first[k], hi = p->first[k + 1];
         if (chunk_owner(p->sched, p->S, p->V, k, &v) != p->rank) continue;
         Acts* a = &p->pass[v];
-        rows_load(rows, first, R, p->c->context, a->tokens, a->targets);
+        rows_load(rows, first_row, R, p->c->context, a->tokens, a->targets);
         int prev = chunk_owner(p->sched, p->S, p->V, k - 1, &w), next = pp_rank_of(p, k + 1);
         if (k > 0 && prev == p->rank) // chunk k-1 is this rank's too, its w-th
             memcpy(a->out[lo - 1], p->pass[w].out[lo - 1], (size_t)R * pp_width(p, lo - 1) * sizeof(float));
@@ -489,6 +491,9 @@ static Acts* pp_last_acts(Pp* p) { return &p->pass[p->V - 1]; }
 
 // ----------------------------------------------------------------------------
 // the report: the timeline, the bubble, the formulas beside what was measured
+//
+// The report shows what the schedule cost: each rank's idle time, and the memory and
+// traffic that the formulas predict beside what was measured.
 
 // --timeline: the last step's computations on every rank, gathered to rank 0 of the
 // pipeline and drawn there: F of microbatch m with m's digit (0-9, then more digits from
