@@ -73,8 +73,8 @@ static void backward_allreduce(Run* r, int R, long B) {
 // Backward finishes the gradients one unit at a time, from the last unit down. A bucket is
 // the whole units finished since the last bucket, so it is one contiguous range of the
 // gradient array. Once it holds --bucket-kb, or backward is done, a non-blocking all-reduce
-// sends it while backward goes on below. The sums are backward_allreduce's; only their timing
-// differs. (On 2 cores it is slower: docs/dp.md.)
+// sends it while backward goes on below. The sums are backward_allreduce's, only sent sooner
+// (on 2 cores that is slower: docs/dp.md).
 //
 // The loop is model.h's model_backward with a bucket test added after each unit: per unit,
 // unit_recompute rebuilds what --recompute dropped, unit_backward adds the unit's gradients,
@@ -82,7 +82,7 @@ static void backward_allreduce(Run* r, int R, long B) {
 
 static void backward_overlap(Run* r, int R, long B) {
     const Config* c = &r->cfg;
-    MPI_Request requests[MAX_LAYERS + 2]; // one a bucket, at most one a unit: n_units <= L + 2
+    MPI_Request requests[MAX_LAYERS + 2]; // one a bucket, at most one a unit: n_units = layers + 2
     int n_buckets = 0;
     long top = r->st.n; // the bucket being filled: gradients [unit_offset(c, u), top)
     for (int u = n_units(c) - 1; u >= 0; u--) {
@@ -105,9 +105,8 @@ static void backward_overlap(Run* r, int R, long B) {
 // ----------------------------------------------------------------------------
 // one training step
 
-// The two chapters train_step branches into, each in its own section after the marker.
-static int64_t microbatches(Run* r, const Rows* batch, long B);                // "--microbatches: ..."
-static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step); // "--sync weights: ..."
+static int64_t microbatches(Run* r, const Rows* batch, long B);                // section "--microbatches", below
+static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step); // section "--sync weights", below
 
 // main calls it once a step and prints the mean loss it returns. r->backward is
 // backward_allreduce, or backward_overlap with --overlap.
