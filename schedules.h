@@ -245,8 +245,8 @@ static void schedule_zbv(int S, int M, Action** lists, int* counts) {
 // DualPipeV (DeepSeek's DualPipe cut in half, Sea AI Lab; deepseek-ai/DualPipe): ZB-V's
 // chunks, r going down and 2S-1-r coming back up, and a steady state of F&B's: the
 // forward of one microbatch overlapped with the backward of another, each hiding the
-// other's communication. Rank r, in eight phases (the down arm's chunk "d", the up arm's
-// "u"; every count for M >= 2S):
+// other's communication. Rank r runs eight phases, "d" being its chunk on the down arm and
+// "u" its chunk on the up arm (every count holds for M >= 2S):
 //   1. 2(S-1-r) F(d)              fill the down arm
 //   2. r+1 x  F(d) F(u)           the turn: rank r's first microbatch comes back up
 //   3. S-1-r x  I(u) W(u) F(u)    a backward split so that its gradient leaves first
@@ -256,6 +256,12 @@ static void schedule_zbv(int S, int M, Action** lists, int* counts) {
 //   6. r+1 x  B(u) B(d)           the drain; its last r+1 backwards are I's
 //   7. S-1-r x  W, I(d)           ... whose W's fill the drain's idle time, oldest first
 //   8. r+1 x  W
+// The lists for S = 2 and M = 4, phase by phase ("|" ends a phase, "-" is an empty one),
+// each action written chunk.microbatch. Rank 0 holds chunks 0 (d) and 3 (u), rank 1 holds
+// chunks 1 (d) and 2 (u). tools/schedules dualpipev 2 2 4 prints them, and tests/run.sh
+// (section schedules) checks that this function still makes them.
+//   rank 0: F0.0 F0.1 | F0.2 F3.0 | I3.0 W3.0 F3.1 | F0.3&B3.1 F3.2&B0.0 | B3.2 F3.3&B0.1 | B3.3 I0.2 | W0.2 I0.3 | W0.3
+//   rank 1: - | F1.0 F2.0 F1.1 F2.1 | - | F1.2 B2.0 F2.2&B1.0 F1.3&B2.1 F2.3&B1.1 | - | B2.2 B1.2 I2.3 I1.3 | - | W2.3 W1.3
 // The peak: phases 1-2 leave 2S chunk activations; each F&B's F adds one before its B
 // frees one: 2S+1 chunks, S + 1/2 microbatches, on every rank (DualPipe's "PP+1" with PP =
 // 2S stages). The bubble, by DualPipe's README: (PP/2-1)(F&B+B-3W) = (S-1)(fb+b-3w) a rank.

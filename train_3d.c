@@ -849,8 +849,9 @@ int main(int argc, char** argv) {
     long start = grid_load(&run, &o);
     fsdp_gather_params(&run.fsdp);
     if (cfg->experts) fsdp_gather_params(&run.expert_fsdp);
-    pp_init(&run.pipe, &g->axis[PIPELINE], cfg, run.M, run.sched, run.V, run.first, o.batch, g->D, g->replica, rows,
-            &run.sizes, (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
+    PpPlan plan = {.sched = run.sched, .V = run.V, .M = run.M, .first = run.first, .batch = o.batch, .pass_capacity = rows};
+    pp_init(&run.pipe, &g->axis[PIPELINE], cfg, plan,
+            (PpPlug){g->D, g->replica, &run.sizes, {stage_forward, stage_backward, stage_backward_weight, &run}});
     workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
     char layout[320];
     int at = snprintf(layout, sizeof layout, "grid of %d tensor x ", g->T);

@@ -6,53 +6,30 @@
  * parameters are replicated and their gradients summed across the ranks, as in data
  * parallelism. It prints exactly what `./train --model gpt` prints for the same flags.
  *
- *   which positions (--cp-split): zigzag, T = 16 positions on N = 2 ranks, in 2N chunks
+ *   the zigzag split: T = 16 positions on N = 2 ranks, in 2N chunks
  *     positions  0  1  2  3 | 4  5  6  7 | 8  9 10 11 | 12 13 14 15
  *     rank       0            1            1             0
- *   rank i holds chunks i and 2N-1-i, so every rank has as many causal (query, key) pairs
- *   (68 and 68 here; 36 and 100 for the contiguous split: rank i chunk i of N)
+ *   Rank i holds chunks i and 2N-1-i, so every rank has as many causal (query, key) pairs
+ *   (68 and 68 here; 36 and 100 for the contiguous split, where rank i holds chunk i of N).
  *
- *   attention across ranks (--cp-comm): this rank's queries against every rank's K and V
- *     ring       (ring attention, the default) each rank's K, then its V, passed round the
- *                ring, one hop at a time: rank r sends to r + 1 and receives from r - 1, so
- *                at hop h it holds rank r - h's, and computes on it while the next one comes
- *     allgather  (Llama 3's) every rank's K and V all-gathered at once
- *     alltoall   (Ulysses, section 2c) no attention across ranks at all: an all-to-all gives
- *                each rank every position of NH/N of the NH heads, attention runs whole on
- *                them, an all-to-all gives its output back by positions (N must divide NH)
+ * One step, in order, for each of the L blocks (ring attention; rank r sends to r + 1):
+ *   forward   K goes round the ring for pass 1 of the softmax, the scores and their row max;
+ *             then V goes round for pass 2, the exact sums
+ *   backward  K and V go round again, and with them their gradients dK and dV, to which
+ *             every rank adds its queries' terms; the N-th hop brings each rank's home
+ * then the parameter gradients are all-reduced (exact sums) and the loss summed, as in train_dp.c.
+ * K and V travel again in backward because keeping every block's K and V until its backward
+ * would hold N times a rank's own (train_3d.c's pipeline keeps several microbatches, too).
  *
- * One step, in order, for each of the L blocks:
- *   forward   ring: K round the ring (pass 1: the scores and their row max), then V (pass 2:
- *             the exact sums); all-gather: K, then V, all-gathered
- *   backward  ring: K and V round again, and with each rank's travel its gradients dK and dV,
- *             to which every rank adds its queries' terms: the N-th hop brings them home;
- *             all-gather: K and V all-gathered again, dK and dV reduce-scattered home
- *   (alltoall: forward q, k, v to the heads and y back; backward dO and D = dO . y to the
- *   heads, and dq, dk, dv back)
- * then the parameter gradients all-reduced (exact sums) and the loss summed, as in train_dp.c.
- * --microbatches M: the forward and backward of each microbatch in turn, the all-reduce once;
- * --recompute: before a block's backward, its attention (selective) or the block (full) again.
- * K and V travel again in backward because keeping every block's gathered K and V until its
- * backward would hold N times a rank's own, per block; a rank's own stay in its q k v (*).
+ * Same bits as train.c: the softmax takes two passes (layers.h), the row max, which is exact
+ * in any order, then exact fixed-point sums, so it does not matter which rank's keys come first.
  *
- * Same bits as train.c: attention's softmax takes two passes (layers.h), the row max (exact
- * in any order), then exact fixed-point sums, so it does not matter which rank's keys come
- * first. Ring attention as usually written uses the one-pass "online" softmax, whose float
- * rescaling depends on the split: --cp-softmax online runs it, for comparison (not the same bits).
+ * After the first read, one section each: --cp-comm allgather (Llama 3's), --cp-comm alltoall
+ * (Ulysses), --cp-softmax online (ring attention as usually written, not the same bits),
+ * --cp-split contiguous, --recompute, --microbatches, the formulas, --timeline; then plumbing.
  *
  *   make train_cp && mpirun -n 2 ./train_cp --model gpt                  # the ring, zigzag split
- *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm allgather
  *   mpirun -n 2 ./train_cp --model gpt --cp-split contiguous --timeline  # the imbalance, drawn
- *   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm alltoall  # Ulysses: a head a rank
- *   mpirun -n 2 ./train_cp --model gpt --recompute selective --microbatches 2  # ./train's bits, same flags
- *
- * Sections: the strategy: 1. the positions; 2. attention across ranks (2a the ring, 2b the
- * all-gather; 2c Ulysses, by heads); 3. a block and the model. Then what only serves it, each
- * on its own: --cp-softmax online; buffers, bytes and memory (the formulas); the run,
- * sampling, the --timeline, options and main.
- *
- * (*) train_3d.c includes this file for its context axis, where a pipeline keeps several
- *     microbatches between a block's forward and its backward: the same reason, again.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -60,65 +37,54 @@
 #include "report.h"
 #include "dist.h"
 
+// ----------------------------------------------------------------------------
+// what a rank holds
+
 typedef enum { CP_RING, CP_ALLGATHER, CP_ALLTOALL } CpComm; // --cp-comm
-static const char* cp_comm_names[] = {"ring", "all-gather", "all-to-all (Ulysses)"};
-static const char* cp_comm_flags[] = {"ring", "allgather", "alltoall"}; // --cp-comm's values
 
-// A tensor that travels round the ring (--cp-comm ring): the copy this rank holds now, and
-// the one arriving from the previous rank; they swap after each hop.
+// A tensor that travels round the ring: the copy this rank holds now, and the one arriving.
+typedef struct { void *held, *arriving; } Travelling;
 typedef struct {
-    void *held, *arriving;
-} Travelling;
-
-typedef struct {
-    Group* cp;        // the N ranks that share each row's positions
-    CpComm comm;      // --cp-comm
-    int zigzag;       // --cp-split: zigzag (1) or contiguous (0)
-    int online;       // --cp-softmax online: the one-pass softmax, the comparison (its own section)
-    int Tq;           // T / N: the positions of each row a rank holds (its queries, its keys, and
-                      // the tokens of its per-token layers; layers.h's BlockDims calls it Tq too)
-    int* pos;         // [N][Tq] every rank's positions, ascending; rank q's at cp_pos_of(q)
-    BlockDims dims;   // attention's shapes here: NH heads of HD, A = NH HD wide, R rows (each pass's)
+    Group* cp;      // the N ranks that share each row's positions
+    CpComm comm;        // --cp-comm
+    int zigzag, online; // --cp-split zigzag (1) or contiguous (0); --cp-softmax online (1)
+    int Tq;         // T / N: the positions of each row a rank holds (layers.h's BlockDims.Tq)
+    int* pos;       // [N][Tq] every rank's positions, ascending; rank q's at cp_pos_of(q)
+    BlockDims dims; // attention's shapes: NH heads of HD, A = NH HD wide, R rows (each pass's)
     // the exact softmax of this rank's queries: [R][NH][Tq] one a query and head, [R][Tq][A] a row of A
-    float *rowmax, *D;         // pass 1's row max; backward's D = dO . y (layers.h; Ulysses' too)
+    float *rowmax, *D;         // pass 1's row max; backward's D = dO . y
     int64_t *expsum, *pv, *dq; // pass 2's sums of e = exp(s - max) and of e v; backward's dq
-    float* kvT;                // [HD][Tq] layers.h's scratch: one head of a rank's K (backward: V), transposed
-    // 2a, the ring: a rank's K and V [R][Tq][A], and the gradients dK and dV travelling with them
-    Travelling k, v, dk, dv;
-    // 2b, the all-gather: every rank's K and V [N][R][Tq][A]; the dK and dV of every rank's
-    // keys from this rank's queries [N][R][Tq][A]; this rank's, summed over every rank's queries
-    float *k_all, *v_all;
-    int64_t *dk_all, *dv_all, *dk_mine, *dv_mine;
-    // 2c, Ulysses: what the all-to-alls send and receive [N][R][Tq][3A/N]; attention's y, dO and
-    // dq dk dv by heads [R][T][A/N], [R][T][A/N], [R][T][3A/N]; layers.h's scratch for them (and D)
-    float *send, *recv, *heads_y, *heads_dy, *heads_dqkv, *heads_tmp;
-    int64_t* heads_acc;
-    // --cp-softmax online: each query's running sum and output, and the row max of a rank's keys
-    float *run_sum, *run_out, *rank_max;
+    float* kvT;                // [HD][Tq] layers.h's scratch: one head of K (backward: V), transposed
+    Travelling k, v, dk, dv;   // the ring's K and V [R][Tq][A], and their gradients dK and dV
+    // the chapters' buffers (cp_init allocates those that --cp-comm and --cp-softmax use)
+    float *k_all, *v_all, *send, *recv, *heads_y, *heads_dy, *heads_dqkv, *heads_tmp, *run_sum, *run_out, *rank_max;
+    int64_t *dk_all, *dv_all, *dk_mine, *dv_mine, *heads_acc;
     int* targets; // [R][Tq] the targets at this rank's positions
 } Cp;
 
 // ----------------------------------------------------------------------------
-// the strategy, 1: a share of the positions
+// the zigzag split
 
-// The positions of rank i: chunks i and 2N-1-i of 2N (zigzag), or chunk i of N.
+static void contiguous_positions(int T, int N, int i, int* pos); // its section, after the first read
+// The positions of rank i: chunks i and 2N-1-i of 2N.
 static void cp_positions(int T, int N, int zigzag, int i, int* pos) {
-    int chunk = zigzag ? T / (2 * N) : T / N, n = 0;
+    if (!zigzag) return contiguous_positions(T, N, i, pos); // --cp-split contiguous
+    int chunk = T / (2 * N), n = 0;
     for (int p = i * chunk; p < (i + 1) * chunk; p++) pos[n++] = p;
-    for (int p = (2 * N - 1 - i) * chunk; zigzag && p < (2 * N - i) * chunk; p++) pos[n++] = p;
+    for (int p = (2 * N - 1 - i) * chunk; p < (2 * N - i) * chunk; p++) pos[n++] = p;
 }
 static const int* cp_pos_of(const Cp* p, int q) { return p->pos + q * p->Tq; }
 
 // ----------------------------------------------------------------------------
-// the strategy, 2: attention across ranks
+// the exact softmax, one rank's keys at a time
 //
-// In 2a and 2b (2c, Ulysses, needs none of this): this rank's queries against rank src's
-// keys and values (k, v [R][Tq][A], at src's positions), by layers.h's passes of the exact
-// softmax, which take any set of keys with their positions and mask by position, whichever
-// rank's they are. Each query's scores and probabilities land in a->att at their key's
-// position. The queries are in a->qkv, rows of 3A floats (q, then k, then v); d->T is the
-// count of a whole sum's terms, so that the limit of the exact sums is the same in every layout.
+// layers.h's two passes take any set of keys with their positions and mask by position, so it
+// does not matter whose keys come when. Scores and probabilities land in a->att at their key's
+// position; the queries are in a->qkv, rows of 3A floats (q, k, v). d->T counts a whole row's
+// terms, so that the exact sums have the same limit in every layout.
 
+// The keys of rank src in backward: K and V [R][Tq][A], and the dK and dV they gather.
+typedef struct { const float *k, *v; int64_t *dk, *dv; int src; } Keys;
 // pass 1: the scores into a->att, and their row max
 static void scores_against(Cp* p, BlockActs* a, const float* k, int src) {
     const BlockDims* d = &p->dims;
@@ -129,116 +95,216 @@ static void sums_against(Cp* p, BlockActs* a, const float* v, int src) {
     const BlockDims* d = &p->dims;
     attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, v, d->A, cp_pos_of(p, src), p->Tq, d, d->T);
 }
-// backward: dq += this rank's queries' terms over src's keys, and src's dk, dv += them too
-static void gradients_against(Cp* p, const BlockActs* a, const float* datty, const float* k, const float* v,
-                              int64_t* dk, int64_t* dv, int src) {
+// backward: dq gets this rank's queries' terms over src's keys, and so do src's dK and dV
+static void gradients_against(Cp* p, const BlockActs* a, const float* datty, Keys ks) {
     const BlockDims* d = &p->dims;
-    attention_backward_block(p->dq, dk, dv, a->att, p->D, a->qkv, 3L * d->A, k, d->A, v, d->A, datty, d->A,
-                             cp_pos_of(p, src), p->Tq, d, p->kvT, d->T);
+    attention_backward_block(p->dq, ks.dk, ks.dv, a->att, p->D, a->qkv, 3L * d->A, ks.k, d->A, ks.v, d->A, datty,
+                             d->A, cp_pos_of(p, ks.src), p->Tq, d, p->kvT, d->T);
 }
 
-// This rank's K and V, from its q k v rows [R Tq][3A], into k and v [R Tq][A].
-static void cp_pack_kv(const float* qkv, float* k, float* v, const BlockDims* d) {
-    long tokens = (long)d->R * d->Tq;
-    for (long i = 0; i < tokens; i++) {
-        memcpy(k + i * d->A, qkv + i * 3 * d->A + d->A, d->A * sizeof(float));
-        memcpy(v + i * d->A, qkv + i * 3 * d->A + 2 * d->A, d->A * sizeof(float));
-    }
-}
-// The start of each pass: the row max at -infinity, the sums at zero; backward's D and dq.
-static void exact_forward_start(Cp* p) {
-    const BlockDims* d = &p->dims;
-    long heads = (long)d->R * d->NH * d->Tq, n = (long)d->R * d->Tq * d->A;
-    for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY;
-    fix_zero(p->expsum, heads), fix_zero(p->pv, n);
-}
-static void exact_backward_start(Cp* p, const BlockActs* a, const float* datty) {
-    const BlockDims* d = &p->dims;
-    attention_backward_d(p->D, datty, a->atty, d->A, d); // D = dO . y, per query and head
-    fix_zero(p->dq, (long)d->R * d->Tq * d->A);
-}
-// The end of backward: dqkv [R Tq][3A] from the exact dq and this rank's dK, dV.
-static void exact_backward_end(Cp* p, float* dqkv, const int64_t* dk, const int64_t* dv) {
-    long tokens = (long)p->dims.R * p->Tq;
-    int A = p->dims.A;
-    for (long i = 0; i < tokens; i++)
-        for (int x = 0; x < A; x++) {
-            dqkv[i * 3 * A + x] = (float)fix_to(p->dq[i * A + x]);
-            dqkv[i * 3 * A + A + x] = (float)fix_to(dk[i * A + x]);
-            dqkv[i * 3 * A + 2 * A + x] = (float)fix_to(dv[i * A + x]);
-        }
-}
+// The exact softmax's bookkeeping (plumbing, at the end): buffers packed, zeroed, unpacked.
+static void cp_pack_kv(const float* qkv, float* k, float* v, const BlockDims* d), exact_forward_start(Cp* p);
+static void exact_backward_start(Cp* p, const BlockActs* a, const float* datty);
+static void exact_backward_end(Cp* p, float* dqkv, const int64_t* dk, const int64_t* dv);
 
 // ----------------------------------------------------------------------------
-// the strategy, 2a: attention across ranks by ring (ring attention, --cp-comm ring)
+// ring attention (--cp-comm ring, the default)
 //
-// The ring: rank r sends to r + 1 and receives from r - 1. A hop (ring_hop): post the K or V
-// held onward and the next rank's in, compute on the one held, wait; what arrived is then held.
-// At hop h a rank holds rank r - h's, so N hops make a round, every rank's used once (the
-// N-th posts nothing: all have been seen). Forward makes two rounds, one for each pass of the
-// softmax: K, then V. Backward makes one, of K and V, and with them travel their gradients dK
-// and dV: a rank adds its queries' terms to the ones it holds, then posts them on (after its
-// compute, so they cannot overlap it), on the N-th hop too, which brings each rank's home.
+// A hop posts the tensor held on to rank r + 1 and the next one in from r - 1, computes on the
+// one held while they travel, then waits. At hop h rank r holds rank r - h's, so N hops see
+// every rank's once and the last posts nothing. Backward's round of K and V carries dK and dV:
+// a rank adds its queries' terms and sends them on, the last hop too, which brings them home.
+//
+//   rank 0 of N = 3  holds, computes on   sends to 1          receives from 2     waits for
+//   pass 1, hop 0    K0                   K0                  K2                  both
+//           hop 1    K2                   K2                  K1                  both
+//           hop 2    K1                   -                   -                   -
+//   pass 2           the same, with V
+//   backward hop 0   K0 V0, dK0 dV0 = 0   K0 V0, dK0 dV0      K2 V2, dK2 dV2      all 8
+//            hop 1   K2 V2, dK2 dV2       K2 V2, dK2 dV2      K1 V1, dK1 dV1      all 8
+//            hop 2   K1 V1, dK1 dV1       dK1 dV1 (home)      dK0 dV0 (home)      all 4
 
-typedef enum { SCORES, SUMS, GRADIENTS, ONLINE } Round; // what a round computes on each rank's K, V
-static const char* round_names[] = {"scores", "sums", "gradients", "online"};
-static void online_against(Cp* p, BlockActs* a, int src); // --cp-softmax online, the comparison: its own section
-
-// Posts t->held onward to the next rank and t->arriving in from the previous: 2 requests.
-static int ring_post(Cp* p, Travelling* t, long n, MPI_Datatype type, int tag, MPI_Request* req) {
+static void ring_post(Cp* p, Travelling* t, MPI_Datatype type, int tag, MPI_Request* req) {
     int N = p->cp->size, next = (p->cp->rank + 1) % N, prev = (p->cp->rank + N - 1) % N;
+    long n = (long)p->dims.R * p->Tq * p->dims.A;
     group_irecv(p->cp, t->arriving, n, type, prev, tag, &req[0]);
     group_isend(p->cp, t->held, n, type, next, tag, &req[1]);
-    return 2;
 }
-static void arrived(Travelling* t) {
-    void* was = t->held;
-    t->held = t->arriving, t->arriving = was;
-}
-
-// Hop `hop` of a round: this rank holds rank src's K and V (src = rank - hop), and in backward
-// their dK and dV. K travels in pass 1, V in pass 2, both in backward (and online).
-static void ring_hop(Cp* p, Round round, int hop, BlockActs* a, const float* datty) {
-    int N = p->cp->size, src = (p->cp->rank - hop + N) % N, last = hop == N - 1, m = 0;
-    int k_travels = !last && round != SUMS, v_travels = !last && round != SCORES;
-    long n = (long)p->dims.R * p->Tq * p->dims.A;
-    MPI_Request req[8];
-    if (k_travels) m += ring_post(p, &p->k, n, MPI_FLOAT, TAG_KEYS, req + m);   // K onward, the next in
-    if (v_travels) m += ring_post(p, &p->v, n, MPI_FLOAT, TAG_VALUES, req + m); // V onward, the next in
-    double t = trace_clock();
-    if (round == SCORES) scores_against(p, a, p->k.held, src);
-    if (round == SUMS) sums_against(p, a, p->v.held, src);
-    if (round == GRADIENTS) gradients_against(p, a, datty, p->k.held, p->v.held, p->dk.held, p->dv.held, src);
-    if (round == ONLINE) online_against(p, a, src);
-    trace_event("compute", t, trace_clock(), 0, "%s of rank %d", round_names[round], src);
-    if (round == GRADIENTS) m += ring_post(p, &p->dk, n, MPI_INT64_T, TAG_KEY_GRADS, req + m);   // dK and dV on,
-    if (round == GRADIENTS) m += ring_post(p, &p->dv, n, MPI_INT64_T, TAG_VALUE_GRADS, req + m); // with its terms
-    group_waitall(p->cp, req, m, "ring hop");
-    if (k_travels) arrived(&p->k);
-    if (v_travels) arrived(&p->v);
-    if (round == GRADIENTS) arrived(&p->dk), arrived(&p->dv);
-}
-
+static void arrived(Travelling* t) { void* was = t->held; t->held = t->arriving, t->arriving = was; }
 static void ring_forward(Cp* p, BlockActs* a) {
-    int N = p->cp->size;
+    int N = p->cp->size, me = p->cp->rank;
+    MPI_Request req[2];
     exact_forward_start(p);
-    cp_pack_kv(a->qkv, p->k.held, p->v.held, &p->dims);                  // this rank's K and V set out
-    for (int hop = 0; hop < N; hop++) ring_hop(p, SCORES, hop, a, NULL); // pass 1: K goes round
-    for (int hop = 0; hop < N; hop++) ring_hop(p, SUMS, hop, a, NULL);   // pass 2: V goes round
+    cp_pack_kv(a->qkv, p->k.held, p->v.held, &p->dims); // this rank's K and V set out
+    for (int hop = 0; hop < N; hop++) {                 // pass 1: K goes round
+        int src = (me - hop + N) % N, posted = hop < N - 1 ? 2 : 0; // the last hop: none
+        if (posted) ring_post(p, &p->k, MPI_FLOAT, TAG_KEYS, req);
+        double t = trace_clock();
+        scores_against(p, a, p->k.held, src);
+        trace_event("compute", t, trace_clock(), 0, "scores of rank %d", src);
+        group_waitall(p->cp, req, posted, "ring hop");
+        if (posted) arrived(&p->k);
+    }
+    for (int hop = 0; hop < N; hop++) { // pass 2: V goes round
+        int src = (me - hop + N) % N, posted = hop < N - 1 ? 2 : 0; // the last hop: none
+        if (posted) ring_post(p, &p->v, MPI_FLOAT, TAG_VALUES, req);
+        double t = trace_clock();
+        sums_against(p, a, p->v.held, src);
+        trace_event("compute", t, trace_clock(), 0, "sums of rank %d", src);
+        group_waitall(p->cp, req, posted, "ring hop");
+        if (posted) arrived(&p->v);
+    }
     attention_finish(a->att, a->atty, p->dims.A, p->expsum, p->pv, &p->dims);
 }
 static void ring_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
-    int N = p->cp->size;
+    int N = p->cp->size, me = p->cp->rank;
     long n = (long)p->dims.R * p->Tq * p->dims.A;
+    MPI_Request req[8];
     exact_backward_start(p, a, datty);
     cp_pack_kv(a->qkv, p->k.held, p->v.held, &p->dims); // K and V set out again,
     fix_zero(p->dk.held, n), fix_zero(p->dv.held, n);   // with their gradients, empty
-    for (int hop = 0; hop < N; hop++) ring_hop(p, GRADIENTS, hop, (BlockActs*)a, datty); // (backward only reads a)
+    for (int hop = 0; hop < N; hop++) {
+        int src = (me - hop + N) % N, last = hop == N - 1, posted = last ? 0 : 4;
+        if (!last) ring_post(p, &p->k, MPI_FLOAT, TAG_KEYS, req), ring_post(p, &p->v, MPI_FLOAT, TAG_VALUES, req + 2);
+        double t = trace_clock();
+        gradients_against(p, a, datty, (Keys){p->k.held, p->v.held, p->dk.held, p->dv.held, src});
+        trace_event("compute", t, trace_clock(), 0, "gradients of rank %d", src);
+        ring_post(p, &p->dk, MPI_INT64_T, TAG_KEY_GRADS, req + posted); // dK and dV on, with this rank's terms
+        ring_post(p, &p->dv, MPI_INT64_T, TAG_VALUE_GRADS, req + posted + 2);
+        group_waitall(p->cp, req, posted + 4, "ring hop");
+        if (!last) arrived(&p->k), arrived(&p->v);
+        arrived(&p->dk), arrived(&p->dv);
+    }
     exact_backward_end(p, dqkv, p->dk.held, p->dv.held); // after N hops, this rank's own dK and dV
 }
 
 // ----------------------------------------------------------------------------
-// the strategy, 2b: attention across ranks by all-gather (Llama 3's, --cp-comm allgather)
+// a block and the model, on this rank's positions
+//
+// transformer.h's block with attention across ranks in its middle: y = a->atty and the
+// probabilities a->att forward, dqkv from dy backward. train_3d.c calls these two as well.
+
+// The chapters, after the first read:
+static void allgather_forward(Cp* p, BlockActs* a), allgather_backward(Cp*, const BlockActs*, const float*, float*);
+static void ulysses_forward(Cp* p, BlockActs* a), ulysses_backward(Cp*, const BlockActs*, const float*, float*);
+static void online_forward(Cp* p, BlockActs* a);
+static void cp_unit_recompute(Cp* p, const Config* c, int u, const float* w, Work* work);
+static void cp_attention_forward(Cp* p, BlockActs* a) {
+    if (p->comm == CP_ALLTOALL) ulysses_forward(p, a);
+    else if (p->comm == CP_ALLGATHER) allgather_forward(p, a);
+    else if (p->online) online_forward(p, a);
+    else ring_forward(p, a);
+}
+static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
+    if (p->comm == CP_ALLTOALL) ulysses_backward(p, a, datty, dqkv);
+    else if (p->comm == CP_ALLGATHER) allgather_backward(p, a, datty, dqkv);
+    else ring_backward(p, a, datty, dqkv);
+}
+
+static void cp_block_forward(Cp* p, const float* w, Work* work, int u) {
+    Acts* a = &work->acts;
+    BlockParams prm = block_params(w, &p->dims);
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
+    block_forward_qkv(a->out[u - 1], &prm, &ba, &p->dims, &work->ws);
+    cp_attention_forward(p, &ba);
+    block_forward_out(a->out[u], a->out[u - 1], &prm, &ba, &p->dims, work->scratch.acc, &work->ws);
+}
+static void cp_block_backward(Cp* p, const float* w, int64_t* g, Work* work, int u, long terms) {
+    Acts* a = &work->acts;
+    Scratch* s = &work->scratch;
+    BlockParams prm = block_params(w, &p->dims);
+    BlockGrads gg = block_grads(g, &p->dims);
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
+    BlockStash st = block_stash(s->stash, &p->dims, p->dims.R);
+    block_backward_out(s->tmp, s->dout, &prm, &ba, &st, &p->dims, s->tmp, s->acc, &work->ws);
+    cp_attention_backward(p, &ba, s->tmp, st.dqkv);
+    block_backward_qkv(s->din, a->out[u - 1], &prm, &ba, &st, &p->dims, s->acc, &work->ws);
+    block_backward_weight(&gg, a->out[u - 1], &ba, &st, &p->dims, terms, &work->ws);
+}
+
+// The forward of R rows on this rank's positions; returns the exact sum of their tokens' losses.
+static int64_t cp_model_forward(Cp* p, const Config* c, const float* params, Work* w, int R, long rows_total) {
+    Acts* a = &w->acts;
+    p->dims.R = R;
+    for (int r = 0; r < R; r++) // the targets at this rank's positions
+        for (int i = 0; i < p->Tq; i++) p->targets[r * p->Tq + i] = a->targets[(long)r * c->context + p->dims.pos[i]];
+    double t = trace_clock();
+    gpt_embedding_forward(a->out[0], a->tokens, params, params + (long)c->vocab * c->emb, 0, c->vocab, 1, &p->dims);
+    trace_event("compute", t, trace_clock(), 0, "forward embedding");
+    for (int u = 1; u <= c->layers; u++) cp_block_forward(p, params + unit_offset(c, u), w, u);
+    t = trace_clock();
+    a->loss = gpt_head_forward(c, params + unit_offset(c, c->layers + 1), a, p->targets, &p->dims, rows_total, &w->ws);
+    trace_event("compute", t, trace_clock(), 0, "forward head");
+    return a->loss;
+}
+// Backward: this rank's tokens' parameter gradients added into grads (the caller sums them).
+static void cp_model_backward(Cp* p, const Config* c, const float* params, int64_t* grads, Work* w, long batch) {
+    Acts* a = &w->acts;
+    Scratch* s = &w->scratch;
+    long terms = batch * c->context; // the whole rows' count: every layout has the same exactness bound (layers.h)
+    int u = c->layers + 1;
+    double t = trace_clock();
+    gpt_head_backward_input(c, params + unit_offset(c, u), a, p->targets, s, s->stash, &p->dims, &w->ws);
+    gpt_head_backward_weight(c, grads + unit_offset(c, u), a, s->stash, &p->dims, terms, &w->ws);
+    trace_event("compute", t, trace_clock(), 0, "backward head");
+    scratch_step_down(s);
+    for (u = c->layers; u >= 1; u--) {
+        cp_unit_recompute(p, c, u, params + unit_offset(c, u), w); // --recompute: what it did not keep
+        cp_block_backward(p, params + unit_offset(c, u), grads + unit_offset(c, u), w, u, terms);
+        scratch_step_down(s);
+    }
+    gpt_embedding_backward(grads, grads + (long)c->vocab * c->emb, a->tokens, s->dout, 0, c->vocab, &p->dims, terms);
+}
+
+#ifndef TRAIN_3D // the program's own: train_3d.c uses the strategy above and below, not these
+// ----------------------------------------------------------------------------
+// one training step
+
+typedef struct {
+    Config cfg;
+    Dataset ds;      // the data
+    State st;        // a whole replica, identical on every rank; its gradients are exact sums
+    UnitSizes sizes; // what each unit holds per row: its tensors at this rank's positions
+    Work work;       // activations of every row at this rank's positions
+    Cp p;
+    Group cp;        // every rank
+    CpComm comm;     // --cp-comm
+    int zigzag, timeline, online; // --cp-split, --timeline, --cp-softmax
+} Run;
+
+static int load_microbatch(Run* r, const Rows* batch, int B, int m, int M); // --microbatches: its section
+// Returns the step's mean loss.
+static double train_step(Run* r, const Options* o, long step) {
+    State* st = &r->st;
+    int B = o->batch, M = o->microbatches;
+    Rows batch = training_rows(&r->ds, o->seed, step, 0);
+    long n = dataset_batch_targets(&r->ds, o->seed, step, B); // every rank: the whole batch's count
+    int64_t loss = 0;
+    fix_zero(st->grads, st->n);
+    workspace_keep_weights(&r->work.ws, M > 1);
+    for (int m = 0; m < M; m++) { // every rank takes every row, at its positions
+        int R = load_microbatch(r, &batch, B, m, M);
+        loss += cp_model_forward(&r->p, &r->cfg, st->params, &r->work, R, B);
+        cp_model_backward(&r->p, &r->cfg, st->params, st->grads, &r->work, B);
+    }
+    workspace_keep_weights(&r->work.ws, 0);
+    group_allreduce(&r->cp, st->grads, st->n, MPI_INT64_T, MPI_SUM); // every rank's positions' gradients, exact
+    group_allreduce(&r->cp, &loss, 1, MPI_INT64_T, MPI_SUM);
+    float scale = clip_factor(&o->opt, &(GradSpan){st->grads, st->n}, 1, n, NULL, NULL);
+    optimizer_step(&o->opt, st->params, st->grads, st->m, st->v, st->n, grad_factor(n), scale, step);
+    return fix_to(loss) / n;
+}
+#endif // TRAIN_3D
+
+// ============================================================================
+// The first read ends here. Each section below adds one thing to it.
+
+// ----------------------------------------------------------------------------
+// the all-gather (Llama 3's, --cp-comm allgather)
+//
+// In place of the ring's hops, one collective brings every rank's K and V at once; the two
+// passes then run over them in rank order. Backward gathers them again, and a reduce-scatter
+// sums each rank's dK and dV over every rank's queries and brings them home.
 
 static void allgather_forward(Cp* p, BlockActs* a) {
     int N = p->cp->size, me = p->cp->rank;
@@ -263,8 +329,8 @@ static void allgather_backward(Cp* p, const BlockActs* a, const float* datty, fl
     fix_zero(p->dk_all, N * n), fix_zero(p->dv_all, N * n);
     double t = trace_clock();
     for (int src = 0; src < N; src++)
-        gradients_against(p, a, datty, p->k_all + src * n, p->v_all + src * n, p->dk_all + src * n,
-                          p->dv_all + src * n, src);
+        gradients_against(p, a, datty, (Keys){p->k_all + src * n, p->v_all + src * n, p->dk_all + src * n,
+                                              p->dv_all + src * n, src});
     trace_event("compute", t, trace_clock(), 0, "attention backward");
     // each rank's slot of dk_all summed over every rank and added into its dk_mine: dK home, exact
     fix_zero(p->dk_mine, n), fix_zero(p->dv_mine, n);
@@ -274,16 +340,18 @@ static void allgather_backward(Cp* p, const BlockActs* a, const float* datty, fl
 }
 
 // ----------------------------------------------------------------------------
-// the strategy, 2c: attention by heads, not across ranks (Ulysses, --cp-comm alltoall)
+// Ulysses, by heads (--cp-comm alltoall)
 //
-// DeepSpeed-Ulysses turns the split around, for attention alone: an all-to-all gives each
-// rank all T positions of q, k and v for NH/N of the heads, attention runs on them whole
-// (layers.h's, as in train.c: heads do not meet, so nothing of the softmax crosses ranks), and
-// an all-to-all gives the output back by positions. Backward mirrors it: dO to the heads,
+// Ulysses (DeepSpeed's) needs no attention across ranks: it turns the split around, for
+// attention alone. An all-to-all gives each rank all T positions of q, k and v for NH/N of the
+// heads, attention runs on them whole (layers.h's, as in train.c: heads do not meet, so nothing
+// of the softmax crosses ranks), and an all-to-all gives the output back by positions. Backward mirrors it: dO to the heads,
 // attention's backward, then dq, dk, dv back by positions. Attention's backward also needs
 // D = dO . y, a dot within a head: it is computed here, where y is (kept by positions as proj's
 // input), and sent by heads, 1/HD of y's bytes. Rank j takes heads [j NH/N, (j+1) NH/N): N must
 // divide NH, and each rank needs a head, so N stops at NH.
+//
+//   mpirun -n 4 --oversubscribe ./train_cp --model gpt --cp-comm alltoall  # a head a rank
 //
 //   by positions  x [R][Tq][parts][NH heads]   (qkv: parts q, k, v; y, dO: one part)
 //   by heads      x [R][T][parts][NH/N heads]  (all-to-all: rank j gets this rank's positions
@@ -373,110 +441,14 @@ static void ulysses_backward(Cp* p, const BlockActs* a, const float* datty, floa
 }
 
 // ----------------------------------------------------------------------------
-// the strategy, 3: a block, and the model, on this rank's positions
-//
-// transformer.h's block with attention across ranks in its middle, in place of layers.h's
-// attention: y = a->atty and the probabilities a->att forward; dqkv from d y backward. (These
-// two are what train_3d.c calls, on the heads of a tensor-parallel rank.) The embedding and
-// the head are model.h's, on R rows of this rank's Tq positions.
-
-static void online_forward(Cp* p, BlockActs* a); // --cp-softmax online, the comparison: its own section
-static void cp_attention_forward(Cp* p, BlockActs* a) {
-    if (p->comm == CP_ALLTOALL) ulysses_forward(p, a);
-    else if (p->comm == CP_ALLGATHER) allgather_forward(p, a);
-    else if (p->online) online_forward(p, a);
-    else ring_forward(p, a);
-}
-// --recompute selective: the probabilities again, before the block's backward (the ring and
-// the all-gather bring every rank's K and V again; Ulysses kept its heads' q, k, v: no all-to-all)
-static void cp_attention_again(Cp* p, BlockActs* a) {
-    if (p->comm == CP_ALLTOALL) ulysses_attention(p, a);
-    else cp_attention_forward(p, a);
-}
-static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
-    if (p->comm == CP_ALLTOALL) ulysses_backward(p, a, datty, dqkv);
-    else if (p->comm == CP_ALLGATHER) allgather_backward(p, a, datty, dqkv);
-    else ring_backward(p, a, datty, dqkv);
-}
-
-static void cp_block_forward(Cp* p, const float* w, Acts* a, int u, Workspace* ws, int64_t* acc) {
-    BlockParams prm = block_params(w, &p->dims);
-    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
-    block_forward_qkv(a->out[u - 1], &prm, &ba, &p->dims, ws);
-    cp_attention_forward(p, &ba);
-    block_forward_out(a->out[u], a->out[u - 1], &prm, &ba, &p->dims, acc, ws);
-}
-static void cp_block_backward(Cp* p, const float* w, int64_t* g, Acts* a, int u, Scratch* s, long terms,
-                              Workspace* ws) {
-    BlockParams prm = block_params(w, &p->dims);
-    BlockGrads gg = block_grads(g, &p->dims);
-    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
-    BlockStash st = block_stash(s->stash, &p->dims, p->dims.R);
-    block_backward_out(s->tmp, s->dout, &prm, &ba, &st, &p->dims, s->tmp, s->acc, ws);
-    cp_attention_backward(p, &ba, s->tmp, st.dqkv);
-    block_backward_qkv(s->din, a->out[u - 1], &prm, &ba, &st, &p->dims, s->acc, ws);
-    block_backward_weight(&gg, a->out[u - 1], &ba, &st, &p->dims, terms, ws);
-}
-// --recompute, before block u's backward (model.h's unit_recompute, across ranks): selective,
-// attention's probabilities again (cp_attention_again); full, the whole block again from its
-// input, its attention's collectives with it.
-static void cp_unit_recompute(Cp* p, const Config* c, int u, const float* w, Acts* a, Workspace* ws, int64_t* acc) {
-    if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
-    double t = trace_clock();
-    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
-    if (c->recompute == RECOMPUTE_FULL) cp_block_forward(p, w, a, u, ws, acc);
-    else cp_attention_again(p, &ba);
-    trace_event("compute", t, trace_clock(), 0, "recompute %s", unit_name(c, u));
-}
-
-// The forward of R rows through the model on this rank's positions; returns the exact sum
-// of the losses of its tokens' targets.
-static int64_t cp_model_forward(Cp* p, const Config* c, const float* params, Work* w, int R, long rows_total) {
-    Acts* a = &w->acts;
-    p->dims.R = R;
-    for (int r = 0; r < R; r++) // the targets at this rank's positions
-        for (int i = 0; i < p->Tq; i++) p->targets[r * p->Tq + i] = a->targets[(long)r * c->context + p->dims.pos[i]];
-    double t = trace_clock();
-    gpt_embedding_forward(a->out[0], a->tokens, params, params + (long)c->vocab * c->emb, 0, c->vocab, 1, &p->dims);
-    trace_event("compute", t, trace_clock(), 0, "forward embedding");
-    for (int u = 1; u <= c->layers; u++) cp_block_forward(p, params + unit_offset(c, u), a, u, &w->ws, w->scratch.acc);
-    t = trace_clock();
-    a->loss = gpt_head_forward(c, params + unit_offset(c, c->layers + 1), a, p->targets, &p->dims, rows_total, &w->ws);
-    trace_event("compute", t, trace_clock(), 0, "forward head");
-    return a->loss;
-}
-// Backward: the parameter gradients of this rank's tokens added into grads (the caller
-// sums them across the ranks).
-static void cp_model_backward(Cp* p, const Config* c, const float* params, int64_t* grads, Work* w, long batch) {
-    Acts* a = &w->acts;
-    Scratch* s = &w->scratch;
-    long terms = batch * c->context; // the whole rows' count: every layout has the same exactness bound (layers.h)
-    int u = c->layers + 1;
-    double t = trace_clock();
-    gpt_head_backward_input(c, params + unit_offset(c, u), a, p->targets, s, s->stash, &p->dims, &w->ws);
-    gpt_head_backward_weight(c, grads + unit_offset(c, u), a, s->stash, &p->dims, terms, &w->ws);
-    trace_event("compute", t, trace_clock(), 0, "backward head");
-    scratch_step_down(s);
-    for (u = c->layers; u >= 1; u--) {
-        cp_unit_recompute(p, c, u, params + unit_offset(c, u), a, &w->ws, s->acc); // --recompute: what it did not keep
-        cp_block_backward(p, params + unit_offset(c, u), grads + unit_offset(c, u), a, u, s, terms, &w->ws);
-        scratch_step_down(s);
-    }
-    gpt_embedding_backward(grads, grads + (long)c->vocab * c->emb, a->tokens, s->dout, 0, c->vocab, &p->dims, terms);
-}
-
-// ============================================================================
-// What only serves the strategy, each section on its own.
-
-// ----------------------------------------------------------------------------
 // --cp-softmax online: ring attention as usually written, for comparison
 //
-// K and V go round together, once (one round of ring_hop); for each rank's keys a query's
-// running max m, sum S and output O are rescaled by exp(m_old - m_new) and the new terms
-// added, in float. The rescaling depends on the order in which the ranks' keys raised the
+// This is ring attention as usually written: one pass, in float, not train.c's bits. K and V
+// go round together, once; for each rank's keys a query's running max m, sum S and output O
+// are rescaled by exp(m_old - m_new) and the new terms added, in float. The rescaling depends on the order in which the ranks' keys raised the
 // max, and the float sums on how the keys were split: the result is within a rounding of
 // train.c's, not its bits, and the difference grows with the steps. Backward is the exact
-// one (2a), on P = exp(s - m) / S.
+// one, on P = exp(s - m) / S.
 
 static void online_against(Cp* p, BlockActs* a, int src) {
     const BlockDims* d = &p->dims;
@@ -510,7 +482,16 @@ static void online_forward(Cp* p, BlockActs* a) {
     for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY, p->run_sum[i] = 0.0f;
     memset(p->run_out, 0, (long)d->R * p->Tq * A * sizeof(float));
     cp_pack_kv(a->qkv, p->k.held, p->v.held, d);
-    for (int hop = 0; hop < N; hop++) ring_hop(p, ONLINE, hop, a, NULL); // K and V go round together
+    for (int hop = 0; hop < N; hop++) { // K and V go round together
+        int src = (p->cp->rank - hop + N) % N, m = hop < N - 1 ? 4 : 0;
+        MPI_Request req[4];
+        if (m) ring_post(p, &p->k, MPI_FLOAT, TAG_KEYS, req), ring_post(p, &p->v, MPI_FLOAT, TAG_VALUES, req + 2);
+        double t = trace_clock();
+        online_against(p, a, src);
+        trace_event("compute", t, trace_clock(), 0, "online of rank %d", src);
+        group_waitall(p->cp, req, m, "ring hop");
+        if (m) arrived(&p->k), arrived(&p->v);
+    }
     for (int r = 0; r < d->R; r++) // y = O / S; P = exp(s - m) / S for backward
         for (int hd = 0; hd < d->NH; hd++)
             for (int i = 0; i < p->Tq; i++) {
@@ -522,7 +503,61 @@ static void online_forward(Cp* p, BlockActs* a) {
 }
 
 // ----------------------------------------------------------------------------
-// buffers, bytes and memory
+// --cp-split contiguous
+//
+// The plain split, rank i chunk i of N, leaves the causal mask's work unbalanced: the first
+// rank's queries see few keys, the last rank's all (36 and 100 pairs for T = 16, N = 2);
+// --timeline draws it. The zigzag split above pairs an early chunk with a late one.
+
+static void contiguous_positions(int T, int N, int i, int* pos) {
+    int chunk = T / N, n = 0;
+    for (int p = i * chunk; p < (i + 1) * chunk; p++) pos[n++] = p;
+}
+
+// ----------------------------------------------------------------------------
+// --recompute
+//
+// Recomputation keeps less between a block's forward and its backward, and makes it again
+// just before the backward, its attention's exchanges with it.
+
+// --recompute selective: the probabilities again, before the block's backward (the ring and
+// the all-gather bring every rank's K and V again; Ulysses kept its heads' q, k, v: no all-to-all)
+static void cp_attention_again(Cp* p, BlockActs* a) {
+    if (p->comm == CP_ALLTOALL) ulysses_attention(p, a);
+    else cp_attention_forward(p, a);
+}
+// Before block u's backward (model.h's unit_recompute, across ranks): selective, attention's
+// probabilities again; full, the whole block again from its input.
+static void cp_unit_recompute(Cp* p, const Config* c, int u, const float* w, Work* work) {
+    if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
+    double t = trace_clock();
+    BlockActs ba = acts_block(&work->acts, u, &p->dims, p->Tq);
+    if (c->recompute == RECOMPUTE_FULL) cp_block_forward(p, w, work, u);
+    else cp_attention_again(p, &ba);
+    trace_event("compute", t, trace_clock(), 0, "recompute %s", unit_name(c, u));
+}
+
+// ----------------------------------------------------------------------------
+// --microbatches M
+//
+// Microbatches hold the activations of fewer rows at a time: every rank takes every row of
+// each microbatch, at its positions, and the gradients of all add into the same exact sums,
+// all-reduced once a step, so M changes the memory, not the bits. (The kernels keep their
+// packed weights across a step's microbatches: workspace_keep_weights, in the step.)
+
+#ifndef TRAIN_3D
+static int load_microbatch(Run* r, const Rows* batch, int B, int m, int M) {
+    long first, end;
+    split_range(B, M, m, &first, &end);
+    work_load(&r->work, batch, first, (int)(end - first), r->cfg.context);
+    return (int)(end - first);
+}
+#endif
+
+// ----------------------------------------------------------------------------
+// the formulas: bytes and memory
+//
+// The formulas say what each exchange costs, and the report sets them beside what was measured.
 //
 // Per rank and step, for N ranks, L blocks, P parameters and B rows; a rank's K (or V, dK,
 // dV) holds kv = B x Tq x C elements (Tq = T / N), floats of 4 B, exact sums of 8 B:
@@ -560,8 +595,123 @@ static double cp_sent_formula(const Cp* p, const Config* c, long B, long np) {
     return c->layers * cp_sent_per_block(p, kv, c->recompute) + ring_allreduce_bytes(8.0 * np + 8.0, p->cp->size);
 }
 
+// The bytes of cp_init's buffers for `rows` rows (kv: a rank's K; heads: one a query and head)
+static double cp_attention_bytes(const Cp* p, const Config* c, long rows) {
+    double N = p->cp->size, kv = (double)rows * p->Tq * c->emb, heads = (double)rows * c->heads * p->Tq;
+    double HD = c->emb / c->heads, bytes = 4 * heads; // D
+    if (p->comm != CP_ALLTOALL) bytes += (4 + 8) * heads // rowmax, expsum
+                                         + (8 + 8) * kv      // pv, dq
+                                         + 4 * HD * p->Tq;   // kvT
+    if (p->comm == CP_RING) bytes += 2 * (4 + 4) * kv  // K and V, held and arriving
+                                     + 2 * (8 + 8) * kv; // dK and dV, held and arriving
+    if (p->comm == CP_ALLGATHER) bytes += (4 + 4) * N * kv // every rank's K and V
+                                          + (8 + 8) * N * kv // dK and dV of every rank's keys
+                                          + (8 + 8) * kv;    // this rank's dK and dV
+    if (p->comm == CP_ALLTOALL) bytes += (4 + 4) * 3 * kv          // send, recv
+                                         + (4 + 4 + 4 * 3) * kv    // heads_y, heads_dy, heads_dqkv
+                                         + 4 * (heads + HD * c->context) + 8 * 3 * kv; // heads_tmp, heads_acc
+    if (p->online) bytes += (4 + 4) * heads + 4 * kv; // run_sum, rank_max; run_out
+    return bytes;
+}
+
+#ifndef TRAIN_3D
+// The formulas of figures(), in words, for the report, by --cp-comm (kv = B T/N C, a rank's K).
+static const char* sent_words[] = {
+    "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2N x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
+    "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2(N-1) x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
+    "L x (4 forward + 4 + 1/HD backward all-to-alls of (N-1)/N x 4 B x kv) + 2(N-1)/N x 8 B x (P + 1)"};
+static const char* mem_words[] = {
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + K, V, dK, dV held and arriving",
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + every rank's K, V, dK, dV",
+    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + all-to-all buffers and attention's, by heads"};
+
+static Figures figures(const Run* r, const Progress* pr, int B, int R) {
+    const Config* c = &r->cfg;
+    long np = r->st.n;
+    double N = r->cp.size, T = c->context, Tq = r->p.Tq;
+    double opt_bytes = r->st.m ? 8.0 : 0.0, attn = cp_attention_bytes(&r->p, c, R);
+    // held for the R rows of a microbatch (model.h's acts_bytes_per_row; --recompute: its acts_saved_per_row): every row's tokens and targets (loaded whole), and at this rank's
+    // positions the embedding's output, each block's output and BlockActs, the head's
+    // LayerNorm and probabilities (sizes); and the targets at those positions (4 B x Tq a row)
+    double held = R * (acts_bytes_per_row(c, 0, n_units(c), &r->sizes) + 4 * Tq);
+    // the formula: train.c's activations of a row over N (every tensor is per position, attention's
+    // probabilities Tq rows of T), but the row's tokens and targets, 4 B each a position, loaded
+    // whole on every rank: (1 - 1/N) x 8 B x T more; and the targets at its positions, 4 B x Tq
+    double formula = R * (acts_bytes_per_row(c, 0, n_units(c), NULL) / N + (1 - 1 / N) * 8 * T + 4 * Tq);
+    Figures f = {.sent = per_step(pr, r->cp.sent), .received = per_step(pr, r->cp.received), .params = 4.0 * np,
+                 .grads = 8.0 * np, .optim = opt_bytes * np, .acts = held + attn, .bubble = -1};
+    f.sent_formula = cp_sent_formula(&r->p, c, B, np);
+    f.mem_formula = (4.0 + 8.0 + opt_bytes) * np + formula + attn;
+    return f;
+}
+#endif
+
+// ----------------------------------------------------------------------------
+// --timeline
+//
+// The timeline shows the last step on every rank, from its trace events: the ring's scores (K)
+// and sums (V) on each rank's keys, --cp-softmax online's (O), the gradients (b), the
+// all-gather's and Ulysses' attention (A, and b backward), waits for a hop (|) and the other
+// communication (>: the all-gathers, the all-to-alls).
+
+#ifndef TRAIN_3D
+static char cp_mark(const TraceEvent* e) {
+    if (!strncmp(e->name, "scores", 6)) return 'K';
+    if (!strncmp(e->name, "sums", 4)) return 'V';
+    if (!strncmp(e->name, "online", 6)) return 'O';
+    if (!strncmp(e->name, "gradients", 9)) return 'b';
+    if (!strncmp(e->name, "attention backward", 18)) return 'b';
+    if (!strncmp(e->name, "attention", 9)) return 'A';
+    if (!strncmp(e->name, "ring hop", 8)) return '|';
+    if (!strcmp(e->cat, "comm") && strncmp(e->name, "send", 4)) return '>'; // (a send is posted in no time)
+    return 0;
+}
+static void cp_timeline(const Run* r, double step_t0) {
+    dist_trace_timeline(r->cp.comm, step_t0, cp_mark, "K scores on a rank's keys, V its exact sums, O both in "
+                        "one pass (--cp-softmax online), b its gradients (or attention's backward), A attention over the "
+                        "gathered keys or (alltoall) on its heads, | waiting for a hop, > a collective");
+}
+#endif
+
+// ============================================================================
+// What only serves the strategy: buffers, options, the run's plumbing, main.
+
+// ----------------------------------------------------------------------------
+// the exact softmax's bookkeeping, and the buffers
+
+// This rank's K and V, from its q k v rows [R Tq][3A], into k and v [R Tq][A].
+static void cp_pack_kv(const float* qkv, float* k, float* v, const BlockDims* d) {
+    long tokens = (long)d->R * d->Tq;
+    for (long i = 0; i < tokens; i++) {
+        memcpy(k + i * d->A, qkv + i * 3 * d->A + d->A, d->A * sizeof(float));
+        memcpy(v + i * d->A, qkv + i * 3 * d->A + 2 * d->A, d->A * sizeof(float));
+    }
+}
+static void exact_forward_start(Cp* p) {
+    const BlockDims* d = &p->dims;
+    long heads = (long)d->R * d->NH * d->Tq, n = (long)d->R * d->Tq * d->A;
+    for (long i = 0; i < heads; i++) p->rowmax[i] = -INFINITY;
+    fix_zero(p->expsum, heads), fix_zero(p->pv, n);
+}
+static void exact_backward_start(Cp* p, const BlockActs* a, const float* datty) {
+    const BlockDims* d = &p->dims;
+    attention_backward_d(p->D, datty, a->atty, d->A, d); // D = dO . y, per query and head
+    fix_zero(p->dq, (long)d->R * d->Tq * d->A);
+}
+// dqkv [R Tq][3A] from the exact dq and this rank's dK and dV.
+static void exact_backward_end(Cp* p, float* dqkv, const int64_t* dk, const int64_t* dv) {
+    long tokens = (long)p->dims.R * p->Tq;
+    int A = p->dims.A;
+    for (long i = 0; i < tokens; i++)
+        for (int x = 0; x < A; x++) {
+            dqkv[i * 3 * A + x] = (float)fix_to(p->dq[i * A + x]);
+            dqkv[i * 3 * A + A + x] = (float)fix_to(dk[i * A + x]);
+            dqkv[i * 3 * A + 2 * A + x] = (float)fix_to(dv[i * A + x]);
+        }
+}
+
 // Allocates each buffer of the Cp struct that --cp-comm and --cp-softmax use, for up to
-// `rows` rows; cp_attention_bytes, below, counts each.
+// `rows` rows; cp_attention_bytes, in the formulas, counts each.
 static void cp_init(Cp* p, Group* cp, const Config* c, int rows, CpComm comm, int zigzag, int online) {
     int N = cp->size, T = c->context, C = c->emb, HD = c->emb / c->heads;
     *p = (Cp){.cp = cp, .comm = comm, .zigzag = zigzag, .online = online, .Tq = T / N};
@@ -612,24 +762,8 @@ static void cp_free(Cp* p) {
     free(p->heads_acc), free(p->run_sum), free(p->rank_max), free(p->run_out), free(p->targets);
 }
 
-// The bytes of cp_init's buffers for `rows` rows (kv: a rank's K; heads: one a query and head)
-static double cp_attention_bytes(const Cp* p, const Config* c, long rows) {
-    double N = p->cp->size, kv = (double)rows * p->Tq * c->emb, heads = (double)rows * c->heads * p->Tq;
-    double HD = c->emb / c->heads, bytes = 4 * heads; // D
-    if (p->comm != CP_ALLTOALL) bytes += (4 + 8) * heads // rowmax, expsum
-                                         + (8 + 8) * kv      // pv, dq
-                                         + 4 * HD * p->Tq;   // kvT
-    if (p->comm == CP_RING) bytes += 2 * (4 + 4) * kv  // K and V, held and arriving
-                                     + 2 * (8 + 8) * kv; // dK and dV, held and arriving
-    if (p->comm == CP_ALLGATHER) bytes += (4 + 4) * N * kv // every rank's K and V
-                                          + (8 + 8) * N * kv // dK and dV of every rank's keys
-                                          + (8 + 8) * kv;    // this rank's dK and dV
-    if (p->comm == CP_ALLTOALL) bytes += (4 + 4) * 3 * kv          // send, recv
-                                         + (4 + 4 + 4 * 3) * kv    // heads_y, heads_dy, heads_dqkv
-                                         + 4 * (heads + HD * c->context) + 8 * 3 * kv; // heads_tmp, heads_acc
-    if (p->online) bytes += (4 + 4) * heads + 4 * kv; // run_sum, rank_max; run_out
-    return bytes;
-}
+static const char* cp_comm_names[] = {"ring", "all-gather", "all-to-all (Ulysses)"};
+static const char* cp_comm_flags[] = {"ring", "allgather", "alltoall"}; // --cp-comm's values
 
 // --cp-comm's value (train_cp.c's flags, and train_3d.c's): NULL, or the error.
 static const char* cp_comm_parse(const char* value, CpComm* comm) {
@@ -659,19 +793,7 @@ static const char* ulysses_fits(int heads, int T, int zigzag, const char* n) {
 #define RUN_LINE "mpirun -n 2 ./train_cp --model gpt"
 
 // ----------------------------------------------------------------------------
-// the state of one run
-
-typedef struct {
-    Config cfg;
-    Dataset ds;     // the data
-    State st;       // a whole replica, identical on every rank; its gradients are exact sums
-    UnitSizes sizes; // what each unit holds per row: its tensors at this rank's positions
-    Work work;      // activations of every row at this rank's positions
-    Cp p;
-    Group cp;       // every rank
-    CpComm comm;    // --cp-comm
-    int zigzag, timeline, online; // --cp-split, --timeline, --cp-softmax
-} Run;
+// the run's plumbing
 
 static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), cp_free(&r->p);
@@ -717,62 +839,6 @@ static double validation_loss(void* ctx) {
     int64_t total = evaluate(forward, r, &r->ds, 1, 0);
     group_allreduce(&r->cp, &total, 1, MPI_INT64_T, MPI_SUM);
     return mean_loss(total, &r->ds);
-}
-
-// ----------------------------------------------------------------------------
-// the figures: bytes and memory, measured and by formula (see "buffers, bytes and memory")
-
-// The formulas of figures(), in words, for the report, by --cp-comm (kv = B T/N C, a rank's K).
-static const char* sent_words[] = {
-    "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2N x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
-    "L x (K and V 2(N-1) x 4 B x kv forward, again backward; dK and dV 2(N-1) x 8 B x kv) + 2(N-1)/N x 8 B x (P + 1)",
-    "L x (4 forward + 4 + 1/HD backward all-to-alls of (N-1)/N x 4 B x kv) + 2(N-1)/N x 8 B x (P + 1)"};
-static const char* mem_words[] = {
-    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + K, V, dK, dV held and arriving",
-    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + every rank's K, V, dK, dV",
-    "(4 + 8 + 8 AdamW) B x P + activations of T/N positions + all-to-all buffers and attention's, by heads"};
-
-static Figures figures(const Run* r, const Progress* pr, int B, int R) {
-    const Config* c = &r->cfg;
-    long np = r->st.n;
-    double N = r->cp.size, T = c->context, Tq = r->p.Tq;
-    double opt_bytes = r->st.m ? 8.0 : 0.0, attn = cp_attention_bytes(&r->p, c, R);
-    // held for the R rows of a microbatch (model.h's acts_bytes_per_row; --recompute: its acts_saved_per_row): every row's tokens and targets (loaded whole), and at this rank's
-    // positions the embedding's output, each block's output and BlockActs, the head's
-    // LayerNorm and probabilities (sizes); and the targets at those positions (4 B x Tq a row)
-    double held = R * (acts_bytes_per_row(c, 0, n_units(c), &r->sizes) + 4 * Tq);
-    // the formula: train.c's activations of a row over N (every tensor is per position, attention's
-    // probabilities Tq rows of T), but the row's tokens and targets, 4 B each a position, loaded
-    // whole on every rank: (1 - 1/N) x 8 B x T more; and the targets at its positions, 4 B x Tq
-    double formula = R * (acts_bytes_per_row(c, 0, n_units(c), NULL) / N + (1 - 1 / N) * 8 * T + 4 * Tq);
-    Figures f = {.sent = per_step(pr, r->cp.sent), .received = per_step(pr, r->cp.received), .params = 4.0 * np,
-                 .grads = 8.0 * np, .optim = opt_bytes * np, .acts = held + attn, .bubble = -1};
-    f.sent_formula = cp_sent_formula(&r->p, c, B, np);
-    f.mem_formula = (4.0 + 8.0 + opt_bytes) * np + formula + attn;
-    return f;
-}
-
-// ----------------------------------------------------------------------------
-// --timeline: the last step on every rank, from its trace events: the ring's scores (K) and
-// sums (V) on each rank's keys, --cp-softmax online's (O), the gradients (b), the
-// all-gather's and Ulysses' attention (A, and b backward), waits for a hop (|) and the other
-// communication (>: the all-gathers, the all-to-alls)
-
-static char cp_mark(const TraceEvent* e) {
-    if (!strncmp(e->name, "scores", 6)) return 'K';
-    if (!strncmp(e->name, "sums", 4)) return 'V';
-    if (!strncmp(e->name, "online", 6)) return 'O';
-    if (!strncmp(e->name, "gradients", 9)) return 'b';
-    if (!strncmp(e->name, "attention backward", 18)) return 'b';
-    if (!strncmp(e->name, "attention", 9)) return 'A';
-    if (!strncmp(e->name, "ring hop", 8)) return '|';
-    if (!strcmp(e->cat, "comm") && strncmp(e->name, "send", 4)) return '>'; // (a send is posted in no time)
-    return 0;
-}
-static void cp_timeline(const Run* r, double step_t0) {
-    dist_trace_timeline(r->cp.comm, step_t0, cp_mark, "K scores on a rank's keys, V its exact sums, O both in "
-                        "one pass (--cp-softmax online), b its gradients (or attention's backward), A attention over the "
-                        "gathered keys or (alltoall) on its heads, | waiting for a hop, > a collective");
 }
 
 // ----------------------------------------------------------------------------
@@ -869,24 +935,8 @@ int main(int argc, char** argv) {
     progress.record_last = run.timeline; // the timeline is drawn from the last step's trace events
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
-        Rows batch = training_rows(&run.ds, o.seed, step, 0);
-        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // every rank: the whole batch's count
-        int64_t loss = 0;
-        fix_zero(run.st.grads, np);
-        workspace_keep_weights(&run.work.ws, M > 1);
-        for (int m = 0; m < M; m++) { // --microbatches: every rank takes every row of each, at its positions
-            long first, end;
-            split_range(B, M, m, &first, &end);
-            work_load(&run.work, &batch, first, (int)(end - first), T);
-            loss += cp_model_forward(&run.p, cfg, run.st.params, &run.work, (int)(end - first), B);
-            cp_model_backward(&run.p, cfg, run.st.params, run.st.grads, &run.work, B);
-        }
-        workspace_keep_weights(&run.work.ws, 0);
-        group_allreduce(&run.cp, run.st.grads, np, MPI_INT64_T, MPI_SUM); // every rank's positions' gradients, exact
-        group_allreduce(&run.cp, &loss, 1, MPI_INT64_T, MPI_SUM);
-        float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
-        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
+        double loss = train_step(&run, &o, step);
+        if (step_end(&progress, step, loss, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 

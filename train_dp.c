@@ -13,10 +13,9 @@
  *            optimizer step               optimizer step    (the same on both)
  *
  * One step (train_step), in the order it communicates:
- *   1. forward and backward on this rank's rows     nothing sent
- *   2. all-reduce (sum) the P gradient sums          after backward: backward_allreduce;
- *                                                    during it, in buckets: backward_overlap
- *   3. all-reduce (sum) the loss sum                 train_step
+ *   1. forward and backward on this rank's rows      nothing sent
+ *   2. all-reduce (sum) the P gradient sums          after backward, or during it (--overlap)
+ *   3. all-reduce (sum) the loss sum                 one number
  *   4. the optimizer step, the same on every rank    nothing sent
  *
  *   make train_dp && mpirun -n 2 ./train_dp           # --oversubscribe: more ranks than cores
@@ -27,7 +26,7 @@
  *
  * The first read, down to its end marker: the gradients all-reduced after backward, then in
  * buckets during it, then one training step. After it, a section each for --sync weights,
- * --microbatches and the formulas; then validation, options and main.
+ * --microbatches and the formulas; then the plumbing (validation, options, main).
  */
 #include "model.h"
 #include "ckpt.h"
@@ -58,9 +57,9 @@ struct Run {
 // the gradients all-reduced after backward
 //
 // The global batch of B rows is cut into contiguous shares (32 rows on 3 ranks: 11, 11, 10).
-// Each rank sums its own rows' gradients exactly, the all-reduce adds the sums, and the
-// optimizer divides once by the batch's n targets. So every row weighs the same: averaging
-// each rank's mean gradient would weigh the last rank's 10 rows more than the others' 11.
+// Each rank sums its own rows' gradients exactly, and the all-reduce adds those sums. The
+// optimizer then divides once by n, the whole batch's targets, so every row weighs the same.
+// (Averaging the ranks' mean gradients instead would weigh the 10 rows more than the 11.)
 // The sums are 64-bit integers (kernels.h), so any order of addition gives the same bits.
 
 static void backward_allreduce(Run* r, int R, long B) {
@@ -71,15 +70,19 @@ static void backward_allreduce(Run* r, int R, long B) {
 // ----------------------------------------------------------------------------
 // --overlap: the same all-reduce, in buckets, while backward runs
 //
-// Backward produces the gradients one unit at a time, last unit first. A bucket is the units
-// finished since the last bucket was sent, whole units only, so it is one contiguous range of
-// the gradient array. As soon as it holds --bucket-kb (or backward is done), a non-blocking
-// all-reduce of it starts and runs while backward goes on with the units below. The sums are
-// backward_allreduce's; only when they travel differs. (On 2 cores it is slower: docs/dp.md.)
+// Backward finishes the gradients one unit at a time, from the last unit down. A bucket is
+// the whole units finished since the last bucket, so it is one contiguous range of the
+// gradient array. Once it holds --bucket-kb, or backward is done, a non-blocking all-reduce
+// sends it while backward goes on below. The sums are backward_allreduce's, only sent sooner
+// (on 2 cores that is slower: docs/dp.md).
+//
+// The loop is model.h's model_backward with a bucket test added after each unit: per unit,
+// unit_recompute rebuilds what --recompute dropped, unit_backward adds the unit's gradients,
+// and scratch_step_down makes its input gradient the next unit's output gradient.
 
 static void backward_overlap(Run* r, int R, long B) {
     const Config* c = &r->cfg;
-    MPI_Request bucket[MAX_LAYERS + 2]; // at most one bucket a unit
+    MPI_Request requests[MAX_LAYERS + 2]; // one a bucket, at most one a unit: n_units = layers + 2
     int n_buckets = 0;
     long top = r->st.n; // the bucket being filled: gradients [unit_offset(c, u), top)
     for (int u = n_units(c) - 1; u >= 0; u--) {
@@ -88,21 +91,22 @@ static void backward_overlap(Run* r, int R, long B) {
         unit_backward(c, u, r->st.params + lo, r->st.grads + lo, &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
         scratch_step_down(&r->work.scratch);
         if ((top - lo) * (long)sizeof(int64_t) >= r->bucket_bytes || u == 0) { // the bucket is full, or the last
-            group_iallreduce(&r->dp, r->st.grads + lo, top - lo, MPI_INT64_T, MPI_SUM, &bucket[n_buckets++]);
+            group_iallreduce(&r->dp, r->st.grads + lo, top - lo, MPI_INT64_T, MPI_SUM, &requests[n_buckets++]);
             top = lo;
         }
-        // MPI advances a non-blocking collective only inside an MPI call: give each bucket one.
+        // MPI advances a non-blocking collective only inside an MPI call, so each bucket gets one;
+        // a finished request has become MPI_REQUEST_NULL, and testing it again just returns.
         int done;
-        for (int b = 0; b < n_buckets; b++) MPI_Test(&bucket[b], &done, MPI_STATUS_IGNORE);
+        for (int b = 0; b < n_buckets; b++) MPI_Test(&requests[b], &done, MPI_STATUS_IGNORE);
     }
-    for (int b = 0; b < n_buckets; b++) MPI_Wait(&bucket[b], MPI_STATUS_IGNORE); // the optimizer reads every sum
+    for (int b = 0; b < n_buckets; b++) MPI_Wait(&requests[b], MPI_STATUS_IGNORE); // the optimizer reads every sum
 }
 
 // ----------------------------------------------------------------------------
 // one training step
 
-static int64_t microbatches(Run* r, const Rows* batch, long B);                // --microbatches, below
-static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step); // --sync weights, below
+static int64_t microbatches(Run* r, const Rows* batch, long B);                // section "--microbatches", below
+static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step); // section "--sync weights", below
 
 // main calls it once a step and prints the mean loss it returns. r->backward is
 // backward_allreduce, or backward_overlap with --overlap.
@@ -118,6 +122,8 @@ static double train_step(Run* r, const Options* o, long step) {
         long first, end;
         split_range(B, r->dp.size, r->dp.rank, &first, &end); // this rank's rows
         int R = (int)(end - first);
+        // Forward and backward take the global B beside R because each exact term is
+        // range-checked against the sum of all B rows that the all-reduce will make.
         loss = model_forward_rows(&r->cfg, r->st.params, &r->work, &batch, first, R, B, NULL);
         r->backward(r, R, B);
     }
@@ -131,18 +137,19 @@ static double train_step(Run* r, const Options* o, long step) {
     return fix_to(loss) / n;
 }
 
-// ---- first read ends here: the rest adds --sync weights, --microbatches and the formulas.
+// ---- first read ends here: the rest adds --sync weights, --microbatches and the formulas,
+// then the plumbing: validation and checkpoints, options, main.
 
 // ----------------------------------------------------------------------------
 // --sync weights: average the weights after the step, instead of the gradients before it
 //
-// Each rank steps on its own rows' gradient sums alone, scaled by N / n instead of 1 / n (n:
-// the whole batch's targets), so that the mean of the N ranks' new parameters is train.c's
-// update; then the parameters are averaged (an exact sum, divided by N, rounded once). With
-// SGD that is train.c's update in exact arithmetic but not bit for bit: train.c rounds one
-// step, each rank here rounds its own before the average, so the last bits differ from step 2
-// on and drift further with the steps (docs/exactness.md). With AdamW or clipping it is not
-// even the same update, so main refuses them.
+// This chapter replaces the gradient all-reduce by one of the parameters after the step.
+// Each rank steps on its own rows' gradient sums alone, scaled by N / n instead of 1 / n, so
+// the mean of the N ranks' new parameters is train.c's update. The parameters are then
+// averaged: an exact sum, divided by N, rounded once. With SGD that equals train.c's update
+// in exact arithmetic, but not bit for bit: each rank rounds its own step before the average,
+// so the last bits differ from step 2 on (docs/exactness.md). With AdamW or clipping it is
+// not even the same update, so main refuses them.
 
 static void backward_own_rows(Run* r, int R, long B) { // r->backward under --sync weights
     model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B);
@@ -161,6 +168,7 @@ static void step_sync_weights(Run* r, const Optimizer* opt, long n, long step) {
 // ----------------------------------------------------------------------------
 // --microbatches: the batch in M pieces, one after another, and still one all-reduce a step
 //
+// This chapter splits the step's forward and backward into M passes over smaller pieces.
 // Each microbatch adds its rows' gradients to the same exact sums, so after the last one they
 // are the whole batch's, as in train.c. Only the last one's backward sums them across ranks.
 
@@ -179,10 +187,10 @@ static int64_t microbatches(Run* r, const Rows* batch, long B) {
 // ----------------------------------------------------------------------------
 // the formulas: what a rank sends and holds, beside what it measured (the report's figures)
 //
-// Per rank and step, on N ranks, for P parameters (18,635 in the default model: docs/model.md):
-//   sent   = ring x (8 B x P + 8 B)          ring = 2(N-1)/N, the share of its buffer a ring
-//                                            all-reduce sends; 8 B a gradient sum (int64),
-//                                            and the loss sum
+// This chapter predicts what the report measures, per rank and step, on N ranks, for P
+// parameters (18,635 in the default model: docs/model.md). The gradients' all-reduce sends
+// 8 B a sum, the loss's all-reduce 8 B more; a ring all-reduce sends 2(N-1)/N of its buffer.
+//   sent   = ring x 8 B x P + ring x 8 B     ring = 2(N-1)/N
 //          = 1 x 8 B x 18,636 = 149.1 KB     (the default, N = 2)
 //   memory = (4 + 8 + adam) B x P + acts     4 B a parameter, 8 a gradient sum, adam = 8 for
 //                                            AdamW's m and v (else 0); acts: the activations
@@ -206,7 +214,7 @@ static void formula_words(const Run* r, char* sent, char* mem, int size) {
 }
 
 // ----------------------------------------------------------------------------
-// validation, sampling and checkpoints
+// plumbing: validation, sampling and checkpoints
 
 // model.h's ForwardFn: train.c's forward pass, on this rank's rows.
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
@@ -233,7 +241,7 @@ static void run_free(Run* r) {
 }
 
 // ----------------------------------------------------------------------------
-// options of this program
+// plumbing: options of this program
 
 static const CliFlag dp_flags[] = {
     {"overlap", NULL, "all-reduce gradients in buckets while backward runs"},
@@ -258,7 +266,7 @@ static const char* dp_flag(void* ctx, int index, const char* value) {
 }
 
 // ----------------------------------------------------------------------------
-// main
+// plumbing: main
 
 int main(int argc, char** argv) {
     dist_init(&argc, &argv);

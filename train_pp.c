@@ -24,10 +24,11 @@
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule interleaved --virtual 2
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule dualpipev --timeline
  *
- * Sections: the strategy (chunks of units; messages; the executor: for each action of the
- * list, receive, compute, send); what serves it (forward-only passes; the report: timeline,
- * bubble, formulas); the state of one run; a chunk's work and the forward pass; options;
- * main.
+ * Sections: the first read (what a rank holds; messages; the executor, which runs a list of
+ * actions: receive, compute, send; one training step). After its end, the chapters: the
+ * zero-bubble actions W and F&B; building and checking every schedule's lists; forward-only
+ * passes; the report (timeline, bubble, formulas). Then what only serves: the split into
+ * chunks, flags, and the program's plumbing and main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -37,53 +38,33 @@
 #include "schedules.h"
 
 // ----------------------------------------------------------------------------
-// the strategy: chunks of units
+// the strategy: what a rank holds
 //
 // The global batch is cut into M microbatches of contiguous rows (32 rows into 3: 11, 11,
 // 10; split_range), every rank drawing a microbatch's rows itself (the counter-based
 // sampler makes that free). Each rank adds the gradients of all M microbatches into one
 // exact sum, so the gradient is the mean over the whole batch, as in train.c.
 
-// Splits the units into n contiguous, non-empty chunks, balancing the work (model.h's
-// unit_cost, multiply-adds a row): the split whose most expensive chunk is cheapest.
-// first[k] is chunk k's first unit; first[n] = n_units.
-static void pp_split(const Config* c, int n_chunks, int* first) {
-    int n = n_units(c);
-    double cost[MAX_LAYERS + 3] = {0}, best[MAX_LAYERS + 3][MAX_LAYERS + 3];
-    int cut[MAX_LAYERS + 3][MAX_LAYERS + 3];
-    for (int u = 0; u < n; u++) cost[u + 1] = cost[u] + unit_cost(c, u);
-    // best[k][i]: the cheapest most expensive chunk when the first i units form k chunks
-    for (int i = 0; i <= n; i++)
-        for (int k = 0; k <= n_chunks; k++) best[k][i] = INFINITY;
-    best[0][0] = 0;
-    for (int k = 1; k <= n_chunks; k++)
-        for (int i = k; i <= n; i++)
-            for (int j = k - 1; j < i; j++) {
-                double worst = best[k - 1][j] > cost[i] - cost[j] ? best[k - 1][j] : cost[i] - cost[j];
-                if (worst < best[k][i]) best[k][i] = worst, cut[k][i] = j;
-            }
-    first[n_chunks] = n;
-    for (int k = n_chunks; k > 0; k--) first[k - 1] = cut[k][first[k]];
-}
-// The units of chunk k, as the configuration table prints them.
-static void pp_print_units(const Config* c, const int* first, int k) {
-    for (int u = first[k]; u < first[k + 1]; u++) printf(" %s", unit_name(c, u));
-}
-
-// What a rank computes on a microbatch through a chunk, units [lo, hi) (train_pp.c: the
-// units; train_3d.c: their tensor-parallel slices, FSDP-sharded). The chunk's activations
-// (model.h's Acts) hold out[lo-1], its input, where F receives it, and each unit's output.
-// backward reads the gradient of the chunk's output from s->dout (the model's last unit
-// starts from its loss instead) and leaves the gradient of the chunk's input in s->dout
-// (each unit writes its input's gradient to s->din; scratch_step_down swaps the two). With
-// stash NULL it adds the weight gradients at once (B); else it copies what each unit's
-// weight half needs into stash[u] (I), for backward_weight to use later (W).
+// What a rank computes for one chunk, units [lo, hi), on a microbatch of R rows. train_pp.c
+// runs the units themselves; train_3d.c runs their tensor-parallel slices, FSDP-sharded.
+// forward finds the chunk's input in a->out[lo-1], where F received it. backward starts from
+// the gradient of the chunk's output in s->dout (the last chunk starts from its loss) and
+// leaves the gradient of the chunk's input there. With stash NULL it adds the weight
+// gradients at once (B); otherwise it keeps what each unit's weight half needs in stash[u]
+// (I), and backward_weight uses that later (W).
 typedef struct {
     void (*forward)(void* ctx, int lo, int hi, Acts* a, Scratch* s, int R, long rows_total);
     void (*backward)(void* ctx, int lo, int hi, Acts* a, Scratch* s, float* const* stash, int R, long batch);
     void (*backward_weight)(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch);
     void* ctx;
 } StageWork;
+
+// What train_3d.c plugs into a pipeline; train_pp.c plugs in {1, 0, NULL, its own work}.
+typedef struct {
+    int replicas, replica;  // the data-parallel replicas, each streaming a share of every microbatch
+    const UnitSizes* sizes; // what each unit holds a row on this rank (train_3d.c's slices), or NULL
+    StageWork work;
+} PpPlug;
 
 // The activations of microbatch mb through chunk `chunk`, held from its F to its B or W;
 // with an I/W schedule, also what its I leaves for its W.
@@ -100,6 +81,7 @@ typedef struct { // one computation of the last step, for --timeline and the rep
 } Timed;
 
 typedef struct {
+    // the pipeline, and this rank's place in it
     Group* group;     // the pipeline's ranks
     int S, rank;      // how many, and this one
     int sched, V, M;  // the schedule, chunks a rank, microbatches
@@ -107,17 +89,17 @@ typedef struct {
     int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
     int chunk[4];     // this rank's chunks, its v-th being chunk[v]
     long batch;       // rows of the global batch: losses and gradients are means over it
-    int replicas, replica; // train_3d.c: the data-parallel replicas, each a share of every microbatch; 1, 0 here
     int rows;         // rows this pipeline streams a step (train_3d.c: its replica's shares)
     int mb_rows;      // the largest microbatch (share)
     const Config* c;
-    const UnitSizes* sizes; // what each unit holds a row on this rank (train_3d.c's slices), or NULL
-    StageWork work;
-    Action** lists;   // every rank's list of actions (counts[r] of them), checked
+    PpPlug plug;
+    // the schedule: every rank's list of actions (counts[r] of them), checked
+    Action** lists;
     int* counts;
     Action* actions;  // this rank's
     int n_actions;
     int split;        // the list runs I and W apart (then I stashes what W needs)
+    // buffers
     Held* held;       // [room] the activations in flight; room: the most the list holds at once
     int room;
     float* recompute_room; // --recompute: one block's room that every slot shares (one backward at a time)
@@ -126,102 +108,36 @@ typedef struct {
     long msg_floats;
     Scratch scratch;
     Acts pass[4];     // forward-only passes (validation, sampling), one per chunk
+    // the step's loss, and the time for the report
     int64_t loss;     // the rank of the last chunk: the exact loss sum of the step's microbatches
-    double idle, busy; // for the report: seconds waiting for messages, and computing, over the run
+    double idle, busy; // seconds waiting for messages, and computing, over the run
     double step_start;
     Timed* timed;     // the last step's computations
     int n_timed;
 } Pp;
 
-// The most (chunk, microbatch) activations a list holds at once: each from its F to its B
-// or W (an F&B's F holds its own before its B lets one go).
-static int pp_list_peak(const Action* a, int n) {
-    int live = 0, peak = 0;
-    for (int i = 0; i < n; i++) {
-        live += a[i].op == 'F' || a[i].op == '&';
-        peak = live > peak ? live : peak;
-        live -= a[i].op == 'B' || a[i].op == 'W' || a[i].op == '&';
-    }
-    return peak;
-}
 // Floats a row of unit u's output (of the embedding's, for u = 0), on this rank.
-static int pp_width(const Pp* p, int u) { return unit_out(p->c, p->sizes, u); }
+static int pp_width(const Pp* p, int u) { return unit_out(p->c, p->plug.sizes, u); }
 // The rank that holds chunk k (schedules.h), -1 past either end of the model.
 static int pp_rank_of(const Pp* p, int k) {
     int v;
     return chunk_owner(p->sched, p->S, p->V, k, &v);
 }
-
-// This rank's part of a pipeline of S V chunks cut at `first`, streaming `rows` rows a
-// step of a global batch of `batch`; forward-only passes (validation, sampling) of up to
-// `pass_capacity` rows; sizes: as in Pp, or NULL. Every rank builds every rank's list and
-// runs the checker on them (schedules.h): lists it passes cannot deadlock, and each
-// chunk's messages come in microbatch order (pp_tag).
-static int pp_mb_rows(const Pp* p, int m, long* first);
-static void pp_init(Pp* p, Group* group, const Config* c, int M, int sched, int V, const int* first, long batch,
-                    int replicas, int replica, int pass_capacity, const UnitSizes* sizes, StageWork work) {
-    *p = (Pp){.group = group, .S = group->size, .rank = group->rank, .sched = sched, .V = V, .M = M,
-              .n_chunks = group->size * V, .batch = batch, .replicas = replicas, .replica = replica, .c = c,
-              .sizes = sizes, .work = work};
-    long row;
-    for (int m = 0; m < M; m++) {
-        int R = pp_mb_rows(p, m, &row);
-        p->rows += R, p->mb_rows = R > p->mb_rows ? R : p->mb_rows;
-    }
-    memcpy(p->first, first, sizeof(int) * (p->n_chunks + 1));
-    // the schedule, built once: every rank's list, checked
-    p->lists = mallocCheck(sizeof(Action*) * p->S), p->counts = mallocCheck(sizeof(int) * p->S);
-    for (int r = 0; r < p->S; r++) p->lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
-    schedule_build(sched, p->S, V, M, p->lists, p->counts);
-    Check check = schedule_check(sched, p->S, V, M, p->lists, p->counts, (Durations){1, 1, 1, 0, 0}, NULL, NULL, 0);
-    if (!check.ok) fatal("internal: the %s schedule's lists fail the checker: %s", schedule_names[sched], check.why);
-    p->actions = p->lists[p->rank], p->n_actions = p->counts[p->rank];
-    for (int i = 0; i < p->n_actions; i++) p->split |= p->actions[i].op == 'W';
-    // a slot for each activations in flight, as many as the list holds at once
-    p->room = pp_list_peak(p->actions, p->n_actions);
-    p->held = callocCheck(p->room > 0 ? p->room : 1, sizeof(Held));
-    for (int j = 0; j < p->room; j++) p->held[j].mb = -1;
-    long recompute_floats = 0;
-    for (int v = 0; v < V; v++) {
-        int k = chunk_global(sched, p->S, p->rank, v);
-        long f = acts_room_per_row(c, first[k], first[k + 1], sizes);
-        recompute_floats = f > recompute_floats ? f : recompute_floats;
-    }
-    p->recompute_room = recompute_floats ? mallocCheck(sizeof(float) * p->mb_rows * recompute_floats) : NULL;
-    // a slot for each message of a step, as wide as the widest a chunk of this rank sends
-    int widest = 1;
-    for (int v = 0; v < V; v++) {
-        int k = p->chunk[v] = chunk_global(sched, p->S, p->rank, v), lo = first[k], hi = first[k + 1];
-        widest = pp_width(p, hi - 1) > widest ? pp_width(p, hi - 1) : widest;
-        if (lo > 0) widest = pp_width(p, lo - 1) > widest ? pp_width(p, lo - 1) : widest;
-        acts_init(&p->pass[v], c, pass_capacity > p->mb_rows ? pass_capacity : p->mb_rows, lo, hi, sizes);
-    }
-    p->msg_floats = (long)p->mb_rows * widest;
-    p->outbox = mallocCheck(sizeof(float) * 2 * V * M * p->msg_floats);
-    p->sent = mallocCheck(sizeof(MPI_Request) * 2 * V * M);
-    for (int j = 0; j < 2 * V * M; j++) p->sent[j] = MPI_REQUEST_NULL;
-    scratch_init(&p->scratch, c, pass_capacity > p->mb_rows ? pass_capacity : p->mb_rows);
-    p->timed = mallocCheck(sizeof(Timed) * 2 * (p->n_actions > 0 ? p->n_actions : 1));
-}
-
-static void pp_free(Pp* p) {
-    for (int v = 0; v < p->V; v++) acts_free(&p->pass[v]);
-    for (int r = 0; r < p->S; r++) free(p->lists[r]);
-    free(p->lists), free(p->counts), free(p->held), free(p->outbox), free(p->sent), free(p->timed);
-    free(p->recompute_room);
-    scratch_free(&p->scratch);
+// Microbatch m (train_3d.c: this replica's share of it): its first row of the batch, and
+// (returned) how many (model.h's microbatch_rows: 32 rows into 3 microbatches, 11, 11, 10).
+static int pp_mb_rows(const Pp* p, int m, long* row) {
+    return microbatch_rows(p->batch, p->M, m, p->plug.replicas, p->plug.replica, row);
 }
 
 // ----------------------------------------------------------------------------
 // the strategy: messages
 //
-// Every send is non-blocking and every receive blocks, in the list's order: a rank never
-// waits on a send while its neighbour waits on it, and the checker has shown that no
-// receive waits for a message that cannot come. A message is a copy, in its own slot of
-// the outbox, never written again before the end of the step, where every send is waited
-// for (MPI_Wait on a send: its buffer may be written again; the data may still be on its
-// way). A message between two chunks of the same rank (where zbv and dualpipev turn round,
-// or interleaved on one rank) is not sent: the receiving chunk copies it from the outbox.
+// Every send is non-blocking and every receive blocks, both in the list's order. So a rank
+// never waits on a send while its neighbour waits on it, and the checker has shown that no
+// receive waits for a message that cannot come. Each message is copied into its own slot of
+// the outbox, which nothing writes again until the step ends by waiting for every send.
+// Between two chunks of the same rank (where zbv and dualpipev turn round, or interleaved on
+// one rank) nothing is sent: the receiving chunk copies the message from the outbox.
 
 enum { ACTIVATIONS, GRADIENT };
 
@@ -280,9 +196,9 @@ static Held* pp_hold(Pp* p, int k, int m) {
     Held* h = p->held;
     while (h->mb >= 0) h++;
     int lo = p->first[k], hi = p->first[k + 1];
-    acts_init_lent(&h->acts, p->c, p->mb_rows, lo, hi, p->sizes, p->recompute_room);
+    acts_init_lent(&h->acts, p->c, p->mb_rows, lo, hi, p->plug.sizes, p->recompute_room);
     for (int u = lo; u < hi && p->split; u++)
-        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * unit_stash_at(p->c, p->sizes, u));
+        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * unit_stash_at(p->c, p->plug.sizes, u));
     h->chunk = k, h->mb = m;
     return h;
 }
@@ -297,11 +213,6 @@ static void pp_drop(Held* h) {
     h->mb = -1;
 }
 
-// Microbatch m (train_3d.c: this replica's share of it): its first row of the batch, and
-// (returned) how many (model.h's microbatch_rows: 32 rows into 3 microbatches, 11, 11, 10).
-static int pp_mb_rows(const Pp* p, int m, long* first) {
-    return microbatch_rows(p->batch, p->M, m, p->replicas, p->replica, first);
-}
 // A computation ran from t to now: busy time; for the report, the timeline and the trace.
 static void pp_timed(Pp* p, char op, int k, int m, double t) {
     double now = now_seconds();
@@ -320,7 +231,7 @@ static void pp_forward(Pp* p, const Rows* rows, int k, int m) {
     rows_load(rows, row, R, p->c->context, h->acts.tokens, h->acts.targets);
     if (k > 0) pp_receive(p, ACTIVATIONS, k, m, h->acts.out[lo - 1], (long)R * pp_width(p, lo - 1));
     double t = now_seconds();
-    p->work.forward(p->work.ctx, lo, hi, &h->acts, &p->scratch, R, p->batch);
+    p->plug.work.forward(p->plug.work.ctx, lo, hi, &h->acts, &p->scratch, R, p->batch);
     pp_timed(p, 'F', k, m, t);
     if (k < p->n_chunks - 1) pp_send(p, ACTIVATIONS, k, m, h->acts.out[hi - 1], (long)R * pp_width(p, hi - 1));
     else p->loss += h->acts.loss;
@@ -335,70 +246,34 @@ static void pp_backward(Pp* p, char op, int k, int m) {
     Held* h = pp_held(p, k, m);
     if (k < p->n_chunks - 1) pp_receive(p, GRADIENT, k, m, p->scratch.dout, (long)R * pp_width(p, hi - 1));
     double t = now_seconds();
-    p->work.backward(p->work.ctx, lo, hi, &h->acts, &p->scratch, op == 'I' ? h->stash : NULL, R, p->batch);
+    p->plug.work.backward(p->plug.work.ctx, lo, hi, &h->acts, &p->scratch, op == 'I' ? h->stash : NULL, R, p->batch);
     pp_timed(p, op, k, m, t);
     if (k > 0) pp_send(p, GRADIENT, k, m, p->scratch.dout, (long)R * pp_width(p, lo - 1));
     if (op == 'B') pp_drop(h);
 }
-// W of microbatch m through chunk k: the weight gradients, from what its I stashed.
-static void pp_weight(Pp* p, int k, int m) {
-    long row;
-    int R = pp_mb_rows(p, m, &row);
-    Held* h = pp_held(p, k, m);
-    double t = now_seconds();
-    p->work.backward_weight(p->work.ctx, p->first[k], p->first[k + 1], &h->acts, h->stash, R, p->batch);
-    pp_timed(p, 'W', k, m, t);
-    pp_drop(h);
-}
+// W and F&B: the zero-bubble schedules' actions (the chapter after the first read).
+static void pp_zero_bubble(Pp* p, const Rows* rows, const Action* a);
 
 // One training step: this rank's actions, in its list's order. Returns, on the rank of the
-// last chunk, the exact loss sum over the pipeline's rows.
+// last chunk, the exact loss sum over the pipeline's rows. For 1F1B on S = 2 ranks and M = 4
+// microbatches (schedules.h's schedule_1f1b: rank r runs S-1-r forwards to fill the
+// pipeline, then a forward and a backward in turn, then the backwards left), the lists
+// are these, each action written chunk.microbatch (tools/schedules 1f1b 2 1 4; pp_init,
+// after the first read, builds every schedule's lists and checks them):
+//   rank 0: F0.0 F0.1 B0.0 F0.2 B0.1 F0.3 B0.2 B0.3
+//   rank 1: F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 F1.3 B1.3
 static int64_t pp_step(Pp* p, const Rows* rows) {
     p->loss = 0, p->n_timed = 0, p->step_start = now_seconds();
     for (int i = 0; i < p->n_actions; i++) {
         const Action* a = &p->actions[i];
         if (a->op == 'F') pp_forward(p, rows, a->chunk, a->mb);
         if (a->op == 'B' || a->op == 'I') pp_backward(p, a->op, a->chunk, a->mb);
-        if (a->op == 'W') pp_weight(p, a->chunk, a->mb);
-        if (a->op == '&') { // F&B (DualPipeV). Here the F, then the B. Overlapped, as DualPipe
-            // runs them, a rank would post both receives, run the two at once (two streams, or
-            // their layers interleaved) so that each one's communication (DeepSeek-V3's experts'
-            // all-to-alls) travels while the other computes, then send both: the same bits.
-            pp_forward(p, rows, a->chunk, a->mb);
-            pp_backward(p, 'B', a->b_chunk, a->b_mb);
-        }
+        if (a->op == 'W' || a->op == '&') pp_zero_bubble(p, rows, a);
     }
     pp_wait(p, 2 * p->V * p->M, p->sent); // every send of the step: the next step writes the slots again
     return p->loss;
 }
 
-// ----------------------------------------------------------------------------
-// what serves the strategy: forward-only passes, the loss to rank 0, the flags
-
-// A forward-only pass of R rows through the whole pipeline (validation, sampling), chunk by
-// chunk in model order: blocking messages suffice, they all flow one way. Each chunk has
-// its own activations for these passes. Returns the loss sum on the rank of the last
-// chunk, whose pass activations hold the probabilities (pp_last_acts).
-static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first, int R, long rows_total, int tag) {
-    int64_t loss = 0;
-    for (int k = 0; k < p->n_chunks; k++) {
-        int v, w, lo = p->first[k], hi = p->first[k + 1];
-        if (chunk_owner(p->sched, p->S, p->V, k, &v) != p->rank) continue;
-        Acts* a = &p->pass[v];
-        rows_load(rows, first, R, p->c->context, a->tokens, a->targets);
-        int prev = chunk_owner(p->sched, p->S, p->V, k - 1, &w), next = pp_rank_of(p, k + 1);
-        if (k > 0 && prev == p->rank) // chunk k-1 is this rank's too, its w-th
-            memcpy(a->out[lo - 1], p->pass[w].out[lo - 1], (size_t)R * pp_width(p, lo - 1) * sizeof(float));
-        else if (k > 0)
-            MPI_Recv(a->out[lo - 1], R * pp_width(p, lo - 1), MPI_FLOAT, prev, tag, p->group->comm, MPI_STATUS_IGNORE);
-        p->work.forward(p->work.ctx, lo, hi, a, &p->scratch, R, rows_total);
-        if (next >= 0 && next != p->rank) MPI_Send(a->out[hi - 1], R * pp_width(p, hi - 1), MPI_FLOAT, next, tag, p->group->comm);
-        if (k == p->n_chunks - 1) loss = a->loss;
-    }
-    return loss;
-}
-// The last chunk is the last of its rank's, in every schedule.
-static Acts* pp_last_acts(Pp* p) { return &p->pass[p->V - 1]; }
 // The rank that holds the last chunk: it has the loss and the probabilities.
 static int pp_last_rank(const Pp* p) { return pp_rank_of(p, p->n_chunks - 1); }
 // The step's loss lives on the rank of the last chunk: send it to rank 0, which prints.
@@ -409,15 +284,216 @@ static void pp_loss_to_first(Pp* p, int64_t* loss) {
     if (p->rank == 0) group_recv(p->group, loss, 1, MPI_INT64_T, last, TAG_LOSS);
 }
 
-// The flags of a pipeline, in train_pp.c and in train_3d.c.
-#define PIPELINE_FLAGS                                                                                          \
-    {"microbatches", "M", "microbatches per global batch, or per data-parallel share of it (default 4)"},     \
-    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev (default 1f1b)"},            \
-    {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},             \
-    {"timeline", NULL, "draw the last step's timeline, one row per pipeline rank (train_3d.c: tensor rank 0, data replica 0)"}
+#ifndef TRAIN_3D // the program train_pp; train_3d.c uses only the pipeline
+
+#define RUN_LINE "mpirun -n 2 ./train_pp"
+
+// ----------------------------------------------------------------------------
+// one training step of this program
+
+typedef struct {
+    Config cfg;
+    Dataset ds;     // the data
+    Pp p;
+    long off[MAX_LAYERS + 2]; // unit u's parameters in this rank's state (its chunks' units, in model order)
+    State st;       // this rank's units: parameters, exact gradient sums, AdamW state
+    Workspace ws;
+    Group pp;       // every rank
+    int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
+    int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
+    Holding mine;   // what this rank holds of the model, for checkpoints
+} Run;
+
+// This program's StageWork: units [lo, hi) in order, and back.
+static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R, long rows_total) {
+    Run* r = ctx;
+    for (int u = lo; u < hi; u++) unit_forward(&r->cfg, u, r->st.params + r->off[u], a, sc, R, rows_total, &r->ws);
+}
+static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
+    Run* r = ctx;
+    for (int u = hi - 1; u >= lo; u--) {
+        unit_recompute(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws); // --recompute
+        unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
+        float* dout = unit_stash(&r->cfg, u, sc); // what the weight half reads (model.h)
+        if (stash) memcpy(stash[u], dout, (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float)); // I: kept for W
+        else unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, dout, R, batch, &r->ws);
+        scratch_step_down(sc); // the input's gradient becomes the unit below's output gradient
+    }
+}
+static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch) {
+    Run* r = ctx;
+    for (int u = lo; u < hi; u++) unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, stash[u], R, batch, &r->ws);
+}
+
+// One step: the gradients of every microbatch summed by the schedule, the loss sent to rank
+// 0, and the optimizer step on this rank's chunks. Returns the mean loss over the batch.
+static double train_step(Run* r, const Options* o, long step) {
+    long np = r->st.n;
+    Rows batch = training_rows(&r->ds, o->seed, step, 0);
+    fix_zero(r->st.grads, np);
+    workspace_keep_weights(&r->ws, 1); // fixed until the optimizer step: each packed once (kernels.h)
+    int64_t loss = pp_step(&r->p, &batch); // the schedule: every action of every microbatch
+    workspace_keep_weights(&r->ws, 0);
+    pp_loss_to_first(&r->p, &loss);
+    long n = dataset_batch_targets(&r->ds, o->seed, step, o->batch); // the loss is the mean over n targets
+    float scale = clip_factor(&o->opt, &(GradSpan){r->st.grads, np}, 1, n, group_norm, &r->pp); // over every rank
+    optimizer_step(&o->opt, r->st.params, r->st.grads, r->st.m, r->st.v, np, grad_factor(n), scale, step);
+    return fix_to(loss) / n;
+}
+
+#endif // TRAIN_3D
+
+// ---------------------------------------------------------------------------- first read ends here
+
+// ----------------------------------------------------------------------------
+// the zero-bubble actions: W, and DualPipeV's F&B
+//
+// A zero-bubble schedule (zb1, zbv, dualpipev) splits a backward into I and W, so that the
+// gradient the chunk before waits for leaves before the weight gradients are computed; W
+// then runs where 1F1B would idle.
+
+// W of microbatch m through chunk k: the weight gradients, from what its I stashed.
+static void pp_weight(Pp* p, int k, int m) {
+    long row;
+    int R = pp_mb_rows(p, m, &row);
+    Held* h = pp_held(p, k, m);
+    double t = now_seconds();
+    p->plug.work.backward_weight(p->plug.work.ctx, p->first[k], p->first[k + 1], &h->acts, h->stash, R, p->batch);
+    pp_timed(p, 'W', k, m, t);
+    pp_drop(h);
+}
+// W, or an F&B (DualPipeV): here its F, then its B. Overlapped, as DualPipe runs them, a rank
+// would post both receives, run the two at once (two streams, or their layers interleaved)
+// so that each one's communication (DeepSeek-V3's experts' all-to-alls) travels while the
+// other computes, then send both: the same bits.
+static void pp_zero_bubble(Pp* p, const Rows* rows, const Action* a) {
+    if (a->op == 'W') {
+        pp_weight(p, a->chunk, a->mb);
+        return;
+    }
+    pp_forward(p, rows, a->chunk, a->mb);
+    pp_backward(p, 'B', a->b_chunk, a->b_mb);
+}
+
+// ----------------------------------------------------------------------------
+// every schedule's lists, checked, and the buffers they need
+//
+// pp_init builds every rank's list for any schedule of schedules.h and runs the checker on
+// them: lists it passes cannot deadlock, and each chunk's messages come in microbatch order
+// (pp_tag). Then it sizes this rank's buffers to its list.
+
+// The most (chunk, microbatch) activations a list holds at once: each from its F to its B
+// or W (an F&B's F holds its own before its B lets one go).
+static int pp_list_peak(const Action* a, int n) {
+    int live = 0, peak = 0;
+    for (int i = 0; i < n; i++) {
+        live += a[i].op == 'F' || a[i].op == '&';
+        peak = live > peak ? live : peak;
+        live -= a[i].op == 'B' || a[i].op == 'W' || a[i].op == '&';
+    }
+    return peak;
+}
+
+// The pipeline a program asks for: the schedule, chunks a rank, microbatches, the cut into
+// chunks, the global batch's rows, and the rows of a forward-only pass (validation, sampling).
+typedef struct {
+    int sched, V, M;
+    const int* first;
+    long batch;
+    int pass_capacity;
+} PpPlan;
+
+// This rank's part of the pipeline of `plan` over the ranks of `group`.
+static void pp_init(Pp* p, Group* group, const Config* c, PpPlan plan, PpPlug plug) {
+    int sched = plan.sched, V = plan.V, M = plan.M, pass_capacity = plan.pass_capacity;
+    const int* first = plan.first;
+    const UnitSizes* sizes = plug.sizes;
+    *p = (Pp){.group = group, .S = group->size, .rank = group->rank, .sched = sched, .V = V, .M = M,
+              .n_chunks = group->size * V, .batch = plan.batch, .c = c, .plug = plug};
+    long row;
+    for (int m = 0; m < M; m++) {
+        int R = pp_mb_rows(p, m, &row);
+        p->rows += R, p->mb_rows = R > p->mb_rows ? R : p->mb_rows;
+    }
+    memcpy(p->first, first, sizeof(int) * (p->n_chunks + 1));
+    // the schedule, built once: every rank's list, checked
+    p->lists = mallocCheck(sizeof(Action*) * p->S), p->counts = mallocCheck(sizeof(int) * p->S);
+    for (int r = 0; r < p->S; r++) p->lists[r] = mallocCheck(sizeof(Action) * 3 * V * M);
+    schedule_build(sched, p->S, V, M, p->lists, p->counts);
+    Check check = schedule_check(sched, p->S, V, M, p->lists, p->counts, (Durations){1, 1, 1, 0, 0}, NULL, NULL, 0);
+    if (!check.ok) fatal("internal: the %s schedule's lists fail the checker: %s", schedule_names[sched], check.why);
+    p->actions = p->lists[p->rank], p->n_actions = p->counts[p->rank];
+    for (int i = 0; i < p->n_actions; i++) p->split |= p->actions[i].op == 'W';
+    // a slot for each activations in flight, as many as the list holds at once
+    p->room = pp_list_peak(p->actions, p->n_actions);
+    p->held = callocCheck(p->room > 0 ? p->room : 1, sizeof(Held));
+    for (int j = 0; j < p->room; j++) p->held[j].mb = -1;
+    long recompute_floats = 0;
+    for (int v = 0; v < V; v++) {
+        int k = chunk_global(sched, p->S, p->rank, v);
+        long f = acts_room_per_row(c, first[k], first[k + 1], sizes);
+        recompute_floats = f > recompute_floats ? f : recompute_floats;
+    }
+    p->recompute_room = recompute_floats ? mallocCheck(sizeof(float) * p->mb_rows * recompute_floats) : NULL;
+    // a slot for each message of a step, as wide as the widest a chunk of this rank sends
+    int widest = 1;
+    for (int v = 0; v < V; v++) {
+        int k = p->chunk[v] = chunk_global(sched, p->S, p->rank, v), lo = first[k], hi = first[k + 1];
+        widest = pp_width(p, hi - 1) > widest ? pp_width(p, hi - 1) : widest;
+        if (lo > 0) widest = pp_width(p, lo - 1) > widest ? pp_width(p, lo - 1) : widest;
+        acts_init(&p->pass[v], c, pass_capacity > p->mb_rows ? pass_capacity : p->mb_rows, lo, hi, sizes);
+    }
+    p->msg_floats = (long)p->mb_rows * widest;
+    p->outbox = mallocCheck(sizeof(float) * 2 * V * M * p->msg_floats);
+    p->sent = mallocCheck(sizeof(MPI_Request) * 2 * V * M);
+    for (int j = 0; j < 2 * V * M; j++) p->sent[j] = MPI_REQUEST_NULL;
+    scratch_init(&p->scratch, c, pass_capacity > p->mb_rows ? pass_capacity : p->mb_rows);
+    p->timed = mallocCheck(sizeof(Timed) * 2 * (p->n_actions > 0 ? p->n_actions : 1));
+}
+
+static void pp_free(Pp* p) {
+    for (int v = 0; v < p->V; v++) acts_free(&p->pass[v]);
+    for (int r = 0; r < p->S; r++) free(p->lists[r]);
+    free(p->lists), free(p->counts), free(p->held), free(p->outbox), free(p->sent), free(p->timed);
+    free(p->recompute_room);
+    scratch_free(&p->scratch);
+}
+
+// ----------------------------------------------------------------------------
+// forward-only passes: validation and sampling
+//
+// A pass that only goes forward needs no schedule: it streams through the chunks in model order.
+
+// A forward-only pass of R rows through the whole pipeline (validation, sampling), chunk by
+// chunk in model order: blocking messages suffice, they all flow one way. Each chunk has
+// its own activations for these passes. Returns the loss sum on the rank of the last
+// chunk, whose pass activations hold the probabilities (pp_last_acts).
+static int64_t pp_forward_rows(Pp* p, const Rows* rows, long first_row, int R, long rows_total, int tag) {
+    int64_t loss = 0;
+    for (int k = 0; k < p->n_chunks; k++) {
+        int v, w, lo = p->first[k], hi = p->first[k + 1];
+        if (chunk_owner(p->sched, p->S, p->V, k, &v) != p->rank) continue;
+        Acts* a = &p->pass[v];
+        rows_load(rows, first_row, R, p->c->context, a->tokens, a->targets);
+        int prev = chunk_owner(p->sched, p->S, p->V, k - 1, &w), next = pp_rank_of(p, k + 1);
+        if (k > 0 && prev == p->rank) // chunk k-1 is this rank's too, its w-th
+            memcpy(a->out[lo - 1], p->pass[w].out[lo - 1], (size_t)R * pp_width(p, lo - 1) * sizeof(float));
+        else if (k > 0)
+            MPI_Recv(a->out[lo - 1], R * pp_width(p, lo - 1), MPI_FLOAT, prev, tag, p->group->comm, MPI_STATUS_IGNORE);
+        p->plug.work.forward(p->plug.work.ctx, lo, hi, a, &p->scratch, R, rows_total);
+        if (next >= 0 && next != p->rank) MPI_Send(a->out[hi - 1], R * pp_width(p, hi - 1), MPI_FLOAT, next, tag, p->group->comm);
+        if (k == p->n_chunks - 1) loss = a->loss;
+    }
+    return loss;
+}
+// The last chunk is the last of its rank's, in every schedule.
+static Acts* pp_last_acts(Pp* p) { return &p->pass[p->V - 1]; }
 
 // ----------------------------------------------------------------------------
 // the report: the timeline, the bubble, the formulas beside what was measured
+//
+// The report shows what the schedule cost: each rank's idle time, and the memory and
+// traffic that the formulas predict beside what was measured.
 
 // --timeline: the last step's computations on every rank, gathered to rank 0 of the
 // pipeline and drawn there: F of microbatch m with m's digit (0-9, then more digits from
@@ -527,53 +603,50 @@ static void pp_print_theory(const Pp* p) {
     free(all);
 }
 
-#ifndef TRAIN_3D // the rest of this file is the program; train_3d.c uses only the pipeline above
-
-#define RUN_LINE "mpirun -n 2 ./train_pp"
-
 // ----------------------------------------------------------------------------
-// the state of one run
+// what only serves: the cut into chunks, the flags
 
-typedef struct {
-    Config cfg;
-    Dataset ds;     // the data
-    Pp p;
-    long off[MAX_LAYERS + 2]; // unit u's parameters in this rank's state (its chunks' units, in model order)
-    State st;       // this rank's units: parameters, exact gradient sums, AdamW state
-    Workspace ws;
-    Group pp;       // every rank
-    int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
-    int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
-    Holding mine;   // what this rank holds of the model, for checkpoints
-} Run;
+// Splits the units into n contiguous, non-empty chunks, balancing the work (model.h's
+// unit_cost, multiply-adds a row): the split whose most expensive chunk is cheapest.
+// first[k] is chunk k's first unit; first[n] = n_units.
+static void pp_split(const Config* c, int n_chunks, int* first) {
+    int n = n_units(c);
+    double cost[MAX_LAYERS + 3] = {0}, best[MAX_LAYERS + 3][MAX_LAYERS + 3];
+    int cut[MAX_LAYERS + 3][MAX_LAYERS + 3];
+    for (int u = 0; u < n; u++) cost[u + 1] = cost[u] + unit_cost(c, u);
+    // best[k][i]: the cheapest most expensive chunk when the first i units form k chunks
+    for (int i = 0; i <= n; i++)
+        for (int k = 0; k <= n_chunks; k++) best[k][i] = INFINITY;
+    best[0][0] = 0;
+    for (int k = 1; k <= n_chunks; k++)
+        for (int i = k; i <= n; i++)
+            for (int j = k - 1; j < i; j++) {
+                double worst = best[k - 1][j] > cost[i] - cost[j] ? best[k - 1][j] : cost[i] - cost[j];
+                if (worst < best[k][i]) best[k][i] = worst, cut[k][i] = j;
+            }
+    first[n_chunks] = n;
+    for (int k = n_chunks; k > 0; k--) first[k - 1] = cut[k][first[k]];
+}
+// The units of chunk k, as the configuration table prints them.
+static void pp_print_units(const Config* c, const int* first, int k) {
+    for (int u = first[k]; u < first[k + 1]; u++) printf(" %s", unit_name(c, u));
+}
+
+// The flags of a pipeline, in train_pp.c and in train_3d.c.
+#define PIPELINE_FLAGS                                                                                          \
+    {"microbatches", "M", "microbatches per global batch, or per data-parallel share of it (default 4)"},     \
+    {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev (default 1f1b)"},            \
+    {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},             \
+    {"timeline", NULL, "draw the last step's timeline, one row per pipeline rank (train_3d.c: tensor rank 0, data replica 0)"}
+
+#ifndef TRAIN_3D // the rest of this file is the program train_pp
 
 static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), pp_free(&r->p), workspace_free(&r->ws);
 }
 
 // ----------------------------------------------------------------------------
-// a chunk's work, and the forward pass through the whole pipeline
-
-// Units [lo, hi) in order, and back (the pipeline's StageWork).
-static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R, long rows_total) {
-    Run* r = ctx;
-    for (int u = lo; u < hi; u++) unit_forward(&r->cfg, u, r->st.params + r->off[u], a, sc, R, rows_total, &r->ws);
-}
-static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
-    Run* r = ctx;
-    for (int u = hi - 1; u >= lo; u--) {
-        unit_recompute(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws); // --recompute
-        unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
-        float* dout = unit_stash(&r->cfg, u, sc); // what the weight half reads (model.h)
-        if (stash) memcpy(stash[u], dout, (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float)); // I: kept for W
-        else unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, dout, R, batch, &r->ws);
-        scratch_step_down(sc); // the input's gradient becomes the unit below's output gradient
-    }
-}
-static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch) {
-    Run* r = ctx;
-    for (int u = lo; u < hi; u++) unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, stash[u], R, batch, &r->ws);
-}
+// validation, sampling and the report's figures
 
 // Validation and sampling stream through the pipeline; the last chunk's probabilities are
 // broadcast, so that every rank draws the same next tokens.
@@ -628,7 +701,10 @@ static const char* pp_flag(void* ctx, int index, const char* value) {
 }
 
 // Refuses a pipeline the model or the schedule cannot take, saying why (every rank alike).
-static void pp_check_layout(const Options* o, int sched, int S, int V, int M, int virtual_given, const char* run_line) {
+// Refuses a pipeline the model or the schedule cannot take, saying why (every rank alike).
+static void check_layout(const Options* o, const Run* r, int S) {
+    int sched = r->sched, V = r->V > 0 ? r->V : 2, M = r->M, virtual_given = r->V > 0;
+    const char* run_line = RUN_LINE;
     int chunks = S * schedule_chunks(sched, V), units = o->model.layers + 2;
     char err[300];
     if (virtual_given && sched != SCHEDULE_INTERLEAVED) dist_exit(2, run_line, "--virtual applies to --schedule interleaved only");
@@ -661,7 +737,7 @@ int main(int argc, char** argv) {
     o.microbatches = run.M; // what a checkpoint records
     dist_dense_only(&o, RUN_LINE);
     int S = world_size, V = schedule_chunks(run.sched, run.V > 0 ? run.V : 2);
-    pp_check_layout(&o, run.sched, S, run.V > 0 ? run.V : 2, run.M, run.V > 0, RUN_LINE);
+    check_layout(&o, &run, S);
 
     // data
     load_data(&run.ds, &o, &run.cfg);
@@ -670,8 +746,8 @@ int main(int argc, char** argv) {
     Config* cfg = &run.cfg;
     pp_split(cfg, S * V, run.first);
     int capacity = pass_rows(&o, (o.batch + run.M - 1) / run.M); // a microbatch, or a validation or sampling pass
-    pp_init(&run.p, &run.pp, cfg, run.M, run.sched, V, run.first, o.batch, 1, 0, capacity, NULL, // the whole batch
-            (StageWork){stage_forward, stage_backward, stage_backward_weight, &run});
+    PpPlan plan = {.sched = run.sched, .V = V, .M = run.M, .first = run.first, .batch = o.batch, .pass_capacity = capacity};
+    pp_init(&run.p, &run.pp, cfg, plan, (PpPlug){1, 0, NULL, {stage_forward, stage_backward, stage_backward_weight, &run}});
     long np = 0;
     for (int v = 0; v < V; v++)
         for (int u = run.first[run.p.chunk[v]]; u < run.first[run.p.chunk[v] + 1]; u++) run.off[u] = np, np += unit_params(cfg, u);
@@ -702,16 +778,8 @@ int main(int argc, char** argv) {
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
-        Rows batch = training_rows(&run.ds, o.seed, step, 0);
-        fix_zero(run.st.grads, np);
-        workspace_keep_weights(&run.ws, 1); // fixed until the optimizer step: each packed once (kernels.h)
-        int64_t loss = pp_step(&run.p, &batch); // the schedule: every action of every microbatch
-        workspace_keep_weights(&run.ws, 0);
-        pp_loss_to_first(&run.p, &loss);
-        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // the loss is the mean over n targets
-        float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, group_norm, &run.pp); // over every rank
-        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
+        double loss = train_step(&run, &o, step);
+        if (step_end(&progress, step, loss, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 

@@ -1435,6 +1435,20 @@ section_schedules() {
         "schedules: dualpipev with more chunks (2 a rank) than units is refused" -- $MPIRUN -n 3 ./train_pp --layers 3 --schedule dualpipev
     expect_error 2 "--virtual applies to --schedule interleaved only" "schedules: --virtual with dualpipev is refused" \
         -- $MPIRUN -n 2 ./train_pp --layers 2 --schedule dualpipev --virtual 2
+    # schedules.h writes DualPipeV's lists for S = 2, M = 4 in its comment, phase by phase:
+    # the comment, without its phase marks, is what the generator makes
+    run "$TMP/dpv24" tools/schedules dualpipev 2 2 4
+    sed -n '/^\/\/ DualPipeV (DeepSeek/,/^static int schedule_dualpipev/p' schedules.h | grep '^//   rank [0-9]:' |
+        sed -e 's|^//   |  |' -e 's/ - |//g' -e 's/ |//g' -e 's/ -$//' >"$TMP/dpv24.comment"
+    grep '^  rank [0-9]*: [FBIW][0-9]' "$TMP/dpv24" >"$TMP/dpv24.lists"
+    check "schedules: DualPipeV's comment in schedules.h shows the lists its generator makes for S = 2, M = 4" \
+        bash -c "test -s '$TMP/dpv24.comment' && cmp -s '$TMP/dpv24.comment' '$TMP/dpv24.lists'"
+    # train_pp.c shows the 1F1B lists for S = 2, M = 4 beside its executor: they are schedules.h's
+    run "$TMP/1f1b24" tools/schedules 1f1b 2 1 4
+    grep '^//   rank [0-9]: F' train_pp.c | sed 's|^//   |  |' >"$TMP/1f1b24.comment"
+    grep '^  rank [0-9]*: [FBIW][0-9]' "$TMP/1f1b24" >"$TMP/1f1b24.lists"
+    check "schedules: train_pp.c's comment beside its executor shows the 1F1B lists schedules.h makes for S = 2, M = 4" \
+        bash -c "test -s '$TMP/1f1b24.comment' && cmp -s '$TMP/1f1b24.comment' '$TMP/1f1b24.lists'"
     run "$TMP/dpv" tools/schedules dualpipev 4 2 8
     check "schedules: the checker passes dualpipev's lists for 4 ranks and 8 microbatches, F&B actions on every rank, its bubble DualPipe's (S-1)(F&B+B-3W) ($(grep makespan "$TMP/dpv"))" \
         bash -c "test \$(grep -c '^  rank [0-9]:.*F[0-9]*\.[0-9]*&B' '$TMP/dpv') = 4 && grep -q 'bubble 0.1111 of S x makespan (closed form 0.1111)' '$TMP/dpv'"
