@@ -41,9 +41,7 @@
 
 // A pass's rows in the regions --sp splits: `all` rows (the MLP's R, or the GPT's R Tq tokens),
 // of which this rank holds [first, first + held) in shards of `shard`. Without --sp it holds all.
-typedef struct {
-    long all, shard, first, held;
-} Tokens;
+typedef struct { long all, shard, first, held; } Tokens;
 
 // A tensor-parallel linear layer on this rank: y = x w + b with w [in][out].
 // The whole widths set the range of an exact sum alike in every layout.
@@ -64,12 +62,9 @@ typedef struct {
     void (*layernorm_sum)(Tp* tp, int64_t* grads, int C);
 } TpOps;
 
-// The pass at hand (tp_pass): its tokens, the terms of each of the batch's sums, a workspace.
-typedef struct {
-    Tokens tok;
-    long terms; // the batch's rows (the MLP) or tokens (the GPT): every loss and gradient is a mean over them
-    Workspace* ws;
-} TpPass;
+// The pass at hand (tp_pass): its tokens, a workspace, and `terms`, the batch's rows (the MLP)
+// or tokens (the GPT), over which every loss and gradient is a mean.
+typedef struct { Tokens tok; long terms; Workspace* ws; } TpPass;
 
 // Scratch buffers of a pass (tp_init sizes them).
 typedef struct {
@@ -94,8 +89,7 @@ struct Tp {
     int sp;                    // --sp: sequence parallelism
     Share share;               // this rank's slice of every unit: {rank, t} (config.h's table)
     int vs;                    // the vocabulary entries a rank holds, ceil(V / t)
-    int K[MAX_LAYERS + 2];     // the MLP's linear layer l here: weight [K][J], bias [J]
-    int J[MAX_LAYERS + 2];
+    int K[MAX_LAYERS + 2], J[MAX_LAYERS + 2]; // the MLP's linear layer l here: weight [K][J], bias [J]
     BlockDims dims;            // the GPT's block here: NH/t heads, F = 4C/t of the MLP
     long size[MAX_LAYERS + 2]; // the parameters of unit u here
     long off[MAX_LAYERS + 3];  // and where they start in this rank's parameters
@@ -108,8 +102,9 @@ struct Tp {
 // ----------------------------------------------------------------------------
 // f and g
 
-// f, before a column-parallel layer: the identity forward, because every rank holds the input.
-static const float* f_forward(Tp* tp, float* x, int W) {
+// f comes before a column-parallel layer and g after a row-parallel one. f's forward and g's
+// backward are the identity, because every rank holds the whole tensor.
+static const float* identity(Tp* tp, float* x, int W) {
     (void)tp, (void)W;
     return x;
 }
@@ -119,17 +114,12 @@ static void f_backward(Tp* tp, int64_t* accT, float* dx, int W) {
     group_allreduce(tp->group, accT, tok.all * W, MPI_INT64_T, MPI_SUM); // f backward: all-reduce
     linear_backward_input_finish(dx, accT, (int)tok.all, W);
 }
-// g, after a row-parallel layer: each rank's output is a partial sum over its own inputs.
-// The bias is added once the sum is whole, and the result is rounded to float once.
+// Each rank's output of a row-parallel layer is a partial sum over its own inputs, so g's
+// forward adds them. The bias is added once the sum is whole, and rounded to float once.
 static void g_forward(Tp* tp, int64_t* sum, const float* b, float* z, int W) {
     Tokens tok = tp->pass.tok;
     group_allreduce(tp->group, sum, tok.all * W, MPI_INT64_T, MPI_SUM); // g forward: all-reduce
     linear_forward_finish(z, sum, b, (int)tok.all, W);
-}
-// The output gradient is already whole on every rank: the identity backward.
-static const float* g_backward(Tp* tp, float* dz, int W) {
-    (void)tp, (void)W;
-    return dz;
 }
 
 // ----------------------------------------------------------------------------
@@ -211,10 +201,8 @@ static void vocab_parallel_cross_entropy(Tp* tp, const Config* c, Acts* a, int s
     int lo = split ? v_lo(tp) : 0;
     xent_rowmax(a->rowmax, logits, R, J, lo, c->vocab);
     xent_target_logit(a->tlogit, logits, a->targets, R, J, lo);
-    if (split) {
-        group_allreduce(tp->group, a->rowmax, R, MPI_FLOAT, MPI_MAX);
-        group_allreduce(tp->group, a->tlogit, R, MPI_FLOAT, MPI_SUM);
-    }
+    if (split) group_allreduce(tp->group, a->rowmax, R, MPI_FLOAT, MPI_MAX);
+    if (split) group_allreduce(tp->group, a->tlogit, R, MPI_FLOAT, MPI_SUM);
     xent_expsum(a->expsum, logits, logits, a->rowmax, R, J, lo, c->vocab);
     if (split) group_allreduce(tp->group, a->expsum, R, MPI_INT64_T, MPI_SUM);
     a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, a->targets, R, J, tp->pass.terms);
@@ -234,162 +222,96 @@ static void tp_attention_backward(Tp* tp, const BlockActs* ba, const float* datt
 static void layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
                             const float* rstd);
 
-static TpLinear qkv_layer(const Tp* tp, const BlockParams* p) {
-    return (TpLinear){p->qkv_w, p->qkv_b, tp->dims.C, 3 * tp->dims.A, tp->dims.C, 3L * tp->dims.C};
-}
-static TpLinear proj_layer(const Tp* tp, const BlockParams* p) {
-    return (TpLinear){p->proj_w, p->proj_b, tp->dims.A, tp->dims.C, tp->dims.C, tp->dims.C};
-}
-static TpLinear fc_layer(const Tp* tp, const BlockParams* p) {
-    return (TpLinear){p->fc_w, p->fc_b, tp->dims.C, tp->dims.F, tp->dims.C, 4L * tp->dims.C};
-}
-static TpLinear fc2_layer(const Tp* tp, const BlockParams* p) {
-    return (TpLinear){p->fc2_w, p->fc2_b, tp->dims.F, tp->dims.C, 4L * tp->dims.C, tp->dims.C};
+// The block's four linear layers on this rank. The weight half passes `none`: it needs only widths.
+typedef struct { TpLinear qkv, proj, fc, fc2; } TpLayers;
+static TpLayers block_layers(const BlockDims* d, const BlockParams* p) {
+    return (TpLayers){{p->qkv_w, p->qkv_b, d->C, 3 * d->A, d->C, 3L * d->C},
+                      {p->proj_w, p->proj_b, d->A, d->C, d->C, d->C},
+                      {p->fc_w, p->fc_b, d->C, d->F, d->C, 4L * d->C},
+                      {p->fc2_w, p->fc2_b, d->F, d->C, 4L * d->C, d->C}};
 }
 
 // The attention half: from the block's input x to x1 and ln2's output.
 static void tp_block_forward_attention(Tp* tp, const BlockParams* p, BlockActs* ba, const float* x, Scratch* s) {
     int C = tp->dims.C;
     long held = tp->pass.tok.held;
-    TpLinear qkv = qkv_layer(tp, p), proj = proj_layer(tp, p);
+    TpLayers L = block_layers(&tp->dims, p);
     layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_g, p->ln1_b, held, C);
-    column_parallel_forward(tp, &qkv, ba->qkv, ba->ln1); // f: its heads' q, k and v
+    column_parallel_forward(tp, &L.qkv, ba->qkv, ba->ln1); // f: its heads' q, k and v
     tp_attention_forward(tp, ba, s);                    // its heads: no communication
-    row_parallel_forward(tp, &proj, ba->x1, ba->atty);  // over its heads; g
+    row_parallel_forward(tp, &L.proj, ba->x1, ba->atty);  // over its heads; g
     for (long i = 0; i < held * C; i++) ba->x1[i] += x[i];
     layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->x1, p->ln2_g, p->ln2_b, held, C);
 }
-// The MLP half: from ln2's output to the block's output.
-static void tp_block_forward_mlp(Tp* tp, const BlockParams* p, BlockActs* ba, float* out) {
-    int C = tp->dims.C;
-    TpLinear fc = fc_layer(tp, p), fc2 = fc2_layer(tp, p);
-    column_parallel_forward(tp, &fc, ba->fc, ba->ln2); // f: its 4C/t
-    gelu_forward(ba->gelu, ba->fc, tp->pass.tok.all * fc.out);
-    row_parallel_forward(tp, &fc2, out, ba->gelu);     // over its 4C/t; g
-    for (long i = 0; i < tp->pass.tok.held * C; i++) out[i] += ba->x1[i];
-}
+// Then the MLP half, from ln2's output to the block's output.
 static void tp_block_forward(Tp* tp, const float* w, Acts* a, int u, Scratch* s) {
     BlockParams p = block_params(w, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
+    TpLayers L = block_layers(&tp->dims, &p);
+    float* out = a->out[u];
     tp_block_forward_attention(tp, &p, &ba, a->out[u - 1], s);
-    tp_block_forward_mlp(tp, &p, &ba, a->out[u]);
+    column_parallel_forward(tp, &L.fc, ba.fc, ba.ln2); // f: its 4C/t
+    gelu_forward(ba.gelu, ba.fc, tp->pass.tok.all * L.fc.out);
+    row_parallel_forward(tp, &L.fc2, out, ba.gelu);    // over its 4C/t; g
+    for (long i = 0; i < tp->pass.tok.held * tp->dims.C; i++) out[i] += ba.x1[i];
 }
 
 // Backward comes in two halves, as train.c's units have it: the input gradient first, which
-// leaves in the stash (st) what the weight gradients then read. The MLP's half runs first.
-static void tp_block_backward_input_mlp(Tp* tp, const BlockParams* p, const BlockActs* ba, const BlockStash* st,
-                                        Scratch* s) {
-    TpLinear fc = fc_layer(tp, p), fc2 = fc2_layer(tp, p);
-    float* dgelu = s->tmp;
-    row_parallel_backward_input(tp, &fc2, dgelu, st->dx2, s->dout); // g backward
-    gelu_backward(st->dfc, ba->fc, dgelu, tp->pass.tok.all * fc.out);
-    column_parallel_backward_input(tp, &fc, st->dln2, st->dfc);     // f backward
-}
-// Then attention's, down to the block's input gradient s->din.
+// leaves in the stash (st) what the weight gradients then read. Attention's input half, from
+// ln2's output gradient to the block's input gradient s->din:
 static void tp_block_backward_input_attention(Tp* tp, const BlockParams* p, const BlockActs* ba,
                                               const BlockStash* st, const float* x, Scratch* s) {
     const BlockDims* d = &tp->dims;
     int C = d->C, A = d->A, F = d->F;
     long held = tp->pass.tok.held;
-    TpLinear qkv = qkv_layer(tp, p), proj = proj_layer(tp, p);
+    TpLayers L = block_layers(&tp->dims, p);
     float *datty = s->tmp, *small = s->tmp + tp->pass.tok.all * (F > A ? F : A); // attention's scratch after datty
     // layernorm_backward_input adds its second argument: here, the residual's gradient.
     layernorm_backward_input(tp->buf.dres, s->dout, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, p->ln2_g, held, C);
-    row_parallel_backward_input(tp, &proj, datty, st->dx1, tp->buf.dres); // g backward
+    row_parallel_backward_input(tp, &L.proj, datty, st->dx1, tp->buf.dres); // g backward
     tp_attention_backward(tp, ba, datty, st->dqkv, small, s);
-    column_parallel_backward_input(tp, &qkv, st->dln1, st->dqkv);         // f backward
+    column_parallel_backward_input(tp, &L.qkv, st->dln1, st->dqkv);         // f backward
     layernorm_backward_input(s->din, tp->buf.dres, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, p->ln1_g, held, C);
 }
+// The MLP's half runs first.
 static void tp_block_backward_input(Tp* tp, const float* w, Acts* a, int u, Scratch* s) {
     BlockParams p = block_params(w, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
     BlockStash st = block_stash(s->stash, &tp->dims, tp->dims.R);
-    tp_block_backward_input_mlp(tp, &p, &ba, &st, s);
+    TpLayers L = block_layers(&tp->dims, &p);
+    float* dgelu = s->tmp;
+    row_parallel_backward_input(tp, &L.fc2, dgelu, st.dx2, s->dout); // g backward
+    gelu_backward(st.dfc, ba.fc, dgelu, tp->pass.tok.all * L.fc.out);
+    column_parallel_backward_input(tp, &L.fc, st.dln2, st.dfc);     // f backward
     tp_block_backward_input_attention(tp, &p, &ba, &st, a->out[u - 1], s);
 }
 
 // The weight half: this rank's slices' gradients, from the kept activations and the stash.
-// The weight gradients need only the layers' widths, not their weights (`none`).
 static const BlockParams none;
-static void tp_block_backward_weight_mlp(Tp* tp, const BlockGrads* gg, BlockActs* ba, const BlockStash* st) {
-    TpLinear fc = fc_layer(tp, &none), fc2 = fc2_layer(tp, &none);
-    row_parallel_backward_weight(tp, &fc2, gg->fc2_w, gg->fc2_b, ba->gelu, st->dx2);
-    column_parallel_backward_weight(tp, &fc, gg->fc_w, gg->fc_b, ba->ln2, st->dfc);
-}
 static void tp_block_backward_weight_attention(Tp* tp, const BlockGrads* gg, BlockActs* ba, const BlockStash* st,
                                                const float* x) {
-    TpLinear qkv = qkv_layer(tp, &none), proj = proj_layer(tp, &none);
+    TpLayers L = block_layers(&tp->dims, &none);
     layernorm_grads(tp, gg->ln2_g, gg->ln2_b, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd);
-    row_parallel_backward_weight(tp, &proj, gg->proj_w, gg->proj_b, ba->atty, st->dx1);
-    column_parallel_backward_weight(tp, &qkv, gg->qkv_w, gg->qkv_b, ba->ln1, st->dqkv);
+    row_parallel_backward_weight(tp, &L.proj, gg->proj_w, gg->proj_b, ba->atty, st->dx1);
+    column_parallel_backward_weight(tp, &L.qkv, gg->qkv_w, gg->qkv_b, ba->ln1, st->dqkv);
     layernorm_grads(tp, gg->ln1_g, gg->ln1_b, st->dln1, x, ba->ln1_mean, ba->ln1_rstd);
 }
 static void tp_block_backward_weight(Tp* tp, int64_t* g, const Acts* a, int u, const float* stash) {
     BlockGrads gg = block_grads(g, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
     BlockStash st = block_stash((float*)stash, &tp->dims, tp->dims.R);
-    tp_block_backward_weight_mlp(tp, &gg, &ba, &st);
+    TpLayers L = block_layers(&tp->dims, &none);
+    row_parallel_backward_weight(tp, &L.fc2, gg.fc2_w, gg.fc2_b, ba.gelu, st.dx2);
+    column_parallel_backward_weight(tp, &L.fc, gg.fc_w, gg.fc_b, ba.ln2, st.dfc);
     tp_block_backward_weight_attention(tp, &gg, &ba, &st, a->out[u - 1]);
 }
 
-// ----------------------------------------------------------------------------
-// the model's units on this rank's slices (train_3d.c runs these on its stages)
-
-static void tp_gpt_embedding_forward(Tp* tp, const Config* c, const float* w, Acts* a);
-static void tp_gpt_embedding_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* dx);
-static void tp_gpt_head_forward(Tp* tp, const Config* c, const float* w, Acts* a);
-static void tp_gpt_head_backward_input(Tp* tp, const Config* c, const float* w, Acts* a, Scratch* s);
-static void tp_gpt_head_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* stash);
+static void tp_unit_forward(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
+static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
+static void tp_unit_backward_input(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
+static void tp_unit_backward_weight(Tp* tp, const Config* c, int u, int64_t* g, const Acts* a, const float* dout);
 static Tokens tp_pass(Tp* tp, const Config* c, int R, long batch, Workspace* ws);
 static const float* tp_probs(Tp* tp, const Config* c, const Acts* a, int R, int at);
-
-static void tp_unit_forward(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s) {
-    double t0 = trace_clock();
-    int R = tp->dims.R;
-    if (is_gpt(c)) {
-        if (u == 0) tp_gpt_embedding_forward(tp, c, w, a);
-        else if (u <= c->layers) tp_block_forward(tp, w, a, u, s);
-        else tp_gpt_head_forward(tp, c, w, a);
-    } else if (u == 0) {
-        vocab_parallel_embedding_forward(tp, c, w, a, R);
-    } else {
-        mlp_linear_forward(tp, c, u, w, a->out[u - 1], a->out[u]);
-        if (u <= c->layers) relu_forward(a->out[u], (long)R * tp->J[u]);
-        else vocab_parallel_cross_entropy(tp, c, a, is_column(u), tp->J[u], R);
-    }
-    trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
-}
-// The input half reads s->dout and writes the input gradient to s->din.
-static void tp_unit_backward_input(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s) {
-    if (u == 0) return;
-    double t0 = trace_clock();
-    int R = tp->dims.R;
-    if (is_gpt(c) && u <= c->layers) tp_block_backward_input(tp, w, a, u, s);
-    else if (is_gpt(c)) tp_gpt_head_backward_input(tp, c, w, a, s);
-    else {
-        if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, tp->J[u], is_column(u) ? v_lo(tp) : 0);
-        else relu_backward(s->dout, a->out[u], (long)R * tp->J[u]);
-        mlp_linear_backward_input(tp, c, u, w, s);
-    }
-    trace_event("compute", t0, trace_clock(), 0, "input gradient %s", unit_name(c, u));
-}
-// The weight half adds this rank's parameter gradients into g.
-static void tp_unit_backward_weight(Tp* tp, const Config* c, int u, int64_t* g, const Acts* a, const float* dout) {
-    double t0 = trace_clock();
-    int R = tp->dims.R;
-    if (is_gpt(c)) {
-        if (u == 0) tp_gpt_embedding_backward_weight(tp, c, g, a, dout);
-        else if (u <= c->layers) tp_block_backward_weight(tp, g, a, u, dout);
-        else tp_gpt_head_backward_weight(tp, c, g, a, dout);
-    } else if (u == 0) {
-        embedding_backward(g, a->tokens, dout, v_lo(tp), v_lo(tp) + tp->vs, R, c->context, c->emb, tp->pass.terms);
-    } else { // the MLP's rows are whole on every rank, so neither kind of layer communicates here
-        int K = tp->K[u], J = tp->J[u];
-        linear_backward_weight(g, g + (long)K * J, a->out[u - 1], dout, R, K, J, tp->pass.terms, tp->pass.ws);
-    }
-    trace_event("compute", t0, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
-}
-static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
 
 #ifndef TRAIN_3D
 // ----------------------------------------------------------------------------
@@ -431,7 +353,7 @@ static void backward(Run* r, int R, long batch) {
 // --microbatches M passes add into the same exact gradient sums, so any M gives the same bits.
 static int64_t train_step(Run* r, const Options* o, long step, long* n) {
     int B = o->batch, M = o->microbatches, units = n_units(&r->cfg);
-    Rows batch = training_rows(&r->ds, o->seed, step, 0);
+    Rows rows = training_rows(&r->ds, o->seed, step, 0);
     *n = dataset_batch_targets(&r->ds, o->seed, step, B);
     int64_t loss = 0;
     fix_zero(r->st.grads, r->st.n);
@@ -439,7 +361,7 @@ static int64_t train_step(Run* r, const Options* o, long step, long* n) {
     for (int m = 0; m < M; m++) {
         long first, end;
         split_range(B, M, m, &first, &end);
-        loss += forward(r, &batch, first, (int)(end - first), B, NULL);
+        loss += forward(r, &rows, first, (int)(end - first), B, NULL);
         backward(r, (int)(end - first), B);
     }
     workspace_keep_weights(&r->work.ws, 0);
@@ -595,10 +517,63 @@ static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Ac
 }
 
 // ----------------------------------------------------------------------------
+// the model's units on this rank's slices
+//
+// Unit 0 is the embedding, units 1 .. layers the MLP's linear layers or the GPT's blocks, the
+// last one the output layer and loss; train_3d.c runs these on its pipeline's stages.
+
+static void tp_unit_forward(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s) {
+    double t0 = trace_clock();
+    int R = tp->dims.R;
+    if (is_gpt(c)) {
+        if (u == 0) tp_gpt_embedding_forward(tp, c, w, a);
+        else if (u <= c->layers) tp_block_forward(tp, w, a, u, s);
+        else tp_gpt_head_forward(tp, c, w, a);
+    } else if (u == 0) {
+        vocab_parallel_embedding_forward(tp, c, w, a, R);
+    } else {
+        mlp_linear_forward(tp, c, u, w, a->out[u - 1], a->out[u]);
+        if (u <= c->layers) relu_forward(a->out[u], (long)R * tp->J[u]);
+        else vocab_parallel_cross_entropy(tp, c, a, is_column(u), tp->J[u], R);
+    }
+    trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
+}
+// The input half reads s->dout and writes the input gradient to s->din.
+static void tp_unit_backward_input(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s) {
+    if (u == 0) return;
+    double t0 = trace_clock();
+    int R = tp->dims.R;
+    if (is_gpt(c) && u <= c->layers) tp_block_backward_input(tp, w, a, u, s);
+    else if (is_gpt(c)) tp_gpt_head_backward_input(tp, c, w, a, s);
+    else {
+        if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, tp->J[u], is_column(u) ? v_lo(tp) : 0);
+        else relu_backward(s->dout, a->out[u], (long)R * tp->J[u]);
+        mlp_linear_backward_input(tp, c, u, w, s);
+    }
+    trace_event("compute", t0, trace_clock(), 0, "input gradient %s", unit_name(c, u));
+}
+// The weight half adds this rank's parameter gradients into g.
+static void tp_unit_backward_weight(Tp* tp, const Config* c, int u, int64_t* g, const Acts* a, const float* dout) {
+    double t0 = trace_clock();
+    int R = tp->dims.R;
+    if (is_gpt(c)) {
+        if (u == 0) tp_gpt_embedding_backward_weight(tp, c, g, a, dout);
+        else if (u <= c->layers) tp_block_backward_weight(tp, g, a, u, dout);
+        else tp_gpt_head_backward_weight(tp, c, g, a, dout);
+    } else if (u == 0) {
+        embedding_backward(g, a->tokens, dout, v_lo(tp), v_lo(tp) + tp->vs, R, c->context, c->emb, tp->pass.terms);
+    } else { // the MLP's rows are whole on every rank, so neither kind of layer communicates here
+        int K = tp->K[u], J = tp->J[u];
+        linear_backward_weight(g, g + (long)K * J, a->out[u - 1], dout, R, K, J, tp->pass.terms, tp->pass.ws);
+    }
+    trace_event("compute", t0, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
+}
+
+// ----------------------------------------------------------------------------
 // what only serves the strategy: the pass, sampling, attention's hook, slices and buffers
 
 static void tp_layernorm_sum(Tp* tp, int64_t* grads, int C) { (void)tp, (void)grads, (void)C; }
-static const TpOps tp_ops = {f_forward, f_backward, g_forward, g_backward, tp_embedding_sum, tp_layernorm_sum};
+static const TpOps tp_ops = {identity, f_backward, g_forward, identity, tp_embedding_sum, tp_layernorm_sum};
 
 // Sets the pass's rows R (of a batch of `batch` rows) and workspace for the units that follow.
 static Tokens tp_pass(Tp* tp, const Config* c, int R, long batch, Workspace* ws) {
