@@ -37,7 +37,7 @@
 //
 // Unit u is a flat block of size[u] parameters, cut into N shards of shard[u] =
 // ceil(size[u] / N) elements: rank r's shard is elements [r * shard[u], (r + 1) * shard[u]).
-// The last shard ends in padding: zeros from calloc that no pass reads, and that fsdp_range
+// The last shard ends in padding: zeros from calloc that no unit computes with, which fsdp_range
 // leaves out of the optimizer step, the checkpoints and the clipping norm. Gradients are
 // exact integer sums (kernels.h), so their reduce-scatter is exact too.
 
@@ -123,8 +123,7 @@ static const FsdpStage zero3 = {
     .gather_params = nothing,
 };
 
-// This rank's elements of unit u, [*lo, *hi): its shard without the padding (empty when the
-// shard is all padding).
+// This rank's elements of unit u, [*lo, *hi): its shard without the padding (maybe empty).
 static void fsdp_range(const Fsdp* f, int u, long* lo, long* hi) {
     *lo = f->dp->rank * f->shard[u];
     long end = *lo + f->shard[u];
