@@ -221,6 +221,7 @@ static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R
     Run* r = ctx;
     int T = r->cfg.context, Tq = r->tensor.dims.Tq;
     a->training = r->training;
+    tp_pass(&r->tensor, &r->cfg, R, rows_total, &r->ws);
     for (int u = lo; u < hi; u++) {
         if (r->grid.C > 1 && u == n_units(&r->cfg) - 1) // --cp: the head's targets, this rank's positions' (in
             for (int row = 0; row < R; row++)          // place: position pos[i] >= i, so each lands at or before
@@ -228,26 +229,28 @@ static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R
         const float* w = fsdp_unit_params(&r->fsdp, u, u + 1 < hi ? u + 1 : -1);     // ZeRO: gathered
         if (is_moe(&r->cfg, u))
             grid_moe_forward(r, u, w, fsdp_unit_params(&r->expert_fsdp, u, next_moe(r, u + 1, lo, hi)), a, sc, R);
-        else tp_unit_forward(&r->tensor, &r->cfg, u, w, a, sc, R, rows_total, &r->ws); // tensor-parallel
+        else tp_unit_forward(&r->tensor, &r->cfg, u, w, a, sc); // tensor-parallel
     }
 }
 // A unit's weight half, and ZeRO's reduce-scatter of its gradient at once.
 static void unit_weight(Run* r, int u, const Acts* a, const float* stash, int R, long batch) {
-    tp_unit_backward_weight(&r->tensor, &r->cfg, u, fsdp_unit_grads(&r->fsdp, u), a, stash, R, batch, &r->ws);
+    tp_pass(&r->tensor, &r->cfg, R, batch, &r->ws);
+    tp_unit_backward_weight(&r->tensor, &r->cfg, u, fsdp_unit_grads(&r->fsdp, u), a, stash);
     fsdp_reduce_unit_grads(&r->fsdp, u);
 }
 // Units [hi, lo) backward: B (the weight half at once), or I (it stashed for W).
 static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
+    tp_pass(&r->tensor, &r->cfg, R, batch, &r->ws);
     for (int u = hi - 1; u >= lo; u--) {
         const float* w = fsdp_unit_params(&r->fsdp, u, u - 1 >= lo ? u - 1 : -1);    // ZeRO: gathered again
         r->recomputing = r->cfg.recompute == RECOMPUTE_SELECTIVE;
-        tp_unit_recompute(&r->tensor, &r->cfg, u, w, a, sc, R, &r->ws);              // --recompute (full: not with experts, cli.h)
+        tp_unit_recompute(&r->tensor, &r->cfg, u, w, a, sc);              // --recompute (full: not with experts, cli.h)
         r->recomputing = 0;
         if (is_moe(&r->cfg, u)) {
             grid_moe_backward(r, u, w, a, sc, R, batch, next_moe(r, u - 1, lo, hi));
         } else {
-            tp_unit_backward_input(&r->tensor, &r->cfg, u, w, a, sc, R, &r->ws);
+            tp_unit_backward_input(&r->tensor, &r->cfg, u, w, a, sc);
             long width = unit_stash_at(&r->cfg, &r->sizes, u);
             if (stash) memcpy(stash[u], unit_stash(&r->cfg, u, sc), (size_t)R * width * sizeof(float)); // I: for W
             else unit_weight(r, u, a, unit_stash(&r->cfg, u, sc), R, batch);
@@ -381,7 +384,7 @@ static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Act
     BlockActs ba = acts_block(a, u, &d, d.Tq);
     Tokens tok = tp_tokens(&r->tensor, R);
     MoeLayer* m = &a->moe[u];
-    tp_block_forward_attention(&r->tensor, &p, &ba, a->out[u - 1], s, tok, &r->ws); // x1 and ln2's output
+    tp_block_forward_attention(&r->tensor, &p, &ba, a->out[u - 1], s); // x1 and ln2's output
     m->n = gpt_moe_tokens(c, m, a, &d);
     gpt_moe_gather(m->in, m, ba.ln2, c->emb);
     EpLayer el = {.m = m, .router = w + l.router_w, .experts = we, .training = a->training, .aux = &r->aux, .ws = &r->ws};
@@ -415,8 +418,8 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
                   .terms = terms, .ws = &r->ws};
     ep_moe_backward(&r->experts, c, &el, m->in, s->tmp, s->din);
     gpt_moe_scatter(st.dln2, m, s->din, tok.all, c->emb); // ln2's output gradient: the tokens', 0 elsewhere
-    tp_block_backward_input_attention(&r->tensor, &p, &ba, &st, a->out[u - 1], s, tok, &r->ws);
-    tp_block_backward_weight_attention(&r->tensor, &gg, &ba, &st, a->out[u - 1], tok, terms, &r->ws);
+    tp_block_backward_input_attention(&r->tensor, &p, &ba, &st, a->out[u - 1], s);
+    tp_block_backward_weight_attention(&r->tensor, &gg, &ba, &st, a->out[u - 1]);
     fsdp_reduce_unit_grads(&r->fsdp, u);
     fsdp_reduce_unit_grads(&r->expert_fsdp, u);
     trace_event("compute", t0, trace_clock(), 0, "backward %s", unit_name(c, u));
@@ -836,7 +839,7 @@ int main(int argc, char** argv) {
     if (g->C > 1) { // the context axis inside the tensor block: its positions, and attention across them
         cp_init(&run.context, &g->axis[CONTEXT], cfg, rows, run.comm, run.zigzag, 0);
         run.tensor.dims.Tq = run.context.Tq, run.tensor.dims.pos = run.context.dims.pos;
-        run.tensor.attend = grid_attend, run.tensor.attend_backward = grid_attend_backward, run.tensor.attend_ctx = &run;
+        run.tensor.hooks = (TpHooks){grid_attend, grid_attend_backward, &run};
     }
     tp_sizes(&run.tensor, cfg, &run.sizes);
     long slice_size[MAX_LAYERS + 2] = {0}; // ZeRO shards the slices of this rank's chunks; other units are empty

@@ -23,7 +23,7 @@
  *
  * The first read: what a rank holds; ZeRO-3's gather, reduce-scatter and step; one training
  * step. Then one chapter each: ZeRO-1 and -2 (--zero 1, 2); --prefetch; microbatches; the
- * formulas. Then what only serves: sizes and buffers, checkpoints and the clipping norm,
+ * formulas. Then what only serves: sizes and buffers, checkpoints,
  * train_3d.c's plug-in points, the report, options and main.
  */
 #include "model.h"
@@ -37,14 +37,14 @@
 //
 // Unit u is a flat block of size[u] parameters, cut into N shards of shard[u] =
 // ceil(size[u] / N) elements: rank r's shard is elements [r * shard[u], (r + 1) * shard[u]).
-// The last shard is padded with zeros, and they stay zero: a zero gradient and a zero
-// parameter stay zero under SGD, AdamW and weight decay. Gradients are exact sums
-// (kernels.h), so their reduce-scatter is exact too.
+// The last shard ends in padding: zeros from calloc that no unit computes with, which fsdp_range
+// leaves out of the optimizer step, the checkpoints and the clipping norm. Gradients are
+// exact integer sums (kernels.h), so their reduce-scatter is exact too.
 
 typedef struct Fsdp Fsdp;
 
-// What the ZeRO stage does at each point of a step. fsdp_init chooses them once: ZeRO-3's
-// are in the next section, ZeRO-1's, ZeRO-2's and --prefetch's in their chapters.
+// What the ZeRO stage does at each point of a step; the step calls f->fn.name(f, ...).
+// fsdp_init chooses them once: ZeRO-3's are in the next section, ZeRO-1's, ZeRO-2's and --prefetch's in their chapters.
 typedef struct {
     void (*zero_grads)(Fsdp* f);                           // before backward
     const float* (*unit_params)(Fsdp* f, int u, int next); // before unit u computes
@@ -76,8 +76,8 @@ struct Fsdp {
     float *m[MAX_LAYERS + 2], *v[MAX_LAYERS + 2];
     FsdpUnit unit;              // scratch
     FsdpStage fn;               // the stage's functions
-    // ZeRO-1 and -2 (their chapter): every unit whole, each padded to N shards, from
-    // whole_off[u]; params[u] (and at ZeRO-1 grads[u]) point inside.
+    // ZeRO-1 and -2 only (their chapter): the whole model, unit u at whole_off[u], padded to
+    // N shards. There params[u], and at ZeRO-1 grads[u], point to this rank's shard inside.
     float* whole_params;
     int64_t* whole_grads;
     long whole_off[MAX_LAYERS + 3];
@@ -92,8 +92,9 @@ static void zero3_zero_grads(Fsdp* f) {
     for (int u = 0; u < f->n_units; u++) fix_zero(f->grads[u], f->shard[u]);
 }
 // Before unit u computes, in forward and again in backward: its whole parameters,
-// all-gathered from every rank's shard. The next unit's gather overwrites them, which is why
-// backward gathers each unit again. `next` is for --prefetch.
+// all-gathered from every rank's shard into one scratch buffer. A rank holds one unit whole
+// at a time to save memory, so backward gathers each unit again instead of keeping
+// forward's. `next` is the unit --prefetch gathers early; -1 or n_units means none.
 static const float* zero3_unit_params(Fsdp* f, int u, int next) {
     (void)next;
     group_allgather(f->dp, f->params[u], f->unit.gathered[0], f->shard[u], MPI_FLOAT);
@@ -104,29 +105,31 @@ static int64_t* zero3_unit_grads(Fsdp* f, int u) {
     fix_zero(f->unit.grad, f->dp->size * f->shard[u]);
     return f->unit.grad;
 }
-// After unit u's backward: each rank receives its own shard's sum over every rank's rows and
-// adds it to its sums, so that several passes in one step (microbatches) accumulate.
+// After unit u's backward. group_reduce_scatter(group, buf, shard, type, op, into): buf holds
+// N shards of this rank's gradient; the sum over the ranks of this rank's shard is added to
+// `into`, grads[u], so that several passes in one step (microbatches) accumulate; buf is left
+// with partial sums. The destination comes last, unlike group_allgather(group, send, recv, ...).
 static void zero3_reduce_unit_grads(Fsdp* f, int u) {
     group_reduce_scatter(f->dp, f->unit.grad, f->shard[u], MPI_INT64_T, MPI_SUM, f->grads[u]);
 }
 static void nothing(Fsdp* f) { (void)f; }
 
-static const FsdpStage zero3 = {zero3_zero_grads, zero3_unit_params, zero3_unit_grads, zero3_reduce_unit_grads,
-                                nothing, nothing};
+static const FsdpStage zero3 = {
+    .zero_grads = zero3_zero_grads,
+    .unit_params = zero3_unit_params,
+    .unit_grads = zero3_unit_grads,
+    .reduce_unit_grads = zero3_reduce_unit_grads,
+    .reduce_grads = nothing,
+    .gather_params = nothing,
+};
 
-// The step calls the stage's functions by these names, as train_3d.c does.
-static void fsdp_zero_grads(Fsdp* f) { f->fn.zero_grads(f); }
-static const float* fsdp_unit_params(Fsdp* f, int u, int next) { return f->fn.unit_params(f, u, next); }
-static int64_t* fsdp_unit_grads(Fsdp* f, int u) { return f->fn.unit_grads(f, u); }
-static void fsdp_reduce_unit_grads(Fsdp* f, int u) { f->fn.reduce_unit_grads(f, u); }
-static void fsdp_reduce_grads(Fsdp* f) { f->fn.reduce_grads(f); }
-static void fsdp_gather_params(Fsdp* f) { f->fn.gather_params(f); }
-
-// This rank's elements of unit u: [*lo, *hi), the padding excluded.
+// This rank's elements of unit u, [*lo, *hi): its shard without the padding (maybe empty).
 static void fsdp_range(const Fsdp* f, int u, long* lo, long* hi) {
     *lo = f->dp->rank * f->shard[u];
-    *hi = *lo + f->shard[u] < f->size[u] ? *lo + f->shard[u] : f->size[u];
-    if (*hi < *lo) *hi = *lo;
+    long end = *lo + f->shard[u];
+    if (end > f->size[u]) end = f->size[u];
+    if (end < *lo) end = *lo;
+    *hi = end;
 }
 // The optimizer step: each rank updates its shards alone, since their sums are over every
 // rank's rows. At ZeRO-3 nothing follows; ZeRO-1 and -2 gather every unit whole again.
@@ -136,7 +139,7 @@ static void fsdp_step(Fsdp* f, const Optimizer* opt, double factor, float scale,
         fsdp_range(f, u, &lo, &hi);
         optimizer_step(opt, f->params[u], f->grads[u], f->m[u], f->v[u], hi - lo, factor, scale, t);
     }
-    fsdp_gather_params(f);
+    f->fn.gather_params(f);
 }
 
 #ifndef TRAIN_3D // the program's step; train_3d.c has its own
@@ -157,26 +160,39 @@ typedef struct {
     int n_spans;
 } Run;
 
-// train.c's model_forward_rows, each unit's parameters gathered first.
+// The forward pass over this rank's R rows of `rows` from `first`, unit by unit, each unit's
+// parameters gathered first; the loss sum over the rows' targets, and probs if asked.
 static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
     Run* r = ctx;
     const Config* c = &r->cfg;
     Acts* a = work_load(&r->work, rows, first, R, c->context);
     for (int u = 0; u < n_units(c); u++)
-        unit_forward(c, u, fsdp_unit_params(&r->f, u, u + 1), a, &r->work.scratch, R, rows_total, &r->work.ws);
+        unit_forward(c, u, r->f.fn.unit_params(&r->f, u, u + 1), a, &r->work.scratch, R, rows_total, &r->work.ws);
     if (probs) model_probs(c, rows, a->out[c->layers + 1], R, probs);
     return a->loss;
 }
-// train.c's model_backward: each unit gathered again, its gradient reduce-scattered at once.
+// train.c's model_backward: each unit gathered again (the next: u - 1, -1 after the first),
+// its gradient reduce-scattered at once.
 static void backward(Run* r, int R, long B) {
     const Config* c = &r->cfg;
     for (int u = n_units(c) - 1; u >= 0; u--) {
-        const float* w = fsdp_unit_params(&r->f, u, u - 1);
+        const float* w = r->f.fn.unit_params(&r->f, u, u - 1);
         unit_recompute(c, u, w, &r->work.acts, &r->work.scratch, R, &r->work.ws); // --recompute
-        unit_backward(c, u, w, fsdp_unit_grads(&r->f, u), &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
-        fsdp_reduce_unit_grads(&r->f, u);
+        unit_backward(c, u, w, r->f.fn.unit_grads(&r->f, u), &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
+        r->f.fn.reduce_unit_grads(&r->f, u);
         scratch_step_down(&r->work.scratch);
     }
+}
+
+// The gradients this rank counts in the clipping norm, set once in main: its shards, the
+// padding left out.
+static int fsdp_grad_spans(const Fsdp* f, GradSpan* spans) {
+    for (int u = 0; u < f->n_units; u++) {
+        long lo, hi;
+        fsdp_range(f, u, &lo, &hi);
+        spans[u] = (GradSpan){f->grads[u], hi - lo};
+    }
+    return f->n_units;
 }
 
 // One step on the whole batch of B rows, of which this rank takes its share; the mean loss.
@@ -185,16 +201,19 @@ static double train_step(Run* r, const Options* o, long step) {
     Rows batch = training_rows(&r->ds, o->seed, step, 0);
     long n = dataset_batch_targets(&r->ds, o->seed, step, B); // of the whole batch, on every rank
     int64_t loss = 0;
-    fsdp_zero_grads(&r->f);
+    r->f.fn.zero_grads(&r->f);
     for (int m = 0; m < M; m++) { // M = 1 unless --microbatches (their chapter)
         long first;
         int Rm = microbatch_rows(B, M, m, r->dp.size, r->dp.rank, &first); // this rank's rows of it
         loss += forward(r, &batch, first, Rm, B, NULL);
         backward(r, Rm, B);
     }
-    fsdp_reduce_grads(&r->f);                              // ZeRO-1's all-reduce; nothing at ZeRO-3
+    r->f.fn.reduce_grads(&r->f);                             // ZeRO-1's all-reduce; nothing at ZeRO-3
     group_allreduce(&r->dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
-    float scale = clip_factor(&o->opt, r->spans, r->n_spans, n, group_norm, &r->dp); // the norm over every shard
+    // --clip (optim.h's clip_factor): the largest |gradient| over this rank's spans, combined
+    // over the ranks by MAX; then the squares as exact integers, combined by SUM (group_norm).
+    // The spans are the ranks' disjoint shards, each element counted once: train.c's norm.
+    float scale = clip_factor(&o->opt, r->spans, r->n_spans, n, group_norm, &r->dp);
     fsdp_step(&r->f, &o->opt, grad_factor(n), scale, step);
     return fix_to(loss) / n;
 }
@@ -239,10 +258,22 @@ static void zero1_reduce_grads(Fsdp* f) {
     group_allreduce(f->dp, f->whole_grads, f->whole_off[f->n_units], MPI_INT64_T, MPI_SUM);
 }
 
-static const FsdpStage zero1 = {zero1_zero_grads, whole_unit_params, zero1_unit_grads, zero1_reduce_unit_grads,
-                                zero1_reduce_grads, allgather_whole_params};
-static const FsdpStage zero2 = {zero3_zero_grads, whole_unit_params, zero3_unit_grads, zero3_reduce_unit_grads,
-                                nothing, allgather_whole_params};
+static const FsdpStage zero1 = {
+    .zero_grads = zero1_zero_grads,
+    .unit_params = whole_unit_params,
+    .unit_grads = zero1_unit_grads,
+    .reduce_unit_grads = zero1_reduce_unit_grads,
+    .reduce_grads = zero1_reduce_grads,
+    .gather_params = allgather_whole_params,
+};
+static const FsdpStage zero2 = {
+    .zero_grads = zero3_zero_grads,
+    .unit_params = whole_unit_params,
+    .unit_grads = zero3_unit_grads,
+    .reduce_unit_grads = zero3_reduce_unit_grads,
+    .reduce_grads = nothing,
+    .gather_params = allgather_whole_params,
+};
 
 // ----------------------------------------------------------------------------
 // --prefetch (stage 3): the next unit's all-gather runs while this one computes
@@ -257,7 +288,7 @@ static const float* prefetched_unit_params(Fsdp* f, int u, int next) {
     if (s->pending_unit == u) { // started by the call before: wait for it to arrive
         MPI_Wait(&s->pending, MPI_STATUS_IGNORE);
         b = s->pending_buf;
-    } else { // none started, or of another unit (train_3d.c's schedules): finish it, gather u now
+    } else { // nothing started for u: wait for any other unit's (train_3d.c's schedules), gather u here
         if (s->pending_unit >= 0) MPI_Wait(&s->pending, MPI_STATUS_IGNORE);
         group_allgather(f->dp, f->params[u], s->gathered[0], f->shard[u], MPI_FLOAT);
     }
@@ -274,9 +305,9 @@ static const float* prefetched_unit_params(Fsdp* f, int u, int next) {
 //
 // train_step's loop runs forward and backward once a microbatch, so that a pass holds the
 // activations of fewer rows. Every backward adds into the gradient sums, zeroed once a step,
-// so the step is that of one pass over all the rows. ZeRO-2 and -3 reduce-scatter each unit
-// once a pass (ZeRO-3 gathers it twice a pass); ZeRO-1's all-reduce and the all-gather after
-// the step stay once a step. train_3d.c's pipeline schedules use these same functions.
+// so the step is that of one pass over all the rows. Each pass, ZeRO-2 and -3 reduce-scatter
+// every unit's gradient, and ZeRO-3 gathers every unit twice. Once a step, ZeRO-1 all-reduces
+// the gradients, and ZeRO-1 and -2 all-gather the parameters. train_3d.c's pipeline schedules use these same functions.
 
 // ----------------------------------------------------------------------------
 // the formulas: what a rank sends and holds per step, predicted (for the report)
@@ -340,7 +371,7 @@ static void fsdp_init(Fsdp* f, int stage, int prefetch, Group* dp, const long* u
         if (N * f->shard[u] > biggest) biggest = N * f->shard[u];
     }
     long n_whole = f->whole_off[n_units], n_shard = shard_off[n_units];
-    // calloc: the padding starts, and stays, zero
+    // calloc: the padding is zero
     float* shard_params = stage == 3 ? callocCheck(n_shard, sizeof(float)) : NULL;
     int64_t* shard_grads = stage >= 2 ? callocCheck(n_shard, sizeof(int64_t)) : NULL;
     if (stage < 3) f->whole_params = callocCheck(n_whole, sizeof(float));
@@ -372,7 +403,7 @@ static void fsdp_free(Fsdp* f) {
 }
 
 // ----------------------------------------------------------------------------
-// what only serves: checkpoints and the clipping norm, as ckpt.h and optim.h take them
+// what only serves: checkpoints, as ckpt.h takes them
 
 // For checkpoints and initialisation: this rank's shard of every unit.
 static Holding fsdp_holding(const Fsdp* f) {
@@ -388,16 +419,13 @@ static Holding fsdp_holding(const Fsdp* f) {
     }
     return h;
 }
-// The gradients this rank counts in the global norm: its shards, disjoint across ranks.
-static int fsdp_grad_spans(const Fsdp* f, GradSpan* spans) {
-    for (int u = 0; u < f->n_units; u++) {
-        long lo, hi;
-        fsdp_range(f, u, &lo, &hi);
-        spans[u] = (GradSpan){f->grads[u], hi - lo};
-    }
-    return f->n_units;
-}
-#ifdef TRAIN_3D // train_3d.c's plug-in point: this rank's shard of unit u's gradient sums
+#ifdef TRAIN_3D // train_3d.c's plug-in points: the stage's functions by name, and this rank's shard of unit u's gradient sums
+static void fsdp_zero_grads(Fsdp* f) { f->fn.zero_grads(f); }
+static const float* fsdp_unit_params(Fsdp* f, int u, int next) { return f->fn.unit_params(f, u, next); }
+static int64_t* fsdp_unit_grads(Fsdp* f, int u) { return f->fn.unit_grads(f, u); }
+static void fsdp_reduce_unit_grads(Fsdp* f, int u) { f->fn.reduce_unit_grads(f, u); }
+static void fsdp_reduce_grads(Fsdp* f) { f->fn.reduce_grads(f); }
+static void fsdp_gather_params(Fsdp* f) { f->fn.gather_params(f); }
 static int64_t* fsdp_shard_grads(const Fsdp* f, int u) { return f->grads[u]; }
 #endif
 
@@ -426,7 +454,8 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, i
     Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received),
                  .params = r->f.bytes_params, .grads = r->f.bytes_grads, .optim = r->f.bytes_opt,
                  .acts = R * acts_row, .bubble = -1};
-    f.sent_formula = fsdp_sent_formula(&r->f, r->M) + ring_allreduce_bytes(8, r->dp.size) + // stages 2, 3: each microbatch's
+    // the stage's collectives over M passes, the loss sum's all-reduce, --clip's two
+    f.sent_formula = fsdp_sent_formula(&r->f, r->M) + ring_allreduce_bytes(8, r->dp.size) +
                      (opt->clip > 0 ? ring_allreduce_bytes(4 + 8, r->dp.size) : 0);
     long mb = (B + r->M - 1) / r->M, N = r->dp.size; // the largest microbatch, shared by the N ranks
     f.mem_formula = fsdp_mem_formula(&r->f, n_params(c), max_unit_params(c), opt->adamw) + (double)((mb + N - 1) / N) * acts_row;
@@ -485,7 +514,7 @@ int main(int argc, char** argv) {
     fsdp_init(&run.f, run.stage, run.prefetch, &run.dp, unit_size, n_units(cfg), o.opt.adamw);
     run.mine = fsdp_holding(&run.f); // no rank builds the whole model to cut it
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
-    fsdp_gather_params(&run.f);
+    run.f.fn.gather_params(&run.f);
     long first;
     int R = microbatch_rows(o.batch, o.microbatches, 0, run.dp.size, 0, &first); // the most rows a rank takes at once
     work_init(&run.work, cfg, pass_rows(&o, R), NULL);

@@ -2,44 +2,24 @@
  * train_tp.c: tensor parallel, Megatron's way. Every rank takes the whole batch and holds
  * a slice of every layer. A column-parallel linear layer (each rank computes some of its
  * outputs) feeds a row-parallel one (each rank holds the matching inputs and computes a
- * partial sum of every output), joined by two conjugate operators, f and g. t ranks, rank r:
+ * partial sum of every output). Two conjugate operators join them, f and g. t ranks, rank r:
  *
  *             f                 column-parallel               row-parallel                    g
  *   x --> [fwd: identity]  --> Y_r = x A_r --> ReLU --> Z_r = Y_r B_r  --> [fwd: all-reduce] --> Z + b
  *         [bwd: all-reduce]    A_r: slice r of A's         B_r: slice r of B's rows          [bwd: identity]
  *                              columns (and of its bias)   (the bias b whole)
  *
- *   f (Megatron's copy_to_tensor_model_parallel_region): the identity forward; backward, an
- *   all-reduce of the input gradient, which each rank computed as a partial sum over its own
- *   outputs. g (reduce_from_tensor_model_parallel_region): forward, an all-reduce of the
- *   output, a partial sum over each rank's own inputs; the identity backward. One all-reduce
- *   each way per pair of layers. The sums split across ranks are exact (kernels.h), so any t
- *   gives train.c's bits.
+ * f is Megatron's copy_to_tensor_model_parallel_region and g its
+ * reduce_from_tensor_model_parallel_region. That makes one all-reduce each way per pair of
+ * layers. The sums split across ranks are exact (kernels.h), so any t gives train.c's bits.
  *
- * What a rank holds, tensor by tensor, is a row of config.h's table; the program prints the
- * rows for its flags. In short, rank r of t:
- *   the MLP   the embedding's rows of its 1/t of the vocabulary; linear 1, 3, ...
- *             column-parallel: its columns of w and b; linear 2, 4, ... row-parallel: its rows
- *             of w, and b whole. With an even --layers the output layer is column-parallel:
- *             the logits are split by vocabulary and the loss never gathers them.
- *   the GPT   split by heads: of qkv_w [C][3C], the q, k and v columns of its NH/t heads (three
- *             column ranges, one in each third); of proj_w, the rows of those heads; of fc and
- *             fc2, 4C/t columns and rows; wte's rows and lm_head's columns by vocabulary; the
- *             LayerNorms, wpe and the two row-parallel biases whole. A block, two f and two g:
+ * The MLP's linear layers alternate column, row, column, ... and the output layer takes
+ * whichever comes next. The embedding and, when the output layer is column-parallel, the
+ * logits are split by vocabulary, so the loss never gathers the logits. The GPT splits each
+ * block by heads, two f and two g a block (config.h's table lists every tensor's slice):
  *
  *   x  -> ln1 -> f -> qkv (its heads) -> attention (its heads) -> proj (partial) -> g -> + x  = x1
  *   x1 -> ln2 -> f -> fc (its 4C/t)   -> GELU                  -> fc2 (partial)  -> g -> + x1
- *
- * --sp, sequence parallelism (the GPT): what the above leaves whole on every rank (LayerNorms,
- * residuals) is split by tokens instead; f becomes an all-gather of the tokens, g a
- * reduce-scatter (the two halves of the all-reduce, on either side of the token-wise work).
- *
- * Sent per rank and step, in bytes (an all-reduce sends 2(t-1)/t of its buffer; finished
- * floats are 4 bytes, exact sums 8): the MLP, for a batch of R rows, 2(t-1)/t x R x (4 T E
- * for the embedding + 8 x the width of each f and g + 16 when the loss is split); the GPT,
- * N = R T tokens of width C, 2(t-1)/t x 8 N C for each of a block's four f and g. Memory:
- * 1/t of the split tensors, the whole ones, and the activations (a block's by Korthikanti
- * et al.'s form). Each term, named: "the formulas", near the end.
  *
  *   make train_tp && mpirun -n 2 ./train_tp          # the MLP: hidden and vocabulary split in 2
  *   mpirun -n 3 --oversubscribe ./train_tp --layers 2 # the logits split by vocabulary too
@@ -47,17 +27,8 @@
  *   mpirun -n 2 ./train_tp --model gpt --sp          # and sequence parallel
  *
  * Compare with ./train (--model gpt for the GPT): the same losses, names and final
- * checkpoint, whatever t. More, with the measured tables: docs/tp.md.
- *
- * Reading order: f and g and the two layers they join (the core, with the MLP's pair and the
- * GPT's block); then, each on its own: the vocabulary-parallel embedding and loss, sequence
- * parallelism (--sp), the units (with --recompute), this rank's slices and buffers, the
- * formulas, and the program. Every layer's backward is by hand (layers.h), in two halves as
- * train.c's units have it: the input gradient (I), then the weight gradients (W) from what I
- * left in a stash; the pipelines of train_3d.c run them apart, this program one after the
- * other. The sums split across ranks are exact (int64, kernels.h): the arguments named
- * K_all or J_all are the whole layer's widths, which set the exact sum's range alike in every
- * layout.
+ * checkpoint, whatever t. The measured tables are in docs/tp.md. After the first read come
+ * --sp, recomputation, microbatches and the formulas of what is sent and held.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -66,354 +37,354 @@
 #include "dist.h"
 
 // ----------------------------------------------------------------------------
-// the strategy: f and g, and the two linear layers they join
+// what a rank holds
 
+// A pass's rows in the regions --sp splits: `all` rows (the MLP's R, or the GPT's R Tq tokens),
+// of which this rank holds [first, first + held) in shards of `shard`. Without --sp it holds all.
+typedef struct { long all, shard, first, held; } Tokens;
+
+// A tensor-parallel linear layer on this rank: y = x w + b with w [in][out].
+// The whole widths set the range of an exact sum alike in every layout.
 typedef struct {
-    Group* group;                   // the t ranks
-    int sp;                         // --sp: sequence parallelism
-    Share share;                    // this rank's slice of every unit: {rank, t} (config.h's table)
-    int vs;                         // the vocabulary entries a rank holds, ceil(V / t) (padded)
-    int K[MAX_LAYERS + 2];          // the MLP's linear layer l here: weight [K][J], bias [J]
-    int J[MAX_LAYERS + 2];
-    BlockDims dims;                 // the GPT's block here: NH/t heads, F = 4C/t of the MLP (R set by each pass)
-    long size[MAX_LAYERS + 2];      // parameters of unit u here
-    long off[MAX_LAYERS + 3];       // and where they start in this rank's parameters
-    // buffers of a pass ("what only serves it", below)
-    float* whole;                   // every token's activations: f's all-gather (--sp), the embedding's sum
-    int64_t* sum;                   // exact partial sums over this rank's slice, before f or g completes them
-    int64_t* by_token;              // --sp: an input gradient's partial sums, by token
-    int64_t* mine_sum;              // --sp: the sums of this rank's tokens
-    float* dres;                    // the GPT: the residual stream's gradient between a block's halves
-    int64_t* ln_grad;               // [2][C] a LayerNorm's gradient of one pass
-    float *probs, *gathered;        // sampling: the whole vocabulary's probabilities
-    // train_3d.c's context axis plugs in here: attention over every context-parallel rank's
-    // positions (train_3d.c's grid_attend). NULL in this program: attention over the positions held.
+    const float *w, *b;       // this rank's slice (b may be NULL)
+    int in, out;              // the widths held
+    long in_whole, out_whole; // the whole layer's widths
+} TpLinear;
+
+typedef struct Tp Tp;
+// The collectives of a pass, chosen once by tp_init: tensor parallelism's below, or --sp's.
+typedef struct {
+    const float* (*f_forward)(Tp* tp, float* x, int W);
+    void (*f_backward)(Tp* tp, int64_t* accT, float* dx, int W);
+    void (*g_forward)(Tp* tp, int64_t* sum, const float* b, float* z, int W);
+    const float* (*g_backward)(Tp* tp, float* dz, int W);
+    void (*embedding_sum)(Tp* tp, float* out, int W);
+    void (*layernorm_sum)(Tp* tp, int64_t* grads, int C);
+} TpOps;
+
+// The pass at hand (tp_pass): its tokens, a workspace, and `terms`, the batch's rows (the MLP)
+// or tokens (the GPT), over which every loss and gradient is a mean.
+typedef struct { Tokens tok; long terms; Workspace* ws; } TpPass;
+
+// Scratch buffers of a pass (tp_init sizes them).
+typedef struct {
+    float* whole;      // every token's activations: f's all-gather (--sp), the embedding's sum
+    int64_t* sum;      // exact partial sums over this rank's slice, before f or g completes them
+    int64_t* by_token; // --sp: an input gradient's partial sums, by token
+    int64_t* mine_sum; // --sp: the sums of this rank's tokens
+    float* dres;       // the GPT: the residual stream's gradient between a block's halves
+    int64_t* ln_grad;  // [2][C]: a LayerNorm's gradient of one pass
+    float *probs, *gathered; // sampling: the whole vocabulary's probabilities
+} TpBuffers;
+
+// train_3d.c's context axis replaces attention on the positions held by its own, across ranks.
+typedef struct {
     void (*attend)(void* ctx, BlockActs* a);
     void (*attend_backward)(void* ctx, const BlockActs* a, const float* datty, float* dqkv);
     void* attend_ctx;
-} Tp;
+} TpHooks;
 
-// The rows of a pass in the regions --sp splits: all = R (the MLP) or R Tq (the GPT's tokens);
-// without --sp every rank holds all of them, with it rows [first, first + held) in shards of
-// ceil(all / t) (the last one short, or empty: zeros travel in its place).
-typedef struct {
-    long all, shard, first, held;
-} Tokens;
+struct Tp {
+    Group* group;              // the t ranks
+    int sp;                    // --sp: sequence parallelism
+    Share share;               // this rank's slice of every unit: {rank, t} (config.h's table)
+    int vs;                    // the vocabulary entries a rank holds, ceil(V / t)
+    int K[MAX_LAYERS + 2], J[MAX_LAYERS + 2]; // the MLP's linear layer l here: weight [K][J], bias [J]
+    BlockDims dims;            // the GPT's block here: NH/t heads, F = 4C/t of the MLP
+    long size[MAX_LAYERS + 2]; // the parameters of unit u here
+    long off[MAX_LAYERS + 3];  // and where they start in this rank's parameters
+    TpOps op;
+    TpPass pass;
+    TpBuffers buf;
+    TpHooks hooks;
+};
 
-static const float* sp_all_gather(Tp* tp, float* mine, float* whole, int W, Tokens tok);
-static void sp_reduce_scatter(Tp* tp, int64_t* sums, int64_t* mine, int W, Tokens tok);
-static void sp_reduce_scatter_transposed(Tp* tp, int64_t* accT, float* dx, int W, Tokens tok);
+// ----------------------------------------------------------------------------
+// f and g
 
-// f (Megatron's copy_to_tensor_model_parallel_region), before a column-parallel layer.
-// Forward: the identity (--sp: an all-gather of every rank's rows of `mine`, W wide, into
-// `whole`). Returns the layer's whole input.
-static const float* f_forward(Tp* tp, float* mine, float* whole, int W, Tokens tok) {
-    if (tp->sp) return sp_all_gather(tp, mine, whole, W, tok);
-    return mine;
+// f comes before a column-parallel layer and g after a row-parallel one. f's forward and g's
+// backward are the identity, because every rank holds the whole tensor.
+static const float* identity(Tp* tp, float* x, int W) {
+    (void)tp, (void)W;
+    return x;
 }
-// Backward: the layer's input gradient, partial sums accT [W][all] over this rank's outputs
-// (transposed: linear_backward_input_partial's), completed by an all-reduce (--sp: a
-// reduce-scatter, this rank's rows); dx = the float sums.
-static void f_backward(Tp* tp, int64_t* accT, float* dx, int W, Tokens tok) {
-    if (tp->sp) {
-        sp_reduce_scatter_transposed(tp, accT, dx, W, tok);
-        return;
-    }
+// Each rank's input gradient is a partial sum over its own outputs, so f's backward adds them.
+static void f_backward(Tp* tp, int64_t* accT, float* dx, int W) {
+    Tokens tok = tp->pass.tok;
     group_allreduce(tp->group, accT, tok.all * W, MPI_INT64_T, MPI_SUM); // f backward: all-reduce
     linear_backward_input_finish(dx, accT, (int)tok.all, W);
 }
-// g (reduce_from_tensor_model_parallel_region), after a row-parallel layer. Forward: its
-// output, partial sums `sum` [all][W] over this rank's inputs, completed by an all-reduce
-// (--sp: a reduce-scatter); out = float(sum + b), rounded once.
-static void g_forward(Tp* tp, int64_t* sum, const float* b, float* out, int W, Tokens tok) {
-    if (tp->sp) {
-        sp_reduce_scatter(tp, sum, tp->mine_sum, W, tok);
-        linear_forward_finish(out, tp->mine_sum, b, (int)tok.held, W);
-        return;
-    }
+// Each rank's output of a row-parallel layer is a partial sum over its own inputs, so g's
+// forward adds them. The bias is added once the sum is whole, and rounded to float once.
+static void g_forward(Tp* tp, int64_t* sum, const float* b, float* z, int W) {
+    Tokens tok = tp->pass.tok;
     group_allreduce(tp->group, sum, tok.all * W, MPI_INT64_T, MPI_SUM); // g forward: all-reduce
-    linear_forward_finish(out, sum, b, (int)tok.all, W);
-}
-// Backward: the identity (--sp: an all-gather of the output gradient's rows).
-static const float* g_backward(Tp* tp, float* mine, float* whole, int W, Tokens tok) {
-    if (tp->sp) return sp_all_gather(tp, mine, whole, W, tok);
-    return mine;
-}
-
-// Column-parallel linear layer (Megatron's ColumnParallelLinear): y = f(x) W[:, r] + b[r],
-// this rank's J of the layer's outputs, whole sums from the whole input. `x` [all][K] is
-// this rank's rows of the input (every row without --sp).
-static void column_parallel_forward(Tp* tp, float* y, float* x, const float* w, const float* b, int K, int J,
-                                    Tokens tok, Workspace* ws) {
-    const float* whole = f_forward(tp, x, tp->whole, K, tok);                 // f
-    linear_forward(y, whole, w, b, (int)tok.all, K, J, ws);
-}
-// Its input gradient is a sum over every output of the layer (`J_all`): each rank sums over its
-// own J, and f's backward completes the sums. dx: this rank's rows.
-static void column_parallel_backward_input(Tp* tp, float* dx, const float* dy, const float* w, int K, int J,
-                                           long J_all, Tokens tok, Workspace* ws) {
-    linear_backward_input_partial(tp->sum, dy, w, (int)tok.all, K, J, J_all, ws); // over this rank's outputs
-    f_backward(tp, tp->sum, dx, K, tok);                                         // f backward
-}
-// Its weight and bias gradients need the whole input again (--sp: gathered again: a rank
-// keeps only its rows of it).
-static void column_parallel_backward_weight(Tp* tp, int64_t* dw, int64_t* db, float* x, const float* dy, int K, int J,
-                                            long batch, Tokens tok, Workspace* ws) {
-    const float* whole = f_forward(tp, x, tp->whole, K, tok);                 // f again
-    linear_backward_weight(dw, db, whole, dy, (int)tok.all, K, J, batch, ws);
-}
-
-// Row-parallel linear layer (RowParallelLinear): z = g(x[:, r] W[r, :]) + b, this rank's K
-// of the layer's inputs (`K_all`) giving a partial sum of every output, completed by g; the
-// bias, held whole, added once after. z: this rank's rows.
-static void row_parallel_forward(Tp* tp, float* z, const float* x, const float* w, const float* b, int K, int J,
-                                 long K_all, Tokens tok, Workspace* ws) {
-    linear_forward_partial(tp->sum, x, w, (int)tok.all, K, J, K_all, ws);    // over this rank's inputs
-    g_forward(tp, tp->sum, b, z, J, tok);                                     // g
-}
-// The gradient of this rank's inputs needs only its rows of W: dx = g_backward(dz) W[r, :]^T
-// (g's backward: the identity; --sp: every rank's rows of dz gathered). The whole dz is kept
-// in `dz_kept` for the weight gradient (the same buffer as dz will do, without --sp).
-static void row_parallel_backward_input(Tp* tp, float* dx, float* dz_kept, float* dz, const float* w, int K, int J,
-                                        Tokens tok, Workspace* ws) {
-    const float* whole = g_backward(tp, dz, tp->whole, J, tok);              // g backward
-    if (whole != dz_kept) memcpy(dz_kept, whole, (size_t)tok.all * J * sizeof(float));
-    linear_backward_input(dx, dz_kept, w, (int)tok.all, K, J, ws);
+    linear_forward_finish(z, sum, b, (int)tok.all, W);
 }
 
 // ----------------------------------------------------------------------------
-// the strategy: the MLP, column- and row-parallel layers in pairs
-//
-// Linear layer l is column-parallel for odd l, row-parallel for even l (config.h's
-// linear_kind): layer 1 column, layer 2 row, layer 3 column, ... and the output layer
-// whichever comes next. The MLP has no --sp: its rows are whole on every rank.
+// column- and row-parallel layers
 
-static int is_column(int l) { return linear_kind(l) == COLUMN_PARALLEL; }
-static int v_lo(const Tp* tp) { return tp->share.r * tp->vs; } // this rank's first vocabulary entry
-static Tokens mlp_rows(int R) { return (Tokens){R, R, 0, R}; }
-
-static void mlp_linear_forward(Tp* tp, const Config* c, int l, const float* w, float* in, float* out, int R,
-                               Workspace* ws) {
-    int K = tp->K[l], J = tp->J[l];
-    if (is_column(l)) column_parallel_forward(tp, out, in, w, w + (long)K * J, K, J, mlp_rows(R), ws);
-    else row_parallel_forward(tp, out, in, w, w + (long)K * J, K, J, linear_in(c, l), mlp_rows(R), ws);
+// Megatron's ColumnParallelLinear: this rank's L->out outputs, from the whole input.
+static void column_parallel_forward(Tp* tp, const TpLinear* L, float* y, float* x) {
+    const float* whole = tp->op.f_forward(tp, x, L->in);
+    linear_forward(y, whole, L->w, L->b, (int)tp->pass.tok.all, L->in, L->out, tp->pass.ws);
 }
-// Backward, from s->dout (this rank's J outputs' gradient: its slice after a column-parallel
-// layer, whole after a row-parallel one) to s->din (what the layer below holds: whole, or
-// this rank's slice).
-static void mlp_linear_backward_input(Tp* tp, const Config* c, int l, const float* w, Scratch* s, int R,
-                                      Workspace* ws) {
-    int K = tp->K[l], J = tp->J[l];
-    if (is_column(l)) column_parallel_backward_input(tp, s->din, s->dout, w, K, J, linear_out(c, l), mlp_rows(R), ws);
-    else row_parallel_backward_input(tp, s->din, s->dout, s->dout, w, K, J, mlp_rows(R), ws);
+static void column_parallel_backward_input(Tp* tp, const TpLinear* L, float* dx, const float* dy) {
+    linear_backward_input_partial(tp->buf.sum, dy, L->w, (int)tp->pass.tok.all, L->in, L->out, L->out_whole,
+                                  tp->pass.ws);
+    tp->op.f_backward(tp, tp->buf.sum, dx, L->in);
+}
+// The weight gradient needs the whole input again (with --sp it is gathered again).
+static void column_parallel_backward_weight(Tp* tp, const TpLinear* L, int64_t* dw, int64_t* db, float* x,
+                                            const float* dy) {
+    const float* whole = tp->op.f_forward(tp, x, L->in);
+    linear_backward_weight(dw, db, whole, dy, (int)tp->pass.tok.all, L->in, L->out, tp->pass.terms, tp->pass.ws);
 }
 
-// Vocabulary-parallel embedding: rank r holds the table rows of its slice of the vocabulary,
-// looks up the tokens it holds and writes zeros for the others; an all-reduce adds them
-// (each position has one non-zero term, so the float sum is exact).
+// RowParallelLinear: a partial sum of every output over this rank's inputs, completed by g.
+static void row_parallel_forward(Tp* tp, const TpLinear* L, float* z, const float* x) {
+    linear_forward_partial(tp->buf.sum, x, L->w, (int)tp->pass.tok.all, L->in, L->out, L->in_whole, tp->pass.ws);
+    tp->op.g_forward(tp, tp->buf.sum, L->b, z, L->out);
+}
+// This rank's inputs' gradient needs only its rows of w. The whole dz is kept in dz_kept for
+// the weight gradient (without --sp, dz itself).
+static void row_parallel_backward_input(Tp* tp, const TpLinear* L, float* dx, float* dz_kept, float* dz) {
+    const float* whole = tp->op.g_backward(tp, dz, L->out);
+    if (whole != dz_kept) memcpy(dz_kept, whole, (size_t)tp->pass.tok.all * L->out * sizeof(float));
+    linear_backward_input(dx, dz_kept, L->w, (int)tp->pass.tok.all, L->in, L->out, tp->pass.ws);
+}
+// Its own inputs and output gradient are all a row-parallel layer's weights need.
+static void row_parallel_backward_weight(Tp* tp, const TpLinear* L, int64_t* dw, int64_t* db, const float* x,
+                                         const float* dy) {
+    linear_backward_weight(dw, db, x, dy, (int)tp->pass.tok.all, L->in, L->out, tp->pass.terms, tp->pass.ws);
+}
+
+// ----------------------------------------------------------------------------
+// the MLP: column- and row-parallel layers in pairs
+
+static int is_column(int l) { return linear_kind(l) == COLUMN_PARALLEL; } // odd l (config.h)
+static int v_lo(const Tp* tp) { return tp->share.r * tp->vs; }           // this rank's first vocabulary entry
+
+static TpLinear mlp_linear(const Tp* tp, const Config* c, int l, const float* w) {
+    int K = tp->K[l], J = tp->J[l];
+    return (TpLinear){w, w + (long)K * J, K, J, linear_in(c, l), linear_out(c, l)};
+}
+static void mlp_linear_forward(Tp* tp, const Config* c, int l, const float* w, float* in, float* out) {
+    TpLinear L = mlp_linear(tp, c, l, w);
+    if (is_column(l)) column_parallel_forward(tp, &L, out, in);
+    else row_parallel_forward(tp, &L, out, in);
+}
+// From s->dout (this rank's slice after a column-parallel layer, whole after a row-parallel
+// one) to s->din, in the form the layer below holds.
+static void mlp_linear_backward_input(Tp* tp, const Config* c, int l, const float* w, Scratch* s) {
+    TpLinear L = mlp_linear(tp, c, l, w);
+    if (is_column(l)) column_parallel_backward_input(tp, &L, s->din, s->dout);
+    else row_parallel_backward_input(tp, &L, s->din, s->dout, s->dout);
+}
+
+// ----------------------------------------------------------------------------
+// the vocabulary-parallel embedding and loss
+
+// A rank looks up the tokens of its slice of the vocabulary and writes zeros for the others.
+// Each position then has one non-zero term, so the all-reduce's float sum is exact.
 static void vocab_parallel_embedding_forward(Tp* tp, const Config* c, const float* w, Acts* a, int R) {
     embedding_forward(a->out[0], a->tokens, w, v_lo(tp), v_lo(tp) + tp->vs, R, c->context, c->emb);
     group_allreduce(tp->group, a->out[0], (long)R * c->context * c->emb, MPI_FLOAT, MPI_SUM);
 }
 
-// Vocabulary-parallel cross-entropy over logits split by vocabulary, this rank's J columns
-// (the GPT's always; the MLP's when its last layer is column-parallel): the loss never
-// gathers the logits, but all-reduces three numbers a row: the row maximum, the target's
-// logit (one rank holds it, the others add zeros) and the exact sum of exponentials. When the
-// last layer is row-parallel every rank holds all the logits and computes the loss alone.
-// The logits become the probabilities, in place (layers.h's four steps).
-static void vocab_parallel_cross_entropy(Tp* tp, const Config* c, int split, int J, Acts* a, float* logits,
-                                         const int* targets, int R, long rows_total) {
+// The loss over logits split by vocabulary never gathers them: it all-reduces three numbers a
+// row, the maximum, the target's logit (held by one rank) and the exact sum of exponentials.
+// When the last layer is row-parallel (split = 0) every rank holds all the logits.
+static void vocab_parallel_cross_entropy(Tp* tp, const Config* c, Acts* a, int split, int J, int R) {
+    float* logits = a->out[c->layers + 1];
     int lo = split ? v_lo(tp) : 0;
     xent_rowmax(a->rowmax, logits, R, J, lo, c->vocab);
-    xent_target_logit(a->tlogit, logits, targets, R, J, lo);
-    if (split) {
-        group_allreduce(tp->group, a->rowmax, R, MPI_FLOAT, MPI_MAX);
-        group_allreduce(tp->group, a->tlogit, R, MPI_FLOAT, MPI_SUM); // one rank holds each target
-    }
+    xent_target_logit(a->tlogit, logits, a->targets, R, J, lo);
+    if (split) group_allreduce(tp->group, a->rowmax, R, MPI_FLOAT, MPI_MAX);
+    if (split) group_allreduce(tp->group, a->tlogit, R, MPI_FLOAT, MPI_SUM);
     xent_expsum(a->expsum, logits, logits, a->rowmax, R, J, lo, c->vocab);
-    if (split) group_allreduce(tp->group, a->expsum, R, MPI_INT64_T, MPI_SUM); // exact
-    a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, targets, R, J, rows_total);
+    if (split) group_allreduce(tp->group, a->expsum, R, MPI_INT64_T, MPI_SUM);
+    a->loss = xent_finish(logits, a->expsum, a->rowmax, a->tlogit, a->targets, R, J, tp->pass.terms);
 }
 
 // ----------------------------------------------------------------------------
-// the strategy: the GPT, split by heads
+// the GPT's block, split by heads
 //
-// A block on this rank: its NH/t heads (qkv's columns of them, proj's rows) and 4C/t of the
-// MLP (fc's columns, fc2's rows). The LayerNorms, residuals and row-parallel biases work on
-// what g made whole on every rank, so every rank computes them alike and their gradients
-// need no communication (with --sp they do: that section). In two halves, attention's and
-// the MLP's, so that train_3d.c can put a layer of experts in place of the MLP half.
+// A rank holds NH/t heads (qkv's columns of them, proj's rows) and 4C/t of the MLP (fc's
+// columns, fc2's rows). The LayerNorms and residuals work on what g made whole, so every rank
+// computes them alike. The block comes in two halves so that train_3d.c can put a layer of
+// experts in place of the MLP half.
 
 static BlockActs tp_block_acts(Tp* tp, const Acts* a, int u);
 static void tp_attention_forward(Tp* tp, BlockActs* ba, Scratch* s);
 static void tp_attention_backward(Tp* tp, const BlockActs* ba, const float* datty, float* dqkv, float* tmp, Scratch* s);
 static void layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
-                            const float* rstd, long n, long terms);
+                            const float* rstd);
+
+// The block's four linear layers on this rank. The weight half passes `none`: it needs only widths.
+typedef struct { TpLinear qkv, proj, fc, fc2; } TpLayers;
+static TpLayers block_layers(const BlockDims* d, const BlockParams* p) {
+    return (TpLayers){{p->qkv_w, p->qkv_b, d->C, 3 * d->A, d->C, 3L * d->C},
+                      {p->proj_w, p->proj_b, d->A, d->C, d->C, d->C},
+                      {p->fc_w, p->fc_b, d->C, d->F, d->C, 4L * d->C},
+                      {p->fc2_w, p->fc2_b, d->F, d->C, 4L * d->C, d->C}};
+}
 
 // The attention half: from the block's input x to x1 and ln2's output.
-static void tp_block_forward_attention(Tp* tp, const BlockParams* p, BlockActs* ba, const float* x, Scratch* s,
-                                       Tokens tok, Workspace* ws) {
-    const BlockDims* d = &tp->dims;
-    int C = d->C, A = d->A;
-    layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_g, p->ln1_b, tok.held, C);
-    column_parallel_forward(tp, ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, C, 3 * A, tok, ws); // f; its heads' q, k, v
-    tp_attention_forward(tp, ba, s);                                                     // its heads: no communication
-    row_parallel_forward(tp, ba->x1, ba->atty, p->proj_w, p->proj_b, A, C, C, tok, ws);  // over its heads; g
-    for (long i = 0; i < tok.held * C; i++) ba->x1[i] += x[i];                           // residual
-    layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->x1, p->ln2_g, p->ln2_b, tok.held, C);
+static void tp_block_forward_attention(Tp* tp, const BlockParams* p, BlockActs* ba, const float* x, Scratch* s) {
+    int C = tp->dims.C;
+    long held = tp->pass.tok.held;
+    TpLayers L = block_layers(&tp->dims, p);
+    layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_g, p->ln1_b, held, C);
+    column_parallel_forward(tp, &L.qkv, ba->qkv, ba->ln1); // f: its heads' q, k and v
+    tp_attention_forward(tp, ba, s);                    // its heads: no communication
+    row_parallel_forward(tp, &L.proj, ba->x1, ba->atty);  // over its heads; g
+    for (long i = 0; i < held * C; i++) ba->x1[i] += x[i];
+    layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->x1, p->ln2_g, p->ln2_b, held, C);
 }
-// The MLP half: from ln2's output to the block's output.
-static void tp_block_forward_mlp(Tp* tp, const BlockParams* p, BlockActs* ba, float* out, Tokens tok,
-                                 Workspace* ws) {
-    int C = tp->dims.C, F = tp->dims.F;
-    column_parallel_forward(tp, ba->fc, ba->ln2, p->fc_w, p->fc_b, C, F, tok, ws);       // f; its 4C/t
-    gelu_forward(ba->gelu, ba->fc, tok.all * F);
-    row_parallel_forward(tp, out, ba->gelu, p->fc2_w, p->fc2_b, F, C, 4L * C, tok, ws);  // over its 4C/t; g
-    for (long i = 0; i < tok.held * C; i++) out[i] += ba->x1[i];                         // residual
-}
-static void tp_block_forward(Tp* tp, const float* w, Acts* a, int u, Scratch* s, Tokens tok, Workspace* ws) {
+// Then the MLP half, from ln2's output to the block's output.
+static void tp_block_forward(Tp* tp, const float* w, Acts* a, int u, Scratch* s) {
     BlockParams p = block_params(w, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
-    tp_block_forward_attention(tp, &p, &ba, a->out[u - 1], s, tok, ws);
-    tp_block_forward_mlp(tp, &p, &ba, a->out[u], tok, ws);
+    TpLayers L = block_layers(&tp->dims, &p);
+    float* out = a->out[u];
+    tp_block_forward_attention(tp, &p, &ba, a->out[u - 1], s);
+    column_parallel_forward(tp, &L.fc, ba.fc, ba.ln2); // f: its 4C/t
+    gelu_forward(ba.gelu, ba.fc, tp->pass.tok.all * L.fc.out);
+    row_parallel_forward(tp, &L.fc2, out, ba.gelu);    // over its 4C/t; g
+    for (long i = 0; i < tp->pass.tok.held * tp->dims.C; i++) out[i] += ba.x1[i];
 }
 
-// Backward, the input half, the MLP's half first: from the block's output gradient s->dout to
-// ln2's output gradient st->dln2. It leaves in the stash what the weight half reads (st->dx2,
-// fc2's output gradient; st->dfc, fc's; st->dln2).
-static void tp_block_backward_input_mlp(Tp* tp, const BlockParams* p, const BlockActs* ba, const BlockStash* st,
-                                        Scratch* s, Tokens tok, Workspace* ws) {
-    int C = tp->dims.C, F = tp->dims.F;
-    float* dgelu = s->tmp;
-    row_parallel_backward_input(tp, dgelu, st->dx2, s->dout, p->fc2_w, F, C, tok, ws);   // g backward; its 4C/t
-    gelu_backward(st->dfc, ba->fc, dgelu, tok.all * F);
-    column_parallel_backward_input(tp, st->dln2, st->dfc, p->fc_w, C, F, 4L * C, tok, ws); // f backward
-}
-// Then attention's: from s->dout (the residual's share) and st->dln2 to the block's input
-// gradient s->din, leaving st->dx1 (proj's output gradient), st->dqkv and st->dln1.
-static void tp_block_backward_input_attention(Tp* tp, const BlockParams* p, const BlockActs* ba, const BlockStash* st,
-                                              const float* x, Scratch* s, Tokens tok, Workspace* ws) {
+// Backward comes in two halves, as train.c's units have it: the input gradient first, which
+// leaves in the stash (st) what the weight gradients then read. Attention's input half, from
+// ln2's output gradient to the block's input gradient s->din:
+static void tp_block_backward_input_attention(Tp* tp, const BlockParams* p, const BlockActs* ba,
+                                              const BlockStash* st, const float* x, Scratch* s) {
     const BlockDims* d = &tp->dims;
     int C = d->C, A = d->A, F = d->F;
-    float *datty = s->tmp, *small = s->tmp + tok.all * (F > A ? F : A); // attention's output gradient; its scratch
-    // ln2's input gradient plus the residual's (layernorm_backward_input adds its 2nd argument)
-    layernorm_backward_input(tp->dres, s->dout, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, p->ln2_g, tok.held, C);
-    row_parallel_backward_input(tp, datty, st->dx1, tp->dres, p->proj_w, A, C, tok, ws); // g backward; its heads
-    tp_attention_backward(tp, ba, datty, st->dqkv, small, s);                               // its heads
-    column_parallel_backward_input(tp, st->dln1, st->dqkv, p->qkv_w, C, 3 * A, 3L * C, tok, ws); // f backward
-    layernorm_backward_input(s->din, tp->dres, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, p->ln1_g, tok.held, C);
+    long held = tp->pass.tok.held;
+    TpLayers L = block_layers(&tp->dims, p);
+    float *datty = s->tmp, *small = s->tmp + tp->pass.tok.all * (F > A ? F : A); // attention's scratch after datty
+    // layernorm_backward_input adds its second argument: here, the residual's gradient.
+    layernorm_backward_input(tp->buf.dres, s->dout, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, p->ln2_g, held, C);
+    row_parallel_backward_input(tp, &L.proj, datty, st->dx1, tp->buf.dres); // g backward
+    tp_attention_backward(tp, ba, datty, st->dqkv, small, s);
+    column_parallel_backward_input(tp, &L.qkv, st->dln1, st->dqkv);         // f backward
+    layernorm_backward_input(s->din, tp->buf.dres, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, p->ln1_g, held, C);
 }
-static void tp_block_backward_input(Tp* tp, const float* w, Acts* a, int u, Scratch* s, int R, Tokens tok,
-                                    Workspace* ws) {
+// The MLP's half runs first.
+static void tp_block_backward_input(Tp* tp, const float* w, Acts* a, int u, Scratch* s) {
     BlockParams p = block_params(w, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
-    BlockStash st = block_stash(s->stash, &tp->dims, R);
-    tp_block_backward_input_mlp(tp, &p, &ba, &st, s, tok, ws);
-    tp_block_backward_input_attention(tp, &p, &ba, &st, a->out[u - 1], s, tok, ws);
+    BlockStash st = block_stash(s->stash, &tp->dims, tp->dims.R);
+    TpLayers L = block_layers(&tp->dims, &p);
+    float* dgelu = s->tmp;
+    row_parallel_backward_input(tp, &L.fc2, dgelu, st.dx2, s->dout); // g backward
+    gelu_backward(st.dfc, ba.fc, dgelu, tp->pass.tok.all * L.fc.out);
+    column_parallel_backward_input(tp, &L.fc, st.dln2, st.dfc);     // f backward
+    tp_block_backward_input_attention(tp, &p, &ba, &st, a->out[u - 1], s);
 }
 
-// The weight half: this rank's slices' gradients, from the kept activations and the stash,
-// and the whole tensors' (the LayerNorms'; with --sp summed over the ranks).
-static void tp_block_backward_weight_mlp(Tp* tp, const BlockGrads* gg, BlockActs* ba, const BlockStash* st,
-                                         Tokens tok, long terms, Workspace* ws) {
-    int C = tp->dims.C, F = tp->dims.F;
-    linear_backward_weight(gg->fc2_w, gg->fc2_b, ba->gelu, st->dx2, (int)tok.all, F, C, terms, ws); // row-parallel
-    column_parallel_backward_weight(tp, gg->fc_w, gg->fc_b, ba->ln2, st->dfc, C, F, terms, tok, ws);
-}
+// The weight half: this rank's slices' gradients, from the kept activations and the stash.
+static const BlockParams none;
 static void tp_block_backward_weight_attention(Tp* tp, const BlockGrads* gg, BlockActs* ba, const BlockStash* st,
-                                               const float* x, Tokens tok, long terms, Workspace* ws) {
-    int C = tp->dims.C, A = tp->dims.A;
-    layernorm_grads(tp, gg->ln2_g, gg->ln2_b, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd, tok.held, terms);
-    linear_backward_weight(gg->proj_w, gg->proj_b, ba->atty, st->dx1, (int)tok.all, A, C, terms, ws); // row-parallel
-    column_parallel_backward_weight(tp, gg->qkv_w, gg->qkv_b, ba->ln1, st->dqkv, C, 3 * A, terms, tok, ws);
-    layernorm_grads(tp, gg->ln1_g, gg->ln1_b, st->dln1, x, ba->ln1_mean, ba->ln1_rstd, tok.held, terms);
+                                               const float* x) {
+    TpLayers L = block_layers(&tp->dims, &none);
+    layernorm_grads(tp, gg->ln2_g, gg->ln2_b, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd);
+    row_parallel_backward_weight(tp, &L.proj, gg->proj_w, gg->proj_b, ba->atty, st->dx1);
+    column_parallel_backward_weight(tp, &L.qkv, gg->qkv_w, gg->qkv_b, ba->ln1, st->dqkv);
+    layernorm_grads(tp, gg->ln1_g, gg->ln1_b, st->dln1, x, ba->ln1_mean, ba->ln1_rstd);
 }
-static void tp_block_backward_weight(Tp* tp, int64_t* g, const Acts* a, int u, const float* stash, int R, Tokens tok,
-                                     long terms, Workspace* ws) {
+static void tp_block_backward_weight(Tp* tp, int64_t* g, const Acts* a, int u, const float* stash) {
     BlockGrads gg = block_grads(g, &tp->dims);
     BlockActs ba = tp_block_acts(tp, a, u);
-    BlockStash st = block_stash((float*)stash, &tp->dims, R);
-    tp_block_backward_weight_mlp(tp, &gg, &ba, &st, tok, terms, ws);
-    tp_block_backward_weight_attention(tp, &gg, &ba, &st, a->out[u - 1], tok, terms, ws);
+    BlockStash st = block_stash((float*)stash, &tp->dims, tp->dims.R);
+    TpLayers L = block_layers(&tp->dims, &none);
+    row_parallel_backward_weight(tp, &L.fc2, gg.fc2_w, gg.fc2_b, ba.gelu, st.dx2);
+    column_parallel_backward_weight(tp, &L.fc, gg.fc_w, gg.fc_b, ba.ln2, st.dfc);
+    tp_block_backward_weight_attention(tp, &gg, &ba, &st, a->out[u - 1]);
 }
 
-// The embedding: the vocabulary-parallel lookup, summed across ranks (an all-reduce; --sp: a
-// reduce-scatter, leaving each rank its tokens); then each token's wpe, held whole.
-static void tp_gpt_embedding_forward(Tp* tp, const Config* c, const float* w, Acts* a, int R, Tokens tok) {
-    BlockDims all = tp->dims;
-    all.R = R;
-    int C = c->emb;
-    const float* wpe = w + (long)tp->vs * C;
-    gpt_embedding_forward(tp->whole, a->tokens, w, NULL, v_lo(tp), v_lo(tp) + tp->vs, 0, &all);
-    if (!tp->sp) {
-        group_allreduce(tp->group, tp->whole, tok.all * C, MPI_FLOAT, MPI_SUM); // vocabulary-parallel: all-reduce
-        memcpy(a->out[0], tp->whole, (size_t)tok.all * C * sizeof(float));
-    } else {
-        memset(tp->whole + tok.all * C, 0, (size_t)(tok.shard * tp->group->size - tok.all) * C * sizeof(float));
-        memset(a->out[0], 0, (size_t)tok.shard * C * sizeof(float)); // the reduce-scatter adds into it
-        group_reduce_scatter(tp->group, tp->whole, tok.shard * C, MPI_FLOAT, MPI_SUM, a->out[0]); // --sp: reduce-scatter
+static void tp_unit_forward(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
+static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
+static void tp_unit_backward_input(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
+static void tp_unit_backward_weight(Tp* tp, const Config* c, int u, int64_t* g, const Acts* a, const float* dout);
+static Tokens tp_pass(Tp* tp, const Config* c, int R, long batch, Workspace* ws);
+static const float* tp_probs(Tp* tp, const Config* c, const Acts* a, int R, int at);
+
+#ifndef TRAIN_3D
+// ----------------------------------------------------------------------------
+// one training step: every rank takes every row, through its slices
+
+typedef struct {
+    Config cfg;
+    Dataset ds;
+    Tp tp;
+    State st;        // this rank's slices of every unit, their exact gradient sums and optimizer state
+    UnitSizes sizes; // what each unit holds per row on this rank (tp_sizes)
+    Work work;
+    Group group;     // every rank
+    Holding mine;    // what this rank holds of the model, for checkpoints
+    GradSpan spans[MAX_LAYERS + 2]; // what this rank counts in the gradient norm
+} Run;
+
+static int64_t forward(void* ctx, const Rows* rows, long first, int R, long batch, float* probs) {
+    Run* r = ctx;
+    const Config* c = &r->cfg;
+    Acts* a = work_load(&r->work, rows, first, R, c->context);
+    tp_pass(&r->tp, c, R, batch, &r->work.ws);
+    for (int u = 0; u < n_units(c); u++) tp_unit_forward(&r->tp, c, u, r->st.params + r->tp.off[u], a, &r->work.scratch);
+    if (probs) memcpy(probs, tp_probs(&r->tp, c, a, R, rows->pos), (size_t)R * c->vocab * sizeof(float));
+    return a->loss; // every rank holds the whole loss
+}
+static void backward(Run* r, int R, long batch) {
+    Scratch* s = &r->work.scratch;
+    tp_pass(&r->tp, &r->cfg, R, batch, &r->work.ws);
+    for (int u = n_units(&r->cfg) - 1; u >= 0; u--) {
+        const float* w = r->st.params + r->tp.off[u];
+        tp_unit_recompute(&r->tp, &r->cfg, u, w, &r->work.acts, s); // --recompute
+        tp_unit_backward_input(&r->tp, &r->cfg, u, w, &r->work.acts, s);
+        tp_unit_backward_weight(&r->tp, &r->cfg, u, r->st.grads + r->tp.off[u], &r->work.acts, unit_stash(&r->cfg, u, s));
+        scratch_step_down(s);
     }
-    for (long i = 0; i < tok.held; i++) // token first + i is at position (first + i) % Tq of its row
-        for (int x = 0; x < C; x++)
-            a->out[0][i * C + x] += wpe[(long)dims_pos(&all, (int)((tok.first + i) % all.Tq)) * C + x];
 }
-// Its gradients: this rank's rows of wte from every token's gradient (--sp: gathered first,
-// the reduce-scatter's backward), and wpe's, the same on every rank.
-static void tp_gpt_embedding_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* dx,
-                                             int R, Tokens tok, long terms) {
-    BlockDims all = tp->dims;
-    all.R = R;
-    const float* whole = g_backward(tp, (float*)dx, tp->whole, c->emb, tok); // --sp: all-gather
-    gpt_embedding_backward(g, g + (long)tp->vs * c->emb, a->tokens, whole, v_lo(tp), v_lo(tp) + tp->vs, &all, terms);
+// Returns the step's exact loss sum, and in *n the targets it is a mean over. With
+// --microbatches M passes add into the same exact gradient sums, so any M gives the same bits.
+static int64_t train_step(Run* r, const Options* o, long step, long* n) {
+    int B = o->batch, M = o->microbatches, units = n_units(&r->cfg);
+    Rows rows = training_rows(&r->ds, o->seed, step, 0);
+    *n = dataset_batch_targets(&r->ds, o->seed, step, B);
+    int64_t loss = 0;
+    fix_zero(r->st.grads, r->st.n);
+    workspace_keep_weights(&r->work.ws, M > 1);
+    for (int m = 0; m < M; m++) {
+        long first, end;
+        split_range(B, M, m, &first, &end);
+        loss += forward(r, &rows, first, (int)(end - first), B, NULL);
+        backward(r, (int)(end - first), B);
+    }
+    workspace_keep_weights(&r->work.ws, 0);
+    float scale = clip_factor(&o->opt, r->spans, units, *n, group_norm, &r->group); // over every rank's slices
+    optimizer_step(&o->opt, r->st.params, r->st.grads, r->st.m, r->st.v, r->st.n, grad_factor(*n), scale, step);
+    return loss;
 }
+#endif
 
-// The head: ln_f (whole, or --sp this rank's tokens), lm_head column-parallel by vocabulary
-// (lm_head [C][V] then ln_f's gain and bias: this rank's [C][vs], then [C], [C]), and the
-// vocabulary-parallel cross-entropy over every token.
-static void tp_gpt_head_forward(Tp* tp, const Config* c, const float* w, Acts* a, long rows_total, Tokens tok,
-                                Workspace* ws) {
-    int C = c->emb, u = c->layers + 1;
-    const float *lm_head = w, *ln_f_g = w + (long)C * tp->vs, *ln_f_b = ln_f_g + C; // this rank's [C][vs]; whole
-    float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
-    layernorm_forward(ln, mean, rstd, a->out[u - 1], ln_f_g, ln_f_b, tok.held, C);
-    column_parallel_forward(tp, a->out[u], ln, lm_head, NULL, C, tp->vs, tok, ws); // f; its vocabulary
-    vocab_parallel_cross_entropy(tp, c, 1, tp->vs, a, a->out[u], a->targets, (int)tok.all, rows_total * c->context);
-}
-static void tp_gpt_head_backward_input(Tp* tp, const Config* c, const float* w, Acts* a, Scratch* s, Tokens tok,
-                                       Workspace* ws) {
-    int C = c->emb, u = c->layers + 1;
-    const float *lm_head = w, *ln_f_g = w + (long)C * tp->vs;
-    float *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
-    float *dlogits = s->stash, *dln = s->stash + tok.all * tp->vs; // the stash: both, for the weight half
-    xent_backward(dlogits, a->out[u], a->targets, (int)tok.all, tp->vs, v_lo(tp));
-    column_parallel_backward_input(tp, dln, dlogits, lm_head, C, tp->vs, c->vocab, tok, ws); // f backward
-    layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, ln_f_g, tok.held, C);
-}
-static void tp_gpt_head_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* stash,
-                                        Tokens tok, long terms, Workspace* ws) {
-    int C = c->emb, u = c->layers + 1;
-    float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
-    const float *dlogits = stash, *dln = stash + tok.all * tp->vs;
-    int64_t *g_lm_head = g, *g_ln_f_g = g + (long)C * tp->vs, *g_ln_f_b = g_ln_f_g + C;
-    column_parallel_backward_weight(tp, g_lm_head, NULL, ln, dlogits, C, tp->vs, terms, tok, ws);
-    layernorm_grads(tp, g_ln_f_g, g_ln_f_b, dln, a->out[u - 1], mean, rstd, tok.held, terms);
-}
+// ---------------------------------------------------------------- first read ends here
 
 // ----------------------------------------------------------------------------
-// the strategy: sequence parallelism (--sp)
+// --sp: sequence parallelism
 //
-// Korthikanti et al., 2022; Megatron's gather_from_sequence_parallel_region and
-// reduce_scatter_to_sequence_parallel_region. The regions tensor parallelism leaves whole on
-// every rank (LayerNorms, residuals, the block's input and output) are split by tokens: a
-// rank holds tokens [first, first + held) of a pass's all = R Tq, in shards of ceil(all / t).
-// f becomes an all-gather of the ranks' tokens before a column-parallel layer (backward: a
-// reduce-scatter of its input gradient's partial sums), g a reduce-scatter of a row-parallel
-// layer's partial sums (backward: an all-gather of the output gradient): the all-reduce's
-// two halves, on either side of the token-wise work. A LayerNorm's gain and bias now see only
-// a rank's tokens, so their gradients are summed over the ranks (forgetting it is the classic
-// bug). As Megatron does, a rank keeps only its tokens' LayerNorm output and gathers it again
-// for the weight gradient of the layer it feeds: memory 1/t, one all-gather more.
+// This chapter splits by tokens what tensor parallelism leaves whole on every rank: the
+// LayerNorms, the residuals, the block's input and output (Korthikanti et al., 2022).
+// A rank holds tokens [first, first + held) of a pass's R Tq, in shards of ceil(R Tq / t).
+// f becomes an all-gather of the tokens before a column-parallel layer, and g a reduce-scatter
+// of a row-parallel layer's partial sums: the all-reduce's two halves, on either side of the
+// token-wise work (Megatron's gather_from_sequence_parallel_region and
+// reduce_scatter_to_sequence_parallel_region). A LayerNorm's gain and bias now see only a
+// rank's tokens, so their gradients are summed over the ranks. As Megatron does, a rank keeps
+// only its tokens' LayerNorm output and gathers it again for the weight gradient.
 
 static Tokens tp_tokens(const Tp* tp, int R) {
     Tokens tok = {.all = (long)R * tp->dims.Tq};
@@ -424,36 +395,204 @@ static Tokens tp_tokens(const Tp* tp, int R) {
     tok.held = left < 0 ? 0 : left < tok.shard ? left : tok.shard;
     return tok;
 }
-// Every rank's rows of `mine` (this rank's held, then zeros to a shard), W wide, into `whole`.
-static const float* sp_all_gather(Tp* tp, float* mine, float* whole, int W, Tokens tok) {
-    memset(mine + tok.held * W, 0, (size_t)(tok.shard - tok.held) * W * sizeof(float)); // a short last shard
-    group_allgather(tp->group, mine, whole, tok.shard * W, MPI_FLOAT);                   // all-gather
-    return whole;
+// Every rank's rows of `mine` into buf.whole. A short last shard sends zeros in its place.
+static const float* sp_all_gather(Tp* tp, float* mine, int W) {
+    Tokens tok = tp->pass.tok;
+    memset(mine + tok.held * W, 0, (size_t)(tok.shard - tok.held) * W * sizeof(float));
+    group_allgather(tp->group, mine, tp->buf.whole, tok.shard * W, MPI_FLOAT); // all-gather
+    return tp->buf.whole;
 }
-// Partial sums of every row [all][W] (zeros to t shards) into the sums of this rank's, `mine`.
-static void sp_reduce_scatter(Tp* tp, int64_t* sums, int64_t* mine, int W, Tokens tok) {
+// Partial sums of every row [all][W] into the sums of this rank's rows, `mine`.
+static void sp_reduce_scatter(Tp* tp, int64_t* sums, int64_t* mine, int W) {
+    Tokens tok = tp->pass.tok;
     fix_zero(sums + tok.all * W, (tok.shard * tp->group->size - tok.all) * W);
     fix_zero(mine, tok.shard * W); // dist.h's reduce-scatter adds into it
     group_reduce_scatter(tp->group, sums, tok.shard * W, MPI_INT64_T, MPI_SUM, mine); // reduce-scatter
 }
-// The same for a column-parallel layer's input gradient, whose partial sums come transposed
-// (accT [W][all]): by token first, so that a rank's shard is contiguous; dx = the float sums
-// of this rank's tokens.
-static void sp_reduce_scatter_transposed(Tp* tp, int64_t* accT, float* dx, int W, Tokens tok) {
+static const float* sp_f_forward(Tp* tp, float* x, int W) { return sp_all_gather(tp, x, W); }
+// A column-parallel layer's input gradient comes transposed (accT [W][all]). It is put in
+// token order first, so that a rank's shard is contiguous.
+static void sp_f_backward(Tp* tp, int64_t* accT, float* dx, int W) {
+    Tokens tok = tp->pass.tok;
     for (long n = 0; n < tok.all; n++)
-        for (int x = 0; x < W; x++) tp->by_token[n * W + x] = accT[(long)x * tok.all + n];
-    sp_reduce_scatter(tp, tp->by_token, tp->mine_sum, W, tok);
-    for (long i = 0; i < tok.held * W; i++) dx[i] = (float)fix_to(tp->mine_sum[i]);
+        for (int x = 0; x < W; x++) tp->buf.by_token[n * W + x] = accT[(long)x * tok.all + n];
+    sp_reduce_scatter(tp, tp->buf.by_token, tp->buf.mine_sum, W);
+    for (long i = 0; i < tok.held * W; i++) dx[i] = (float)fix_to(tp->buf.mine_sum[i]);
 }
-// A LayerNorm's gain and bias gradients of this pass, exact sums over this rank's tokens (all
-// of them without --sp), with --sp summed over the ranks; then added to g.
+static void sp_g_forward(Tp* tp, int64_t* sum, const float* b, float* z, int W) {
+    sp_reduce_scatter(tp, sum, tp->buf.mine_sum, W);
+    linear_forward_finish(z, tp->buf.mine_sum, b, (int)tp->pass.tok.held, W);
+}
+static const float* sp_g_backward(Tp* tp, float* dz, int W) { return sp_all_gather(tp, dz, W); }
+// The embedding's lookups are summed by a reduce-scatter, which leaves each rank its tokens.
+static void sp_embedding_sum(Tp* tp, float* out, int C) {
+    Tokens tok = tp->pass.tok;
+    memset(tp->buf.whole + tok.all * C, 0, (size_t)(tok.shard * tp->group->size - tok.all) * C * sizeof(float));
+    memset(out, 0, (size_t)tok.shard * C * sizeof(float)); // the reduce-scatter adds into it
+    group_reduce_scatter(tp->group, tp->buf.whole, tok.shard * C, MPI_FLOAT, MPI_SUM, out); // reduce-scatter
+}
+static void sp_layernorm_sum(Tp* tp, int64_t* grads, int C) {
+    group_allreduce(tp->group, grads, 2L * C, MPI_INT64_T, MPI_SUM); // the tokens were split
+}
+static const TpOps sp_ops = {sp_f_forward, sp_f_backward, sp_g_forward, sp_g_backward, sp_embedding_sum,
+                             sp_layernorm_sum};
+
+// ----------------------------------------------------------------------------
+// the GPT's embedding and head
+//
+// This chapter adds wpe and ln_f around the vocabulary-parallel embedding and loss above.
+
+// Without --sp the lookups' sum is an all-reduce, as the MLP's.
+static void tp_embedding_sum(Tp* tp, float* out, int C) {
+    Tokens tok = tp->pass.tok;
+    group_allreduce(tp->group, tp->buf.whole, tok.all * C, MPI_FLOAT, MPI_SUM); // vocabulary-parallel: all-reduce
+    memcpy(out, tp->buf.whole, (size_t)tok.all * C * sizeof(float));
+}
+static void tp_gpt_embedding_forward(Tp* tp, const Config* c, const float* w, Acts* a) {
+    Tokens tok = tp->pass.tok;
+    BlockDims all = tp->dims;
+    int C = c->emb;
+    const float* wpe = w + (long)tp->vs * C;
+    gpt_embedding_forward(tp->buf.whole, a->tokens, w, NULL, v_lo(tp), v_lo(tp) + tp->vs, 0, &all);
+    tp->op.embedding_sum(tp, a->out[0], C);
+    for (long i = 0; i < tok.held; i++) // token first + i is at position (first + i) % Tq of its row
+        for (int x = 0; x < C; x++)
+            a->out[0][i * C + x] += wpe[(long)dims_pos(&all, (int)((tok.first + i) % all.Tq)) * C + x];
+}
+// wte's gradient needs every token's (with --sp gathered first: the reduce-scatter's backward).
+static void tp_gpt_embedding_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* dx) {
+    const float* whole = tp->op.g_backward(tp, (float*)dx, c->emb);
+    gpt_embedding_backward(g, g + (long)tp->vs * c->emb, a->tokens, whole, v_lo(tp), v_lo(tp) + tp->vs, &tp->dims,
+                           tp->pass.terms);
+}
+
+// The head: ln_f (whole), then lm_head, column-parallel by vocabulary ([C][vs] here), and the
+// vocabulary-parallel loss over every token. Its parameters: lm_head, then ln_f's gain and bias.
+static TpLinear lm_head_layer(const Tp* tp, const Config* c, const float* w) {
+    return (TpLinear){w, NULL, c->emb, tp->vs, c->emb, c->vocab};
+}
+static void tp_gpt_head_forward(Tp* tp, const Config* c, const float* w, Acts* a) {
+    int C = c->emb, u = c->layers + 1;
+    TpLinear lm_head = lm_head_layer(tp, c, w);
+    const float *ln_f_g = w + (long)C * tp->vs, *ln_f_b = ln_f_g + C;
+    float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
+    layernorm_forward(ln, mean, rstd, a->out[u - 1], ln_f_g, ln_f_b, tp->pass.tok.held, C);
+    column_parallel_forward(tp, &lm_head, a->out[u], ln); // f: its vocabulary
+    vocab_parallel_cross_entropy(tp, c, a, 1, tp->vs, (int)tp->pass.tok.all);
+}
+static void tp_gpt_head_backward_input(Tp* tp, const Config* c, const float* w, Acts* a, Scratch* s) {
+    int C = c->emb, u = c->layers + 1;
+    Tokens tok = tp->pass.tok;
+    TpLinear lm_head = lm_head_layer(tp, c, w);
+    const float* ln_f_g = w + (long)C * tp->vs;
+    float *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
+    float *dlogits = s->stash, *dln = s->stash + tok.all * tp->vs; // the stash keeps both for the weight half
+    xent_backward(dlogits, a->out[u], a->targets, (int)tok.all, tp->vs, v_lo(tp));
+    column_parallel_backward_input(tp, &lm_head, dln, dlogits); // f backward
+    layernorm_backward_input(s->din, NULL, dln, a->out[u - 1], mean, rstd, ln_f_g, tok.held, C);
+}
+static void tp_gpt_head_backward_weight(Tp* tp, const Config* c, int64_t* g, const Acts* a, const float* stash) {
+    int C = c->emb, u = c->layers + 1;
+    TpLinear lm_head = lm_head_layer(tp, c, NULL);
+    float *ln = gpt_head_saved(c, a, 0), *mean = gpt_head_saved(c, a, 1), *rstd = gpt_head_saved(c, a, 2);
+    const float *dlogits = stash, *dln = stash + tp->pass.tok.all * tp->vs;
+    int64_t *g_lm_head = g, *g_ln_f_g = g + (long)C * tp->vs, *g_ln_f_b = g_ln_f_g + C;
+    column_parallel_backward_weight(tp, &lm_head, g_lm_head, NULL, ln, dlogits);
+    layernorm_grads(tp, g_ln_f_g, g_ln_f_b, dln, a->out[u - 1], mean, rstd);
+}
+
+// ----------------------------------------------------------------------------
+// recomputation (--recompute)
+//
+// This chapter trades compute for memory before a block's backward, on this rank's slices.
+// Selective recomputes attention's probabilities from its heads' q, k and v. Full recomputes
+// the whole block from its input, f and g and their collectives included.
+static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s) {
+    if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
+    double t0 = trace_clock();
+    BlockActs ba = tp_block_acts(tp, a, u);
+    if (c->recompute == RECOMPUTE_FULL) tp_block_forward(tp, w, a, u, s);
+    else tp_attention_forward(tp, &ba, s);
+    trace_event("compute", t0, trace_clock(), 0, "recompute %s", unit_name(c, u));
+}
+
+// ----------------------------------------------------------------------------
+// the model's units on this rank's slices
+//
+// Unit 0 is the embedding, units 1 .. layers the MLP's linear layers or the GPT's blocks, the
+// last one the output layer and loss; train_3d.c runs these on its pipeline's stages.
+
+static void tp_unit_forward(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s) {
+    double t0 = trace_clock();
+    int R = tp->dims.R;
+    if (is_gpt(c)) {
+        if (u == 0) tp_gpt_embedding_forward(tp, c, w, a);
+        else if (u <= c->layers) tp_block_forward(tp, w, a, u, s);
+        else tp_gpt_head_forward(tp, c, w, a);
+    } else if (u == 0) {
+        vocab_parallel_embedding_forward(tp, c, w, a, R);
+    } else {
+        mlp_linear_forward(tp, c, u, w, a->out[u - 1], a->out[u]);
+        if (u <= c->layers) relu_forward(a->out[u], (long)R * tp->J[u]);
+        else vocab_parallel_cross_entropy(tp, c, a, is_column(u), tp->J[u], R);
+    }
+    trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
+}
+// The input half reads s->dout and writes the input gradient to s->din.
+static void tp_unit_backward_input(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s) {
+    if (u == 0) return;
+    double t0 = trace_clock();
+    int R = tp->dims.R;
+    if (is_gpt(c) && u <= c->layers) tp_block_backward_input(tp, w, a, u, s);
+    else if (is_gpt(c)) tp_gpt_head_backward_input(tp, c, w, a, s);
+    else {
+        if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, tp->J[u], is_column(u) ? v_lo(tp) : 0);
+        else relu_backward(s->dout, a->out[u], (long)R * tp->J[u]);
+        mlp_linear_backward_input(tp, c, u, w, s);
+    }
+    trace_event("compute", t0, trace_clock(), 0, "input gradient %s", unit_name(c, u));
+}
+// The weight half adds this rank's parameter gradients into g.
+static void tp_unit_backward_weight(Tp* tp, const Config* c, int u, int64_t* g, const Acts* a, const float* dout) {
+    double t0 = trace_clock();
+    int R = tp->dims.R;
+    if (is_gpt(c)) {
+        if (u == 0) tp_gpt_embedding_backward_weight(tp, c, g, a, dout);
+        else if (u <= c->layers) tp_block_backward_weight(tp, g, a, u, dout);
+        else tp_gpt_head_backward_weight(tp, c, g, a, dout);
+    } else if (u == 0) {
+        embedding_backward(g, a->tokens, dout, v_lo(tp), v_lo(tp) + tp->vs, R, c->context, c->emb, tp->pass.terms);
+    } else { // the MLP's rows are whole on every rank, so neither kind of layer communicates here
+        int K = tp->K[u], J = tp->J[u];
+        linear_backward_weight(g, g + (long)K * J, a->out[u - 1], dout, R, K, J, tp->pass.terms, tp->pass.ws);
+    }
+    trace_event("compute", t0, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
+}
+
+// ----------------------------------------------------------------------------
+// what only serves the strategy: the pass, sampling, attention's hook, slices and buffers
+
+static void tp_layernorm_sum(Tp* tp, int64_t* grads, int C) { (void)tp, (void)grads, (void)C; }
+static const TpOps tp_ops = {identity, f_backward, g_forward, identity, tp_embedding_sum, tp_layernorm_sum};
+
+// Sets the pass's rows R (of a batch of `batch` rows) and workspace for the units that follow.
+static Tokens tp_pass(Tp* tp, const Config* c, int R, long batch, Workspace* ws) {
+    tp->dims.R = R;
+    tp->pass.tok = is_gpt(c) ? tp_tokens(tp, R) : (Tokens){R, R, 0, R};
+    tp->pass.terms = is_gpt(c) ? batch * c->context : batch;
+    tp->pass.ws = ws;
+    return tp->pass.tok;
+}
+
+// A LayerNorm's gain and bias gradients of this pass: exact sums over this rank's tokens,
+// with --sp summed over the ranks, then added to dg and db.
 static void layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, const float* x, const float* mean,
-                            const float* rstd, long n, long terms) {
+                            const float* rstd) {
     int C = tp->dims.C;
-    int64_t* mine = tp->ln_grad;
+    int64_t* mine = tp->buf.ln_grad;
     fix_zero(mine, 2L * C);
-    layernorm_backward_params(mine, mine + C, dy, x, mean, rstd, n, C, terms);
-    if (tp->sp) group_allreduce(tp->group, mine, 2L * C, MPI_INT64_T, MPI_SUM); // --sp: the tokens were split
+    layernorm_backward_params(mine, mine + C, dy, x, mean, rstd, tp->pass.tok.held, C, tp->pass.terms);
+    tp->op.layernorm_sum(tp, mine, C);
     for (int i = 0; i < C; i++) dg[i] += mine[i], db[i] += mine[C + i];
 }
 // A block's activations on this rank: the BlockActs of its heads and slice of F at every
@@ -463,80 +602,6 @@ static BlockActs tp_block_acts(Tp* tp, const Acts* a, int u) {
     return acts_block(a, u, &tp->dims, tp_token_share(tp));
 }
 
-// ----------------------------------------------------------------------------
-// the strategy: the model's units on this rank's slices (train_3d.c runs these on its stages)
-
-static void tp_unit_forward(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
-                            long rows_total, Workspace* ws) {
-    double t0 = trace_clock();
-    tp->dims.R = R;
-    if (is_gpt(c)) {
-        Tokens tok = tp_tokens(tp, R);
-        if (u == 0) tp_gpt_embedding_forward(tp, c, w, a, R, tok);
-        else if (u <= c->layers) tp_block_forward(tp, w, a, u, s, tok, ws);
-        else tp_gpt_head_forward(tp, c, w, a, rows_total, tok, ws);
-    } else if (u == 0) {
-        vocab_parallel_embedding_forward(tp, c, w, a, R);
-    } else {
-        mlp_linear_forward(tp, c, u, w, a->out[u - 1], a->out[u], R, ws);
-        if (u <= c->layers) relu_forward(a->out[u], (long)R * tp->J[u]);
-        else vocab_parallel_cross_entropy(tp, c, is_column(u), tp->J[u], a, a->out[u], a->targets, R, rows_total);
-    }
-    trace_event("compute", t0, trace_clock(), 0, "forward %s", unit_name(c, u));
-}
-// Backward in two halves, as model.h's unit_backward: the input half reads s->dout and writes
-// the input gradient to s->din; the weight half adds this rank's parameter gradients into g.
-static void tp_unit_backward_input(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
-                                   Workspace* ws) {
-    if (u == 0) return;
-    double t0 = trace_clock();
-    tp->dims.R = R;
-    if (is_gpt(c) && u <= c->layers) tp_block_backward_input(tp, w, a, u, s, R, tp_tokens(tp, R), ws);
-    else if (is_gpt(c)) tp_gpt_head_backward_input(tp, c, w, a, s, tp_tokens(tp, R), ws);
-    else {
-        if (u == c->layers + 1) xent_backward(s->dout, a->out[u], a->targets, R, tp->J[u], is_column(u) ? v_lo(tp) : 0);
-        else relu_backward(s->dout, a->out[u], (long)R * tp->J[u]);
-        mlp_linear_backward_input(tp, c, u, w, s, R, ws);
-    }
-    trace_event("compute", t0, trace_clock(), 0, "input gradient %s", unit_name(c, u));
-}
-static void tp_unit_backward_weight(Tp* tp, const Config* c, int u, int64_t* g, const Acts* a, const float* dout,
-                                    int R, long batch, Workspace* ws) {
-    double t0 = trace_clock();
-    tp->dims.R = R;
-    if (is_gpt(c)) {
-        Tokens tok = tp_tokens(tp, R);
-        long terms = batch * c->context;
-        if (u == 0) tp_gpt_embedding_backward_weight(tp, c, g, a, dout, R, tok, terms);
-        else if (u <= c->layers) tp_block_backward_weight(tp, g, a, u, dout, R, tok, terms, ws);
-        else tp_gpt_head_backward_weight(tp, c, g, a, dout, tok, terms, ws);
-    } else if (u == 0) {
-        embedding_backward(g, a->tokens, dout, v_lo(tp), v_lo(tp) + tp->vs, R, c->context, c->emb, batch);
-    } else { // either kind: from its own inputs and output gradient, no communication
-        int K = tp->K[u], J = tp->J[u];
-        linear_backward_weight(g, g + (long)K * J, a->out[u - 1], dout, R, K, J, batch, ws);
-    }
-    trace_event("compute", t0, trace_clock(), 0, "weight gradient %s", unit_name(c, u));
-}
-static void tp_unit_backward(Tp* tp, const Config* c, int u, const float* w, int64_t* g, Acts* a, Scratch* s, int R,
-                             long batch, Workspace* ws) {
-    tp_unit_backward_input(tp, c, u, w, a, s, R, ws);
-    tp_unit_backward_weight(tp, c, u, g, a, unit_stash(c, u, s), R, batch, ws);
-}
-
-// --recompute, before unit u's backward (model.h's unit_recompute, on this rank's slices):
-// selective, attention's probabilities again, from its heads' q, k and v; full, the whole
-// block again from its input, f and g and their collectives included.
-static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s, int R,
-                              Workspace* ws) {
-    if (c->recompute == RECOMPUTE_NONE || !is_block(c, u)) return;
-    double t0 = trace_clock();
-    tp->dims.R = R;
-    BlockActs ba = tp_block_acts(tp, a, u);
-    if (c->recompute == RECOMPUTE_FULL) tp_block_forward(tp, w, a, u, s, tp_tokens(tp, R), ws);
-    else tp_attention_forward(tp, &ba, s);
-    trace_event("compute", t0, trace_clock(), 0, "recompute %s", unit_name(c, u));
-}
 
 // Sampling: the whole vocabulary's probabilities of the last forward, on every rank, gathered
 // from the ranks' slices (the GPT's at the position held at index `at`: the one sampled).
@@ -546,30 +611,27 @@ static const float* tp_probs(Tp* tp, const Config* c, const Acts* a, int R, int 
     const float* mine = a->out[u];
     if (is_gpt(c)) {
         for (int r = 0; r < R; r++)
-            memcpy(tp->whole + (long)r * tp->vs, a->out[u] + ((long)r * tp->dims.Tq + at) * tp->vs, tp->vs * sizeof(float));
-        mine = tp->whole;
+            memcpy(tp->buf.whole + (long)r * tp->vs, a->out[u] + ((long)r * tp->dims.Tq + at) * tp->vs, tp->vs * sizeof(float));
+        mine = tp->buf.whole;
     }
-    group_allgather(tp->group, mine, tp->gathered, (long)R * tp->vs, MPI_FLOAT);
+    group_allgather(tp->group, mine, tp->buf.gathered, (long)R * tp->vs, MPI_FLOAT);
     for (int q = 0; q < tp->group->size; q++)
         for (int r = 0; r < R; r++)
             for (int v = 0; v < tp->vs && q * tp->vs + v < c->vocab; v++)
-                tp->probs[(long)r * c->vocab + q * tp->vs + v] = tp->gathered[((long)q * R + r) * tp->vs + v];
-    return tp->probs;
+                tp->buf.probs[(long)r * c->vocab + q * tp->vs + v] = tp->buf.gathered[((long)q * R + r) * tp->vs + v];
+    return tp->buf.probs;
 }
 
 // Attention on this rank's heads, whole: layers.h's, on the positions held. (train_3d.c's
 // context axis plugs in its own, over every context-parallel rank's positions: the hook.)
 static void tp_attention_forward(Tp* tp, BlockActs* ba, Scratch* s) {
-    if (tp->attend) tp->attend(tp->attend_ctx, ba);
+    if (tp->hooks.attend) tp->hooks.attend(tp->hooks.attend_ctx, ba);
     else attention_forward(ba->atty, ba->att, ba->qkv, &tp->dims, s->tmp, s->acc);
 }
 static void tp_attention_backward(Tp* tp, const BlockActs* ba, const float* datty, float* dqkv, float* tmp, Scratch* s) {
-    if (tp->attend_backward) tp->attend_backward(tp->attend_ctx, ba, datty, dqkv);
+    if (tp->hooks.attend_backward) tp->hooks.attend_backward(tp->hooks.attend_ctx, ba, datty, dqkv);
     else attention_backward(dqkv, datty, ba->qkv, ba->att, ba->atty, &tp->dims, tmp, s->acc);
 }
-
-// ----------------------------------------------------------------------------
-// what only serves the strategy: this rank's slices, its buffers, what it counts in the norm
 
 // This rank's share of every unit (config.h's table gives each tensor's slice: the sizes
 // here, and where each element sits in train.c's layout, for the initial values and
@@ -578,6 +640,7 @@ static void tp_init(Tp* tp, Group* group, const Config* c, int rows, int sp) {
     memset(tp, 0, sizeof *tp);
     int t = group->size;
     tp->group = group, tp->sp = sp, tp->share = (Share){group->rank, t, 0, 0};
+    tp->op = sp ? sp_ops : tp_ops;
     tp->vs = (c->vocab + t - 1) / t;
     for (int u = 0; u < n_units(c); u++) {
         tp->size[u] = share_params(c, u, tp->share); // a block with experts: its own tensors (its experts: train_3d.c)
@@ -589,25 +652,26 @@ static void tp_init(Tp* tp, Group* group, const Config* c, int rows, int sp) {
         tensor_held_shape(&tab.t[0], t, &K, &J);
         tp->K[l] = (int)K, tp->J[l] = (int)J;
     }
-    if (!is_gpt(c)) tp->sum = mallocCheck((size_t)rows * max_width(c) * sizeof(int64_t)); // any layer's K or J
+    if (!is_gpt(c)) tp->buf.sum = mallocCheck((size_t)rows * max_width(c) * sizeof(int64_t)); // any layer's K or J
     if (is_gpt(c)) { // main, or train_3d.c's grid_resolve, checks that t divides the heads
         int C = c->emb, widest = C > tp->vs ? C : tp->vs;
         long tokens = (long)rows * c->context + t; // a pass's tokens, and a short shard's padding
         tp->dims = gpt_dims(c, rows);
         tp->dims.NH = c->heads / t, tp->dims.A = tp->dims.NH * tp->dims.HD, tp->dims.F = 4 * C / t;
-        tp->whole = mallocCheck((size_t)tokens * widest * sizeof(float));
-        tp->sum = mallocCheck((size_t)tokens * widest * sizeof(int64_t));
-        tp->mine_sum = mallocCheck((size_t)(tokens / t + 1) * C * sizeof(int64_t));
-        tp->by_token = sp ? mallocCheck((size_t)tokens * C * sizeof(int64_t)) : NULL;
-        tp->dres = mallocCheck((size_t)tokens * C * sizeof(float));
-        tp->ln_grad = mallocCheck(2L * C * sizeof(int64_t));
+        tp->buf.whole = mallocCheck((size_t)tokens * widest * sizeof(float));
+        tp->buf.sum = mallocCheck((size_t)tokens * widest * sizeof(int64_t));
+        tp->buf.mine_sum = mallocCheck((size_t)(tokens / t + 1) * C * sizeof(int64_t));
+        tp->buf.by_token = sp ? mallocCheck((size_t)tokens * C * sizeof(int64_t)) : NULL;
+        tp->buf.dres = mallocCheck((size_t)tokens * C * sizeof(float));
+        tp->buf.ln_grad = mallocCheck(2L * C * sizeof(int64_t));
     }
-    tp->probs = mallocCheck((size_t)rows * c->vocab * sizeof(float));
-    tp->gathered = mallocCheck((size_t)t * rows * tp->vs * sizeof(float));
+    tp->buf.probs = mallocCheck((size_t)rows * c->vocab * sizeof(float));
+    tp->buf.gathered = mallocCheck((size_t)t * rows * tp->vs * sizeof(float));
 }
 static void tp_free(Tp* tp) {
-    free(tp->probs), free(tp->gathered);
-    free(tp->whole), free(tp->sum), free(tp->by_token), free(tp->mine_sum), free(tp->dres), free(tp->ln_grad);
+    TpBuffers* b = &tp->buf;
+    free(b->probs), free(b->gathered), free(b->whole), free(b->sum), free(b->by_token), free(b->mine_sum);
+    free(b->dres), free(b->ln_grad);
 }
 // Positions of a row this rank keeps of the per-token tensors (the residual stream, the
 // LayerNorms): every one held, or with --sp its share, ceil(Tq / t) (R rows of them cover
@@ -723,44 +787,8 @@ static double tp_gpt_acts_formula(const Tp* tp, const Config* c, int R, double* 
 
 #define RUN_LINE "mpirun -n 2 ./train_tp"
 
-// ----------------------------------------------------------------------------
-// the state of one run
-
-typedef struct {
-    Config cfg;
-    Dataset ds;      // the data
-    Tp tp;
-    State st;        // this rank's slices of every unit, their exact gradient sums and optimizer state
-    UnitSizes sizes; // what each unit holds per row on this rank (tp_sizes)
-    Work work;
-    Group group;     // every rank
-    Holding mine;    // what this rank holds of the model, for checkpoints
-} Run;
-
 static void run_free(Run* r) {
     dataset_free(&r->ds), state_free(&r->st), tp_free(&r->tp), work_free(&r->work);
-}
-
-// ----------------------------------------------------------------------------
-// the forward and backward passes: every rank takes every row, through its slices
-
-static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows_total, float* probs) {
-    Run* r = ctx;
-    const Config* c = &r->cfg;
-    Acts* a = work_load(&r->work, rows, first, R, c->context);
-    for (int u = 0; u < n_units(c); u++)
-        tp_unit_forward(&r->tp, c, u, r->st.params + r->tp.off[u], a, &r->work.scratch, R, rows_total, &r->work.ws);
-    if (probs) memcpy(probs, tp_probs(&r->tp, c, a, R, rows->pos), (size_t)R * c->vocab * sizeof(float));
-    return a->loss; // every rank holds the whole loss
-}
-static void backward(Run* r, int R, long B) {
-    for (int u = n_units(&r->cfg) - 1; u >= 0; u--) {
-        const float* w = r->st.params + r->tp.off[u];
-        tp_unit_recompute(&r->tp, &r->cfg, u, w, &r->work.acts, &r->work.scratch, R, &r->work.ws); // --recompute
-        tp_unit_backward(&r->tp, &r->cfg, u, w, r->st.grads + r->tp.off[u], &r->work.acts, &r->work.scratch, R, B,
-                         &r->work.ws);
-        scratch_step_down(&r->work.scratch);
-    }
 }
 
 // Mean loss over the whole validation split (every rank takes every row).
@@ -868,13 +896,12 @@ int main(int argc, char** argv) {
     tp_init(&run.tp, &run.group, cfg, rows, sp);
     long np = run.tp.off[n_units(cfg)];
     run.st = state_alloc(np, o.opt.adamw);
-    GradSpan spans[MAX_LAYERS + 2]; // what this rank counts in the norm: whole tensors on rank 0 only
     for (int u = 0; u < n_units(cfg); u++) {
         long off = run.tp.off[u];
         run.mine.n[u] = run.tp.size[u], run.mine.share[u] = run.tp.share;
         run.mine.at[0][u] = run.st.params + off, run.mine.at[1][u] = run.st.m ? run.st.m + off : NULL;
         run.mine.at[2][u] = run.st.v ? run.st.v + off : NULL;
-        spans[u] = (GradSpan){run.st.grads + off, share_counted(cfg, u, run.tp.share)};
+        run.spans[u] = (GradSpan){run.st.grads + off, share_counted(cfg, u, run.tp.share)}; // whole tensors: rank 0's
     }
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
     tp_sizes(&run.tp, cfg, &run.sizes);
@@ -896,20 +923,8 @@ int main(int argc, char** argv) {
     Progress progress = progress_start(&o, world_rank == 0, dist_save, &(DistSave){&run.mine, &run.ds, &run.cfg}, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
-        Rows batch = training_rows(&run.ds, o.seed, step, 0);
-        long n = dataset_batch_targets(&run.ds, o.seed, step, B);
-        int64_t loss = 0;
-        fix_zero(run.st.grads, np);
-        workspace_keep_weights(&run.work.ws, M > 1);
-        for (int m = 0; m < M; m++) { // --microbatches: every rank takes every row of each, in turn
-            long first, end;
-            split_range(B, M, m, &first, &end);
-            loss += forward(&run, &batch, first, (int)(end - first), B, NULL);
-            backward(&run, (int)(end - first), B);
-        }
-        workspace_keep_weights(&run.work.ws, 0);
-        float scale = clip_factor(&o.opt, spans, n_units(cfg), n, group_norm, &run.group); // over every slice
-        optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
+        long n;
+        int64_t loss = train_step(&run, &o, step, &n);
         if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
