@@ -634,7 +634,7 @@ static void pp_print_units(const Config* c, const int* first, int k) {
 
 // The flags of a pipeline, in train_pp.c and in train_3d.c.
 #define PIPELINE_FLAGS                                                                                          \
-    {"microbatches", "M", "microbatches per global batch, or per data-parallel share of it (default 4)"},     \
+    {"microbatches", "M", "microbatches per global batch, each shared by the data-parallel replicas in train_3d (default 4)"},     \
     {"schedule", "NAME", "naive, gpipe, 1f1b, interleaved, zb1, zbv or dualpipev (default 1f1b)"},            \
     {"virtual", "V", "chunks per pipeline rank for --schedule interleaved, 1 to 4 (default 2)"},             \
     {"timeline", NULL, "draw the last step's timeline, one row per pipeline rank (train_3d.c: tensor rank 0, data replica 0)"}
