@@ -897,7 +897,18 @@ int main(int argc, char** argv) {
             group_allreduce(&g->world, &aux, 1, MPI_INT64_T, MPI_SUM);
             progress.aux = fix_to(aux) / n;
         }
-        float scale = clip_factor(&o.opt, spans, n_spans, n, group_norm, &g->world); // over the whole grid
+        // the gradient norm, over the whole grid: the largest gradient on any rank sets the
+        // fixed-point scale 2^e, then the squares add exactly, each element on one rank only
+        float scale = 1.0f;
+        if (o.opt.clip > 0) {
+            float maxabs = spans_maxabs(spans, n_spans, n);
+            group_allreduce(&g->world, &maxabs, 1, MPI_FLOAT, MPI_MAX);
+            int e;
+            frexpf(maxabs, &e);
+            int64_t sumsq = spans_sumsq(spans, n_spans, n, e);
+            group_allreduce(&g->world, &sumsq, 1, MPI_INT64_T, MPI_SUM);
+            scale = clip_from_sumsq(&o.opt, sumsq, e);
+        }
         fsdp_step(&run.fsdp, &o.opt, grad_factor(n), scale, step);
         if (moe) fsdp_step(&run.expert_fsdp, &o.opt, grad_factor(n), scale, step);
         if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
