@@ -73,10 +73,10 @@ static const char* parse_run(int argc, char** argv, Run* run) {
                    : flag[2] == 'i' ? &run->d.i : &run->d.w;
         *to = x;
     }
-    if (schedule_chunks(run->sched, run->V) != run->V) // the V given is never silently replaced (audit 5: D5, D6)
-        return snprintf(cli_error, sizeof cli_error, "V %d: %s runs %d chunk%s a rank; give V %d", run->V, argv[1],
-                        schedule_chunks(run->sched, run->V), schedule_chunks(run->sched, run->V) == 1 ? "" : "s",
-                        schedule_chunks(run->sched, run->V)), cli_error;
+    int V = schedule_chunks(run->sched, run->V);
+    if (V != run->V) // the V given is never silently replaced (audit 5: D5, D6)
+        return snprintf(cli_error, sizeof cli_error, "V %d: %s runs %d chunk%s a rank; give V %d", run->V, argv[1], V,
+                        V == 1 ? "" : "s", V), cli_error;
     return schedule_rule(run->sched, run->S, run->V, run->M, cli_error, sizeof cli_error);
 }
 
@@ -99,14 +99,16 @@ static const char* read_trace(const char* path, int S, int M, PipeEvent* ev, int
                             e->rank, S, M), cli_error;
     }
     // the picture's S and M are the trace's: every rank and every microbatch in it (audit 5: TR6, TR7)
-    for (int want = 0; want < S || want < M; want++) {
-        int rank_seen = want >= S, mb_seen = want >= M;
-        for (int i = 0; i < *n; i++) rank_seen |= ev[i].rank == want, mb_seen |= ev[i].mb == want;
-        if (!rank_seen || !mb_seen)
-            return snprintf(cli_error, sizeof cli_error, "trace '%s' has no action of %s %d: it is not a run of %d ranks "
-                            "and %d microbatches", path, rank_seen ? "microbatch" : "rank", want, S, M), cli_error;
-    }
-    return NULL;
+    char* seen = callocCheck((size_t)S + (size_t)M, 1); // ranks first, then microbatches
+    for (int i = 0; i < *n; i++) seen[ev[i].rank] = seen[S + ev[i].mb] = 1;
+    const char* why = NULL;
+    for (int k = 0; k < S + M && !why; k++)
+        if (!seen[k])
+            why = (snprintf(cli_error, sizeof cli_error, "trace '%s' has no action of %s %d: it is not a run of %d "
+                            "ranks and %d microbatches", path, k < S ? "rank" : "microbatch", k < S ? k : k - S, S, M),
+                   cli_error);
+    free(seen);
+    return why;
 }
 
 // ----------------------------------------------------------------------------
