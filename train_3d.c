@@ -12,8 +12,8 @@
  *   make run's 3D grid, --tp 2 --pp 2 --dp 2: world rank = ((replica x P + stage) x C + cp) x T + tp
  *
  *                  data replica 0                    data replica 1
- *                  (rows 0-3 of each 8-row           (rows 4-7 of each: 4 microbatches
- *                   microbatch of 32 rows)            of 8, each shared by the replicas)
+ *                  (rows 0-3 of each microbatch)     (rows 4-7 of each)
+ *                  a batch of 32 rows is 4 microbatches of 8 rows, each split between the replicas
  *   stage 0        rank 0 | rank 1   <-- ZeRO -->   rank 4 | rank 5
  *                  tp 0     tp 1                    tp 0     tp 1
  *                    |  activations / gradients       |
@@ -38,12 +38,12 @@
  *                                       all-to-all'd; dK, dV home                block's attention (grid_attend)
  *   pipeline     P                      activations, gradients between stages    train_pp.c's pp_step
  *   data (ZeRO)  D x C: the same slice  a unit's all-gather, its gradient's      train_fsdp.c's fsdp_*, from the
- *                for other rows and     reduce-scatter (ZeRO-1: all-reduce);     stage's work and main
- *                positions              the loss; with experts, the tokens'
- *                                       choices (grid_plan)
- *   expert       E of the D replicas    dispatch and combine all-to-alls         train_ep.c, from grid_moe_*
+ *                for other rows and     reduce-scatter (ZeRO-1: all-reduce);     stage's work and train_step
+ *                positions              the loss
+ *   expert       E of the D replicas    dispatch and combine all-to-alls; the    train_ep.c, from grid_moe_*
+ *                                       tokens' choices, on the data axis
  *   expert data  D/E x C                ZeRO on the experts                      train_fsdp.c's, as data
- *   (every rank)                        the clipping norm, the aux loss          main
+ *   (every rank)                        the clipping norm, the aux loss          train_step
  *
  *   make train_3d && mpirun -n 8 --oversubscribe ./train_3d --tp 2 --pp 2 --dp 2          # 3D (make run's)
  *   mpirun -n 6 --oversubscribe ./train_3d --tp 2 --pp 3 --layers 3 --zero 1 --schedule gpipe
@@ -54,9 +54,9 @@
  * and final checkpoint, in every grid.
  *
  * Bytes sent, and memory, per rank: each axis by its own program's formula, printed axis by
- * axis beside what was measured. Reading order: the grid; a stage's work (with the context
- * axis inside a tensor-parallel block, in one place); a step (main); then, each on its own,
- * the expert axis, the gradient norm and checkpoints, the formulas, the flags.
+ * axis beside what was measured. The first read: the grid; a stage's work (with the context
+ * axis inside a tensor-parallel block, in one place); one step. Then, each on its own, the
+ * expert axis, the gradient norm's spans and checkpoints, the formulas, the flags, the setup.
  */
 #define TRAIN_3D // take the strategies of these files, not their programs
 #pragma GCC diagnostic push
@@ -73,10 +73,10 @@
 // ----------------------------------------------------------------------------
 // the strategy: the grid, as a table of axes
 //
-// A rank's coordinates, the most significant first: its data replica as two, the expert
-// group it belongs to and its member number there (replica = egroup x E + member, when the
-// expert axis, E of the D replicas, is carved out of the data axis; E = 1: member 0), then
-// stage, cp and tp. World rank = ((replica x P + stage) x C + cp) x T + tp: tensor-parallel
+// A rank's coordinates, the most significant first: its data replica, written as two
+// coordinates, egroup and member (replica = egroup x E + member: the expert axis, E of the
+// D replicas, is carved out of the data axis; with E = 1 every member is 0), then stage, cp
+// and tp. World rank = ((replica x P + stage) x C + cp) x T + tp: tensor-parallel
 // ranks are adjacent (they talk every layer, forward and backward), then context-parallel
 // (K and V, every layer), then pipeline, then data (once a step): Llama 3's order. An
 // axis's group is the ranks whose other coordinates are all this rank's; within it they are
@@ -136,38 +136,32 @@ static void grid_init(Grid* g) {
 }
 
 // ----------------------------------------------------------------------------
-// the state of one run
+// the state of one run: what this rank holds on each axis, then the flags, then what serves
 
-// The expert axis's plan of a training microbatch (grid_plan, below): every token's choices
-// gathered from the D x C ranks that hold the microbatch's rows and positions.
-typedef struct {
-    int rows;                // the most rows a replica takes of a microbatch
-    int *pos_rank, *pos_at;  // [T] the context-parallel rank holding each position, and its index there
-    int* choices;            // [D C][rows][Tq][k]: each token's k choices, -1 where no token
-    unsigned char* keep;     // [D C][rows][Tq][k]: whether the capacity keeps each choice
-    int* counts;             // [k][X]: the microbatch's choices, by choice and expert
-} Plan;
-
+typedef struct Plan Plan; // the expert axis's plan of a training microbatch (its section)
 typedef struct {
     Config cfg;
-    Dataset ds;           // the data
+    Dataset ds;
     Grid grid;            // the axes and their groups
-    CpComm comm;          // --cp-comm
-    int zigzag;           // --cp-split
-    int ring_given, split_given;
+    Tp tensor;            // this rank's tensor-parallel slice of every unit (train_tp.c)
+    Cp context;           // its positions, and attention across the context axis (train_cp.c)
+    Pp pipe;              // this stage of the pipeline (train_pp.c)
+    Fsdp fsdp;            // the slices of this stage's units, sharded across the data axis (train_fsdp.c)
+    Ep experts;           // --experts: this rank's experts of every block, and their all-to-alls (train_ep.c)
+    Fsdp expert_fsdp;     // those experts of this stage's blocks, sharded across the expert data axis
+    GradSpan spans[2 * (MAX_LAYERS + 2)]; // the gradients this rank counts in the norm (grid_grad_spans)
+    int n_spans;
+    int training;         // the pass at hand is a training step's: capacity and the load-balancing loss apply
     int recomputing;      // --recompute selective, in a block's backward: attention again, not its all-to-alls
+
     int zero, prefetch;   // --zero, --prefetch
     int M, sched, V, timeline; // --microbatches, --schedule, chunks a rank (--virtual; zbv, dualpipev: 2), --timeline
     int sp;               // --sp: sequence parallelism on the tensor axis (the GPT)
-    Tp tensor;            // this rank's tensor-parallel slice of every unit
-    Fsdp fsdp;            // those slices of this stage's units, sharded across the data axis
-    Pp pipe;              // this stage of the pipeline
-    Cp context;           // its positions, and attention across the context axis
-    // --experts: the expert axis
-    Ep experts;           // this rank's experts of every block, and their all-to-alls (train_ep.c)
-    Fsdp expert_fsdp;     // those experts of this stage's blocks, sharded across the expert data axis
-    Plan plan;
-    int training;         // the pass at hand is a training step's: capacity and the load-balancing loss apply
+    CpComm comm;          // --cp-comm
+    int zigzag;           // --cp-split
+    int ring_given, split_given;
+
+    Plan* plan;
     int64_t aux;          // the step's load-balancing terms of this rank's tokens (exact)
     double routed[MAX_LAYERS + 2]; // tokens each block sent to and received from other ranks of its expert group
     int first[MAX_LAYERS + 3];     // chunk k holds units [first[k], first[k+1])
@@ -176,28 +170,24 @@ typedef struct {
     Holding mine;         // what this rank holds of the model, for checkpoints
 } Run;
 
-static void run_free(Run* r) {
-    dataset_free(&r->ds), fsdp_free(&r->fsdp), tp_free(&r->tensor), pp_free(&r->pipe), workspace_free(&r->ws);
-    if (r->context.pos) cp_free(&r->context);
-    if (r->cfg.experts) fsdp_free(&r->expert_fsdp), ep_free(&r->experts);
-    free(r->plan.pos_rank), free(r->plan.pos_at), free(r->plan.choices), free(r->plan.keep), free(r->plan.counts);
-}
+// The expert axis, in its section after the first read.
 static void grid_moe_forward(Run* r, int u, const float* w, const float* we, Acts* a, Scratch* s, int R);
 static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s, int R, long batch, int next);
+static int64_t grid_aux_loss(Run* r);
 
 // ----------------------------------------------------------------------------
 // the strategy: a stage's work
 //
 // The pipeline (train_pp.c) runs a chunk of units on a microbatch; here each unit is its
 // tensor-parallel slice (train_tp.c), gathered by ZeRO just before use (train_fsdp.c's
-// fsdp_unit_params: at stage 3 an all-gather across the data axis) and its gradient
+// fsdp_unit_params: with --zero 3 an all-gather across the data axis) and its gradient
 // reduce-scattered as soon as it is made (fsdp_reduce_unit_grads; ZeRO-1 all-reduces every
-// gradient once the step's schedule is done, in main). A block with experts: the expert
+// gradient once the step's schedule is done, in train_step). A block with experts: the expert
 // axis, further below.
 //
 // The context axis inside a tensor-parallel block (--cp), in one place. A rank holds its
 // positions of every row (train_cp.c's cp_positions), so the tensor block's shapes are those
-// of its positions (main sets tensor.dims.Tq and .pos); attention, the one layer that needs
+// of its positions (grid_model_init sets tensor.dims.Tq and .pos); attention, the one layer that needs
 // other positions, is train_cp.c's across the context group, on this rank's heads, plugged
 // into the tensor block's hook (grid_attend); the head's loss is over the targets at its
 // positions (moved into place by stage_forward). Every other layer works token by token.
@@ -214,21 +204,24 @@ static void grid_attend_backward(void* ctx, const BlockActs* a, const float* dat
     cp_attention_backward(&r->context, a, datty, dqkv);
 }
 
-// Units [lo, hi) forward (the pipeline's StageWork). `next`: the unit ZeRO may gather while
-// this one computes (--prefetch); a block with experts' experts likewise.
-static int next_moe(const Run* r, int u, int lo, int hi) { return u >= lo && u < hi && is_moe(&r->cfg, u) ? u : -1; }
+// Units [lo, hi) forward (the pipeline's StageWork). fsdp_unit_params's second argument is
+// the unit ZeRO may gather while this one computes (--prefetch), or -1; moe_or_none gives
+// the block whose experts to gather next.
+static int moe_or_none(const Run* r, int u, int lo, int hi) { return u >= lo && u < hi && is_moe(&r->cfg, u) ? u : -1; }
 static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R, long rows_total) {
     Run* r = ctx;
-    int T = r->cfg.context, Tq = r->tensor.dims.Tq;
+    int positions = r->cfg.context, Tq = r->tensor.dims.Tq;
     a->training = r->training;
-    tp_pass(&r->tensor, &r->cfg, R, rows_total, &r->ws);
+    tp_pass(&r->tensor, &r->cfg, R, rows_total, &r->ws); // this pass's rows, and the targets the mean is over
     for (int u = lo; u < hi; u++) {
-        if (r->grid.C > 1 && u == n_units(&r->cfg) - 1) // --cp: the head's targets, this rank's positions' (in
-            for (int row = 0; row < R; row++)          // place: position pos[i] >= i, so each lands at or before
-                for (int i = 0; i < Tq; i++) a->targets[row * Tq + i] = a->targets[row * T + r->tensor.dims.pos[i]];
+        // --cp: the head's targets are those of this rank's positions, moved in place: pos[i] >= i,
+        // so each is read before it is overwritten.
+        if (r->grid.C > 1 && u == n_units(&r->cfg) - 1)
+            for (int row = 0; row < R; row++)
+                for (int i = 0; i < Tq; i++) a->targets[row * Tq + i] = a->targets[row * positions + r->tensor.dims.pos[i]];
         const float* w = fsdp_unit_params(&r->fsdp, u, u + 1 < hi ? u + 1 : -1);     // ZeRO: gathered
         if (is_moe(&r->cfg, u))
-            grid_moe_forward(r, u, w, fsdp_unit_params(&r->expert_fsdp, u, next_moe(r, u + 1, lo, hi)), a, sc, R);
+            grid_moe_forward(r, u, w, fsdp_unit_params(&r->expert_fsdp, u, moe_or_none(r, u + 1, lo, hi)), a, sc, R);
         else tp_unit_forward(&r->tensor, &r->cfg, u, w, a, sc); // tensor-parallel
     }
 }
@@ -238,7 +231,8 @@ static void unit_weight(Run* r, int u, const Acts* a, const float* stash, int R,
     tp_unit_backward_weight(&r->tensor, &r->cfg, u, fsdp_unit_grads(&r->fsdp, u), a, stash);
     fsdp_reduce_unit_grads(&r->fsdp, u);
 }
-// Units [hi, lo) backward: B (the weight half at once), or I (it stashed for W).
+// Units hi - 1 down to lo backward. Without a stash, B: each unit's weight half at once; with
+// one, I: the weight half's input kept in the stash for stage_backward_weight (W).
 static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
     Run* r = ctx;
     tp_pass(&r->tensor, &r->cfg, R, batch, &r->ws);
@@ -248,14 +242,14 @@ static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, floa
         tp_unit_recompute(&r->tensor, &r->cfg, u, w, a, sc);              // --recompute (full: not with experts, cli.h)
         r->recomputing = 0;
         if (is_moe(&r->cfg, u)) {
-            grid_moe_backward(r, u, w, a, sc, R, batch, next_moe(r, u - 1, lo, hi));
+            grid_moe_backward(r, u, w, a, sc, R, batch, moe_or_none(r, u - 1, lo, hi));
         } else {
             tp_unit_backward_input(&r->tensor, &r->cfg, u, w, a, sc);
-            long width = unit_stash_at(&r->cfg, &r->sizes, u);
+            long width = unit_stash_at(&r->cfg, &r->sizes, u); // floats a row
             if (stash) memcpy(stash[u], unit_stash(&r->cfg, u, sc), (size_t)R * width * sizeof(float)); // I: for W
             else unit_weight(r, u, a, unit_stash(&r->cfg, u, sc), R, batch);
         }
-        scratch_step_down(sc);
+        scratch_step_down(sc); // the input's gradient becomes the unit below's output gradient
     }
 }
 static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch) {
@@ -265,9 +259,54 @@ static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, floa
 }
 
 // ----------------------------------------------------------------------------
+// the strategy: one step
+//
+// The schedule takes every microbatch through the pipeline, each stage's units as above; then
+// the loss is summed over the data axis, the gradient norm taken over the whole grid, and each
+// ZeRO shard takes its optimizer step. Returns the mean loss over the batch.
+static double train_step(Run* r, const Options* o, Progress* pr, long step) {
+    Grid* g = &r->grid;
+    int moe = r->cfg.experts > 0;
+    Rows batch = training_rows(&r->ds, o->seed, step, 0); // the pipeline takes its replica's share of each microbatch
+    fsdp_zero_grads(&r->fsdp);
+    if (moe) fsdp_zero_grads(&r->expert_fsdp);
+    r->training = 1, r->aux = 0;
+    int64_t loss = pp_step(&r->pipe, &batch);
+    r->training = 0;
+    fsdp_reduce_grads(&r->fsdp); // ZeRO-1 only: the whole slice's gradients, once the schedule is done
+    if (moe) fsdp_reduce_grads(&r->expert_fsdp);
+    if (g->axis[PIPELINE].rank == pp_last_rank(&r->pipe))
+        group_allreduce(&g->axis[DATA], &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows and positions
+    // Every tensor-parallel rank of the last stage holds the loss; one pipeline (tp 0, data rank
+    // 0) carries it from its last stage to world rank 0, which prints it.
+    if (g->tp == 0 && g->axis[DATA].rank == 0) pp_loss_to_first(&r->pipe, &loss);
+    long n = dataset_batch_targets(&r->ds, o->seed, step, o->batch); // the loss is the mean over n targets
+    if (moe) pr->aux = fix_to(grid_aux_loss(r)) / n; // the load-balancing loss, reported apart
+
+    // The gradient norm: the largest gradient on any rank sets the fixed-point scale 2^e, then
+    // the squares add exactly, each element counted on one rank only.
+    float scale = 1.0f;
+    if (o->opt.clip > 0) {
+        float maxabs = spans_maxabs(r->spans, r->n_spans, n);
+        group_allreduce(&g->world, &maxabs, 1, MPI_FLOAT, MPI_MAX);
+        int e;
+        frexpf(maxabs, &e);
+        int64_t sumsq = spans_sumsq(r->spans, r->n_spans, n, e);
+        group_allreduce(&g->world, &sumsq, 1, MPI_INT64_T, MPI_SUM);
+        scale = clip_from_sumsq(&o->opt, sumsq, e);
+    }
+    fsdp_step(&r->fsdp, &o->opt, grad_factor(n), scale, step);
+    if (moe) fsdp_step(&r->expert_fsdp, &o->opt, grad_factor(n), scale, step);
+    return fix_to(loss) / n;
+}
+
+// ---------------------------------------------------------------------------- first read ends here
+
+// ----------------------------------------------------------------------------
 // the strategy: the expert axis (--experts, the GPT's blocks)
 //
-// A block with experts runs its attention half as the dense block does (train_tp.c's, its
+// This section adds a fifth axis to the first read: E data-parallel replicas that share
+// each block's experts and exchange its tokens. A block with experts runs its attention half as the dense block does (train_tp.c's, its
 // heads split; the context axis's attention), then the layer of experts on ln2's output at
 // its tokens (the positions it holds with a target, in training) within its expert group
 // (train_ep.c's dispatch and combine all-to-alls), then the residual. Tensor parallelism
@@ -285,6 +324,16 @@ static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, floa
 // context-parallel rank some positions of it, so grid_plan gathers every token's choices
 // from the D x C ranks of the data axis (k ints a token: they are all at the same point of
 // the same schedule) and runs train.c's rule on the whole microbatch.
+
+// The expert axis's plan of a training microbatch (grid_plan, below): every token's choices
+// gathered from the D x C ranks that hold the microbatch's rows and positions.
+struct Plan {
+    int rows;                // the most rows a replica takes of a microbatch
+    int *pos_rank, *pos_at;  // [T] the context-parallel rank holding each position, and its index there
+    int* choices;            // [D C][rows][Tq][k]: each token's k choices, -1 where no token
+    unsigned char* keep;     // [D C][rows][Tq][k]: whether the capacity keeps each choice
+    int* counts;             // [k][X]: the microbatch's choices, by choice and expert
+};
 
 // A block with experts on this rank: its heads (train_tp.c's dims) and no MLP of its own,
 // its attention split by heads as the dense block's, its LayerNorms, row-parallel bias and
@@ -304,32 +353,32 @@ static MoeBlockLayout grid_moe_layout(const Run* r) {
 // of its Tq, as r Tq + i) into its block of the array, then an all-gather.
 static void plan_gather(Run* r, const Config* c, const MoeLayer* m, int n) {
     int k = c->top_k;
-    long share = (long)r->plan.rows * r->tensor.dims.Tq * k; // a rank's block: [rows][Tq][k]
-    int* mine = r->plan.choices + r->grid.axis[DATA].rank * share;
+    long share = (long)r->plan->rows * r->tensor.dims.Tq * k; // a rank's block: [rows][Tq][k]
+    int* mine = r->plan->choices + r->grid.axis[DATA].rank * share;
     for (long i = 0; i < share; i++) mine[i] = -1;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < k; j++) mine[(long)m->token[i] * k + j] = m->choice[(long)i * k + j];
-    group_allgather(&r->grid.axis[DATA], mine, r->plan.choices, share, MPI_INT); // every rank's block
+    group_allgather(&r->grid.axis[DATA], mine, r->plan->choices, share, MPI_INT); // every rank's block
 }
 // 2: train.c's rule on the whole microbatch: places by choice (first choices before
 // second), then by token: replicas in order, their rows, each row's positions in order, each
 // held by context-parallel rank pos_rank[t]. Keeps a choice whose place is under the
 // capacity; returns the capacity, and the microbatch's tokens in *n_total.
 static long plan_place(Run* r, const Config* c, long* n_total) {
-    int k = c->top_k, X = c->experts, Tq = r->tensor.dims.Tq, C = r->grid.C, rows = r->plan.rows;
+    int k = c->top_k, X = c->experts, Tq = r->tensor.dims.Tq, C = r->grid.C, rows = r->plan->rows;
     long all = (long)r->grid.D * C * rows * Tq * k;
     *n_total = 0;
-    for (long i = 0; i < all; i += k) *n_total += r->plan.choices[i] >= 0;
+    for (long i = 0; i < all; i += k) *n_total += r->plan->choices[i] >= 0;
     long capacity = moe_capacity(c, *n_total, 1);
-    int* place = r->plan.counts; // [X]: each expert's next place
+    int* place = r->plan->counts; // [X]: each expert's next place
     memset(place, 0, sizeof(int) * X);
     for (int j = 0; j < k; j++)
         for (int d = 0; d < r->grid.D; d++)
             for (int row = 0; row < rows; row++)
                 for (int t = 0; t < c->context; t++) {
-                    long e = ((((long)d * C + r->plan.pos_rank[t]) * rows + row) * Tq + r->plan.pos_at[t]) * k + j;
-                    int x = r->plan.choices[e];
-                    if (x >= 0) r->plan.keep[e] = place[x]++ < capacity;
+                    long e = ((((long)d * C + r->plan->pos_rank[t]) * rows + row) * Tq + r->plan->pos_at[t]) * k + j;
+                    int x = r->plan->choices[e];
+                    if (x >= 0) r->plan->keep[e] = place[x]++ < capacity;
                 }
     return capacity;
 }
@@ -337,7 +386,7 @@ static long plan_place(Run* r, const Config* c, long* n_total) {
 // which of this rank's own choices are kept (m->keep); then train_ep.c's dispatch order.
 static void plan_counts(Run* r, const Config* c, MoeLayer* m, int n) {
     int k = c->top_k, X = c->experts, C = r->grid.C, E = r->grid.E;
-    long share = (long)r->plan.rows * r->tensor.dims.Tq * k;
+    long share = (long)r->plan->rows * r->tensor.dims.Tq * k;
     moe_reserve(m, c, E, 0, 0);
     for (int q = 0; q < E; q++) { // member q of this rank's group: replica (its group) E + q, this rank's cp
         int replica = r->grid.replica / E * E + q;
@@ -345,11 +394,11 @@ static void plan_counts(Run* r, const Config* c, MoeLayer* m, int n) {
         int* kept = m->kept + (long)q * X;
         memset(kept, 0, sizeof(int) * X);
         for (long e = first; e < first + share; e++)
-            if (r->plan.choices[e] >= 0 && r->plan.keep[e]) kept[r->plan.choices[e]]++;
+            if (r->plan->choices[e] >= 0 && r->plan->keep[e]) kept[r->plan->choices[e]]++;
     }
     long mine = (long)r->grid.axis[DATA].rank * share;
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < k; j++) m->keep[(long)i * k + j] = r->plan.keep[mine + (long)m->token[i] * k + j];
+        for (int j = 0; j < k; j++) m->keep[(long)i * k + j] = r->plan->keep[mine + (long)m->token[i] * k + j];
     moe_dispatch(c, m, r->experts.ep->rank, r->experts.x_first, n);
 }
 // The plan (train_ep.c's Ep calls it, in place of its own): in training the three parts and
@@ -366,11 +415,11 @@ static void grid_plan(void* ctx, const Config* c, MoeLayer* m, int n, int traini
     long capacity = plan_place(r, c, &n_total);
     plan_counts(r, c, m, n);
     int k = c->top_k, X = c->experts;
-    long all = (long)r->grid.D * r->grid.C * r->plan.rows * r->tensor.dims.Tq * k;
-    memset(r->plan.counts, 0, sizeof(int) * k * X);
+    long all = (long)r->grid.D * r->grid.C * r->plan->rows * r->tensor.dims.Tq * k;
+    memset(r->plan->counts, 0, sizeof(int) * k * X);
     for (long i = 0; i < all; i++)
-        if (r->plan.choices[i] >= 0) r->plan.counts[i % k * X + r->plan.choices[i]]++;
-    moe_balance(c, m, r->plan.counts, 1, r->experts.ep->rank, n, n_total, capacity, aux);
+        if (r->plan->choices[i] >= 0) r->plan->counts[i % k * X + r->plan->choices[i]]++;
+    moe_balance(c, m, r->plan->counts, 1, r->experts.ep->rank, n, n_total, capacity, aux);
 }
 
 // Forward of block u with experts: w its own tensors (this rank's heads, LayerNorms,
@@ -423,6 +472,39 @@ static void grid_moe_backward(Run* r, int u, const float* w, Acts* a, Scratch* s
     fsdp_reduce_unit_grads(&r->fsdp, u);
     fsdp_reduce_unit_grads(&r->expert_fsdp, u);
     trace_event("compute", t0, trace_clock(), 0, "backward %s", unit_name(c, u));
+}
+
+// --experts: this rank's experts of each block of its chunks (train_ep.c's split over its
+// expert group), their ZeRO across the expert data axis, and what grid_plan needs.
+static void grid_experts_init(Run* r, const Options* o, int mb_rows) {
+    const Config* c = &r->cfg;
+    int T = c->context, Tq = r->tensor.dims.Tq, C = r->grid.C;
+    ep_init(&r->experts, &r->grid.axis[EXPERT], &r->grid.axis[EXPERT], c);
+    r->experts.hook = (EpPlanHook){grid_plan, r};
+    long size[MAX_LAYERS + 2] = {0};
+    for (int u = 0; u < n_units(c); u++)
+        if (r->fsdp.size[u] > 0 && is_moe(c, u)) size[u] = (long)(r->experts.x_hi - r->experts.x_lo) * expert_params(c, u);
+    fsdp_init(&r->expert_fsdp, r->zero, r->prefetch, &r->grid.axis[EXPERT_DATA], size, n_units(c), o->opt.adamw);
+    Plan* p = r->plan = callocCheck(1, sizeof(Plan));
+    p->rows = mb_rows; // the most rows a replica takes of a microbatch
+    p->pos_rank = callocCheck(T, sizeof(int)), p->pos_at = mallocCheck(sizeof(int) * T);
+    for (int q = 0; q < C; q++)
+        for (int i = 0; i < Tq; i++) {
+            int t = C > 1 ? cp_pos_of(&r->context, q)[i] : i;
+            p->pos_rank[t] = q, p->pos_at[t] = i;
+        }
+    long all = (long)r->grid.D * C * p->rows * Tq * c->top_k;
+    p->choices = mallocCheck(sizeof(int) * all), p->keep = mallocCheck(all);
+    p->counts = mallocCheck(sizeof(int) * c->top_k * c->experts);
+}
+
+
+// The step's load-balancing loss: every token's terms once (tensor-parallel rank 0's, as the
+// others routed the same tokens), summed over the whole grid.
+static int64_t grid_aux_loss(Run* r) {
+    int64_t aux = r->grid.tp == 0 ? r->aux : 0;
+    group_allreduce(&r->grid.world, &aux, 1, MPI_INT64_T, MPI_SUM);
+    return aux;
 }
 
 // ----------------------------------------------------------------------------
@@ -592,7 +674,7 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, d
             if (!moe) continue;
             Expert e = moe_expert(c, u);
             axis[4] += per_step(pr, ep_a2a_bytes_of(&e, r->routed[u]));
-            axis[1] += r->M * ring_half_bytes(4.0 * G * r->plan.rows * r->tensor.dims.Tq * k, G); // the choices
+            axis[1] += r->M * ring_half_bytes(4.0 * G * r->plan->rows * r->tensor.dims.Tq * k, G); // the choices
         }
     }
     axis[1] += fsdp_sent_formula(&r->fsdp, r->M) + (moe ? fsdp_sent_formula(ef, r->M) : 0) +
@@ -775,28 +857,86 @@ static void grid_resolve(Run* r, const Options* o) {
     r->V = chunks;
 }
 
-// --experts: this rank's experts of each block of its chunks (train_ep.c's split over its
-// expert group), their ZeRO across the expert data axis, and what grid_plan needs.
-static void grid_experts_init(Run* r, const Options* o, int mb_rows) {
+// ----------------------------------------------------------------------------
+// what only serves the strategy: setting the run up
+
+// What the data must allow of the grid.
+static void grid_check_data(const Run* r) {
+    const Grid* g = &r->grid;
     const Config* c = &r->cfg;
-    int T = c->context, Tq = r->tensor.dims.Tq, C = r->grid.C;
-    ep_init(&r->experts, &r->grid.axis[EXPERT], &r->grid.axis[EXPERT], c);
-    r->experts.hook = (EpPlanHook){grid_plan, r};
-    long size[MAX_LAYERS + 2] = {0};
-    for (int u = 0; u < n_units(c); u++)
-        if (r->fsdp.size[u] > 0 && is_moe(c, u)) size[u] = (long)(r->experts.x_hi - r->experts.x_lo) * expert_params(c, u);
-    fsdp_init(&r->expert_fsdp, r->zero, r->prefetch, &r->grid.axis[EXPERT_DATA], size, n_units(c), o->opt.adamw);
-    Plan* p = &r->plan;
-    p->rows = mb_rows; // the most rows a replica takes of a microbatch
-    p->pos_rank = callocCheck(T, sizeof(int)), p->pos_at = mallocCheck(sizeof(int) * T);
-    for (int q = 0; q < C; q++)
-        for (int i = 0; i < Tq; i++) {
-            int t = C > 1 ? cp_pos_of(&r->context, q)[i] : i;
-            p->pos_rank[t] = q, p->pos_at[t] = i;
-        }
-    long all = (long)r->grid.D * C * p->rows * Tq * c->top_k;
-    p->choices = mallocCheck(sizeof(int) * all), p->keep = mallocCheck(all);
-    p->counts = mallocCheck(sizeof(int) * c->top_k * c->experts);
+    int chunks = r->zigzag ? 2 * g->C : g->C;
+    if (g->T > r->ds.vocab)
+        dist_exit(2, RUN_LINE, "--tp %d but a vocabulary of %d tokens: every tensor-parallel rank needs at least one",
+                  g->T, r->ds.vocab);
+    if (g->C > 1 && c->context % chunks != 0)
+        dist_exit(2, RUN_LINE, "--cp %d and %d positions: the %s split cuts T into %d equal chunks, so %d must divide T "
+                  "(pass --context)", g->C, c->context, r->zigzag ? "zigzag" : "contiguous", chunks, chunks);
+    if (g->C > 1 && r->comm == CP_ALLTOALL && c->heads / g->T % g->C != 0)
+        dist_exit(2, RUN_LINE, "--cp %d with --cp-comm alltoall and %d heads a tensor-parallel rank (--heads %d / --tp %d): "
+                  "Ulysses gives each context-parallel rank whole heads of those, so --cp must divide %d: %s (or use "
+                  "--cp-comm ring)", g->C, c->heads / g->T, c->heads, g->T, c->heads / g->T,
+                  ulysses_fits(c->heads / g->T, c->context, r->zigzag, "--cp"));
+}
+
+// This rank's stage, its tensor-parallel slices (at its positions, with --cp), their ZeRO
+// shards, its experts, the weights (a checkpoint's with --load) and the pipeline. Returns
+// the step the checkpoint ended at (0 without one).
+static long grid_model_init(Run* r, const Options* o) {
+    Config* cfg = &r->cfg;
+    Grid* g = &r->grid;
+    pp_split(cfg, g->P * r->V, r->first);
+    long first;
+    int mb_rows = microbatch_rows(o->batch, r->M, 0, g->D, 0, &first); // the most rows a rank takes at once
+    int rows = pass_rows(o, mb_rows); // a microbatch, or a validation or sampling pass
+    tp_init(&r->tensor, &g->axis[TENSOR], cfg, rows, r->sp);
+    if (g->C > 1) { // the context axis inside the tensor block: its positions, and attention across them
+        cp_init(&r->context, &g->axis[CONTEXT], cfg, rows, r->comm, r->zigzag, 0);
+        r->tensor.dims.Tq = r->context.Tq, r->tensor.dims.pos = r->context.dims.pos;
+        r->tensor.hooks = (TpHooks){grid_attend, grid_attend_backward, r};
+    }
+    tp_sizes(&r->tensor, cfg, &r->sizes);
+    long slice_size[MAX_LAYERS + 2] = {0}; // ZeRO shards the slices of this rank's chunks; other units are empty
+    for (int v = 0; v < r->V; v++)
+        for (int k = chunk_global(r->sched, g->P, g->stage, v), u = r->first[k]; u < r->first[k + 1]; u++)
+            slice_size[u] = r->tensor.size[u];
+    fsdp_init(&r->fsdp, r->zero, r->prefetch, &g->axis[DATA], slice_size, n_units(cfg), o->opt.adamw);
+    if (cfg->experts) grid_experts_init(r, o, mb_rows);
+    grid_holding(r, o->opt.adamw);
+    long start = grid_load(r, o);
+    fsdp_gather_params(&r->fsdp);
+    if (cfg->experts) fsdp_gather_params(&r->expert_fsdp);
+    PpPlan plan = {.sched = r->sched, .V = r->V, .M = r->M, .first = r->first, .batch = o->batch, .pass_capacity = rows};
+    pp_init(&r->pipe, &g->axis[PIPELINE], cfg, plan,
+            (PpPlug){g->D, g->replica, &r->sizes, {stage_forward, stage_backward, stage_backward_weight, r}});
+    workspace_init(&r->ws, rows, max_width(cfg), max_linear_weight(cfg));
+    r->n_spans = grid_grad_spans(r, r->spans);
+    return start;
+}
+
+// The run's layout in words, for the first lines it prints.
+static void grid_layout(const Run* r, char* layout, int size) {
+    const Grid* g = &r->grid;
+    const Config* cfg = &r->cfg;
+    int at = snprintf(layout, size, "grid of %d tensor x ", g->T);
+    if (g->C > 1) at += snprintf(layout + at, size - at, "%d context x ", g->C);
+    at += snprintf(layout + at, size - at, "%d pipeline x %d data = %d ranks; ZeRO stage %d; %d microbatch%s, %s",
+                   g->P, g->D, world_size, r->zero, r->M, r->M > 1 ? "es" : "", schedule_names[r->sched]);
+    if (g->C > 1)
+        at += snprintf(layout + at, size - at, "; attention by %s, %s split", cp_comm_names[r->comm],
+                       r->zigzag ? "zigzag" : "contiguous");
+    if (r->sp) at += snprintf(layout + at, size - at, "; sequence parallel");
+    if (cfg->recompute) at += snprintf(layout + at, size - at, "; %s recomputation", recompute_names[cfg->recompute]);
+    if (cfg->experts)
+        snprintf(layout + at, size - at, "; expert parallel over %d of the data-parallel ranks (%d experts a "
+                 "block, top-%d)", g->E, cfg->experts, cfg->top_k);
+}
+
+static void run_free(Run* r) {
+    dataset_free(&r->ds), fsdp_free(&r->fsdp), tp_free(&r->tensor), pp_free(&r->pipe), workspace_free(&r->ws);
+    if (r->context.pos) cp_free(&r->context);
+    if (r->cfg.experts) fsdp_free(&r->expert_fsdp), ep_free(&r->experts);
+    if (r->plan) free(r->plan->pos_rank), free(r->plan->pos_at), free(r->plan->choices), free(r->plan->keep), free(r->plan->counts);
+    free(r->plan);
 }
 
 // ----------------------------------------------------------------------------
@@ -804,8 +944,6 @@ static void grid_experts_init(Run* r, const Options* o, int mb_rows) {
 
 int main(int argc, char** argv) {
     dist_init(&argc, &argv);
-
-    // options
     Options o;
     Run run = {.zero = 3, .M = 4, .sched = SCHEDULE_1F1B, .comm = CP_RING, .zigzag = 1};
     dist_parse_or_exit(&o, argc, argv, RUN_LINE, grid_flags, 14, grid_flag, &run);
@@ -813,105 +951,21 @@ int main(int argc, char** argv) {
     grid_resolve(&run, &o);
     Grid* g = &run.grid;
     grid_init(g); // the coordinates and the axes' groups
-
-    // data
     load_data(&run.ds, &o, &run.cfg);
-    if (g->T > run.ds.vocab)
-        dist_exit(2, RUN_LINE, "--tp %d but a vocabulary of %d tokens: every tensor-parallel rank needs at least one",
-                  g->T, run.ds.vocab);
-    if (g->C > 1 && run.cfg.context % (run.zigzag ? 2 * g->C : g->C) != 0)
-        dist_exit(2, RUN_LINE, "--cp %d and %d positions: the %s split cuts T into %d equal chunks, so %d must divide T "
-                  "(pass --context)", g->C, run.cfg.context, run.zigzag ? "zigzag" : "contiguous",
-                  run.zigzag ? 2 * g->C : g->C, run.zigzag ? 2 * g->C : g->C);
-    if (g->C > 1 && run.comm == CP_ALLTOALL && run.cfg.heads / g->T % g->C != 0)
-        dist_exit(2, RUN_LINE, "--cp %d with --cp-comm alltoall and %d heads a tensor-parallel rank (--heads %d / --tp %d): "
-                  "Ulysses gives each context-parallel rank whole heads of those, so --cp must divide %d: %s (or use "
-                  "--cp-comm ring)", g->C, run.cfg.heads / g->T, run.cfg.heads, g->T, run.cfg.heads / g->T,
-                  ulysses_fits(run.cfg.heads / g->T, run.cfg.context, run.zigzag, "--cp"));
-
-    // model: this rank's stage, its tensor-parallel slices, their ZeRO shards
-    Config* cfg = &run.cfg;
-    pp_split(cfg, g->P * run.V, run.first);
-    long first;
-    int mb_rows = microbatch_rows(o.batch, run.M, 0, g->D, 0, &first); // the most rows a rank takes at once
-    int rows = pass_rows(&o, mb_rows); // a microbatch, or a validation or sampling pass
-    tp_init(&run.tensor, &g->axis[TENSOR], cfg, rows, run.sp);
-    if (g->C > 1) { // the context axis inside the tensor block: its positions, and attention across them
-        cp_init(&run.context, &g->axis[CONTEXT], cfg, rows, run.comm, run.zigzag, 0);
-        run.tensor.dims.Tq = run.context.Tq, run.tensor.dims.pos = run.context.dims.pos;
-        run.tensor.hooks = (TpHooks){grid_attend, grid_attend_backward, &run};
-    }
-    tp_sizes(&run.tensor, cfg, &run.sizes);
-    long slice_size[MAX_LAYERS + 2] = {0}; // ZeRO shards the slices of this rank's chunks; other units are empty
-    for (int v = 0; v < run.V; v++)
-        for (int k = chunk_global(run.sched, g->P, g->stage, v), u = run.first[k]; u < run.first[k + 1]; u++)
-            slice_size[u] = run.tensor.size[u];
-    fsdp_init(&run.fsdp, run.zero, run.prefetch, &g->axis[DATA], slice_size, n_units(cfg), o.opt.adamw);
-    if (cfg->experts) grid_experts_init(&run, &o, mb_rows);
-    grid_holding(&run, o.opt.adamw);
-    long start = grid_load(&run, &o);
-    fsdp_gather_params(&run.fsdp);
-    if (cfg->experts) fsdp_gather_params(&run.expert_fsdp);
-    PpPlan plan = {.sched = run.sched, .V = run.V, .M = run.M, .first = run.first, .batch = o.batch, .pass_capacity = rows};
-    pp_init(&run.pipe, &g->axis[PIPELINE], cfg, plan,
-            (PpPlug){g->D, g->replica, &run.sizes, {stage_forward, stage_backward, stage_backward_weight, &run}});
-    workspace_init(&run.ws, rows, max_width(cfg), max_linear_weight(cfg));
+    grid_check_data(&run);
+    long start = grid_model_init(&run, &o);
     char layout[320];
-    int at = snprintf(layout, sizeof layout, "grid of %d tensor x ", g->T);
-    if (g->C > 1) at += snprintf(layout + at, sizeof layout - at, "%d context x ", g->C);
-    at += snprintf(layout + at, sizeof layout - at, "%d pipeline x %d data = %d ranks; ZeRO stage %d; %d microbatch%s, %s",
-                   g->P, g->D, world_size, run.zero, run.M, run.M > 1 ? "es" : "", schedule_names[run.sched]);
-    if (g->C > 1)
-        at += snprintf(layout + at, sizeof layout - at, "; attention by %s, %s split", cp_comm_names[run.comm],
-                       run.zigzag ? "zigzag" : "contiguous");
-    if (run.sp) at += snprintf(layout + at, sizeof layout - at, "; sequence parallel");
-    if (cfg->recompute) at += snprintf(layout + at, sizeof layout - at, "; %s recomputation", recompute_names[cfg->recompute]);
-    if (cfg->experts)
-        snprintf(layout + at, sizeof layout - at, "; expert parallel over %d of the data-parallel ranks (%d experts a "
-                 "block, top-%d)", g->E, cfg->experts, cfg->top_k);
+    grid_layout(&run, layout, sizeof layout);
     if (!o.quiet && world_rank == 0) {
         print_config(&o, &run.ds, layout);
         grid_print(&run, o.batch);
     }
 
-    // training loop
-    int B = o.batch, last = g->axis[PIPELINE].rank == pp_last_rank(&run.pipe);
-    GradSpan spans[2 * (MAX_LAYERS + 2)];
-    int n_spans = grid_grad_spans(&run, spans), moe = cfg->experts > 0;
     Progress progress = progress_start(&o, world_rank == 0, grid_save, &run, dist_any);
     for (long step = start + 1; step <= o.steps; step++) {
         step_begin(&progress, step);
-        Rows batch = training_rows(&run.ds, o.seed, step, 0); // the pipeline takes its replica's share of each microbatch
-        fsdp_zero_grads(&run.fsdp);
-        if (moe) fsdp_zero_grads(&run.expert_fsdp);
-        run.training = 1, run.aux = 0;
-        int64_t loss = pp_step(&run.pipe, &batch); // the schedule: each stage's units tensor-parallel and sharded
-        run.training = 0;
-        fsdp_reduce_grads(&run.fsdp);              // ZeRO-1 only: the whole slice's gradients, once the schedule is done
-        if (moe) fsdp_reduce_grads(&run.expert_fsdp);
-        if (last) group_allreduce(&g->axis[DATA], &loss, 1, MPI_INT64_T, MPI_SUM); // every replica's rows and positions
-        if (g->tp == 0 && g->axis[DATA].rank == 0) pp_loss_to_first(&run.pipe, &loss); // to world rank 0, which prints
-        long n = dataset_batch_targets(&run.ds, o.seed, step, B); // the loss is the mean over n targets
-        if (moe) { // the load-balancing loss: every token's terms, once (tensor-parallel rank 0's), reported apart
-            int64_t aux = g->tp == 0 ? run.aux : 0;
-            group_allreduce(&g->world, &aux, 1, MPI_INT64_T, MPI_SUM);
-            progress.aux = fix_to(aux) / n;
-        }
-        // the gradient norm, over the whole grid: the largest gradient on any rank sets the
-        // fixed-point scale 2^e, then the squares add exactly, each element on one rank only
-        float scale = 1.0f;
-        if (o.opt.clip > 0) {
-            float maxabs = spans_maxabs(spans, n_spans, n);
-            group_allreduce(&g->world, &maxabs, 1, MPI_FLOAT, MPI_MAX);
-            int e;
-            frexpf(maxabs, &e);
-            int64_t sumsq = spans_sumsq(spans, n_spans, n, e);
-            group_allreduce(&g->world, &sumsq, 1, MPI_INT64_T, MPI_SUM);
-            scale = clip_from_sumsq(&o.opt, sumsq, e);
-        }
-        fsdp_step(&run.fsdp, &o.opt, grad_factor(n), scale, step);
-        if (moe) fsdp_step(&run.expert_fsdp, &o.opt, grad_factor(n), scale, step);
-        if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
+        double loss = train_step(&run, &o, &progress, step);
+        if (step_end(&progress, step, loss, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);
 
