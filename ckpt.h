@@ -320,6 +320,31 @@ static const char* ckpt_programs(const CkptHeader* h) {
                                  : "train.c, train_dp, train_fsdp, train_tp, train_pp or train_3d";
 }
 
+// The settings a checkpoint was trained with that this run does not have, as ' --flag old
+// (now new);' items in diff (empty if none): what a resume must keep to continue that run.
+static size_t ckpt_settings_diff(const CkptHeader* h, const Config* c, const Options* o, const Dataset* ds, char* diff,
+                                 size_t cap) {
+    size_t n = 0;
+    diff[0] = 0;
+#define CKPT_DIFF(cond, ...) if (cond) n += (size_t)snprintf(diff + n, n < cap ? cap - n : 0, __VA_ARGS__)
+    CKPT_DIFF(h->seed != o->seed, " --seed %llu (now %llu);", (unsigned long long)h->seed, (unsigned long long)o->seed);
+    CKPT_DIFF(h->batch != o->batch, " --batch %d (now %d);", h->batch, o->batch);
+    CKPT_DIFF(h->lr != o->opt.lr, " --lr %g (now %g);", h->lr, o->opt.lr);
+    CKPT_DIFF(h->weight_decay != o->opt.weight_decay, " --weight-decay %g (now %g);", h->weight_decay, o->opt.weight_decay);
+    CKPT_DIFF(h->clip != o->opt.clip, " --clip %g (now %g);", h->clip, o->opt.clip);
+    CKPT_DIFF(h->beta1 != o->opt.beta1 || h->beta2 != o->opt.beta2 || h->eps != o->opt.eps, " AdamW's betas or eps;");
+    CKPT_DIFF(h->data_sum != ds->checksum, " the data file's contents;");
+    CKPT_DIFF(c->experts > 0 && h->top_k != c->top_k, " --top-k %d (now %d);", h->top_k, c->top_k);
+    CKPT_DIFF(c->experts > 0 && h->capacity != c->capacity, " --capacity %g (now %g);", h->capacity, c->capacity);
+    CKPT_DIFF(c->experts > 0 && h->aux_loss != c->aux_loss, " --aux-loss %g (now %g);", h->aux_loss, c->aux_loss);
+    // a dense model's microbatches change nothing (exact sums); an expert's capacity and
+    // balancing loss are a microbatch's, so the microbatches decide its result
+    CKPT_DIFF(c->experts > 0 && h->microbatches && h->microbatches != o->microbatches, " --microbatches %d (now %d);",
+              h->microbatches, o->microbatches);
+#undef CKPT_DIFF
+    return n;
+}
+
 // Refuses a checkpoint that does not fit this run, naming every difference.
 static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* c, const Options* o, const Dataset* ds) {
     if (h->model != c->model)
@@ -358,27 +383,47 @@ static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* 
     if (o->steps < h->step)
         fatal("checkpoint '%s' is at step %lld, past --steps %ld: this run would train nothing; pass --steps %lld or "
               "more (%lld only evaluates)", path, (long long)h->step, o->steps, (long long)h->step, (long long)h->step);
-    char diff[768] = "";
-    size_t n = 0;
-#define CKPT_DIFF(cond, ...) if (cond) n += (size_t)snprintf(diff + n, n < sizeof diff ? sizeof diff - n : 0, __VA_ARGS__)
-    CKPT_DIFF(h->seed != o->seed, " --seed %llu (now %llu);", (unsigned long long)h->seed, (unsigned long long)o->seed);
-    CKPT_DIFF(h->batch != o->batch, " --batch %d (now %d);", h->batch, o->batch);
-    CKPT_DIFF(h->lr != o->opt.lr, " --lr %g (now %g);", h->lr, o->opt.lr);
-    CKPT_DIFF(h->weight_decay != o->opt.weight_decay, " --weight-decay %g (now %g);", h->weight_decay, o->opt.weight_decay);
-    CKPT_DIFF(h->clip != o->opt.clip, " --clip %g (now %g);", h->clip, o->opt.clip);
-    CKPT_DIFF(h->beta1 != o->opt.beta1 || h->beta2 != o->opt.beta2 || h->eps != o->opt.eps, " AdamW's betas or eps;");
-    CKPT_DIFF(h->data_sum != ds->checksum, " the data file's contents;");
-    CKPT_DIFF(c->experts > 0 && h->top_k != c->top_k, " --top-k %d (now %d);", h->top_k, c->top_k);
-    CKPT_DIFF(c->experts > 0 && h->capacity != c->capacity, " --capacity %g (now %g);", h->capacity, c->capacity);
-    CKPT_DIFF(c->experts > 0 && h->aux_loss != c->aux_loss, " --aux-loss %g (now %g);", h->aux_loss, c->aux_loss);
-    // a dense model's microbatches change nothing (exact sums); an expert's capacity and
-    // balancing loss are a microbatch's, so the microbatches decide its result
-    CKPT_DIFF(c->experts > 0 && h->microbatches && h->microbatches != o->microbatches, " --microbatches %d (now %d);",
-              h->microbatches, o->microbatches);
-#undef CKPT_DIFF
+    char diff[768];
+    size_t n = ckpt_settings_diff(h, c, o, ds, diff, sizeof diff);
     if (n > 0 && !o->allow_changes)
         fatal("checkpoint '%s' was trained with other settings:%s resuming would not continue that run. Pass the "
               "same flags, or --allow-changes to change them deliberately", path, diff);
+}
+
+// A checkpoint at --save's path, or at a name its rotation renames (FILE.1 .. FILE.K-1), that
+// --load would refuse for this run (another model, or other settings, its step aside) is
+// another run's result, which this run's saves would destroy: refused before training.
+// The --load file itself is this run's.
+static void ckpt_check_save_target(const Options* o, const Config* c, const Dataset* ds) {
+    for (int k = 0; o->save && k < o->keep; k++) {
+        char file[4200], why[512], diff[768] = "";
+        if (k == 0) snprintf(file, sizeof file, "%s", o->save);
+        else snprintf(file, sizeof file, "%s.%d", o->save, k);
+        if ((o->load && same_file(file, o->load)) || path_holds(file, ckpt_recognise) != PATH_OURS) continue;
+        FILE* f = fopen(file, "rb");
+        CkptHeader h = {0};
+        uint64_t sum = FNV_START;
+        if (!f || ckpt_parse_header(f, &h, &sum, why, sizeof why)) {
+            if (f) fclose(f);
+            continue; // it changed since cli.h's check; the save's own checks see to it
+        }
+        fclose(f);
+        const char* other = h.model != c->model ? (h.model == MODEL_GPT ? "of the GPT" : "of the MLP")
+                            : h.experts != c->experts ? "of another number of experts"
+                            : (h.vocab != c->vocab || h.context != c->context || h.emb != c->emb || h.hidden != c->hidden ||
+                               h.layers != c->layers || (is_gpt(c) && h.heads != c->heads) || h.n_params != n_params(c) ||
+                               ckpt_vocab_differs(&h, ds) >= 0) ? "of another model"
+                            : h.adamw != o->opt.adamw ? (h.adamw ? "with AdamW's state" : "with SGD's state")
+                            : NULL;
+        if (!other && ckpt_settings_diff(&h, c, o, ds, diff, sizeof diff) > 0 && !o->allow_changes)
+            other = "trained with other settings:";
+        if (diff[0]) diff[strlen(diff) - 1] = 0; // the last item's ';'
+        ckpt_header_free(&h);
+        if (other)
+            fatal("--save '%s'%s%s holds another run's checkpoint (step %lld, %s%s), which this run's saves would "
+                  "replace: save to another file, or remove it first", o->save, k ? ": its rotation's " : "", k ? file : "",
+                  (long long)h.step, other, other[strlen(other) - 1] == ':' ? diff : "");
+    }
 }
 
 // Writes the header, then the floats the caller hands it, then the checksum, to a
@@ -554,6 +599,7 @@ static long holding_load(const Holding* h, const Options* o, const Dataset* ds, 
         ckpt_read_header(f, path, &hd, &sum);
         ckpt_check_fit(&hd, path, c, o, ds);
     }
+    ckpt_check_save_target(o, c, ds);
     for (int part = 0; part < (path && o->opt.adamw ? 3 : 1); part++)
         for (int u = 0; u < n_units(c); u++) {
             long count = unit_params(c, u);

@@ -58,6 +58,7 @@ MPIRUN=tools/mpirun
 reference() {
     local tag=$1
     shift
+    fresh "$TMP/$tag.ckpt" # a tag may be used again, for another run
     run "$TMP/$tag.out" ./train "$@" --quiet --log "$TMP/$tag.csv" --save "$TMP/$tag.ckpt"
 }
 # same_as TAG NAME COMMAND...: the command (a program with the flags of reference TAG) logs
@@ -66,7 +67,8 @@ reference() {
 same_as() {
     local tag=$1 name=$2
     shift 2
-    rm -f "$TMP/x.csv" # a resumed run continues its own run's log, and refuses another run's
+    rm -f "$TMP/x.csv" # a run refuses to replace another run's log or checkpoint
+    fresh "$TMP/x.ckpt"
     run "$TMP/x.out" "$@" --quiet --log "$TMP/x.csv" --save "$TMP/x.ckpt"
     local status=$?
     if [ $status != 0 ]; then
@@ -78,6 +80,12 @@ same_as() {
     else
         pass "$name"
     fi
+}
+# fresh FILE...: removes checkpoints (and their rotation's FILE.1) that a test is about to write
+# for another run: a save refuses to replace another run's checkpoint
+fresh() {
+    local f
+    for f in "$@"; do rm -f "$f" "$f.1"; done
 }
 # the validation loss a run printed
 val_loss() { sed -n 's/^validation loss \([0-9.]*\).*/\1/p' "$1"; }
@@ -111,8 +119,12 @@ costmodel_inputs() {
         sed "$3" "$good" >"$bad"
         expect_error 1 "$1" "costmodel: $2" -- $C "$bad" $shape
     }
-    cluster_bad "cluster.txt:$(line efficiency): efficiency must be a decimal number above 0 and at most 1, got 'nan'" \
+    cluster_bad "cluster.txt:$(line efficiency): efficiency must be a decimal number from 0.001 and at most 1, got 'nan'" \
         "a cluster file's 'efficiency nan' is refused, naming the line" 's/^efficiency .*/efficiency nan/'
+    cluster_bad "attention_efficiency must be a decimal number from 0.001 and at most 1, got '1e-30'" \
+        "a cluster file's absurd 'attention_efficiency 1e-30' is refused (it gave step_s=3.75e22; audit 5: G37)" 's/^attention_efficiency .*/attention_efficiency 1e-30/'
+    expect_error 2 "BETA \(bytes/s\) must be a decimal number from 1000" "costmodel: replay refuses an absurd BETA of 1e-300 bytes/s (audit 5: F142)" \
+        -- tools/costmodel replay /dev/null 1e-5 1e-300
     cluster_bad "cluster.txt:$(line nodes): nodes must be an integer from 1 and at most 1e\+06, got '0'" \
         "a cluster file's 'nodes 0' is refused, naming the line" 's/^nodes .*/nodes 0/'
     cluster_bad "cluster.txt:$(line flops): flops must be a decimal number above 0 .*, got '-5'" \
@@ -145,6 +157,12 @@ costmodel_inputs() {
         "costmodel: a layout rank does not consider (--tp 3 of 8 heads) is refused, not dropped" -- $C $good $shape --tp 3 --pp 16
     expect_error 2 "TP 8 x CP 1 x PP 4 does not divide the 24 devices" "costmodel: predict refuses a layout that does not cover the devices" \
         -- tools/costmodel predict $good $shape --tp 8 --pp 4 --devices 24
+    expect_error 2 "--cp-exchange applies to a layout with CP: give --cp above 1" \
+        "costmodel: predict refuses --cp-exchange without CP, as the programs refuse --cp-comm without --cp (audit 5: F129)" \
+        -- tools/costmodel predict $good $shape --tp 8 --pp 4 --devices 32 --cp-exchange ring
+    expect_error 2 "compute times train.c's step .*--save does not apply" \
+        "costmodel: compute refuses an output flag it would never write (audit 5: F98)" -- tools/costmodel compute --save "$TMP/c.ckpt" --steps 5
+    expect_error 2 "--summary does not apply" "costmodel: ... also given as --summary=FILE" -- tools/costmodel compute --summary="$TMP/c.sum"
     expect_error 2 "--tokens 1000 is not a whole number of sequences of --seq 256" "costmodel: a step of part of a sequence is refused" \
         -- $C $good ${shape/65536/1000}
     expect_error 2 "the model needs --heads" "costmodel: a shape without its heads is refused" -- $C $good ${shape/--heads 8/}
@@ -161,11 +179,11 @@ costmodel_inputs() {
     local mlp_model
     mlp_model=$(grep '^model=' "$TMP/cm.sum")
     printf '%s\nonce_ms=0\nrows=1 ms=0.01\nrows=64 ms=0.5\n' "$mlp_model" >"$TMP/cm.compute"
-    expect_error 2 "BETA \(bytes/s\) must be a decimal number above 0 .*, got '1e8x'" "costmodel: an unreadable link speed is refused" \
+    expect_error 2 "BETA \(bytes/s\) must be a decimal number from 1000 .*, got '1e8x'" "costmodel: an unreadable link speed is refused" \
         -- tools/costmodel replay "$TMP/cm.sum" 1e-5 1e8x "$TMP/cm.compute"
     expect_error 2 "ALPHA \(seconds\) must be a decimal number from 0 .*, got 'nan'" "costmodel: a link latency of nan is refused" \
         -- tools/costmodel replay "$TMP/cm.sum" nan 1e8 "$TMP/cm.compute"
-    expect_error 2 "BETA \(bytes/s\) must be a decimal number above 0 and at most 1e\+14, got '1.0486e\+15'" \
+    expect_error 2 "BETA \(bytes/s\) must be a decimal number from 1000 and at most 1e\+14, got '1.0486e\+15'" \
         "costmodel: a link speed tools/pingpong could not measure (2^20 B / 1 ns) is refused" \
         -- tools/costmodel replay "$TMP/cm.sum" 3.998e-03 1.0486e+15 "$TMP/cm.compute"
     printf '%s\nonce_ms=0\nrows=1 ms=0.01\nrows=64 ms=abc\n' "$mlp_model" >"$TMP/cm.compute"
@@ -639,6 +657,7 @@ section_train() {
 section_checkpoint() {
     local p=./train
     for opt in sgd adamw; do
+        fresh "$TMP/full.ckpt" "$TMP/half.ckpt" "$TMP/resumed.ckpt" # the other optimizer's run's
         run "$TMP/c1" $p --steps 200 --optimizer $opt --save "$TMP/full.ckpt" --quiet
         run "$TMP/c2" $p --steps 120 --optimizer $opt --save "$TMP/half.ckpt" --quiet
         run "$TMP/c3" $p --steps 200 --optimizer $opt --load "$TMP/half.ckpt" --save "$TMP/resumed.ckpt" --quiet
@@ -697,6 +716,7 @@ PY
         local old="--context 3 --emb 2 --hidden 4 --samples 3 --quiet" opt
         for opt in "--optimizer adamw" "--experts 2"; do
             local file=tests/old/format3_$([ "$opt" = "--experts 2" ] && echo experts || echo adamw).ckpt
+            fresh "$TMP/o40.ckpt" "$TMP/o3.ckpt" "$TMP/o2r.ckpt"
             run "$TMP/o40.out" $p $old $opt --steps 40 --save "$TMP/o40.ckpt" --log "$TMP/o40.csv"
             run "$TMP/o3.out" $p $old $opt --steps 40 --load $file --save "$TMP/o3.ckpt"
             poke $file "$TMP/o2.ckpt" v2
@@ -714,6 +734,7 @@ PY
         done
         # format 4 still reads, its microbatches unknown: tests/old/format4_experts.ckpt is commit
         # c8074e0's train --context 3 --emb 2 --hidden 4 --experts 2 --steps 20
+        fresh "$TMP/o40.ckpt"
         run "$TMP/o40.out" $p $old --experts 2 --steps 40 --save "$TMP/o40.ckpt" --log "$TMP/o40.csv"
         run "$TMP/o4.out" $p $old --experts 2 --steps 40 --load tests/old/format4_experts.ckpt --save "$TMP/o4.ckpt"
         check "checkpoint: a format 4 checkpoint (before the microbatches) resumes as a run never stopped, and is saved again in format 5" \
@@ -735,6 +756,21 @@ PY
         poke "$TMP/gpt.ckpt" "$TMP/gpt2.ckpt" heads
         expect_error 1 "is of a GPT with 2 attention heads and this run's has 4: pass --heads 2" "checkpoint: the heads are read from the header" -- $p $gpt --load "$TMP/gpt2.ckpt" --steps 10
         expect_error 0 "validation loss" "checkpoint: the GPT's checkpoint resumes with the same flags" -- $p $gpt --load "$TMP/gpt.ckpt" --steps 10
+        # another run's checkpoint at --save's path is a user's result: refused before step 1, the file
+        # untouched (audit 5: item 8); this run's own (the same model and settings) is replaced
+        cp "$TMP/gpt.ckpt" "$TMP/precious.ckpt"
+        expect_error 1 "save '$TMP/precious.ckpt' holds another run's checkpoint \(step 5, of the GPT\)" \
+            "checkpoint: --save over another model's checkpoint is refused before step 1 (audit 5: K49)" -- $p --steps 3 --save "$TMP/precious.ckpt" --save-every 1
+        check "checkpoint: ... and the checkpoint is untouched" cmp "$TMP/gpt.ckpt" "$TMP/precious.ckpt"
+        expect_error 1 "holds another run's checkpoint \(step 5, trained with other settings: --seed 42 \(now 7\)\)" \
+            "checkpoint: --save over a checkpoint of other settings is refused, naming them (audit 5: K50)" -- $p $gpt --seed 7 --steps 3 --save "$TMP/precious.ckpt"
+        fresh "$TMP/mine.ckpt"
+        cp "$TMP/s120.ckpt" "$TMP/mine.ckpt.1"
+        expect_error 1 "save '$TMP/mine.ckpt': its rotation's $TMP/mine.ckpt.1 holds another run's checkpoint \(step 120, of the MLP\)" \
+            "checkpoint: --save refuses when its rotation would replace another run's checkpoint (FILE.1)" -- $p $gpt --steps 3 --save "$TMP/mine.ckpt"
+        expect_error 0 "validation loss" "checkpoint: ... but not with --keep 1, which leaves FILE.1 alone" -- $p $gpt --steps 3 --save "$TMP/mine.ckpt" --keep 1
+        expect_error 0 "validation loss" "checkpoint: --save replaces a checkpoint of the same run at another step" -- $p $gpt --steps 4 --save "$TMP/precious.ckpt"
+        expect_error 1 "holds another run's checkpoint" "checkpoint: every rank refuses it once (train_dp)" -- $MPIRUN -n 2 ./train_dp --steps 2 --save "$TMP/precious.ckpt"
         # a header whose checksum is right but whose fields no run writes is corrupt, naming the
         # field, not advice no one can follow ("pass --heads 0") (issue 36: 9)
         local field
@@ -1267,7 +1303,7 @@ section_fsdp() {
     same_as fsdp_odd "fsdp: ZeRO-3 --prefetch, 27 rows on 4 ranks, L=3, clipping, same as train.c" \
         $MPIRUN -n 4 ./train_fsdp --prefetch $flags
     same_as fsdp_odd "fsdp: ZeRO-2 resumed from a train.c checkpoint, same as train.c" \
-        bash -c "./train ${flags/--steps 150/--steps 90} --quiet --save $TMP/half.ckpt >/dev/null &&
+        bash -c "rm -f $TMP/half.ckpt $TMP/half.ckpt.1 && ./train ${flags/--steps 150/--steps 90} --quiet --save $TMP/half.ckpt >/dev/null &&
                  $MPIRUN -n 3 ./train_fsdp --zero 2 $flags --load $TMP/half.ckpt \"\$@\"" _
     # shards of several ring pieces (dist.h), each added into the shard's sums as it arrives
     flags="--steps 6 --eval-every 0 --emb 10 --hidden 2090 --optimizer adamw"
@@ -1307,7 +1343,7 @@ section_tp() {
     reference tp_odd $flags
     same_as tp_odd "tp: 3 ranks, hidden 50 (padded to 51), clipping, same as train.c" $MPIRUN -n 3 ./train_tp $flags
     same_as tp_odd "tp: 4 ranks resumed from a train.c checkpoint, same as train.c" \
-        bash -c "./train ${flags/--steps 120/--steps 70} --quiet --save $TMP/half.ckpt >/dev/null &&
+        bash -c "rm -f $TMP/half.ckpt $TMP/half.ckpt.1 && ./train ${flags/--steps 120/--steps 70} --quiet --save $TMP/half.ckpt >/dev/null &&
                  $MPIRUN -n 4 ./train_tp $flags --load $TMP/half.ckpt \"\$@\"" _
     expect_error 2 "5 ranks but a hidden size of 4" "tp: more ranks than hidden units is refused" -- $MPIRUN -n 5 ./train_tp --hidden 4
     expect_error 2 "unknown flag '--schedule'" "tp: a flag of another program is refused" -- $MPIRUN -n 2 ./train_tp --schedule 1f1b
@@ -1351,7 +1387,7 @@ section_pp() {
     same_as pp_odd "pp: 29 rows in 8 microbatches, clipping across stages, same as train.c" \
         $MPIRUN -n 4 ./train_pp $flags --microbatches 8
     same_as pp_odd "pp: resumed from a train.c checkpoint, same as train.c" \
-        bash -c "./train ${flags/--steps 60/--steps 25} --quiet --save $TMP/half.ckpt >/dev/null &&
+        bash -c "rm -f $TMP/half.ckpt $TMP/half.ckpt.1 && ./train ${flags/--steps 60/--steps 25} --quiet --save $TMP/half.ckpt >/dev/null &&
                  $MPIRUN -n 3 ./train_pp $flags --microbatches 3 --schedule gpipe --load $TMP/half.ckpt \"\$@\"" _
     run "$TMP/tl" $MPIRUN -n 3 ./train_pp --layers 2 --microbatches 4 --steps 5 --samples 0 --timeline
     check "pp: --timeline draws one row per stage, with every microbatch's forward and backward" \
@@ -1555,7 +1591,7 @@ section_3d() {
         $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --prefetch ${flags/--eval-every 0/--eval-every 20}
     reference 3d_odd $flags
     same_as 3d_odd "3d: 2 x 2 x 2 resumed from a train.c checkpoint, same as train.c" \
-        bash -c "./train ${flags/--steps 40/--steps 15} --quiet --save $TMP/half.ckpt >/dev/null &&
+        bash -c "rm -f $TMP/half.ckpt $TMP/half.ckpt.1 && ./train ${flags/--steps 40/--steps 15} --quiet --save $TMP/half.ckpt >/dev/null &&
                  $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 $flags --load $TMP/half.ckpt \"\$@\"" _
     same_as 3d_odd "3d: --tp 2 --pp 2 on 8 ranks leaves --dp 2, same as train.c" \
         $MPIRUN -n 8 ./train_3d --tp 2 --pp 2 $flags

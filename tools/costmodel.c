@@ -325,6 +325,16 @@ static double predict_run(const Run* r, const Table* t, int cores, Links k, doub
 
 // train.c's step by rows 1, 2, 4, ..., 64, for the model of train.c's flags (argv[0]: "compute")
 static Table measure_table(int argc, char** argv) {
+    // compute only times steps: a flag that names an output or a checkpoint would be ignored
+    static const char* unused[] = {"--save", "--log", "--summary", "--trace", "--load", "--save-every", "--keep",
+                                   "--log-overwrite", "--allow-changes"};
+    for (int i = 1; i < argc; i++)
+        for (size_t k = 0; k < sizeof unused / sizeof *unused; k++) {
+            size_t n = strlen(unused[k]);
+            if (!strncmp(argv[i], unused[k], n) && (argv[i][n] == 0 || argv[i][n] == '='))
+                usage_error("compute times train.c's step for the model its flags give, and writes nothing but the "
+                            "table to stdout: %s does not apply", unused[k]);
+        }
     Options o;
     cli_parse_or_exit(&o, argc, argv, "tools/costmodel compute", NULL, 0, NULL, NULL);
     Config c;
@@ -967,6 +977,8 @@ static Request parse_request(int argc, char** argv, const Cluster* c, int rank) 
     if (GIVEN(&q, "dp") && l->dp && (int)VAL("dp") != l->dp)
         usage_error("--dp %d: TP %d x CP %d x PP %d on %d devices leaves DP %d", (int)VAL("dp"), l->tp, l->cp, l->pp, q.devices, l->dp);
     if (!rank && l->tp == 1 && GIVEN(&q, "tp-overlap")) usage_error("--tp-overlap applies to a layout with TP: give --tp above 1");
+    if (!rank && l->cp == 1 && word[flag_index("cp-exchange")])
+        usage_error("--cp-exchange applies to a layout with CP: give --cp above 1");
     if (!rank && l->pp == 1 && (fx->sched >= 0 || GIVEN(&q, "virtual")))
         usage_error("--schedule and --virtual apply to a pipeline: give --pp above 1 (predict's layout has one stage)");
     l->zero = fx->zero >= 0 ? fx->zero : 0, l->sp = fx->sp > 0, l->recompute = fx->recompute >= 0 ? fx->recompute : 0;
@@ -1638,13 +1650,13 @@ int main(int argc, char** argv) {
         if (argc != 5 && argc != 6 && argc != 9)
             usage(), usage_error("replay takes RUN.sum ALPHA BETA, then COMPUTE_TABLE, then LOCAL_ALPHA LOCAL_BETA HOSTS (3, 4 or "
                                  "7 arguments), got %d", argc - 2);
-        // beta above 100 TB/s is no measurement (tools/pingpong's 1 MiB message took no longer
+        // beta under 1 KB/s or above 100 TB/s is no measurement (tools/pingpong's 1 MiB message took no longer
         // than its 8 bytes: it prints 2^20 / 1 ns)
-        double alpha = arg_number("ALPHA (seconds)", argv[3], 0, 0, 10, 0), beta = arg_number("BETA (bytes/s)", argv[4], 0, 1, 1e14, 0);
+        double alpha = arg_number("ALPHA (seconds)", argv[3], 0, 0, 10, 0), beta = arg_number("BETA (bytes/s)", argv[4], 1e3, 0, 1e14, 0);
         Links k = {alpha, beta, alpha, beta, 1};
         if (argc == 9) {
             k.local_alpha = arg_number("LOCAL_ALPHA (seconds)", argv[6], 0, 0, 10, 0);
-            k.local_beta = arg_number("LOCAL_BETA (bytes/s)", argv[7], 0, 1, 1e14, 0);
+            k.local_beta = arg_number("LOCAL_BETA (bytes/s)", argv[7], 1e3, 0, 1e14, 0);
             k.hosts = (int)arg_number("HOSTS", argv[8], 1, 0, 1024, 1);
         }
         Summary m;

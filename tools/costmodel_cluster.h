@@ -57,7 +57,8 @@ static const char* cm_number(const char* what, const char* s, double lo, int lo_
     return NULL;
 }
 
-// The keys of a cluster file, each with its range; `name` is the rest of its line.
+// The keys of a cluster file, each with its range; `name` is the rest of its line. An efficiency
+// below 0.1% is no device's (a file's 1e-30 gave a step of 1e22 s), so the ranges start there.
 typedef struct {
     const char* key;
     double lo;
@@ -70,10 +71,10 @@ static const ClusterKey cluster_keys[] = {
     {"nodes", 1, 0, 1e6, 1, 1},
     {"devices_per_node", 1, 0, 1024, 1, 1},
     {"flops", 0, 1, 1e18, 0, 1},
-    {"efficiency", 0, 1, 1, 0, 1},
-    {"attention_efficiency", 0, 1, 1, 0, 0},
+    {"efficiency", 0.001, 0, 1, 0, 1},
+    {"attention_efficiency", 0.001, 0, 1, 0, 0},
     {"fp8_flops", 0, 1, 1e18, 0, 0},
-    {"fp8_efficiency", 0, 1, 1, 0, 0},
+    {"fp8_efficiency", 0.001, 0, 1, 0, 0},
     {"memory_gb", 0, 1, 1e6, 0, 1},
     {"intra_latency_us", 0, 0, 1e6, 0, 1},
     {"intra_gbytes_per_s", 0, 1, 1e6, 0, 1},
@@ -84,7 +85,7 @@ static const ClusterKey cluster_keys[] = {
     {"attention_half_seq", 0, 0, 1e7, 0, 0},
     {"collective_latency_us", 0, 0, 1e6, 0, 0},
     {"nics_per_node", 1, 0, 1024, 1, 0},
-    {"sustained_fraction", 0, 1, 1, 0, 0},
+    {"sustained_fraction", 0.001, 0, 1, 0, 0},
 };
 enum { CLUSTER_KEYS = sizeof cluster_keys / sizeof cluster_keys[0] };
 #define CLUSTER_MAX_DEVICES 1048576
