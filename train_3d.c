@@ -892,7 +892,9 @@ static long grid_model_init(Run* r, const Options* o) {
     if (g->C > 1) { // the context axis inside the tensor block: its positions, and attention across them
         cp_init(&r->context, &g->axis[CONTEXT], cfg, rows, r->comm, r->zigzag, 0);
         r->tensor.dims.Tq = r->context.Tq, r->tensor.dims.pos = r->context.dims.pos;
-        r->tensor.hooks = (TpHooks){grid_attend, grid_attend_backward, r};
+        static TpHooks hooks;
+        hooks = (TpHooks){grid_attend, grid_attend_backward, r};
+        r->tensor.hooks = &hooks;
     }
     tp_sizes(&r->tensor, cfg, &r->sizes);
     long slice_size[MAX_LAYERS + 2] = {0}; // ZeRO shards the slices of this rank's chunks; other units are empty

@@ -9,9 +9,9 @@
  *         [bwd: all-reduce]    A_r: slice r of A's         B_r: slice r of B's rows          [bwd: identity]
  *                              columns (and of its bias)   (the bias b whole)
  *
- * f is Megatron's copy_to_tensor_model_parallel_region and g its
- * reduce_from_tensor_model_parallel_region. That makes one all-reduce each way per pair of
- * layers. The sums split across ranks are exact (kernels.h), so any t gives train.c's bits.
+ * f is Megatron's copy_to_tensor_model_parallel_region, g its
+ * reduce_from_tensor_model_parallel_region: one all-reduce each way per pair of layers. The sums
+ * split across ranks are exact (kernels.h), so any t gives train.c's bits.
  *
  * The MLP's linear layers alternate column, row, column, ... and the output layer takes
  * whichever comes next. The embedding and, when the output layer is column-parallel, the
@@ -22,7 +22,6 @@
  *   x1 -> ln2 -> f -> fc (its 4C/t)   -> GELU                  -> fc2 (partial)  -> g -> + x1
  *
  *   make train_tp && mpirun -n 2 ./train_tp          # the MLP: hidden and vocabulary split in 2
- *   mpirun -n 3 --oversubscribe ./train_tp --layers 2 # the logits split by vocabulary too
  *   mpirun -n 2 ./train_tp --model gpt               # the GPT, 2 of its 4 heads a rank
  *   mpirun -n 2 ./train_tp --model gpt --sp          # and sequence parallel
  *
@@ -62,10 +61,6 @@ typedef struct {
     void (*layernorm_sum)(Tp* tp, int64_t* grads, int C);
 } TpOps;
 
-// The pass at hand (tp_pass): its tokens, a workspace, and `terms`, the batch's rows (the MLP)
-// or tokens (the GPT), over which every loss and gradient is a mean.
-typedef struct { Tokens tok; long terms; Workspace* ws; } TpPass;
-
 // Scratch buffers of a pass (tp_init sizes them).
 typedef struct {
     float* whole;      // every token's activations: f's all-gather (--sp), the embedding's sum
@@ -77,13 +72,7 @@ typedef struct {
     float *probs, *gathered; // sampling: the whole vocabulary's probabilities
 } TpBuffers;
 
-// train_3d.c's context axis replaces attention on the positions held by its own, across ranks.
-typedef struct {
-    void (*attend)(void* ctx, BlockActs* a);
-    void (*attend_backward)(void* ctx, const BlockActs* a, const float* datty, float* dqkv);
-    void* attend_ctx;
-} TpHooks;
-
+typedef struct TpHooks TpHooks; // train_3d.c's context axis's attention, in place of this rank's (below)
 struct Tp {
     Group* group;              // the t ranks
     int sp;                    // --sp: sequence parallelism
@@ -94,9 +83,11 @@ struct Tp {
     long size[MAX_LAYERS + 2]; // the parameters of unit u here
     long off[MAX_LAYERS + 3];  // and where they start in this rank's parameters
     TpOps op;
-    TpPass pass;
+    // the pass at hand (tp_pass): its tokens, its workspace, and `terms`, the batch's rows (the
+    // MLP) or tokens (the GPT) that every mean is over
+    struct { Tokens tok; long terms; Workspace* ws; } pass;
     TpBuffers buf;
-    TpHooks hooks;
+    const TpHooks* hooks; // NULL: attention on the positions held, here
 };
 
 // ----------------------------------------------------------------------------
@@ -168,7 +159,8 @@ static int v_lo(const Tp* tp) { return tp->share.r * tp->vs; }           // this
 
 static TpLinear mlp_linear(const Tp* tp, const Config* c, int l, const float* w) {
     int K = tp->K[l], J = tp->J[l];
-    return (TpLinear){w, w + (long)K * J, K, J, linear_in(c, l), linear_out(c, l)};
+    return (TpLinear){.w = w, .b = w + (long)K * J, .in = K, .out = J,
+                      .in_whole = linear_in(c, l), .out_whole = linear_out(c, l)};
 }
 static void mlp_linear_forward(Tp* tp, const Config* c, int l, const float* w, float* in, float* out) {
     TpLinear L = mlp_linear(tp, c, l, w);
@@ -225,10 +217,11 @@ static void layernorm_grads(Tp* tp, int64_t* dg, int64_t* db, const float* dy, c
 // The block's four linear layers on this rank. The weight half passes `none`: it needs only widths.
 typedef struct { TpLinear qkv, proj, fc, fc2; } TpLayers;
 static TpLayers block_layers(const BlockDims* d, const BlockParams* p) {
-    return (TpLayers){{p->qkv_w, p->qkv_b, d->C, 3 * d->A, d->C, 3L * d->C},
-                      {p->proj_w, p->proj_b, d->A, d->C, d->C, d->C},
-                      {p->fc_w, p->fc_b, d->C, d->F, d->C, 4L * d->C},
-                      {p->fc2_w, p->fc2_b, d->F, d->C, 4L * d->C, d->C}};
+    return (TpLayers){
+        .qkv = {.w = p->qkv_w, .b = p->qkv_b, .in = d->C, .out = 3 * d->A, .in_whole = d->C, .out_whole = 3L * d->C},
+        .proj = {.w = p->proj_w, .b = p->proj_b, .in = d->A, .out = d->C, .in_whole = d->C, .out_whole = d->C},
+        .fc = {.w = p->fc_w, .b = p->fc_b, .in = d->C, .out = d->F, .in_whole = d->C, .out_whole = 4L * d->C},
+        .fc2 = {.w = p->fc2_w, .b = p->fc2_b, .in = d->F, .out = d->C, .in_whole = 4L * d->C, .out_whole = d->C}};
 }
 
 // The attention half: from the block's input x to x1 and ln2's output.
@@ -286,25 +279,8 @@ static void tp_block_backward_input(Tp* tp, const float* w, Acts* a, int u, Scra
     tp_block_backward_input_attention(tp, &p, &ba, &st, a->out[u - 1], s);
 }
 
-// The weight half: this rank's slices' gradients, from the kept activations and the stash.
-static const BlockParams none;
-static void tp_block_backward_weight_attention(Tp* tp, const BlockGrads* gg, BlockActs* ba, const BlockStash* st,
-                                               const float* x) {
-    TpLayers L = block_layers(&tp->dims, &none);
-    layernorm_grads(tp, gg->ln2_g, gg->ln2_b, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd);
-    row_parallel_backward_weight(tp, &L.proj, gg->proj_w, gg->proj_b, ba->atty, st->dx1);
-    column_parallel_backward_weight(tp, &L.qkv, gg->qkv_w, gg->qkv_b, ba->ln1, st->dqkv);
-    layernorm_grads(tp, gg->ln1_g, gg->ln1_b, st->dln1, x, ba->ln1_mean, ba->ln1_rstd);
-}
-static void tp_block_backward_weight(Tp* tp, int64_t* g, const Acts* a, int u, const float* stash) {
-    BlockGrads gg = block_grads(g, &tp->dims);
-    BlockActs ba = tp_block_acts(tp, a, u);
-    BlockStash st = block_stash((float*)stash, &tp->dims, tp->dims.R);
-    TpLayers L = block_layers(&tp->dims, &none);
-    row_parallel_backward_weight(tp, &L.fc2, gg.fc2_w, gg.fc2_b, ba.gelu, st.dx2);
-    column_parallel_backward_weight(tp, &L.fc, gg.fc_w, gg.fc_b, ba.ln2, st.dfc);
-    tp_block_backward_weight_attention(tp, &gg, &ba, &st, a->out[u - 1]);
-}
+// The weight half, after the first read: each slice's gradients, with no communication but --sp's.
+static void tp_block_backward_weight(Tp* tp, int64_t* g, const Acts* a, int u, const float* stash);
 
 static void tp_unit_forward(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
 static void tp_unit_recompute(Tp* tp, const Config* c, int u, const float* w, Acts* a, Scratch* s);
@@ -372,6 +348,29 @@ static int64_t train_step(Run* r, const Options* o, long step, long* n) {
 #endif
 
 // ---------------------------------------------------------------- first read ends here
+
+// ----------------------------------------------------------------------------
+// the GPT's block's weight half
+
+// The weight half: this rank's slices' gradients, from the kept activations and the stash.
+static const BlockParams none;
+static void tp_block_backward_weight_attention(Tp* tp, const BlockGrads* gg, BlockActs* ba, const BlockStash* st,
+                                               const float* x) {
+    TpLayers L = block_layers(&tp->dims, &none);
+    layernorm_grads(tp, gg->ln2_g, gg->ln2_b, st->dln2, ba->x1, ba->ln2_mean, ba->ln2_rstd);
+    row_parallel_backward_weight(tp, &L.proj, gg->proj_w, gg->proj_b, ba->atty, st->dx1);
+    column_parallel_backward_weight(tp, &L.qkv, gg->qkv_w, gg->qkv_b, ba->ln1, st->dqkv);
+    layernorm_grads(tp, gg->ln1_g, gg->ln1_b, st->dln1, x, ba->ln1_mean, ba->ln1_rstd);
+}
+static void tp_block_backward_weight(Tp* tp, int64_t* g, const Acts* a, int u, const float* stash) {
+    BlockGrads gg = block_grads(g, &tp->dims);
+    BlockActs ba = tp_block_acts(tp, a, u);
+    BlockStash st = block_stash((float*)stash, &tp->dims, tp->dims.R);
+    TpLayers L = block_layers(&tp->dims, &none);
+    row_parallel_backward_weight(tp, &L.fc2, gg.fc2_w, gg.fc2_b, ba.gelu, st.dx2);
+    column_parallel_backward_weight(tp, &L.fc, gg.fc_w, gg.fc_b, ba.ln2, st.dfc);
+    tp_block_backward_weight_attention(tp, &gg, &ba, &st, a->out[u - 1]);
+}
 
 // ----------------------------------------------------------------------------
 // --sp: sequence parallelism
@@ -622,14 +621,19 @@ static const float* tp_probs(Tp* tp, const Config* c, const Acts* a, int R, int 
     return tp->buf.probs;
 }
 
-// Attention on this rank's heads, whole: layers.h's, on the positions held. (train_3d.c's
-// context axis plugs in its own, over every context-parallel rank's positions: the hook.)
+// Attention on this rank's heads, whole: layers.h's, on the positions held. train_3d.c's
+// context axis plugs in its own, over every context-parallel rank's positions: the hooks.
+struct TpHooks {
+    void (*attend)(void* ctx, BlockActs* a);
+    void (*attend_backward)(void* ctx, const BlockActs* a, const float* datty, float* dqkv);
+    void* attend_ctx;
+};
 static void tp_attention_forward(Tp* tp, BlockActs* ba, Scratch* s) {
-    if (tp->hooks.attend) tp->hooks.attend(tp->hooks.attend_ctx, ba);
+    if (tp->hooks) tp->hooks->attend(tp->hooks->attend_ctx, ba);
     else attention_forward(ba->atty, ba->att, ba->qkv, &tp->dims, s->tmp, s->acc);
 }
 static void tp_attention_backward(Tp* tp, const BlockActs* ba, const float* datty, float* dqkv, float* tmp, Scratch* s) {
-    if (tp->hooks.attend_backward) tp->hooks.attend_backward(tp->hooks.attend_ctx, ba, datty, dqkv);
+    if (tp->hooks) tp->hooks->attend_backward(tp->hooks->attend_ctx, ba, datty, dqkv);
     else attention_backward(dqkv, datty, ba->qkv, ba->att, ba->atty, &tp->dims, tmp, s->acc);
 }
 
