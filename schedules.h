@@ -24,7 +24,8 @@
  * Closed forms, each derived (or cited) where its list is built below. f, i, w: the time
  * of a chunk's F, I and W (b = i + w, a B), fb of an F&B; no latency. The bubble is the
  * fraction of S x the step that ranks idle; peak activations of rank r count microbatches
- * through a whole stage (a chunk holds 1/V of one), over all its chunks at once.
+ * through a whole stage (a chunk holds 1/V of one), over all its chunks at once; in bytes,
+ * where the chunks hold different amounts, schedule_peak_held walks the list instead.
  *
  *   schedule     bubble                               peak of rank r         rule
  *   naive        (S-1)/S                              1
@@ -491,6 +492,31 @@ static double schedule_peak_formula(int sched, int S, int V, int M, int r) {
         return (chunks < V * M ? chunks : V * M) / (double)V;
     }
     return -1;
+}
+// The peak of rank r when a microbatch through its v-th chunk holds held[v] (bytes, say):
+// the schedule's list for r walked, each chunk's microbatch held from its F to its B, or to
+// its W where the list runs I and W apart (an F&B's F before its B lets one go), and the
+// most at once. With held[v] = 1/V it is the table's peak; but a rank's chunks hold different
+// amounts (the embedding, the head, the two arms of a V), and what they hold together peaks
+// when the heavier chunks have the most in flight, not always when the count does.
+static double schedule_peak_held(int sched, int S, int V, int M, int r, const double* held) {
+    Action** lists = mallocCheck(sizeof(Action*) * S);
+    int* counts = mallocCheck(sizeof(int) * S);
+    for (int q = 0; q < S; q++) lists[q] = mallocCheck(sizeof(Action) * 3 * V * M);
+    schedule_build(sched, S, V, M, lists, counts);
+    double live = 0, peak = 0;
+    for (int j = 0; j < counts[r]; j++) {
+        Action part[2];
+        int n = action_parts(&lists[r][j], part), v;
+        for (int q = 0; q < n; q++) {
+            chunk_owner(sched, S, V, part[q].chunk, &v);
+            if (part[q].op == 'F') live += held[v], peak = fmax(peak, live);
+            if (part[q].op == 'B' || part[q].op == 'W') live -= held[v];
+        }
+    }
+    for (int q = 0; q < S; q++) free(lists[q]);
+    free(lists), free(counts);
+    return peak;
 }
 
 #pragma GCC diagnostic pop

@@ -626,7 +626,7 @@ static double validation_loss(void* ctx) {
 // what only serves the strategy: the formulas, axis by axis
 
 static const char sent_words[] = "the tensor, context, data, pipeline and expert formulas on their axes, see below";
-static const char mem_words[] = "ZeRO's, on this stage's tensor-parallel slices (and experts), + peak activations";
+static const char mem_words[] = "ZeRO's, on this stage's tensor-parallel slices (and experts), + at the peak of its list, each chunk's microbatches in flight x their activations";
 
 // What this rank sent and holds, each beside its formula: each axis by its own strategy's
 // formula (into axis[], report.h's order: tensor, data, pipeline, context, expert), and over

@@ -16,7 +16,8 @@
  *   sent    4 bytes x the rows of the batch x (the chunk's output width, to the next chunk,
  *           + its input width, the gradients to the chunk before)
  *   memory  4 + 8 (+ 8 with AdamW) bytes a parameter of its chunks, and the activations of
- *           its microbatches in flight: at the peak, schedules.h's count (1F1B: S-r on rank r)
+ *           its microbatches in flight at the peak of its list, each chunk's count times what
+ *           a microbatch holds there (1F1B: S-r microbatches on rank r)
  *   bubble  the fraction of the step a rank waits: (S-1)/(M+S-1) for GPipe and 1F1B on S
  *           ranks; every schedule's in schedules.h
  *
@@ -558,12 +559,14 @@ static double pp_acts_bytes(const Pp* p, const Config* c, const UnitSizes* sizes
     }
     return most;
 }
-// The same by the schedule's closed form (schedules.h: microbatches through a whole stage)
-// times a microbatch through this rank's chunks: exact when its chunks hold the same.
+// The same predicted from the schedule: schedules.h's list for this rank, built anew, with
+// what a microbatch holds in each of its chunks, by its units' sizes. Not the closed form's
+// count times a microbatch through the stage: the chunks hold different amounts, and their
+// sum peaks where the heavier ones have the most in flight.
 static double pp_acts_formula(const Pp* p, const Config* c, const UnitSizes* sizes, int mb_rows) {
-    double stage = 0;
-    for (int v = 0; v < p->V; v++) stage += pp_chunk_bytes(p, c, sizes, mb_rows, p->chunk[v]);
-    return schedule_peak_formula(p->sched, p->S, p->V, p->M, p->rank) * stage + pp_room_bytes(p, c, sizes, mb_rows);
+    double held[4];
+    for (int v = 0; v < p->V; v++) held[v] = pp_chunk_bytes(p, c, sizes, mb_rows, p->chunk[v]);
+    return schedule_peak_held(p->sched, p->S, p->V, p->M, p->rank, held) + pp_room_bytes(p, c, sizes, mb_rows);
 }
 
 // The end of the report (rank 0 of the pipeline): the bubble every rank measured beside the
@@ -672,7 +675,7 @@ static double validation_loss(void* ctx) {
 
 // The formulas of figures(), in words, for the report.
 static const char sent_words[] = "4 bytes x rows x (activations out + gradients in, of each chunk whose neighbour is on another rank) + 8 loss";
-static const char mem_words[] = "(4 + 8 + 8 AdamW) bytes x its parameters + peak x microbatch activations (+ one block's room with --recompute)";
+static const char mem_words[] = "(4 + 8 + 8 AdamW) bytes x its parameters + at the peak of its list, each chunk's microbatches in flight x their activations (+ one block's room with --recompute)";
 
 // What this rank sent and holds, each beside its formula, and the bubble it measured.
 static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, int batch) {

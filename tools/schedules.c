@@ -128,7 +128,7 @@ static void drop(Action** lists, int S) {
 
 // The grid: every valid (schedule, S, V, M), with f = i = w = 1, an F&B their sum, and no
 // latency. The bubble must equal its closed form where there is one (zb1's when M >= S;
-// below that, at most 1f1b's), the peak its formula; zbv must idle no more than 1f1b, and
+// below that, at most 1f1b's), the peak its formula and schedule_peak_held's walk; zbv must idle no more than 1f1b, and
 // less than 5% of the time once M >= 4S.
 static int grid(void) {
     long lists_checked = 0, failures = 0;
@@ -153,9 +153,11 @@ static int grid(void) {
                     for (int r = 0; r < S && c.ok && sched == SCHEDULE_ZBV; r++)
                         if (c.peak[r] > S + 1e-9) bad = 1;
                     if (c.ok && sched == SCHEDULE_ZBV && M >= 4 * S && c.bubble_total >= 0.05) bad = 1; // the condition docs/schedules.md states
+                    double stage[4] = {1.0 / chunks, 1.0 / chunks, 1.0 / chunks, 1.0 / chunks};
                     for (int r = 0; r < S && c.ok; r++) {
                         double peak = schedule_peak_formula(sched, S, chunks, M, r);
                         if (peak >= 0 && fabs(c.peak[r] - peak) > 1e-9) bad = 1;
+                        if (fabs(c.peak[r] - schedule_peak_held(sched, S, chunks, M, r, stage)) > 1e-9) bad = 1;
                     }
                     if (bad) {
                         failures++;
