@@ -1351,6 +1351,20 @@ section_tp() {
 }
 
 # ----------------------------------------------------------------------------
+# memory_exact NAME COMMAND...: every rank's memory (parameters, gradients, optimizer state
+# and the activations at its list's peak) equals its formula, to the byte (the summary's
+# figures are whole bytes each, so their sum may round 2 B off)
+memory_exact() {
+    local name=$1
+    shift
+    rm -f "$TMP/mem.sum" # a run that fails must not leave the one before's figures to check
+    run "$TMP/mem.out" "$@" --steps 2 --eval-every 0 --samples 0 --summary "$TMP/mem.sum"
+    check "$name: every rank's memory = its formula ($(awk '/^rank=/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+            printf "%.0f (%.0f) ", v["params"] + v["grads"] + v["optim"] + v["acts"], v["mem_formula"] }' "$TMP/mem.sum" 2>/dev/null)B)" \
+        awk '/^rank=/ { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+            d = v["params"] + v["grads"] + v["optim"] + v["acts"] - v["mem_formula"]; if (d < -2 || d > 2) bad = 1 }
+            END { exit !(n > 0 && !bad) }' "$TMP/mem.sum"
+}
 section_pp() {
     local flags
     for layers in 1 3; do
@@ -1377,6 +1391,23 @@ section_pp() {
     check "pp: 1F1B with M < S holds at most M = 2 microbatches ($(peaks "$TMP/peak"))" test "$(peaks "$TMP/peak")" = "2 2 2 1 "
     run "$TMP/peak" $MPIRUN -n 4 ./train_pp --layers 3 --microbatches 8 --schedule zb1 --steps 5 --samples 0
     check "pp: ZB-H1 holds at most S = 4 microbatches on every stage, 1F1B's peak ($(peaks "$TMP/peak"))" test "$(peaks "$TMP/peak")" = "4 4 4 4 "
+    # in bytes, the multi-chunk schedules: a rank's chunks hold different amounts (embedding,
+    # blocks, head; the two arms of a V), and the formula counts each chunk's in flight at
+    # the peak of its list (it took the peak count times a mean over the chunks: every run
+    # below missed, by 1.6 to 55 KB)
+    local g="--model gpt --emb 16 --heads 4 --layers 4"
+    memory_exact "pp: interleaved, 2 stages, L=7, 8 microbatches" $MPIRUN -n 2 ./train_pp --layers 7 --hidden 32 --schedule interleaved --microbatches 8
+    memory_exact "pp: interleaved, 2 stages, L=4, 4 microbatches" $MPIRUN -n 2 ./train_pp --layers 4 --hidden 32 --schedule interleaved --microbatches 4
+    memory_exact "pp: zbv, 2 stages, L=4, 4 microbatches" $MPIRUN -n 2 ./train_pp --layers 4 --hidden 32 --schedule zbv --microbatches 4
+    memory_exact "pp: zbv, 4 stages, L=6, 8 microbatches" $MPIRUN -n 4 ./train_pp --layers 6 --hidden 128 --schedule zbv --microbatches 8
+    memory_exact "pp: dualpipev, 2 stages, L=4, 4 microbatches" $MPIRUN -n 2 ./train_pp --layers 4 --hidden 32 --schedule dualpipev --microbatches 4
+    memory_exact "pp: dualpipev, 2 stages, L=4, 6 microbatches" $MPIRUN -n 2 ./train_pp --layers 4 --hidden 32 --schedule dualpipev --microbatches 6
+    memory_exact "pp: gpt, interleaved, 4 microbatches" $MPIRUN -n 2 ./train_pp $g --schedule interleaved --microbatches 4
+    memory_exact "pp: gpt, interleaved, 8 microbatches, --recompute selective" $MPIRUN -n 2 ./train_pp $g --schedule interleaved --microbatches 8 --recompute selective
+    memory_exact "pp: gpt, zbv, 3 microbatches" $MPIRUN -n 2 ./train_pp $g --schedule zbv --microbatches 3
+    memory_exact "pp: gpt, zbv, 8 microbatches, --recompute selective" $MPIRUN -n 2 ./train_pp $g --schedule zbv --microbatches 8 --recompute selective
+    memory_exact "pp: gpt, dualpipev, 4 microbatches" $MPIRUN -n 2 ./train_pp $g --schedule dualpipev --microbatches 4
+    memory_exact "pp: gpt, dualpipev, 6 microbatches, --recompute selective" $MPIRUN -n 2 ./train_pp $g --schedule dualpipev --microbatches 6 --recompute selective
     # messages larger than MPI's eager limit (64 KiB activations): blocking sends would deadlock 1F1B
     flags="--steps 20 --eval-every 0 --hidden 512 --batch 64 --layers 2"
     reference pp_big $flags
@@ -1598,6 +1629,11 @@ section_3d() {
     run "$TMP/grid" $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --steps 2 --samples 0
     check "3d: rank 0 prints the grid, every rank's (tp, cp, stage, replica) and its units, tensor fastest, data slowest" \
         bash -c "grep -q 'rank 3 *tp 1, cp 0, stage 1, replica 0: linear 2 + loss (rows 0-3 of microbatch 0' '$TMP/grid' && grep -q 'rank 4 *tp 0, cp 0, stage 0, replica 1: embedding linear 1 (rows 4-7 of microbatch 0' '$TMP/grid' && test \$(grep -c '^  rank [0-9]* *tp [0-9], cp 0, stage [0-9], replica [0-9]:' '$TMP/grid') = 8"
+    # the pipeline's activations in bytes, chunk by chunk, at the tensor-parallel slices' sizes
+    local g="--model gpt --emb 16 --heads 4 --layers 4"
+    memory_exact "3d: gpt, --tp 2 --pp 2, dualpipev, --recompute selective" $MPIRUN -n 4 ./train_3d $g --tp 2 --pp 2 --schedule dualpipev --recompute selective
+    memory_exact "3d: gpt, --tp 2 --pp 2, zbv, --sp" $MPIRUN -n 4 ./train_3d $g --tp 2 --pp 2 --schedule zbv --sp
+    memory_exact "3d: gpt, --tp 2 --pp 2, interleaved" $MPIRUN -n 4 ./train_3d $g --tp 2 --pp 2 --schedule interleaved
     expect_error 2 "--tp 2 x --cp 1 x --dp 2 x --pp 2 = 8, but mpirun started 4 ranks" "3d: a grid that is not the world size is refused on every rank" -- $MPIRUN -n 4 ./train_3d --tp 2 --dp 2 --pp 2
     expect_error 2 "say how to arrange them" "3d: an ambiguous grid is refused" -- $MPIRUN -n 4 ./train_3d --tp 2
     expect_error 2 "--pp 4 but the model has only 3 units" "3d: more stages than units is refused" -- $MPIRUN -n 4 ./train_3d --pp 4 --dp 1
