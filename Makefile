@@ -1,6 +1,7 @@
 # LLM parallelisms in C, spelled out.
 #
-#   make              build every program (installs OpenMPI first if it is missing and you are root)
+#   make              build every program, and tools/schedules and tools/costmodel (installs OpenMPI
+#                     first if it is missing and you are root; MPICH when MPICC names it)
 #   make run          the main job: train.c and every strategy, compared (QUICK=1: fewer steps)
 #   make test         every test; the last line says "N passed, N failed" (QUICK=1: a few minutes, every program once)
 #   make check        every program built with AddressSanitizer and UBSan, and a fast subset of the tests
@@ -15,7 +16,8 @@
 # MPI programs run with `mpirun -n N ./train_X`. Every target here runs them through
 # tools/mpirun, which adds what OpenMPI needs (--oversubscribe for more ranks than cores, and
 # permission to run as root) and nothing for MPICH. Another MPI than the default `mpicc` and
-# `mpirun`: make MPICC=mpicc.mpich MPIEXEC=mpirun.mpich test (after make clean).
+# `mpirun`: make MPICC=mpicc.mpich MPIEXEC=mpirun.mpich test (after make clean; as root it
+# installs mpich and libmpich-dev if they are missing).
 #
 # No flag here changes a result: the sources control contraction and refuse fast-math
 # themselves (util.h), so `mpicc train_dp.c -o train_dp -lm` gives the same names as this.
@@ -38,15 +40,18 @@ PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d train_ep train_c
 TESTS = tests/test_units tools/compare tools/report tools/schedules tools/costmodel tools/pingpong
 
 .PHONY: all run test check fuzz zoo cluster bench clean mpi openblas
-all: $(PROGRAMS)
+# the two tools the pages run beside the programs (plain C, no MPI)
+all: $(PROGRAMS) tools/schedules tools/costmodel
 
 train: train.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ train.c $(LDLIBS)
 
-# MPI programs: check for MPI first (tools/need.sh installs OpenMPI as root)
+# MPI programs: check for MPI first (tools/need.sh installs it as root: MPICH's packages when
+# MPICC or MPIEXEC names mpich, OpenMPI's otherwise)
+MPI_PACKAGES = $(if $(findstring mpich,$(MPICC) $(MPIEXEC)),mpich libmpich-dev,openmpi-bin libopenmpi-dev)
 mpi:
-	@tools/need.sh $(MPICC) openmpi-bin libopenmpi-dev
-	@tools/need.sh $(MPIEXEC) openmpi-bin
+	@tools/need.sh $(MPICC) $(MPI_PACKAGES)
+	@tools/need.sh $(MPIEXEC) $(firstword $(MPI_PACKAGES))
 train_%: train_%.c $(HEADERS) dist.h schedules.h | mpi
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDLIBS)
 train_3d: train_3d.c train_fsdp.c train_tp.c train_pp.c train_cp.c train_ep.c $(HEADERS) dist.h schedules.h | mpi

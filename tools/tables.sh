@@ -248,7 +248,7 @@ table_gpt_tp() {
     echo
     tools/report "$OUT" $names
     echo
-    echo "| ranks | --sp | sent/step/rank (formula) | a block's activations per rank, held | Korthikanti et al.'s form, 4-byte floats, no dropout |"
+    echo "| ranks | --sp | sent/step/rank (formula) | the 4 blocks' activations per rank, held | Korthikanti et al.'s form a block, 4-byte floats, no dropout, times 4 |"
     echo "| --- | --- | --- | --- | --- |"
     for r in ${names#train }; do
         local o="$OUT/runs/$r.out"
