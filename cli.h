@@ -291,7 +291,8 @@ static const char* log_recognise(FILE* f) {
 // report.h's --summary: program, layout, model (since the cost model's replay: a summary
 // written before has none), ranks, val_loss, seconds, steps and batch, a line each in that
 // order; a name= line per name generated; then a rank= line per rank, in order, each of
-// key=number pairs; nothing after.
+// key=number pairs; nothing after. Every number by util.h's summary_value, the rule
+// tools/summary.h reads them by.
 static const char* summary_recognise(FILE* f) {
     static const char* const keys[] = {"program=", "layout=", "ranks=", "val_loss=", "seconds=", "steps=", "batch="};
     char line[1024];
@@ -312,10 +313,11 @@ static const char* summary_recognise(FILE* f) {
             const char* v = line + k;
             int ok = fits && !strncmp(line, keys[key - 1], k);
             if (ok && key == 1) ok = (size_t)n > k;
-            if (ok && key == 3) ok = recognise_count(v, (size_t)n - k, 1, 1L << 20), ranks = atol(v);
-            if (ok && (key == 4 || key == 5)) ok = recognise_number(v, (size_t)n - k);
-            if (ok && key >= 6) ok = recognise_count(v, (size_t)n - k, 0, 1000000000L);
             if (!ok) NOT_OURS("has no line '%s...' as its line %ld, as a --summary file does", keys[key - 1], no);
+            double x;
+            const char* why = key >= 3 ? summary_value(line, k - 1, v, (size_t)n - k, &x) : NULL;
+            if (why) NOT_OURS("has a line %ld that is not a --summary file's: %s", no, why);
+            if (key == 3) ranks = (long)x;
         } else if (rank == 0 && !strncmp(line, "name=", 5)) {
             // a name generated: any characters, any length
         } else {
@@ -324,10 +326,11 @@ static const char* summary_recognise(FILE* f) {
             for (char* at = line; *at;) { // key=number, separated by spaces; the first rank=this rank
                 char* end = at + strcspn(at, " ");
                 char* eq = memchr(at, '=', (size_t)(end - at));
-                size_t klen = eq ? (size_t)(eq - at) : 0, vlen = eq ? (size_t)(end - eq - 1) : 0;
-                int ok = klen > 0 && strspn(at, "abcdefghijklmnopqrstuvwxyz_") == klen &&
-                         (at == line ? recognise_count(eq + 1, vlen, rank, rank) : recognise_number(eq + 1, vlen));
-                if (!ok) NOT_OURS("has a line %ld that is not a --summary file's line of rank %ld", no, rank);
+                double x = -1;
+                const char* why = eq ? summary_value(at, (size_t)(eq - at), eq + 1, (size_t)(end - eq - 1), &x)
+                                     : "a word that is not key=number";
+                if (!why && at == line && x != rank) why = "its rank= is not the line's rank";
+                if (why) NOT_OURS("has a line %ld that is not a --summary file's line of rank %ld: %s", no, rank, why);
                 at = *end ? end + 1 : end;
             }
             rank++;

@@ -376,5 +376,49 @@ static int trace_read_pipeline(const char* path, PipeEvent* ev, int max) {
     return n;
 }
 
+// A --summary file's numbers (report.h's summary_write), and the one rule both of its readers
+// apply: cli.h's summary_recognise, which decides whether a run may replace the file, and
+// tools/summary.h's summary_read (make run's table, the cost model). A file one takes, the
+// other takes too. A value is written as report.h writes it (%.17g, %.4f, %.0f: digits, a
+// point, an exponent, a sign; val_loss also nan or inf, a run that diverged), within its range.
+typedef struct {
+    const char* key;
+    char kind; // 'n': a number from lo to hi, 'w': a whole one, 'a': any number, nan too
+    double lo, hi;
+} SummaryKey;
+static const SummaryKey summary_keys[] = {
+    {"ranks", 'w', 1, 1 << 20}, {"val_loss", 'a', 0, 0}, {"seconds", 'n', 0, 1e12}, {"steps", 'w', 0, 1e15},
+    {"batch", 'w', 1, 1 << 30},
+    // a rank= line's: the rank, then counts and sizes, never negative; bubble is the pipeline's
+    // idle fraction, -1 in a run without a pipeline
+    {"rank", 'w', 0, 1 << 20}, {"sent", 'n', 0, 1e18}, {"sent_tp", 'n', 0, 1e18}, {"sent_dp", 'n', 0, 1e18},
+    {"sent_pp", 'n', 0, 1e18}, {"sent_cp", 'n', 0, 1e18}, {"sent_ep", 'n', 0, 1e18}, {"sent_formula", 'n', 0, 1e18},
+    {"received", 'n', 0, 1e18}, {"params", 'n', 0, 1e18}, {"grads", 'n', 0, 1e18}, {"optim", 'n', 0, 1e18},
+    {"acts", 'n', 0, 1e18}, {"mem_formula", 'n', 0, 1e18}, {"bubble", 'n', -1, 1}, {"messages", 'n', 0, 1e18},
+};
+// The value of the key of klen bytes, from text of n bytes, into *v: NULL, or why not.
+static const char* summary_value(const char* key, size_t klen, const char* text, size_t n, double* v) {
+    static char why[160];
+    const SummaryKey* k = NULL;
+    for (size_t i = 0; i < sizeof summary_keys / sizeof *summary_keys; i++)
+        if (strlen(summary_keys[i].key) == klen && !memcmp(summary_keys[i].key, key, klen)) k = &summary_keys[i];
+    if (!k) return snprintf(why, sizeof why, "'%.*s' is not a key of a --summary file", (int)(klen < 40 ? klen : 40), key), why;
+    char buf[64], *end;
+    int ok = n > 0 && n < sizeof buf;
+    if (ok) memcpy(buf, text, n), buf[n] = 0;
+    int word = ok && k->kind == 'a' && (!strcmp(buf, "nan") || !strcmp(buf, "-nan") || !strcmp(buf, "inf") || !strcmp(buf, "-inf"));
+    if (ok) ok = word || strspn(buf, "0123456789.eE+-") == n;
+    if (ok) {
+        errno = 0;
+        *v = strtod(buf, &end);
+        ok = *end == 0 && (errno == 0 || word); // (1e999 is written inf)
+    }
+    if (ok && k->kind != 'a') ok = *v >= k->lo && *v <= k->hi && (k->kind != 'w' || *v == floor(*v));
+    if (ok) return NULL;
+    if (k->kind == 'a') return snprintf(why, sizeof why, "%s=%.*s is not a number", k->key, (int)(n < 40 ? n : 40), text), why;
+    return snprintf(why, sizeof why, "%s=%.*s is not %s from %g to %g", k->key, (int)(n < 40 ? n : 40), text,
+                    k->kind == 'w' ? "a whole number" : "a number", k->lo, k->hi), why;
+}
+
 #pragma GCC diagnostic pop
 #endif // UTIL_H

@@ -25,15 +25,13 @@ typedef struct {
     char* names[MAX_NAMES]; // as the run wrote them: UTF-8, any length
 } Summary;
 
-// A summary's number: the whole text a finite number from lo to hi (a whole one when asked),
-// or the process ends naming the file, the key and the value: a summary edited by hand or
-// cut short is refused, not read as zero or a negative batch.
-static double summary_number(const char* path, const char* key, const char* text, double lo, double hi, int whole) {
-    char* end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (end == text || *end || errno || !isfinite(v) || v < lo || v > hi || (whole && v != floor(v)))
-        fatal("'%s': %s=%.40s is not %s from %g to %g", path, key, text, whole ? "a whole number" : "a number", lo, hi);
+// A summary's number, by util.h's summary_value (the rule cli.h's summary_recognise applies
+// too), or the process ends naming the file, the key and the value: a summary edited by hand
+// or cut short is refused, not read as zero or a negative batch.
+static double summary_number(const char* path, const char* key, const char* text) {
+    double v;
+    const char* why = summary_value(key, strlen(key), text, strlen(text), &v);
+    if (why) fatal("'%s': %s", path, why);
     return v;
 }
 
@@ -50,15 +48,15 @@ static void summary_read(Summary* r, const char* path) {
         if (!strncmp(line, "program=", 8)) snprintf(r->program, sizeof r->program, "%.63s", line + 8);
         else if (!strncmp(line, "layout=", 7)) snprintf(r->layout, sizeof r->layout, "%.319s", line + 7);
         else if (!strncmp(line, "model=", 6)) snprintf(r->model, sizeof r->model, "%.255s", line + 6);
-        else if (!strncmp(line, "ranks=", 6)) r->ranks = (int)summary_number(path, "ranks", line + 6, 1, MAX_RANKS, 1);
-        else if (!strncmp(line, "val_loss=", 9)) { // any number, nan too: a run that diverged says so in make run's table
-            char* end;
-            r->val_loss = strtod(line + 9, &end);
-            if (end == line + 9 || *end) fatal("'%s': val_loss=%.40s is not a number", path, line + 9);
+        else if (!strncmp(line, "ranks=", 6)) {
+            double n = summary_number(path, "ranks", line + 6);
+            if (n > MAX_RANKS) fatal("'%s': ranks=%.0f, more than the %d this tool reads", path, n, MAX_RANKS);
+            r->ranks = (int)n;
         }
-        else if (!strncmp(line, "seconds=", 8)) r->seconds = summary_number(path, "seconds", line + 8, 0, 1e12, 0);
-        else if (!strncmp(line, "steps=", 6)) r->steps = summary_number(path, "steps", line + 6, 0, 1e15, 1);
-        else if (!strncmp(line, "batch=", 6)) r->batch = summary_number(path, "batch", line + 6, 1, 1 << 30, 1);
+        else if (!strncmp(line, "val_loss=", 9)) r->val_loss = summary_number(path, "val_loss", line + 9); // nan too
+        else if (!strncmp(line, "seconds=", 8)) r->seconds = summary_number(path, "seconds", line + 8);
+        else if (!strncmp(line, "steps=", 6)) r->steps = summary_number(path, "steps", line + 6);
+        else if (!strncmp(line, "batch=", 6)) r->batch = summary_number(path, "batch", line + 6);
         else if (!strncmp(line, "name=", 5) && r->n_names < MAX_NAMES) {
             r->names[r->n_names] = mallocCheck(strlen(line + 5) + 1);
             strcpy(r->names[r->n_names++], line + 5);
@@ -69,9 +67,7 @@ static void summary_read(Summary* r, const char* path) {
                 char* eq = strchr(tok, '=');
                 if (!eq) continue;
                 *eq = 0;
-                // every figure a count, a size or a fraction: never negative (bubble: -1 when
-                // the run has no pipeline)
-                double v = summary_number(path, tok, eq + 1, !strcmp(tok, "bubble") ? -1 : 0, 1e18, !strcmp(tok, "rank"));
+                double v = summary_number(path, tok, eq + 1); // a key a summary has, in its range
                 if (!strcmp(tok, "sent")) r->sent[q] = v;
                 if (!strcmp(tok, "sent_tp")) r->axis[q][0] = v;
                 if (!strcmp(tok, "sent_dp")) r->axis[q][1] = v;
