@@ -168,6 +168,7 @@ typedef struct {
     UnitSizes sizes;      // what each unit holds a row on this rank (train_tp.c's tp_sizes)
     Workspace ws;
     Holding mine;         // what this rank holds of the model, for checkpoints
+    TpHooks attend;       // --cp: the context axis's attention, in the tensor block (grid_attend)
 } Run;
 
 // The expert axis, in its section after the first read.
@@ -892,9 +893,8 @@ static long grid_model_init(Run* r, const Options* o) {
     if (g->C > 1) { // the context axis inside the tensor block: its positions, and attention across them
         cp_init(&r->context, &g->axis[CONTEXT], cfg, rows, r->comm, r->zigzag, 0);
         r->tensor.dims.Tq = r->context.Tq, r->tensor.dims.pos = r->context.dims.pos;
-        static TpHooks hooks;
-        hooks = (TpHooks){grid_attend, grid_attend_backward, r};
-        r->tensor.hooks = &hooks;
+        r->attend = (TpHooks){grid_attend, grid_attend_backward, r};
+        r->tensor.hooks = &r->attend;
     }
     tp_sizes(&r->tensor, cfg, &r->sizes);
     long slice_size[MAX_LAYERS + 2] = {0}; // ZeRO shards the slices of this rank's chunks; other units are empty
