@@ -9,17 +9,18 @@
  *   the zigzag split: T = 16 positions on N = 2 ranks, in 2N chunks
  *     positions  0  1  2  3 | 4  5  6  7 | 8  9 10 11 | 12 13 14 15
  *     rank       0            1            1             0
- *   Rank i holds chunks i and 2N-1-i, so every rank has as many causal (query, key) pairs
- *   (68 and 68 here; 36 and 100 for the contiguous split, where rank i holds chunk i of N).
+ *   Rank i holds chunks i and 2N-1-i, so every rank has as many causal (query, key) pairs. A
+ *   query at p sees p + 1 keys: 1+2+3+4 + 13+14+15+16 = 68 on rank 0, 5+...+12 = 68 on rank 1
+ *   (the contiguous split, rank i chunk i of N: 1+...+8 = 36 and 9+...+16 = 100).
  *
  * One step, in order, for each of the L blocks (ring attention; rank r sends to r + 1):
  *   forward   K goes round the ring for pass 1 of the softmax, the scores and their row max;
  *             then V goes round for pass 2, the exact sums
  *   backward  K and V go round again, and with them their gradients dK and dV, to which
- *             every rank adds its queries' terms; the N-th hop brings each rank's home
+ *             every rank adds its queries' terms; the N-th hop brings each dK and dV home
  * then the parameter gradients are all-reduced (exact sums) and the loss summed, as in train_dp.c.
- * K and V travel again in backward because keeping every block's K and V until its backward
- * would hold N times a rank's own (train_3d.c's pipeline keeps several microbatches, too).
+ * K and V go round again because keeping every rank's until the block's backward would hold,
+ * for each of the L blocks, N times this rank's own.
  *
  * Same bits as train.c: the softmax takes two passes (layers.h), the row max, which is exact
  * in any order, then exact fixed-point sums, so it does not matter which rank's keys come first.
@@ -45,17 +46,19 @@ typedef enum { CP_RING, CP_ALLGATHER, CP_ALLTOALL } CpComm; // --cp-comm
 // A tensor that travels round the ring: the copy this rank holds now, and the one arriving.
 typedef struct { void *held, *arriving; } Travelling;
 typedef struct {
-    Group* cp;      // the N ranks that share each row's positions
+    Group* cp;          // the N ranks that share each row's positions
     CpComm comm;        // --cp-comm
     int zigzag, online; // --cp-split zigzag (1) or contiguous (0); --cp-softmax online (1)
-    int Tq;         // T / N: the positions of each row a rank holds (layers.h's BlockDims.Tq)
-    int* pos;       // [N][Tq] every rank's positions, ascending; rank q's at cp_pos_of(q)
-    BlockDims dims; // attention's shapes: NH heads of HD, A = NH HD wide, R rows (each pass's)
-    // the exact softmax of this rank's queries: [R][NH][Tq] one a query and head, [R][Tq][A] a row of A
-    float *rowmax, *D;         // pass 1's row max; backward's D = dO . y
-    int64_t *expsum, *pv, *dq; // pass 2's sums of e = exp(s - max) and of e v; backward's dq
-    float* kvT;                // [HD][Tq] layers.h's scratch: one head of K (backward: V), transposed
-    Travelling k, v, dk, dv;   // the ring's K and V [R][Tq][A], and their gradients dK and dV
+    int Tq;             // T / N: the positions of each row a rank holds (layers.h's BlockDims.Tq)
+    int* pos;           // [N][Tq] every rank's positions, ascending; rank q's at cp_pos_of(q)
+    BlockDims dims;     // NH heads of HD, A = NH HD wide, R rows; dims.pos: this rank's, cp_pos_of(rank)
+    float* rowmax;      // [R][NH][Tq] pass 1's max score of each query and head
+    int64_t* expsum;    // [R][NH][Tq] pass 2's exact sum of e = exp(s - rowmax)
+    int64_t* pv;        // [R][Tq][A]  pass 2's exact sum of e v
+    float* D;           // [R][NH][Tq] backward's dO . y
+    int64_t* dq;        // [R][Tq][A]  backward's exact dq
+    float* kvT;         // [HD][Tq] layers.h's scratch: one head of K (backward: V), transposed
+    Travelling k, v, dk, dv; // the ring's K and V [R][Tq][A], and their gradients dK and dV
     // the chapters' buffers (cp_init allocates those that --cp-comm and --cp-softmax use)
     float *k_all, *v_all, *send, *recv, *heads_y, *heads_dy, *heads_dqkv, *heads_tmp, *run_sum, *run_out, *rank_max;
     int64_t *dk_all, *dv_all, *dk_mine, *dv_mine, *heads_acc;
@@ -66,7 +69,6 @@ typedef struct {
 // the zigzag split
 
 static void contiguous_positions(int T, int N, int i, int* pos); // its section, after the first read
-// The positions of rank i: chunks i and 2N-1-i of 2N.
 static void cp_positions(int T, int N, int zigzag, int i, int* pos) {
     if (!zigzag) return contiguous_positions(T, N, i, pos); // --cp-split contiguous
     int chunk = T / (2 * N), n = 0;
@@ -78,28 +80,33 @@ static const int* cp_pos_of(const Cp* p, int q) { return p->pos + q * p->Tq; }
 // ----------------------------------------------------------------------------
 // the exact softmax, one rank's keys at a time
 //
-// layers.h's two passes take any set of keys with their positions and mask by position, so it
-// does not matter whose keys come when. Scores and probabilities land in a->att at their key's
-// position; the queries are in a->qkv, rows of 3A floats (q, k, v). d->T counts a whole row's
-// terms, so that the exact sums have the same limit in every layout.
+// layers.h's passes, for query i (row r, head h, position p_i) and one rank's keys j at a
+// time, those at positions p_j <= p_i (the causal mask), with exact fixed-point sums (+=):
+//   pass 1    s_ij = q_i . k_j / sqrt(HD), into att[r][h][i][p_j]; rowmax_i = max_j s_ij
+//   pass 2    e_ij = exp(s_ij - rowmax_i), in place of s_ij; expsum_i += e_ij, pv_i += e_ij v_j
+//   the end   P_ij = e_ij / expsum_i, in place; y_i = pv_i / expsum_i
+//   backward  D_i = dO_i . y_i, dS_ij = P_ij (dO_i . v_j - D_i) / sqrt(HD);
+//             dq_i += dS_ij k_j, dk_j += dS_ij q_i, dv_j += P_ij dO_i
+// So att [R][NH][Tq][T] holds this rank's queries against all T keys, whoever holds them; q in
+// a->qkv, rows of 3A floats (q, k, v). A term past a sum's range limit stops the run; the more
+// terms, the lower the limit (fix_term_limit): d->T, a whole row's count, sets it in every layout.
 
-// The keys of rank src in backward: K and V [R][Tq][A], and the dK and dV they gather.
-typedef struct { const float *k, *v; int64_t *dk, *dv; int src; } Keys;
 // pass 1: the scores into a->att, and their row max
 static void scores_against(Cp* p, BlockActs* a, const float* k, int src) {
     const BlockDims* d = &p->dims;
     attention_scores(a->att, p->rowmax, a->qkv, 3L * d->A, k, d->A, cp_pos_of(p, src), p->Tq, d, p->kvT);
 }
-// pass 2: e = exp(s - max) in place of the scores, and the exact sums of e and of e v
+// pass 2: e in place of the scores, and the exact sums of e and of e v
 static void sums_against(Cp* p, BlockActs* a, const float* v, int src) {
     const BlockDims* d = &p->dims;
     attention_exp_pv(a->att, p->expsum, p->pv, p->rowmax, v, d->A, cp_pos_of(p, src), p->Tq, d, d->T);
 }
-// backward: dq gets this rank's queries' terms over src's keys, and so do src's dK and dV
-static void gradients_against(Cp* p, const BlockActs* a, const float* datty, Keys ks) {
+// backward: dq gets this rank's queries' terms over src's keys k, v, and so do src's dk and dv
+static void gradients_against(Cp* p, const BlockActs* a, const float* datty, const float* k, const float* v,
+                              int64_t* dk, int64_t* dv, int src) {
     const BlockDims* d = &p->dims;
-    attention_backward_block(p->dq, ks.dk, ks.dv, a->att, p->D, a->qkv, 3L * d->A, ks.k, d->A, ks.v, d->A, datty,
-                             d->A, cp_pos_of(p, ks.src), p->Tq, d, p->kvT, d->T);
+    attention_backward_block(p->dq, dk, dv, a->att, p->D, a->qkv, 3L * d->A, k, d->A, v, d->A, datty, d->A,
+                             cp_pos_of(p, src), p->Tq, d, p->kvT, d->T);
 }
 
 // The exact softmax's bookkeeping (plumbing, at the end): buffers packed, zeroed, unpacked.
@@ -112,18 +119,20 @@ static void exact_backward_end(Cp* p, float* dqkv, const int64_t* dk, const int6
 //
 // A hop posts the tensor held on to rank r + 1 and the next one in from r - 1, computes on the
 // one held while they travel, then waits. At hop h rank r holds rank r - h's, so N hops see
-// every rank's once and the last posts nothing. Backward's round of K and V carries dK and dV:
-// a rank adds its queries' terms and sends them on, the last hop too, which brings them home.
+// every rank's once and the last posts nothing. Backward's dK and dV leave after the compute,
+// since they carry its terms, and on every hop: the last brings each home.
 //
-//   rank 0 of N = 3  holds, computes on   sends to 1          receives from 2     waits for
-//   pass 1, hop 0    K0                   K0                  K2                  both
-//           hop 1    K2                   K2                  K1                  both
-//           hop 2    K1                   -                   -                   -
+//   rank 0 of N = 3  holds, computes on   sends to 1          receives from 2     requests
+//   pass 1, hop 0    K0                   K0                  K2                  2
+//           hop 1    K2                   K2                  K1                  2
+//           hop 2    K1                   -                   -                   0
 //   pass 2           the same, with V
-//   backward hop 0   K0 V0, dK0 dV0 = 0   K0 V0, dK0 dV0      K2 V2, dK2 dV2      all 8
-//            hop 1   K2 V2, dK2 dV2       K2 V2, dK2 dV2      K1 V1, dK1 dV1      all 8
-//            hop 2   K1 V1, dK1 dV1       dK1 dV1 (home)      dK0 dV0 (home)      all 4
+//   backward hop 0   K0 V0, dK0 dV0 = 0   K0 V0, dK0 dV0      K2 V2, dK2 dV2      4 + 4
+//            hop 1   K2 V2, dK2 dV2       K2 V2, dK2 dV2      K1 V1, dK1 dV1      4 + 4
+//            hop 2   K1 V1, dK1 dV1       dK1 dV1 (home)      dK0 dV0 (home)      0 + 4
+//   dK0 goes 0 -> 1 -> 2 -> 0, gathering each rank's terms; dK1 goes 1 -> 2 -> 0 -> 1.
 
+// Two requests: req[0] receives what arrives from r - 1, req[1] sends what is held to r + 1.
 static void ring_post(Cp* p, Travelling* t, MPI_Datatype type, int tag, MPI_Request* req) {
     int N = p->cp->size, next = (p->cp->rank + 1) % N, prev = (p->cp->rank + N - 1) % N;
     long n = (long)p->dims.R * p->Tq * p->dims.A;
@@ -134,44 +143,44 @@ static void arrived(Travelling* t) { void* was = t->held; t->held = t->arriving,
 static void ring_forward(Cp* p, BlockActs* a) {
     int N = p->cp->size, me = p->cp->rank;
     MPI_Request req[2];
-    exact_forward_start(p);
+    exact_forward_start(p);                             // rowmax = -infinity, expsum = pv = 0
     cp_pack_kv(a->qkv, p->k.held, p->v.held, &p->dims); // this rank's K and V set out
     for (int hop = 0; hop < N; hop++) {                 // pass 1: K goes round
-        int src = (me - hop + N) % N, posted = hop < N - 1 ? 2 : 0; // the last hop: none
-        if (posted) ring_post(p, &p->k, MPI_FLOAT, TAG_KEYS, req);
+        int src = (me - hop + N) % N, last = hop == N - 1;
+        if (!last) ring_post(p, &p->k, MPI_FLOAT, TAG_KEYS, req);
         double t = trace_clock();
         scores_against(p, a, p->k.held, src);
         trace_event("compute", t, trace_clock(), 0, "scores of rank %d", src);
-        group_waitall(p->cp, req, posted, "ring hop");
-        if (posted) arrived(&p->k);
+        group_waitall(p->cp, req, last ? 0 : 2, "ring hop");
+        if (!last) arrived(&p->k);
     }
     for (int hop = 0; hop < N; hop++) { // pass 2: V goes round
-        int src = (me - hop + N) % N, posted = hop < N - 1 ? 2 : 0; // the last hop: none
-        if (posted) ring_post(p, &p->v, MPI_FLOAT, TAG_VALUES, req);
+        int src = (me - hop + N) % N, last = hop == N - 1;
+        if (!last) ring_post(p, &p->v, MPI_FLOAT, TAG_VALUES, req);
         double t = trace_clock();
         sums_against(p, a, p->v.held, src);
         trace_event("compute", t, trace_clock(), 0, "sums of rank %d", src);
-        group_waitall(p->cp, req, posted, "ring hop");
-        if (posted) arrived(&p->v);
+        group_waitall(p->cp, req, last ? 0 : 2, "ring hop");
+        if (!last) arrived(&p->v);
     }
     attention_finish(a->att, a->atty, p->dims.A, p->expsum, p->pv, &p->dims);
 }
 static void ring_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
     int N = p->cp->size, me = p->cp->rank;
     long n = (long)p->dims.R * p->Tq * p->dims.A;
-    MPI_Request req[8];
-    exact_backward_start(p, a, datty);
+    MPI_Request req[8]; // K's and V's two each while they travel, then dK's and dV's
+    exact_backward_start(p, a, datty);                  // D = dO . y, dq = 0
     cp_pack_kv(a->qkv, p->k.held, p->v.held, &p->dims); // K and V set out again,
     fix_zero(p->dk.held, n), fix_zero(p->dv.held, n);   // with their gradients, empty
     for (int hop = 0; hop < N; hop++) {
-        int src = (me - hop + N) % N, last = hop == N - 1, posted = last ? 0 : 4;
+        int src = (me - hop + N) % N, last = hop == N - 1, n_kv_reqs = last ? 0 : 4;
         if (!last) ring_post(p, &p->k, MPI_FLOAT, TAG_KEYS, req), ring_post(p, &p->v, MPI_FLOAT, TAG_VALUES, req + 2);
         double t = trace_clock();
-        gradients_against(p, a, datty, (Keys){p->k.held, p->v.held, p->dk.held, p->dv.held, src});
+        gradients_against(p, a, datty, p->k.held, p->v.held, p->dk.held, p->dv.held, src);
         trace_event("compute", t, trace_clock(), 0, "gradients of rank %d", src);
-        ring_post(p, &p->dk, MPI_INT64_T, TAG_KEY_GRADS, req + posted); // dK and dV on, with this rank's terms
-        ring_post(p, &p->dv, MPI_INT64_T, TAG_VALUE_GRADS, req + posted + 2);
-        group_waitall(p->cp, req, posted + 4, "ring hop");
+        ring_post(p, &p->dk, MPI_INT64_T, TAG_KEY_GRADS, req + n_kv_reqs);
+        ring_post(p, &p->dv, MPI_INT64_T, TAG_VALUE_GRADS, req + n_kv_reqs + 2);
+        group_waitall(p->cp, req, n_kv_reqs + 4, "ring hop");
         if (!last) arrived(&p->k), arrived(&p->v);
         arrived(&p->dk), arrived(&p->dv);
     }
@@ -183,28 +192,16 @@ static void ring_backward(Cp* p, const BlockActs* a, const float* datty, float* 
 //
 // transformer.h's block with attention across ranks in its middle: y = a->atty and the
 // probabilities a->att forward, dqkv from dy backward. train_3d.c calls these two as well.
-
-// The chapters, after the first read:
-static void allgather_forward(Cp* p, BlockActs* a), allgather_backward(Cp*, const BlockActs*, const float*, float*);
-static void ulysses_forward(Cp* p, BlockActs* a), ulysses_backward(Cp*, const BlockActs*, const float*, float*);
-static void online_forward(Cp* p, BlockActs* a);
+// The attention is the ring's unless --cp-comm or --cp-softmax picks a chapter's; that choice
+// and --recompute's are after the first read.
+static void cp_attention_forward(Cp* p, BlockActs* a);
+static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv);
 static void cp_unit_recompute(Cp* p, const Config* c, int u, const float* w, Work* work);
-static void cp_attention_forward(Cp* p, BlockActs* a) {
-    if (p->comm == CP_ALLTOALL) ulysses_forward(p, a);
-    else if (p->comm == CP_ALLGATHER) allgather_forward(p, a);
-    else if (p->online) online_forward(p, a);
-    else ring_forward(p, a);
-}
-static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
-    if (p->comm == CP_ALLTOALL) ulysses_backward(p, a, datty, dqkv);
-    else if (p->comm == CP_ALLGATHER) allgather_backward(p, a, datty, dqkv);
-    else ring_backward(p, a, datty, dqkv);
-}
 
 static void cp_block_forward(Cp* p, const float* w, Work* work, int u) {
     Acts* a = &work->acts;
     BlockParams prm = block_params(w, &p->dims);
-    BlockActs ba = acts_block(a, u, &p->dims, p->Tq);
+    BlockActs ba = acts_block(a, u, &p->dims, p->Tq); // its per-token tensors: Tq positions a row
     block_forward_qkv(a->out[u - 1], &prm, &ba, &p->dims, &work->ws);
     cp_attention_forward(p, &ba);
     block_forward_out(a->out[u], a->out[u - 1], &prm, &ba, &p->dims, work->scratch.acc, &work->ws);
@@ -223,12 +220,14 @@ static void cp_block_backward(Cp* p, const float* w, int64_t* g, Work* work, int
 }
 
 // The forward of R rows on this rank's positions; returns the exact sum of their tokens' losses.
+// a->tokens and a->targets hold whole rows [R][T]: the layers read this rank's positions of them.
 static int64_t cp_model_forward(Cp* p, const Config* c, const float* params, Work* w, int R, long rows_total) {
     Acts* a = &w->acts;
     p->dims.R = R;
-    for (int r = 0; r < R; r++) // the targets at this rank's positions
+    for (int r = 0; r < R; r++)
         for (int i = 0; i < p->Tq; i++) p->targets[r * p->Tq + i] = a->targets[(long)r * c->context + p->dims.pos[i]];
     double t = trace_clock();
+    // x = wte[token] + wpe[position]: tokens of the whole vocabulary [0, V), with wpe added (1)
     gpt_embedding_forward(a->out[0], a->tokens, params, params + (long)c->vocab * c->emb, 0, c->vocab, 1, &p->dims);
     trace_event("compute", t, trace_clock(), 0, "forward embedding");
     for (int u = 1; u <= c->layers; u++) cp_block_forward(p, params + unit_offset(c, u), w, u);
@@ -329,8 +328,8 @@ static void allgather_backward(Cp* p, const BlockActs* a, const float* datty, fl
     fix_zero(p->dk_all, N * n), fix_zero(p->dv_all, N * n);
     double t = trace_clock();
     for (int src = 0; src < N; src++)
-        gradients_against(p, a, datty, (Keys){p->k_all + src * n, p->v_all + src * n, p->dk_all + src * n,
-                                              p->dv_all + src * n, src});
+        gradients_against(p, a, datty, p->k_all + src * n, p->v_all + src * n, p->dk_all + src * n, p->dv_all + src * n,
+                          src);
     trace_event("compute", t, trace_clock(), 0, "attention backward");
     // each rank's slot of dk_all summed over every rank and added into its dk_mine: dK home, exact
     fix_zero(p->dk_mine, n), fix_zero(p->dv_mine, n);
@@ -500,6 +499,21 @@ static void online_forward(Cp* p, BlockActs* a) {
                 for (int t = 0; t < d->T; t++) prow[t] = t <= d->pos[i] ? expf(prow[t] - p->rowmax[rhi]) / p->run_sum[rhi] : 0.0f;
                 for (int x = 0; x < HD; x++) a->atty[at + x] = p->run_out[at + x] / p->run_sum[rhi];
             }
+}
+
+// ----------------------------------------------------------------------------
+// which attention a block runs
+
+static void cp_attention_forward(Cp* p, BlockActs* a) {
+    if (p->comm == CP_ALLTOALL) ulysses_forward(p, a);
+    else if (p->comm == CP_ALLGATHER) allgather_forward(p, a);
+    else if (p->online) online_forward(p, a);
+    else ring_forward(p, a);
+}
+static void cp_attention_backward(Cp* p, const BlockActs* a, const float* datty, float* dqkv) {
+    if (p->comm == CP_ALLTOALL) ulysses_backward(p, a, datty, dqkv);
+    else if (p->comm == CP_ALLGATHER) allgather_backward(p, a, datty, dqkv);
+    else ring_backward(p, a, datty, dqkv); // --cp-softmax online's backward is the ring's exact one
 }
 
 // ----------------------------------------------------------------------------
