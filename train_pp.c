@@ -25,11 +25,11 @@
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule interleaved --virtual 2
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule dualpipev --timeline
  *
- * Sections: the first read (what a rank holds; messages; the executor, which runs a list of
- * actions: receive, compute, send; one training step). After its end, the chapters: the
- * zero-bubble actions W and F&B; building and checking every schedule's lists; forward-only
- * passes; the report (timeline, bubble, formulas). Then what only serves: the split into
- * chunks, flags, and the program's plumbing and main.
+ * Sections: the first read (what a rank holds; messages; a chunk's work; the executor, which
+ * runs a list of actions: receive, compute, send; one training step). After its end, the
+ * chapters: the zero-bubble actions W and F&B; building and checking every schedule's lists;
+ * forward-only passes; the report (timeline, bubble, formulas). Then what only serves: the
+ * split into chunks, flags, and the program's plumbing and main.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -46,13 +46,11 @@
 // sampler makes that free). Each rank adds the gradients of all M microbatches into one
 // exact sum, so the gradient is the mean over the whole batch, as in train.c.
 
-// What a rank computes for one chunk, units [lo, hi), on a microbatch of R rows. train_pp.c
-// runs the units themselves; train_3d.c runs their tensor-parallel slices, FSDP-sharded.
-// forward finds the chunk's input in a->out[lo-1], where F received it. backward starts from
-// the gradient of the chunk's output in s->dout (the last chunk starts from its loss) and
-// leaves the gradient of the chunk's input there. With stash NULL it adds the weight
-// gradients at once (B); otherwise it keeps what each unit's weight half needs in stash[u]
-// (I), and backward_weight uses that later (W).
+// A chunk's work, units [lo, hi) on a microbatch of R rows: this program's stage_forward and
+// stage_backward (just before the executor), or train_3d.c's tensor-parallel ones. forward
+// finds the chunk's input in a->out[lo-1]. backward finds the gradient of the chunk's output
+// in s->dout and leaves the gradient of its input there. The stash and backward_weight serve
+// the zero-bubble schedules, in their chapter.
 typedef struct {
     void (*forward)(void* ctx, int lo, int hi, Acts* a, Scratch* s, int R, long rows_total);
     void (*backward)(void* ctx, int lo, int hi, Acts* a, Scratch* s, float* const* stash, int R, long batch);
@@ -67,53 +65,43 @@ typedef struct {
     StageWork work;
 } PpPlug;
 
-// The activations of microbatch mb through chunk `chunk`, held from its F to its B or W;
-// with an I/W schedule, also what its I leaves for its W.
+// The activations of microbatch mb through chunk `chunk`, held from its F to its B.
 typedef struct {
     int chunk, mb; // mb -1: a free slot
     Acts acts;
-    float* stash[MAX_LAYERS + 2];
+    float* stash[MAX_LAYERS + 2]; // the zero-bubble chapter's: what a unit's I keeps for its W
 } Held;
 
-typedef struct { // one computation of the last step, for --timeline and the report
-    char op;
-    int mb;
-    double t0, t1; // seconds since the step began
-} Timed;
-
+// This rank's part of the pipeline: the first read's fields, then (after `loss`) the chapters'.
 typedef struct {
-    // the pipeline, and this rank's place in it
     Group* group;     // the pipeline's ranks
     int S, rank;      // how many, and this one
     int sched, V, M;  // the schedule, chunks a rank, microbatches
     int n_chunks;     // S V: the model's chunks
     int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
-    int chunk[4];     // this rank's chunks, its v-th being chunk[v]
     long batch;       // rows of the global batch: losses and gradients are means over it
-    int rows;         // rows this pipeline streams a step (train_3d.c: its replica's shares)
-    int mb_rows;      // the largest microbatch (share)
+    int mb_rows;      // the largest microbatch (train_3d.c: the largest share of one)
     const Config* c;
     PpPlug plug;
-    // the schedule: every rank's list of actions (counts[r] of them), checked
-    Action** lists;
-    int* counts;
-    Action* actions;  // this rank's
+    Action* actions;  // this rank's list of actions, in the order it runs them
     int n_actions;
-    int split;        // the list runs I and W apart (then I stashes what W needs)
-    // buffers
     Held* held;       // [room] the activations in flight; room: the most the list holds at once
     int room;
-    float* recompute_room; // --recompute: one block's room that every slot shares (one backward at a time)
-    float* outbox;    // the copy of each message sent this step: a slot each (chunk v, microbatch, direction)
-    MPI_Request* sent; //   and its request; msg_floats a slot
+    float* outbox;    // a copy of each message this step sends, a slot of msg_floats each
+    MPI_Request* sent; //   and each slot's request
     long msg_floats;
-    Scratch scratch;
-    Acts pass[4];     // forward-only passes (validation, sampling), one per chunk
-    // the step's loss, and the time for the report
+    Scratch scratch;  // a pass's gradients between units, and its exact partial sums (model.h)
     int64_t loss;     // the rank of the last chunk: the exact loss sum of the step's microbatches
-    double idle, busy; // seconds waiting for messages, and computing, over the run
-    double step_start;
-    Timed* timed;     // the last step's computations
+    // the chapters after the first read
+    int chunk[4];     // this rank's chunks, its v-th being chunk[v]
+    int rows;         // rows this pipeline streams a step (train_3d.c: its replica's shares)
+    Action** lists;   // every rank's list, counts[r] actions long: the checker's input
+    int* counts;
+    int split;        // a zero-bubble list, which runs I and W apart: I stashes what W needs
+    float* recompute_room; // --recompute: one block's room that every slot shares (one backward at a time)
+    Acts pass[4];     // forward-only passes (validation, sampling), one per chunk
+    double idle, busy, step_start; // the report: seconds waiting and computing over the run; the step's start
+    struct Timed* timed; // the last step's computations (the report's chapter)
     int n_timed;
 } Pp;
 
@@ -124,10 +112,38 @@ static int pp_rank_of(const Pp* p, int k) {
     int v;
     return chunk_owner(p->sched, p->S, p->V, k, &v);
 }
-// Microbatch m (train_3d.c: this replica's share of it): its first row of the batch, and
-// (returned) how many (model.h's microbatch_rows: 32 rows into 3 microbatches, 11, 11, 10).
+// Microbatch m: its first row of the batch, and (returned) how many. With one replica these
+// are train.c's split_range(B, M, m); train_3d.c's replicas share each microbatch out the
+// same way (model.h's microbatch_rows).
 static int pp_mb_rows(const Pp* p, int m, long* row) {
     return microbatch_rows(p->batch, p->M, m, p->plug.replicas, p->plug.replica, row);
+}
+
+// A slot for the activations of microbatch m through chunk k, taken at its F and given back
+// at its B (pp_drop), so that a rank holds only what its list has in flight. There are room
+// slots, the most the list holds at once (pp_init counts them), so one is always free.
+static Held* pp_hold(Pp* p, int k, int m) {
+    Held* h = p->held;
+    while (h < p->held + p->room && h->mb >= 0) h++;
+    if (h == p->held + p->room) fatal("internal: more activations in flight than the list's peak");
+    int lo = p->first[k], hi = p->first[k + 1];
+    // Room for the chunk's input, its units' outputs and what they keep for backward. With --recompute,
+    // a block recomputes into the rank's one recompute_room, lent to every slot: one backward at a time.
+    acts_init_lent(&h->acts, p->c, p->mb_rows, lo, hi, p->plug.sizes, p->recompute_room);
+    for (int u = lo; u < hi && p->split; u++) // a zero-bubble list: room for what I keeps for W
+        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * unit_stash_at(p->c, p->plug.sizes, u));
+    h->chunk = k, h->mb = m;
+    return h;
+}
+static Held* pp_held(Pp* p, int k, int m) {
+    for (int j = 0; j < p->room; j++)
+        if (p->held[j].chunk == k && p->held[j].mb == m) return &p->held[j];
+    fatal("internal: no activations of microbatch %d in chunk %d", m, k);
+}
+static void pp_drop(Held* h) {
+    acts_free(&h->acts);
+    for (int u = 0; u < MAX_LAYERS + 2; u++) free(h->stash[u]), h->stash[u] = NULL;
+    h->mb = -1;
 }
 
 // ----------------------------------------------------------------------------
@@ -139,18 +155,21 @@ static int pp_mb_rows(const Pp* p, int m, long* row) {
 // the outbox, which nothing writes again until the step ends by waiting for every send.
 // Between two chunks of the same rank (where zbv and dualpipev turn round, or interleaved on
 // one rank) nothing is sent: the receiving chunk copies the message from the outbox.
+//
+// A message's tag is the receiving chunk's stream; its slot is the sending chunk's (its v,
+// the microbatch, what it sends). A slot never sent holds MPI_REQUEST_NULL (pp_init sets
+// every one; MPI_Wait sets a sent one back), so waiting for it returns at once.
 
 enum { ACTIVATIONS, GRADIENT };
 
-// A message's tag names its stream, chunk k's input (ACTIVATIONS) or its output's gradient
-// (GRADIENT), never its microbatch: each chunk runs its F's, and its B's or I's, in
-// microbatch order (the checker checks it), so a stream's messages are sent and received
-// in microbatch order, and MPI keeps in order the messages of one tag between two ranks.
-// (2 S V tags, at most 2 x 64 x 4 from TAG_MICROBATCH: below MPI's least 32767.)
+// Chunk k's stream of inputs (ACTIVATIONS) or of its output's gradients (GRADIENT). A tag needs
+// no microbatch: each chunk runs its forwards, and its backwards, in microbatch order (the checker
+// checks it), and MPI keeps the messages of one tag between two ranks in order. Two tags a chunk,
+// of at most 64 ranks x 4: from TAG_MICROBATCH (1024) below 1536, under every MPI's 32767.
 static int pp_tag(int k, int what) { return TAG_MICROBATCH + 2 * k + what; }
 
-// Chunk k's (this rank's) slot for what it sends for microbatch m: its output (ACTIVATIONS)
-// or its input's gradient (GRADIENT).
+// The outbox slot of what chunk k (this rank's v-th) sends for microbatch m: its output
+// (ACTIVATIONS) or its input's gradient (GRADIENT).
 static long pp_slot(const Pp* p, int k, int m, int what) {
     int v;
     chunk_owner(p->sched, p->S, p->V, k, &v);
@@ -187,43 +206,60 @@ static void pp_receive(Pp* p, int what, int k, int m, float* buf, long n) {
     pp_wait(p, 1, &req);
 }
 
+#ifndef TRAIN_3D // the program train_pp; train_3d.c has its own Run and chunk's work
+
+#define RUN_LINE "mpirun -n 2 ./train_pp"
+
+// ----------------------------------------------------------------------------
+// the strategy: a chunk's work, in this program
+
+// This program's state: the parameters of its chunks' units (st, unit u's at off[u]), the pipeline, the flags.
+typedef struct {
+    Config cfg;
+    Dataset ds;     // the data
+    Pp p;
+    long off[MAX_LAYERS + 2]; // unit u's parameters in this rank's state (its chunks' units, in model order)
+    State st;       // this rank's units: parameters, exact gradient sums, AdamW state
+    Workspace ws;
+    Group pp;       // every rank
+    int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
+    int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
+    Holding mine;   // what this rank holds of the model, for checkpoints
+} Run;
+
+// Units [lo, hi) forward, as model.h's model_forward runs them all.
+static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R, long rows_total) {
+    Run* r = ctx;
+    for (int u = lo; u < hi; u++) unit_forward(&r->cfg, u, r->st.params + r->off[u], a, sc, R, rows_total, &r->ws);
+}
+// I, the zero-bubble chapter's: unit u's input half alone, keeping in stash what its W needs.
+static void stage_backward_input(Run* r, int u, Acts* a, Scratch* sc, float* stash, int R);
+// Units hi - 1 down to lo backward, as model.h's model_backward runs them all. s->dout starts
+// as the gradient of the chunk's output, received (the last chunk's head makes its own from
+// the loss). Each unit leaves its input's gradient in s->din, and scratch_step_down makes it
+// the next unit's s->dout, so the chunk's input gradient ends in s->dout.
+static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
+    Run* r = ctx;
+    for (int u = hi - 1; u >= lo; u--) {
+        const float* w = r->st.params + r->off[u];
+        unit_recompute(&r->cfg, u, w, a, sc, R, &r->ws); // --recompute: what the forward did not keep
+        if (stash) stage_backward_input(r, u, a, sc, stash[u], R);
+        else unit_backward(&r->cfg, u, w, r->st.grads + r->off[u], a, sc, R, batch, &r->ws); // B: both halves
+        scratch_step_down(sc);
+    }
+}
+
+#endif // TRAIN_3D
+
 // ----------------------------------------------------------------------------
 // the strategy: the executor, which runs any schedule's list of actions
 
-// A slot for the activations of microbatch m through chunk k, from its F to its B or W
-// (pp_drop): allocated then, freed then, so that a rank holds what its list has in flight.
-// There is a free slot: room is the list's peak.
-static Held* pp_hold(Pp* p, int k, int m) {
-    Held* h = p->held;
-    while (h->mb >= 0) h++;
-    int lo = p->first[k], hi = p->first[k + 1];
-    acts_init_lent(&h->acts, p->c, p->mb_rows, lo, hi, p->plug.sizes, p->recompute_room);
-    for (int u = lo; u < hi && p->split; u++)
-        h->stash[u] = mallocCheck(sizeof(float) * p->mb_rows * unit_stash_at(p->c, p->plug.sizes, u));
-    h->chunk = k, h->mb = m;
-    return h;
-}
-static Held* pp_held(Pp* p, int k, int m) {
-    for (int j = 0; j < p->room; j++)
-        if (p->held[j].chunk == k && p->held[j].mb == m) return &p->held[j];
-    fatal("internal: no activations of microbatch %d in chunk %d", m, k);
-}
-static void pp_drop(Held* h) {
-    acts_free(&h->acts);
-    for (int u = 0; u < MAX_LAYERS + 2; u++) free(h->stash[u]), h->stash[u] = NULL;
-    h->mb = -1;
-}
+// The report's clock: a computation ran from t to now (its chapter).
+static void pp_timed(Pp* p, char op, int k, int m, double t);
 
-// A computation ran from t to now: busy time; for the report, the timeline and the trace.
-static void pp_timed(Pp* p, char op, int k, int m, double t) {
-    double now = now_seconds();
-    p->busy += now - t;
-    p->timed[p->n_timed++] = (Timed){op, m, t - p->step_start, now - p->step_start};
-    trace_event("pipeline", t, now, 0, "%c%d chunk %d", op, m, k);
-}
-
-// F of microbatch m through chunk k: its input from chunk k-1 (the first chunk draws the
-// rows itself), forward, its output to chunk k+1 (the last chunk adds its loss instead).
+// F of microbatch m through chunk k: its input from chunk k-1, forward (stage_forward, above),
+// its output to chunk k+1 (the last chunk adds its loss instead). Every chunk loads the rows
+// itself, so none travel: the first embeds their tokens, the last scores their targets.
 static void pp_forward(Pp* p, const Rows* rows, int k, int m) {
     int lo = p->first[k], hi = p->first[k + 1];
     long row;
@@ -237,9 +273,9 @@ static void pp_forward(Pp* p, const Rows* rows, int k, int m) {
     if (k < p->n_chunks - 1) pp_send(p, ACTIVATIONS, k, m, h->acts.out[hi - 1], (long)R * pp_width(p, hi - 1));
     else p->loss += h->acts.loss;
 }
-// B, or its input half I, of microbatch m through chunk k: the gradient of its output from
-// chunk k+1 (the last chunk starts from its loss), backward, the gradient of its input to
-// chunk k-1. B adds the weight gradients and lets the activations go; I stashes what W needs.
+// B of microbatch m through chunk k: the gradient of its output from chunk k+1, backward
+// (stage_backward, above), the gradient of its input to chunk k-1; then its activations go.
+// A zero-bubble list's I (its chapter) runs here too, and keeps them for its W.
 static void pp_backward(Pp* p, char op, int k, int m) {
     int lo = p->first[k], hi = p->first[k + 1];
     long row;
@@ -271,7 +307,7 @@ static int64_t pp_step(Pp* p, const Rows* rows) {
         if (a->op == 'B' || a->op == 'I') pp_backward(p, a->op, a->chunk, a->mb);
         if (a->op == 'W' || a->op == '&') pp_zero_bubble(p, rows, a);
     }
-    pp_wait(p, 2 * p->V * p->M, p->sent); // every send of the step: the next step writes the slots again
+    pp_wait(p, 2 * p->V * p->M, p->sent); // every slot, sent or not: the next step writes them again
     return p->loss;
 }
 
@@ -285,46 +321,10 @@ static void pp_loss_to_first(Pp* p, int64_t* loss) {
     if (p->rank == 0) group_recv(p->group, loss, 1, MPI_INT64_T, last, TAG_LOSS);
 }
 
-#ifndef TRAIN_3D // the program train_pp; train_3d.c uses only the pipeline
-
-#define RUN_LINE "mpirun -n 2 ./train_pp"
+#ifndef TRAIN_3D
 
 // ----------------------------------------------------------------------------
 // one training step of this program
-
-typedef struct {
-    Config cfg;
-    Dataset ds;     // the data
-    Pp p;
-    long off[MAX_LAYERS + 2]; // unit u's parameters in this rank's state (its chunks' units, in model order)
-    State st;       // this rank's units: parameters, exact gradient sums, AdamW state
-    Workspace ws;
-    Group pp;       // every rank
-    int M, sched, V, timeline; // --microbatches, --schedule, --virtual, --timeline
-    int first[MAX_LAYERS + 3]; // chunk k holds units [first[k], first[k+1])
-    Holding mine;   // what this rank holds of the model, for checkpoints
-} Run;
-
-// This program's StageWork: units [lo, hi) in order, and back.
-static void stage_forward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, int R, long rows_total) {
-    Run* r = ctx;
-    for (int u = lo; u < hi; u++) unit_forward(&r->cfg, u, r->st.params + r->off[u], a, sc, R, rows_total, &r->ws);
-}
-static void stage_backward(void* ctx, int lo, int hi, Acts* a, Scratch* sc, float* const* stash, int R, long batch) {
-    Run* r = ctx;
-    for (int u = hi - 1; u >= lo; u--) {
-        unit_recompute(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws); // --recompute
-        unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
-        float* dout = unit_stash(&r->cfg, u, sc); // what the weight half reads (model.h)
-        if (stash) memcpy(stash[u], dout, (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float)); // I: kept for W
-        else unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, dout, R, batch, &r->ws);
-        scratch_step_down(sc); // the input's gradient becomes the unit below's output gradient
-    }
-}
-static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch) {
-    Run* r = ctx;
-    for (int u = lo; u < hi; u++) unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, stash[u], R, batch, &r->ws);
-}
 
 // One step: the gradients of every microbatch summed by the schedule, the loss sent to rank
 // 0, and the optimizer step on this rank's chunks. Returns the mean loss over the batch.
@@ -337,7 +337,9 @@ static double train_step(Run* r, const Options* o, long step) {
     workspace_keep_weights(&r->ws, 0);
     pp_loss_to_first(&r->p, &loss);
     long n = dataset_batch_targets(&r->ds, o->seed, step, o->batch); // the loss is the mean over n targets
-    float scale = clip_factor(&o->opt, &(GradSpan){r->st.grads, np}, 1, n, group_norm, &r->pp); // over every rank
+    // --clip: the norm over every rank's gradients, as two all-reduces (dist.h's group_norm):
+    // the largest, then the exact sum of squares, so the norm is train.c's to the bit.
+    float scale = clip_factor(&o->opt, &(GradSpan){r->st.grads, np}, 1, n, group_norm, &r->pp);
     optimizer_step(&o->opt, r->st.params, r->st.grads, r->st.m, r->st.v, np, grad_factor(n), scale, step);
     return fix_to(loss) / n;
 }
@@ -351,7 +353,8 @@ static double train_step(Run* r, const Options* o, long step) {
 //
 // A zero-bubble schedule (zb1, zbv, dualpipev) splits a backward into I and W, so that the
 // gradient the chunk before waits for leaves before the weight gradients are computed; W
-// then runs where 1F1B would idle.
+// then runs where 1F1B would idle. I is pp_backward given the slot's stash (pp_hold makes
+// room for it in such lists), where the chunk's work keeps what each unit's W reads.
 
 // W of microbatch m through chunk k: the weight gradients, from what its I stashed.
 static void pp_weight(Pp* p, int k, int m) {
@@ -376,12 +379,40 @@ static void pp_zero_bubble(Pp* p, const Rows* rows, const Action* a) {
     pp_backward(p, 'B', a->b_chunk, a->b_mb);
 }
 
+#ifndef TRAIN_3D
+// This program's I and W of a unit (stage_backward runs I where B would be): the input half,
+// its weight half's input kept in the stash; later the weight half, from the stash.
+static void stage_backward_input(Run* r, int u, Acts* a, Scratch* sc, float* stash, int R) {
+    unit_backward_input(&r->cfg, u, r->st.params + r->off[u], a, sc, R, &r->ws);
+    memcpy(stash, unit_stash(&r->cfg, u, sc), (size_t)R * unit_stash_width(&r->cfg, u) * sizeof(float));
+}
+static void stage_backward_weight(void* ctx, int lo, int hi, const Acts* a, float* const* stash, int R, long batch) {
+    Run* r = ctx;
+    for (int u = lo; u < hi; u++) unit_backward_weight(&r->cfg, u, r->st.grads + r->off[u], a, stash[u], R, batch, &r->ws);
+}
+#endif
+
 // ----------------------------------------------------------------------------
 // every schedule's lists, checked, and the buffers they need
 //
 // pp_init builds every rank's list for any schedule of schedules.h and runs the checker on
 // them: lists it passes cannot deadlock, and each chunk's messages come in microbatch order
 // (pp_tag). Then it sizes this rank's buffers to its list.
+
+// One computation of the last step, for the report (--timeline, the bubble), and the clock
+// that records it: busy time, the timeline's entry and the trace's event.
+struct Timed {
+    char op;
+    int mb;
+    double t0, t1; // seconds since the step began
+};
+typedef struct Timed Timed;
+static void pp_timed(Pp* p, char op, int k, int m, double t) {
+    double now = now_seconds();
+    p->busy += now - t;
+    p->timed[p->n_timed++] = (Timed){op, m, t - p->step_start, now - p->step_start};
+    trace_event("pipeline", t, now, 0, "%c%d chunk %d", op, m, k);
+}
 
 // The most (chunk, microbatch) activations a list holds at once: each from its F to its B
 // or W (an F&B's F holds its own before its B lets one go).
