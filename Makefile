@@ -39,7 +39,7 @@ HEADERS = util.h kernels.h layers.h transformer.h config.h moe.h model.h optim.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d train_ep train_cp
 TESTS = tests/test_units tools/compare tools/report tools/schedules tools/costmodel tools/pingpong
 
-.PHONY: all run test check fuzz zoo cluster bench clean mpi openblas
+.PHONY: all run test check fuzz zoo cluster bench pages clean mpi openblas
 # the two tools the pages run beside the programs (plain C, no MPI)
 all: $(PROGRAMS) tools/schedules tools/costmodel
 
@@ -112,6 +112,11 @@ cluster: all tools/compare tools/report tools/costmodel tools/pingpong
 	@HOSTS=$(HOSTS) LINK="$(LINK)" QUICK=$(QUICK) bash tools/cluster_run.sh
 
 # the bug zoo (tests/zoo/*.patch): each bug applied to a copy, the suite run until it fails
+# every command of the pages (tests/pages.sh, also in make test), and each tools/tables.sh
+# section's tables against its page
+pages: all $(TESTS)
+	@bash tests/pages.sh --tables
+
 zoo:
 	@tools/need.sh patch patch
 	@tools/need.sh bc bc

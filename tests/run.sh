@@ -103,9 +103,10 @@ relay() {
         case $word in
             PASSED) pass "$prefix$rest" ;;
             FAILED) fail "$prefix$rest" ;;
+            SKIPPED) skip "$prefix$rest" ;;
         esac
     done <"$TMP/relay"
-    grep -q ' passed, 0 failed$' "$TMP/relay" || fail "$name did not finish: $(tail -n 3 "$TMP/relay" | tr '\n' '|')"
+    grep -Eq ' passed, 0 failed(, [0-9]+ skipped)?$' "$TMP/relay" || fail "$name did not finish: $(tail -n 3 "$TMP/relay" | tr '\n' '|')"
 }
 
 # tools/costmodel's inputs: a cluster file with one line changed (sed EXPRESSION) is refused
@@ -2438,6 +2439,41 @@ section_docs() {
 }
 
 # ----------------------------------------------------------------------------
+# The pages' commands (tests/pages.sh: each run, shortened where long, and what its comment
+# says it prints checked); then pages made wrong, each of which it must refuse.
+section_pages() {
+    relay "tests/pages.sh" "" bash tests/pages.sh
+    local d="$TMP/pages"
+    rm -rf "$d" && mkdir -p "$d/docs"
+    printf '# a page\n\n```sh\n%s\n```\n' \
+        "mpirun -n 2 ./train_dp --sync weights   # prints what ./train prints" \
+        >"$d/README.md"
+    run "$TMP/pages.out" env PAGES="$d" bash tests/pages.sh
+    check "pages: a comment that says a run prints what ./train prints, where it does not, fails" \
+        grep -q "^FAILED pages: README.md:4 .*it does not print what ./train prints" "$TMP/pages.out"
+    printf '# a page\n\n```sh\n%s\n%s\n%s\n```\n' "mpirun -n 2 ./train_dp --overlap   # not bit for bit" \
+        "tools/costmodel selftest   # prints \"9 passed, 0 failed\"" "tools/frobnicate --all" >"$d/docs/x.md"
+    sed 's/^| 1 | 4 | 2 | 32 | 32 |/| 1 | 4 | 2 | 32 | 33 |/' docs/cluster.md >"$d/docs/cluster.md"
+    run "$TMP/pages.out" env PAGES="$d" bash tests/pages.sh
+    check "pages: a run that prints what ./train prints, where the page says it does not, fails" \
+        grep -q "^FAILED pages: docs/x.md:4 .*where the page says it does not" "$TMP/pages.out"
+    check "pages: a figure quoted in a comment (\"9 passed, 0 failed\") that is not printed fails" \
+        grep -q "^FAILED pages: docs/x.md:5 .*it does not print /9 passed, 0 failed/" "$TMP/pages.out"
+    check "pages: a command the plan does not know fails" \
+        grep -q "^FAILED pages: docs/x.md:6 .*the plan of tests/pages.sh does not know it" "$TMP/pages.out"
+    check "pages: a line that tools/costmodel prints and its page does not show fails" \
+        grep -q "^FAILED pages: docs/cluster.md:8 .*prints a line that is not on the page: '| 1 | 4 | 2 | 32 | 32 |" "$TMP/pages.out"
+    check "pages: it ends with the count, and exits 1" bash -c "tail -1 '$TMP/pages.out' | grep -Eq '^[0-9]+ passed, [1-9][0-9]* failed'"
+    printf '| a | time | b |\n| --- | --- | --- |\n| 1 | 2.0 s | 3 |\n' >"$TMP/table.out"
+    printf 'text\n\n| a | time | b |\n| --- | --- | --- |\n| 1 | 9.9 s | 3 |\n' >"$d/ok.md"
+    sed 's/| 3 |$/| 4 |/' "$d/ok.md" >"$d/bad.md"
+    check "pages: a table printed as on its page, times apart, agrees" \
+        bash -c "test -z \"\$(awk -f tests/pages_tables.awk '$d/ok.md' '$TMP/table.out')\""
+    check "pages: a table whose cell differs from its page's names the row and column" \
+        bash -c "awk -f tests/pages_tables.awk '$d/bad.md' '$TMP/table.out' | grep -q \"row 1, column 'b': the page says '4', the output '3'\""
+}
+
+# ----------------------------------------------------------------------------
 # the quick tier (make test QUICK=1, with the units and the flags): every program once against
 # train.c, each model, a few minutes; make test runs the same layouts among many more
 section_quick() {
@@ -2486,6 +2522,7 @@ run_section recompute
 run_section accumulation
 run_section run
 run_section docs
+run_section pages
 run_section builds
 run_section cluster
 if [ "$SKIPPED" -gt 0 ]; then echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"; else echo "$PASSED passed, $FAILED failed"; fi
