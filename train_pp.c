@@ -13,11 +13,11 @@
  *   (every rank draws each microbatch's rows itself: only activations and gradients travel)
  *
  * Per rank and step, for each of its chunks whose neighbour chunk is on another rank:
- *   sent    4 bytes x the rows of the batch x (the chunk's output width, to the next chunk,
- *           + its input width, the gradients to the chunk before)
+ *   sent    4 bytes x the batch's rows x (its output width: activations forward to the next
+ *           chunk, + its input width: gradients backward to the chunk before)
  *   memory  4 + 8 (+ 8 with AdamW) bytes a parameter of its chunks, and the activations of
  *           its microbatches in flight at the peak of its list, each chunk's count times what
- *           a microbatch holds there (1F1B: S-r microbatches on rank r)
+ *           a microbatch holds there (1F1B: min(S-r, M) microbatches on rank r)
  *   bubble  the fraction of the step a rank waits: (S-1)/(M+S-1) for GPipe and 1F1B on S
  *           ranks; every schedule's in schedules.h
  *
@@ -48,7 +48,7 @@
 
 // A chunk's work, units [lo, hi) on a microbatch of R rows: this program's stage_forward and
 // stage_backward (just before the executor), or train_3d.c's tensor-parallel ones. forward
-// finds the chunk's input in a->out[lo-1]. backward finds the gradient of the chunk's output
+// finds the chunk's input in a->out[lo-1] (chunk 0: the tokens, in a->tokens). backward finds the gradient of the chunk's output
 // in s->dout and leaves the gradient of its input there. The stash and backward_weight serve
 // the zero-bubble schedules, in their chapter.
 typedef struct {
@@ -87,8 +87,8 @@ typedef struct {
     int n_actions;
     Held* held;       // [room] the activations in flight; room: the most the list holds at once
     int room;
-    float* outbox;    // a copy of each message this step sends, a slot of msg_floats each
-    MPI_Request* sent; //   and each slot's request
+    float* outbox;    // [V][M][2] slots of msg_floats: a copy of each message this step sends
+    MPI_Request* sent; // [V][M][2]: each slot's request
     long msg_floats;
     Scratch scratch;  // a pass's gradients between units, and its exact partial sums (model.h)
     int64_t loss;     // the rank of the last chunk: the exact loss sum of the step's microbatches
@@ -157,8 +157,9 @@ static void pp_drop(Held* h) {
 // one rank) nothing is sent: the receiving chunk copies the message from the outbox.
 //
 // A message's tag is the receiving chunk's stream; its slot is the sending chunk's (its v,
-// the microbatch, what it sends). A slot never sent holds MPI_REQUEST_NULL (pp_init sets
-// every one; MPI_Wait sets a sent one back), so waiting for it returns at once.
+// the microbatch, what it sends: with M = 4, a rank's second chunk sends microbatch 2's
+// activations from slot (1 * 4 + 2) * 2 + 0 = 12). A slot never sent holds MPI_REQUEST_NULL
+// (pp_init sets each; MPI_Wait sets a sent one back), so waiting for it returns at once.
 
 enum { ACTIVATIONS, GRADIENT };
 
@@ -327,7 +328,7 @@ static void pp_loss_to_first(Pp* p, int64_t* loss) {
 // one training step of this program
 
 // One step: the gradients of every microbatch summed by the schedule, the loss sent to rank
-// 0, and the optimizer step on this rank's chunks. Returns the mean loss over the batch.
+// 0, and the optimizer step on this rank's chunks. Returns, on rank 0, the batch's mean loss.
 static double train_step(Run* r, const Options* o, long step) {
     long np = r->st.n;
     Rows batch = training_rows(&r->ds, o->seed, step, 0);
