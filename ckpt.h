@@ -60,7 +60,7 @@ typedef struct {
     float lr, weight_decay, beta1, beta2, eps, clip;
     float capacity, aux_loss;
     int32_t microbatches; // --microbatches of a mixture of experts, which decide its result (0: dense, or format 4 and before)
-    int32_t unused;       // written 0: the header stays a multiple of 8 bytes
+    int32_t expert_hidden; // the GPT's --expert-hidden (0: its experts are 4C wide, as in every file written before it)
     // in memory only: the vocabulary that follows the header in the file (the code point of
     // each token, so that another dataset is caught), and, for a header read from a file,
     // its format and its bytes (vocabulary included) as they are there
@@ -126,6 +126,7 @@ static CkptHeader ckpt_header(const Config* c, const Options* o, const Dataset* 
     h.eps = o->opt.eps, h.clip = o->opt.clip;
     h.experts = c->experts, h.top_k = c->top_k, h.capacity = c->capacity, h.aux_loss = c->aux_loss;
     h.microbatches = c->experts > 0 ? o->microbatches : 0; // a dense model's do not change its bits
+    h.expert_hidden = c->expert_hidden;
     return h;
 }
 static long ckpt_floats(const CkptHeader* h) { return (h->adamw ? 3 : 1) * (long)h->n_params; }
@@ -150,7 +151,7 @@ static const char* ckpt_header_inconsistent(const CkptHeader* h, char* buf, size
     CKPT_FIELD(gpt && (h->heads < 1 || h->emb % h->heads != 0), "heads %d: a GPT has 1 or more, dividing its width %d",
                h->heads, h->emb);
     CKPT_FIELD(!gpt && h->heads != 0, "heads %d: an MLP has none", h->heads);
-    CKPT_FIELD(X > 0 && (h->top_k < 1 || h->top_k > 2 || h->top_k > X), "top-k %d: it is 1 or 2, at most its %d experts",
+    CKPT_FIELD(X > 0 && (h->top_k < 1 || h->top_k > MAX_TOP_K || h->top_k > X), "top-k %d: it is 1 to 8, at most its %d experts",
                h->top_k, X);
     CKPT_FIELD(X > 0 && !(h->capacity > 0 && h->capacity <= 1e6f), "capacity %g: it is above 0, at most 1e6", h->capacity);
     CKPT_FIELD(X > 0 && !(h->aux_loss >= 0 && h->aux_loss <= 1), "aux loss %g: it is 0 to 1", h->aux_loss);
@@ -161,7 +162,8 @@ static const char* ckpt_header_inconsistent(const CkptHeader* h, char* buf, size
     CKPT_FIELD(!(h->beta1 >= 0 && h->beta1 < 1 && h->beta2 >= 0 && h->beta2 < 1 && h->eps > 0 && h->eps < 1),
                "AdamW's betas %g and %g, eps %g: each is 0 to 1", h->beta1, h->beta2, h->eps);
     Config c = {.model = h->model, .heads = h->heads, .vocab = h->vocab, .context = h->context, .emb = h->emb,
-                .hidden = h->hidden, .layers = h->layers, .experts = X, .top_k = h->top_k};
+                .hidden = h->hidden, .layers = h->layers, .experts = X, .top_k = h->top_k,
+                .expert_hidden = h->expert_hidden};
     CKPT_FIELD(h->n_params != n_params(&c), "%lld parameters: its sizes make %ld", (long long)h->n_params, n_params(&c));
 #undef CKPT_FIELD
     return NULL;
@@ -254,10 +256,13 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
                MODEL_MLP, MODEL_GPT);
     CKPT_RANGE(h->heads < 0 || h->heads > 4096, "heads %d: it is 0 to 4096", h->heads);
     CKPT_RANGE(h->experts < 0 || h->experts > 1024, "experts %d: it is 0 (dense) to 1024", h->experts);
-    CKPT_RANGE(h->experts > 0 && (h->top_k < 1 || h->top_k > 2), "top_k %d: with experts it is 1 or 2", h->top_k);
+    CKPT_RANGE(h->experts > 0 && (h->top_k < 1 || h->top_k > MAX_TOP_K), "top_k %d: with experts it is 1 to 8", h->top_k);
     CKPT_RANGE(format == 5 && h->experts > 0 && (h->microbatches < 1 || h->microbatches > 65536),
                "microbatches %d: with experts it is 1 to 65536", h->microbatches);
     CKPT_RANGE(format == 5 && h->experts == 0 && h->microbatches != 0, "microbatches %d: a dense model's is 0", h->microbatches);
+    CKPT_RANGE(h->expert_hidden < 0 || h->expert_hidden > 65536 ||
+               (h->expert_hidden > 0 && (h->model != MODEL_GPT || h->experts == 0)),
+               "expert_hidden %d: a GPT's with experts is 0 (4C) to 65536, any other model's 0", h->expert_hidden);
 #undef CKPT_RANGE
     long size = -1;
     if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
@@ -356,6 +361,13 @@ static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* 
                   "with %s", path, c->experts, ckpt_programs(h));
         fatal("checkpoint '%s' is of a mixture of %d experts and this run's model has %d: resume it with --experts %d, "
               "with %s", path, h->experts, c->experts, h->experts, ckpt_programs(h));
+    }
+    if (c->experts > 0 && is_gpt(c)) {
+        Config hc = *c;
+        hc.expert_hidden = h->expert_hidden;
+        if (expert_width(&hc) != expert_width(c))
+            fatal("checkpoint '%s' is of experts %d wide and this run's are %d: pass --expert-hidden %d", path,
+                  expert_width(&hc), expert_width(c), expert_width(&hc));
     }
     if (is_gpt(c) && h->heads != c->heads)
         fatal("checkpoint '%s' is of a GPT with %d attention heads and this run's has %d: pass --heads %d", path,

@@ -78,7 +78,9 @@ static const CliFlag cli_common[] = {
     {"heads", "N", "gpt: attention heads, dividing --emb (default 4)"},
     {"experts", "X", "make every hidden layer (mlp) or every block's MLP (gpt) a mixture of X experts (default 0: "
                      "dense; train.c, train_ep.c, and the GPT's train_3d.c --ep)"},
-    {"top-k", "K", "with --experts: experts per token, 1 or 2 (default 1)"},
+    {"top-k", "K", "with --experts: experts per token, 1 to 8 (default 1)"},
+    {"expert-hidden", "F", "gpt, with --experts: each expert's MLP width (default 4C, the dense block's; narrower, "
+                           "\"fine-grained\" experts let more of them cost what a few wide ones do)"},
     {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (gpt: its "
                       "positions with a target) (default 1.25)"},
     {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01)"},
@@ -636,7 +638,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     *o = (Options){.data = "names.txt",
                    .max_line = DATA_DEFAULT_MAX_LINE,
                    .model = {.model = MODEL_MLP, .heads = -1, .vocab = 0, .context = -1, .emb = -1, .hidden = -1,
-                             .layers = -1, .experts = 0, .top_k = -1, .capacity = -1.0f, .aux_loss = -1.0f},
+                             .layers = -1, .experts = 0, .top_k = -1, .expert_hidden = -1, .capacity = -1.0f, .aux_loss = -1.0f},
                    .steps = 25000,
                    .batch = 32,
                    .opt = {.adamw = -1, .lr = -1.0f, .weight_decay = -1.0f, .beta1 = 0.9f, .beta2 = 0.999f,
@@ -729,12 +731,9 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "hidden")) *err = cli_int(name, optarg, 1, 16384, &o->model.hidden);
         else if (!strcmp(name, "layers")) *err = cli_int(name, optarg, 1, MAX_LAYERS, &o->model.layers);
         else if (!strcmp(name, "experts")) *err = cli_int(name, optarg, 0, 1024, &o->model.experts);
-        else if (!strcmp(name, "top-k")) {
-            if (strcmp(optarg, "1") && strcmp(optarg, "2")) {
-                snprintf(cli_error, sizeof cli_error, "--top-k must be 1 or 2 (experts per token), got '%s'", optarg);
-                *err = cli_error;
-            } else o->model.top_k = optarg[0] - '0';
-        } else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
+        else if (!strcmp(name, "top-k")) *err = cli_int(name, optarg, 1, MAX_TOP_K, &o->model.top_k);
+        else if (!strcmp(name, "expert-hidden")) *err = cli_int(name, optarg, 1, 65536, &o->model.expert_hidden);
+        else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
         else if (!strcmp(name, "microbatches")) *err = cli_int(name, optarg, 1, 65536, &o->microbatches);
         else if (!strcmp(name, "recompute")) {
             int k = 0;
@@ -823,6 +822,12 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         snprintf(cli_error, sizeof cli_error, "--top-k, --capacity and --aux-loss apply with --experts X only");
         *err = cli_error;
     }
+    if (!*err && m->expert_hidden >= 0 && (!gpt || m->experts == 0)) {
+        snprintf(cli_error, sizeof cli_error, "--expert-hidden applies to --model gpt with --experts X%s",
+                 gpt ? "" : ": the MLP's expert is one linear layer, --hidden wide like the layer it replaces");
+        *err = cli_error;
+    }
+    if (m->expert_hidden < 0) m->expert_hidden = 0; // 0: 4C, the dense block's width
     if (!*err && o->batch < o->microbatches) {
         snprintf(cli_error, sizeof cli_error, "a batch of %d rows cannot be cut into %d microbatches (raise --batch "
                  "or lower --microbatches)", o->batch, o->microbatches);
@@ -856,16 +861,16 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     if (o->opt.weight_decay < 0) o->opt.weight_decay = o->opt.adamw ? 0.01f : 0.0f;
     // the model must fit: parameters of the largest layer and all of them, in floats, with a
     // vocabulary of 256 (load_data checks again with the data's, which may be larger)
-    double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden, C = m->emb;
+    double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden, C = m->emb, F = expert_width(m);
     double x = m->experts > 0 ? m->experts : 1, hidden = (t_e * h + (m->layers - 1) * h * h + h * m->layers) * x;
     double total = 256.0 * o->model.emb + hidden + (m->experts > 0 ? (t_e + (m->layers - 1) * h) * x : 0) + h * 257;
     if (gpt) // vocabulary and T at most 256, 1024; a block's attention, LayerNorms and router, and its MLP or experts
         total = 2.0 * 256 * C + 1024 * C +
-                m->layers * (4 * C * C + 8 * C + (m->experts > 0 ? C * x : 0) + x * (8 * C * C + 5 * C));
+                m->layers * (4 * C * C + 8 * C + (m->experts > 0 ? C * x : 0) + x * ((2 * C + 1) * F + C));
     if (total > 512.0 * 1024 * 1024) {
         snprintf(cli_error, sizeof cli_error,
                  "the model would have about %.0f million parameters; this project caps it at 512 million "
-                 "(lower --context, --emb, --hidden, --layers or --experts)", total / 1e6);
+                 "(lower --context, --emb, --hidden, --layers, --experts or --expert-hidden)", total / 1e6);
         *err = cli_error;
         return 2;
     }

@@ -24,6 +24,7 @@
 #include <limits.h>
 
 #define MAX_LAYERS 32
+#define MAX_TOP_K 8 // --top-k: experts a token chooses (DeepSeek-V3 chooses 8)
 
 // ----------------------------------------------------------------------------
 // configuration
@@ -42,7 +43,8 @@ typedef struct {
     // mixture of experts (--experts, the section "mixture of experts" below); experts = 0:
     // the dense model
     int experts;     // X
-    int top_k;       // k: experts per token (1 or 2)
+    int top_k;       // k: experts per token (1 to MAX_TOP_K)
+    int expert_hidden; // the GPT's: each expert's width F (--expert-hidden; 0: 4C, the dense block's)
     float capacity;  // F: an expert takes at most ceil(F k B / X) of a training batch's B tokens
     float aux_loss;  // alpha: weight of the load-balancing loss
     // not the model, but how its activations are kept (--recompute): none, or the GPT's
@@ -82,8 +84,11 @@ static inline int is_moe(const Config* c, int u) { return c->experts > 0 && u >=
 static inline long router_params(const Config* c, int u) {
     return (long)(is_gpt(c) ? c->emb : linear_in(c, u)) * c->experts;
 }
+// The GPT's expert: an MLP of width F, 4C unless --expert-hidden says otherwise (a
+// fine-grained expert is narrower, so that more of them cost what a few wide ones do).
+static inline int expert_width(const Config* c) { return c->expert_hidden > 0 ? c->expert_hidden : 4 * c->emb; }
 static inline long expert_params(const Config* c, int u) {
-    if (is_gpt(c)) return 8L * c->emb * c->emb + 5L * c->emb; // fc C x 4C and its bias, fc2 4C x C and its bias
+    if (is_gpt(c)) return (2L * c->emb + 1) * expert_width(c) + c->emb; // fc C x F and its bias, fc2 F x C and its bias
     return (long)linear_in(c, u) * c->hidden + c->hidden;
 }
 static inline long moe_shared_params(const Config* c, int u) {
@@ -112,8 +117,9 @@ static inline long max_unit_params(const Config* c) {
 }
 // the largest weight matrix: a linear layer's (an expert's has the same shape) or a router's
 static inline long max_linear_weight(const Config* c) {
-    if (is_gpt(c)) { // fc's, lm_head's, or a router's
+    if (is_gpt(c)) { // fc's, an expert's fc, lm_head's, or a router's
         long m = 4L * c->emb > c->vocab ? 4L * c->emb : c->vocab;
+        if (c->experts > 0 && expert_width(c) > m) m = expert_width(c);
         return (long)c->emb * (c->experts > m ? c->experts : m);
     }
     long m = 0;
@@ -123,9 +129,14 @@ static inline long max_linear_weight(const Config* c) {
     }
     return m;
 }
-// the widest row a pass works on: a unit's output or, in the GPT, fc's T*4C or lm_head's T*V
+// the widest row a pass works on: a unit's output or, in the GPT, fc's T*4C, an expert's
+// T*F or lm_head's T*V
 static inline int max_width(const Config* c) {
-    if (is_gpt(c)) return c->context * (4 * c->emb > c->vocab ? 4 * c->emb : c->vocab);
+    if (is_gpt(c)) {
+        int m = 4 * c->emb > c->vocab ? 4 * c->emb : c->vocab;
+        if (c->experts > 0 && expert_width(c) > m) m = expert_width(c);
+        return c->context * m;
+    }
     int m = c->context * c->emb;
     if (c->hidden > m) m = c->hidden;
     if (c->vocab > m) m = c->vocab;
@@ -298,10 +309,11 @@ static UnitTable unit_table(const Config* c, int u) {
         } else { // the router, then one expert's MLP: held whole (the expert axis splits experts, not their tensors)
             table_add(&t, "w_router", C, c->experts, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 12);
             t.own = t.n;
-            table_add(&t, "fc_w", C, F, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 3);
-            table_add(&t, "fc_b", 1, F, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 4);
-            table_add(&t, "fc2_w", F, C, WHOLE, 1, NULL, INIT_UNIFORM, F, k0 + 5);
-            table_add(&t, "fc2_b", 1, C, WHOLE, 1, NULL, INIT_UNIFORM, F, k0 + 11);
+            long Fx = expert_width(c);
+            table_add(&t, "fc_w", C, Fx, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 3);
+            table_add(&t, "fc_b", 1, Fx, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 4);
+            table_add(&t, "fc2_w", Fx, C, WHOLE, 1, NULL, INIT_UNIFORM, Fx, k0 + 5);
+            table_add(&t, "fc2_b", 1, C, WHOLE, 1, NULL, INIT_UNIFORM, Fx, k0 + 11);
             t.experts = c->experts;
             return t;
         }
@@ -471,7 +483,7 @@ static BlockDims gpt_block_dims(const Config* c, int u, int R) {
 }
 // With --experts a block is transformer.h's moe_block_layout instead.
 static MoeBlockLayout gpt_moe_layout(const Config* c) {
-    return moe_block_layout(c->emb, c->emb, 4 * c->emb, c->experts);
+    return moe_block_layout(c->emb, c->emb, expert_width(c), c->experts);
 }
 static long gpt_unit_params(const Config* c, int u) {
     long C = c->emb;

@@ -34,8 +34,9 @@
 // Choices:
 //  - Gates: with k = 1 the router's probability itself (Switch Transformer): renormalised
 //    over one expert it would always be 1, and the loss would teach the router nothing;
-//    with k = 2 renormalised over the two (Mixtral), so that a token's output keeps the
-//    scale of one expert's however sure the router is. Ties go to the lower expert index.
+//    with k >= 2 renormalised over the k chosen (Mixtral's 2, DeepSeek-V3's 8), so that a
+//    token's output keeps the scale of one expert's however sure the router is. Ties go to
+//    the lower expert index.
 //  - Capacity: in a training batch of B tokens, expert x takes at most C = ceil(F k B / X)
 //    of them; past that a token is dropped by x (its term of the output is 0). Priority
 //    goes by choice, then by token of the global batch (GShard): every token's first
@@ -83,7 +84,7 @@
 // int64s a token of scratch. Two kinds:
 //  - the MLP's: Linear K -> H then ReLU (a weight [K][H], then a bias [H]), keeping nothing
 //    more (ReLU's backward reads its output), needing no scratch;
-//  - the GPT's: the block's MLP, K = H = C, F = 4C (transformer.h's mlp_layout), keeping
+//  - the GPT's: the block's MLP, K = H = C, F = 4C or --expert-hidden (transformer.h's mlp_layout), keeping
 //    fc's and GELU's outputs [2F]; scratch: fc2's input gradient [F], and the exact sums of
 //    fc2's output and of fc's input gradient [C]. As in the dense block, those two are the
 //    exact sums (a later axis may split an expert's F across tensor-parallel ranks).
@@ -95,7 +96,7 @@ typedef struct {
 } Expert;
 static Expert moe_expert(const Config* c, int u) {
     if (is_gpt(c)) {
-        int C = c->emb, F = 4 * c->emb;
+        int C = c->emb, F = expert_width(c);
         return (Expert){.kind = EXPERT_GELU_MLP, .K = C, .H = C, .F = F, .params = expert_params(c, u),
                         .saved = 2L * F, .tmp = F, .acc = C};
     }
@@ -273,17 +274,23 @@ static void moe_route(const Config* c, MoeLayer* m, const float* in, const float
         for (int x = 0; x < X; x++) p[x] = expf(p[x] - mx), sum += p[x];
         for (int x = 0; x < X; x++) p[x] /= sum;
         int* ch = m->choice + (long)r * k;
-        for (int j = 0; j < k; j++) {
+        for (int j = 0; j < k; j++) { // the j-th most probable expert not chosen yet
             int best = -1;
-            for (int x = 0; x < X; x++)
-                if ((j == 0 || x != ch[0]) && (best < 0 || p[x] > p[best])) best = x;
+            for (int x = 0; x < X; x++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= ch[i] == x;
+                if (!taken && (best < 0 || p[x] > p[best])) best = x;
+            }
             ch[j] = best;
         }
+        // Top-1 keeps its probability as the gate (Switch); top-k renormalises over the
+        // chosen (Mixtral, and DeepSeek's routers): g_j = p_j / S, S the sum in choice order.
         float* g = m->gate + (long)r * k;
         if (k == 1) g[0] = p[ch[0]];
         else {
-            float s = p[ch[0]] + p[ch[1]];
-            g[0] = p[ch[0]] / s, g[1] = p[ch[1]] / s;
+            float s = p[ch[0]];
+            for (int j = 1; j < k; j++) s += p[ch[j]];
+            for (int j = 0; j < k; j++) g[j] = p[ch[j]] / s;
         }
     }
     memset(m->counts, 0, (size_t)k * X * sizeof(int));
@@ -457,9 +464,10 @@ static void moe_router_backward(const Config* c, MoeLayer* m, const float* wr, i
         float* dp = m->dprobs + (long)r * X;
         for (int x = 0; x < X; x++) dp[x] = (float)m->coef[x];
         if (k == 1) dp[ch[0]] += dg[0];
-        else { // g_j = p_j / S over the two: dp_j = (dg_j - sum_i dg_i g_i) / S
-            float s = p[ch[0]] + p[ch[1]], dot = dg[0] * gate[0] + dg[1] * gate[1];
-            for (int j = 0; j < 2; j++) dp[ch[j]] += (dg[j] - dot) / s;
+        else { // g_j = p_j / S over the chosen: dp_j = (dg_j - sum_i dg_i g_i) / S
+            float s = p[ch[0]], dot = dg[0] * gate[0];
+            for (int j = 1; j < k; j++) s += p[ch[j]], dot += dg[j] * gate[j];
+            for (int j = 0; j < k; j++) dp[ch[j]] += (dg[j] - dot) / s;
         }
         float dot = 0.0f; // softmax: ds_x = p_x (dp_x - sum_y p_y dp_y), in place
         for (int x = 0; x < X; x++) dot += p[x] * dp[x];

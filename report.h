@@ -32,9 +32,12 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
     else
         printf("  model      context %d, emb %d, hidden %d, layers %d: %ld parameters\n", c->context, c->emb, c->hidden,
                c->layers, n_params(c));
-    if (c->experts > 0)
-        printf("  experts    every %s a mixture of %d experts: top-%d, capacity factor %g, aux loss weight %g\n",
-               is_gpt(c) ? "block's MLP" : "hidden layer", c->experts, c->top_k, c->capacity, c->aux_loss);
+    if (c->experts > 0 && is_gpt(c))
+        printf("  experts    every block's MLP a mixture of %d experts of width %d: top-%d, capacity factor %g, aux "
+               "loss weight %g\n", c->experts, expert_width(c), c->top_k, c->capacity, c->aux_loss);
+    else if (c->experts > 0)
+        printf("  experts    every hidden layer a mixture of %d experts: top-%d, capacity factor %g, aux loss weight "
+               "%g\n", c->experts, c->top_k, c->capacity, c->aux_loss);
     printf("  optimizer  %s, lr %g, weight decay %g, clip %s", o->opt.adamw ? "adamw" : "sgd", o->opt.lr,
            o->opt.weight_decay, o->opt.clip > 0 ? "" : "off");
     if (o->opt.clip > 0) printf("%g", o->opt.clip);
@@ -330,9 +333,12 @@ static void figures_print(const Figures* f, int n, const char* sent_words, const
 
 // The model a run trained, as its --summary's model= line gives it: tools/costmodel compute
 // prints the same line above its table, and replay refuses a run whose model is not its table's.
+// An expert's width is named only when --expert-hidden set it, so older summaries still match.
 static void model_words(const Config* c, char* s, size_t n) {
-    snprintf(s, n, "%s vocab=%d context=%d emb=%d hidden=%d layers=%d heads=%d experts=%d top_k=%d", model_names[c->model], c->vocab,
-             c->context, c->emb, c->hidden, c->layers, c->heads, c->experts, c->top_k);
+    int at = snprintf(s, n, "%s vocab=%d context=%d emb=%d hidden=%d layers=%d heads=%d experts=%d top_k=%d",
+                      model_names[c->model], c->vocab, c->context, c->emb, c->hidden, c->layers, c->heads, c->experts,
+                      c->top_k);
+    if (c->expert_hidden > 0 && at >= 0 && (size_t)at < n) snprintf(s + at, n - at, " expert_hidden=%d", c->expert_hidden);
 }
 
 // --summary: the run's figures as key=value lines (every rank's in order), and its names.

@@ -346,7 +346,7 @@ static BlockDims grid_moe_dims(Run* r, int R) {
     return d;
 }
 static MoeBlockLayout grid_moe_layout(const Run* r) {
-    return moe_block_layout(r->cfg.emb, r->tensor.dims.A, 4 * r->cfg.emb, r->cfg.experts);
+    return moe_block_layout(r->cfg.emb, r->tensor.dims.A, expert_width(&r->cfg), r->cfg.experts);
 }
 
 // The plan of a training pass, in three parts. 1: every token's choices of the microbatch, on

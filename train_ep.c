@@ -27,7 +27,7 @@
  *   mpirun -n 2 ./train_ep --model gpt --experts 4           # the GPT: 4 experts in every block
  *
  * First read: the plan, one MoE layer's forward and backward (top-1), one training step.
- * Then chapters: top-2, capacity and dropped tokens, the balancing loss, the GPT's experts,
+ * Then chapters: top-k, capacity and dropped tokens, the balancing loss, the GPT's experts,
  * microbatches, the formulas, the timeline. train_3d.c's expert axis runs the strategy.
  */
 #include "model.h"
@@ -299,10 +299,11 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
 // ---------------------------------------------------------------------------- first read ends here
 
 // ----------------------------------------------------------------------------
-// top-2
-// With --top-k 2 a token has a routed row for each of its two most probable experts, their
-// gates renormalised over the pair (Mixtral), summed in choice order. Nothing in this file
-// changes: the counts are [k][X], and the all-to-alls carry what the plan says.
+// top-k
+// With --top-k K (up to 8) a token has a routed row for each of its K most probable experts,
+// their gates renormalised over the K (Mixtral's 2, DeepSeek-V3's 8), summed in choice order.
+// Nothing in this file changes: the counts are [k][X], and the all-to-alls carry what the
+// plan says.
 
 // ----------------------------------------------------------------------------
 // capacity and dropped tokens

@@ -467,7 +467,7 @@ section_cli() {
     expect_error 0 "--microbatches|--eval-every N" "cli: --help prints the flags and exits 0" -- $p --help
     # messages that say what to do (issue 31: 12)
     expect_error 2 "unexpected argument '--eval-every' after '--': nothing after '--' is read as a flag" "cli: a flag after '--' is refused, saying why" -- $p -- --eval-every 0
-    expect_error 2 "--top-k must be 1 or 2 \(experts per token\), got '0'" "cli: --top-k 0 is refused naming the values it may take" -- $p --experts 4 --top-k 0
+    expect_error 2 "--top-k must be an integer from 1 to 8, got '0'" "cli: --top-k 0 is refused naming the values it may take" -- $p --experts 4 --top-k 0
     # tools/compare (issue 31: 8): exit 2, not 1 ("the runs differ"), for a file it cannot read or
     # a bad --tolerance; two runs of other seeds are never "equal"
     run "$TMP/cmp_a" $p --steps 30 --log "$TMP/cmp_a.csv" --save "$TMP/cmp_a.ckpt" --quiet --samples 0
@@ -795,7 +795,7 @@ EOT
         # fields out of range named too, not blamed on the file's size (audit 5: J3-J5, J14, J15, J19, J41)
         run "$TMP/moe5" $p $gpt --experts 2 --steps 2 --save "$TMP/moe.ckpt"
         poke "$TMP/moe.ckpt" "$TMP/field.ckpt" i32:92:9
-        expect_error 1 "checkpoint '$TMP/field.ckpt' is corrupt: its header is inconsistent \(top_k 9: with experts it is 1 or 2\)" \
+        expect_error 1 "checkpoint '$TMP/field.ckpt' is corrupt: its header is inconsistent \(top_k 9: with experts it is 1 to 8\)" \
             "checkpoint: a checksummed experts header with top_k 9 is refused, naming the field" -- $p $gpt --experts 2 --load "$TMP/field.ckpt" --steps 10
         expect_error 1 "other settings: --microbatches 1 \(now 4\);" "checkpoint: ... also through train_3d's own default of 4 microbatches" \
             -- $MPIRUN -n 2 ./train_3d --model gpt --emb 16 --heads 4 --layers 1 --experts 2 --samples 0 --quiet --dp 2 --ep 2 --steps 10 --load "$TMP/moe.ckpt"
@@ -1246,7 +1246,7 @@ EOT
         "faults: train_cp on 2 ranks with its standard output on a full disk exits 1 (issue 36: 5)" \
         -- bash -c "$MPIRUN -n 2 ./train_cp --model gpt --steps 2 --emb 16 --heads 2 --layers 1 >/dev/full"
     check "faults: ... with one message" test "$(grep -c '^error: ' "$TMP/err")" = 1
-    expect_error 2 "--top-k must be 1 or 2 \(experts per token\), got '0'" "faults: train_ep --top-k 0 says 1 or 2" -- $MPIRUN -n 2 ./train_ep --experts 2 --top-k 0
+    expect_error 2 "--top-k must be an integer from 1 to 8, got '0'" "faults: train_ep --top-k 0 says 1 to 8" -- $MPIRUN -n 2 ./train_ep --experts 2 --top-k 0
     expect_error 2 "unexpected argument '--eval-every' after '--'" "faults: train_ep -- --eval-every 0 says why" -- $MPIRUN -n 2 ./train_ep --experts 2 -- --eval-every 0
 }
 
@@ -1677,6 +1677,22 @@ section_ep() {
                 $MPIRUN -n $n ./train_ep $flags --experts $x --top-k 2 --optimizer adamw --clip 0.5
         done
     done
+    # fine-grained routing: top-4 of 8 and top-8 of 16 experts, on 2 and 4 ranks, the MLP with
+    # AdamW and the GPT with 2 microbatches and selective recomputation; the GPT's 16 experts a
+    # quarter of the dense block's 4C = 64 wide
+    local gk="--model gpt --emb 16 --heads 4 --layers 2 --samples 3 --microbatches 2 --recompute selective" w
+    for k in 4 8; do
+        x=$((2 * k)) w=""
+        [ $k = 8 ] && w="--expert-hidden 16"
+        reference ep_k$k $flags --experts $x --top-k $k --optimizer adamw
+        reference ep_gk$k $flags $gk --experts $x --top-k $k $w
+        for n in 2 4; do
+            same_as ep_k$k "ep: $x experts on $n ranks, top-$k, adamw, same as train.c" \
+                $MPIRUN -n $n ./train_ep $flags --experts $x --top-k $k --optimizer adamw
+            same_as ep_gk$k "ep: the GPT, $x experts${w:+ 16 wide} on $n ranks, top-$k, 2 microbatches, selective recomputation, same as train.c" \
+                $MPIRUN -n $n ./train_ep $flags $gk --experts $x --top-k $k $w
+        done
+    done
     # two MoE layers, an odd batch, and a capacity that drops many tokens / none at all
     local deep="--steps 30 --eval-every 0 --experts 5 --top-k 2 --layers 2 --batch 27 --hidden 24"
     reference ep_drop $deep --capacity 0.5
@@ -1716,8 +1732,26 @@ section_ep() {
     expect_error 2 "--experts 2 on 3 ranks: every rank needs at least one expert" "ep: fewer experts than ranks is refused" -- $MPIRUN -n 3 ./train_ep --experts 2
     expect_error 2 "pass --experts X" "ep: train_ep without --experts is refused" -- $MPIRUN -n 2 ./train_ep
     expect_error 2 "--top-k 2 is more than --experts 1" "ep: top-k above the expert count is refused" -- ./train --experts 1 --top-k 2
-    expect_error 2 "--top-k must be 1 or 2" "ep: --top-k 3 is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 3
-    expect_error 2 "--top-k must be 1 or 2" "ep: --top-k 0 is refused" -- ./train --experts 4 --top-k 0
+    expect_error 2 "--top-k 5 is more than --experts 4" "ep: --top-k 5 of 4 experts is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --top-k 5
+    expect_error 2 "--top-k must be an integer from 1 to 8, got '9'" "ep: --top-k 9 is refused" -- $MPIRUN -n 2 ./train_ep --experts 16 --top-k 9
+    expect_error 2 "--top-k must be an integer from 1 to 8" "ep: --top-k 0 is refused" -- ./train --experts 4 --top-k 0
+    expect_error 2 "--expert-hidden applies to --model gpt with --experts X: the MLP's expert is one linear layer" \
+        "ep: --expert-hidden with the MLP is refused" -- ./train --experts 4 --expert-hidden 16
+    expect_error 2 "--expert-hidden applies to --model gpt with --experts X" "ep: --expert-hidden without --experts is refused" \
+        -- ./train --model gpt --expert-hidden 16
+    expect_error 2 "--expert-hidden must be an integer from 1 to 65536, got '0'" "ep: --expert-hidden 0 is refused" \
+        -- $MPIRUN -n 2 ./train_ep --model gpt --experts 4 --expert-hidden 0
+    local fine="--model gpt --emb 16 --heads 4 --layers 1 --experts 4 --eval-every 0 --samples 0"
+    run "$TMP/fine.out" ./train $fine --expert-hidden 16 --steps 2 --save "$TMP/fine.ckpt"
+    run "$TMP/fine64.out" ./train $fine --expert-hidden 64 --steps 0
+    local p16 p64
+    p16=$(sed -n 's/.*: \([0-9]*\) parameters$/\1/p' "$TMP/fine.out")
+    p64=$(sed -n 's/.*: \([0-9]*\) parameters$/\1/p' "$TMP/fine64.out")
+    check "ep: --expert-hidden 16 is said, and counts 4 experts x (2 x 16 + 1) x 48 fewer parameters than 64 ($p64 - $p16)" \
+        bash -c "grep -q 'a mixture of 4 experts of width 16: top-1' '$TMP/fine.out' && [ '$p64' -gt 0 ] && [ \$(($p64 - ${p16:-0})) = 6336 ]"
+    expect_error 1 "is of experts 16 wide and this run's are 64: pass --expert-hidden 16" \
+        "ep: a fine-grained checkpoint resumed at the dense width is refused, naming the flag" \
+        -- $MPIRUN -n 2 ./train_ep $fine --load "$TMP/fine.ckpt" --steps 4
     expect_error 2 "--capacity must be a decimal number above 0" "ep: --capacity 0 is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --capacity 0
     expect_error 2 "--capacity must be a decimal number above 0" "ep: a negative capacity is refused" -- ./train --experts 4 --capacity -1
     expect_error 2 "apply with --experts X only" "ep: --top-k without --experts is refused, not ignored" -- ./train --top-k 2
@@ -2029,6 +2063,12 @@ section_5d() {
     reference 5d_m2drop $drop --eval-every 10 --samples 3 --microbatches 2
     same_as 5d_m2drop "5d: --cp 2 --dp 4 --ep 2, 27 rows in 2 microbatches, capacity 0.5 (drops per microbatch), same as train.c" \
         $MPIRUN -n 8 ./train_3d --tp 1 --cp 2 --pp 1 --dp 4 --ep 2 --microbatches 2 $drop --eval-every 10 --samples 3
+    # fine-grained experts in a 4D grid: top-4 of 8 experts a quarter of 4C wide, 2 microbatches,
+    # selective recomputation
+    flags="$m --experts 8 --top-k 4 --expert-hidden 16 --samples 3 --steps 20 --eval-every 10"
+    reference 5d_k4 $flags --microbatches 2 --recompute selective
+    same_as 5d_k4 "5d: --tp 2 --pp 2 --dp 2 --ep 2, top-4 of 8 experts 16 wide, 2 microbatches, selective recomputation, same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 2 --cp 1 --pp 2 --dp 2 --ep 2 --microbatches 2 --recompute selective $flags
     # resuming across programs: train.c's checkpoint in the 5D grid, and the grid's in train.c
     flags="$m --experts 4 --samples 3 --steps 20 --eval-every 0 --top-k 2 --clip 0.5"
     reference 5d_r $flags
@@ -2415,6 +2455,12 @@ section_docs() {
     check "docs: README.md is short ($lines lines, at most 300)" test "$lines" -le 300
     check "docs: README.md opens with its two commands, make run then make test" \
         bash -c "sed -n 4p README.md | grep -q '^make run ' && sed -n 5p README.md | grep -q '^make test '"
+    # each strategy file's first read (issue 45): header and core, then a marker, within its limit
+    local fl at
+    for fl in train_dp.c:300 train_fsdp.c:300 train_cp.c:300 train_ep.c:300 train_tp.c:350 train_pp.c:350 train_3d.c:350; do
+        at=$(grep -n -m1 'first read ends here' "${fl%:*}" | cut -d: -f1)
+        check "docs: ${fl%:*}'s first read ends by line ${fl#*:} (at ${at:-no marker})" test "${at:-99999}" -le "${fl#*:}"
+    done
     local f t path anchor broken="" unlinked="" commandless=""
     for f in README.md docs/*.md; do
         [ -e "$f" ] || continue # no page yet

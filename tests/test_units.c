@@ -73,7 +73,7 @@ static void test_tables(const Config* c, int t, const char* what) {
             long l[MAX_TENSORS + 1] = {0};
             for (int i = 0; i < tab.own; i++) l[i + 1] = l[i] + tensor_held(&tab.t[i], t);
             if (is_moe(c, u)) {
-                MoeBlockLayout m = moe_block_layout(C, A, 4 * C, c->experts);
+                MoeBlockLayout m = moe_block_layout(C, A, expert_width(c), c->experts);
                 long want[] = {m.qkv_w, m.qkv_b, m.proj_w, m.ln1_g, m.ln1_b, m.proj_b, m.ln2_g, m.ln2_b, m.router_w, m.shared};
                 for (int i = 0; i <= tab.own; i++) layout_ok &= l[i] == want[i];
                 layout_ok &= table_expert(&tab) == m.expert;
@@ -1068,9 +1068,35 @@ static void test_attention_range(void) {
               "and not on a key no query sees");
 }
 
+// The reference router's choices and gates: the k most probable experts, ties to the lower
+// index; the gate the probability for k = 1, else renormalised over the k chosen.
+static void ref_top_k(const double* p, int X, int k, int* ch) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int x = 0; x < X; x++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= ch[i] == x;
+            if (!taken && (best < 0 || p[x] > p[best])) best = x;
+        }
+        ch[j] = best;
+    }
+}
+static double ref_gate(const double* p, const int* ch, int k, int j) {
+    double s = 0;
+    for (int i = 0; i < k; i++) s += p[ch[i]];
+    return k == 1 ? p[ch[0]] : p[ch[j]] / s;
+}
+// An expert's queue holds every first choice before any second, and so on: choice j of
+// expert x comes after all earlier slots' choices of x.
+static long ref_place(int total[][64], int seen[][64], int j, int x) {
+    long place = seen[j][x]++;
+    for (int i = 0; i < j; i++) place += total[i][x];
+    return place;
+}
+
 // The mixture-of-experts model (model.h), in double precision and written out from its
 // definition: router softmax, top k (ties to the lower index), gates (k = 1: the probability;
-// k = 2: renormalised), capacity C = ceil(F k R / X) by slot then row, experts Linear + ReLU,
+// k >= 2: renormalised), capacity C = ceil(F k R / X) by slot then row, experts Linear + ReLU,
 // the gated sum; f = the rows' losses + the load-balancing terms, alpha X sum_x f_x sum_r p_x.
 static long moe_dropped; // tokens the last call dropped
 static double moe_model_objective(const double* theta, void* vctx) {
@@ -1095,7 +1121,7 @@ static double moe_model_objective(const double* theta, void* vctx) {
                     nxt[r * maxw + j] = l <= c->layers ? (o > 0 ? o : 0) : o;
                 }
         } else {
-            int total[2][64] = {{0}};
+            int total[MAX_TOP_K][64] = {{0}};
             for (int r = 0; r < R; r++) {
                 double mx = -INFINITY, s = 0;
                 for (int x = 0; x < X; x++) {
@@ -1105,31 +1131,29 @@ static double moe_model_objective(const double* theta, void* vctx) {
                 }
                 for (int x = 0; x < X; x++) p[r * X + x] = exp(p[r * X + x] - mx), s += p[r * X + x];
                 for (int x = 0; x < X; x++) p[r * X + x] /= s;
-                for (int j = 0; j < k; j++) {
-                    int best = -1;
-                    for (int x = 0; x < X; x++)
-                        if ((j == 0 || x != ch[r * k]) && (best < 0 || p[r * X + x] > p[r * X + best])) best = x;
-                    ch[r * k + j] = best, total[j][best]++;
-                }
+                ref_top_k(p + r * X, X, k, ch + r * k);
+                for (int j = 0; j < k; j++) total[j][ch[r * k + j]]++;
             }
             long C = (long)ceil((double)c->capacity * k * R / X);
             for (int x = 0; x < X; x++) { // the load-balancing terms
                 double psum = 0;
                 for (int r = 0; r < R; r++) psum += p[r * X + x];
-                f += (double)c->aux_loss * X * (double)(total[0][x] + (k > 1 ? total[1][x] : 0)) / (k * R) * psum;
+                long chose = 0;
+                for (int j = 0; j < k; j++) chose += total[j][x];
+                f += (double)c->aux_loss * X * (double)chose / (k * R) * psum;
             }
-            int seen[2][64] = {{0}};
+            int seen[MAX_TOP_K][64] = {{0}};
             for (int r = 0; r < R; r++)
                 for (int i = 0; i < H; i++) nxt[r * maxw + i] = 0;
             for (int j = 0; j < k; j++)
                 for (int r = 0; r < R; r++) {
                     int x = ch[r * k + j];
-                    long place = (j == 1 ? total[0][x] : 0) + seen[j][x]++;
+                    long place = ref_place(total, seen, j, x);
                     if (place >= C) {
                         moe_dropped++;
                         continue;
                     }
-                    double g = k == 1 ? p[r * X + x] : p[r * X + x] / (p[r * X + ch[r * k]] + p[r * X + ch[r * k + 1]]);
+                    double g = ref_gate(p + r * X, ch + r * k, k, j);
                     const double* we = w + router_params(c, l) + x * expert_params(c, l);
                     for (int i = 0; i < H; i++) {
                         double o = we[(long)K * H + i];
@@ -1198,7 +1222,7 @@ static void test_grad_moe(int layers, int experts, int top_k, float capacity, in
 static double gpt_moe_objective(const double* theta, void* vctx) {
     GptCtx* x = vctx;
     const Config* c = x->c;
-    int R = x->R, T = c->context, C = c->emb, V = c->vocab, F = 4 * C, L = c->layers, X = c->experts, k = c->top_k;
+    int R = x->R, T = c->context, C = c->emb, V = c->vocab, F = expert_width(c), L = c->layers, X = c->experts, k = c->top_k;
     MoeBlockLayout bl = moe_block_layout(C, C, F, X);
     MlpLayout el = mlp_layout(C, F);
     double *h = mallocCheck(sizeof(double) * R * T * C), *y = mallocCheck(sizeof(double) * T * C);
@@ -1231,7 +1255,7 @@ static double gpt_moe_objective(const double* theta, void* vctx) {
                 ln_ref(z + ((long)r * T + t) * C, hr + t * C, w + bl.ln2_g, w + bl.ln2_b, C);
             }
         }
-        int n = 0, total[2][64] = {{0}}, seen[2][64] = {{0}};
+        int n = 0, total[MAX_TOP_K][64] = {{0}}, seen[MAX_TOP_K][64] = {{0}};
         for (int i = 0; i < R * T; i++)
             if (x->targets[i] >= 0) tok[n++] = i;
         for (int i = 0; i < n; i++) { // the router
@@ -1243,29 +1267,27 @@ static double gpt_moe_objective(const double* theta, void* vctx) {
             }
             for (int e = 0; e < X; e++) pi[e] = exp(pi[e] - mx), s += pi[e];
             for (int e = 0; e < X; e++) pi[e] /= s;
-            for (int j = 0; j < k; j++) {
-                int best = -1;
-                for (int e = 0; e < X; e++)
-                    if ((j == 0 || e != ch[i * k]) && (best < 0 || pi[e] > pi[best])) best = e;
-                ch[i * k + j] = best, total[j][best]++;
-            }
+            ref_top_k(pi, X, k, ch + i * k);
+            for (int j = 0; j < k; j++) total[j][ch[i * k + j]]++;
         }
         long cap = (long)ceil((double)c->capacity * k * n / X);
         for (int e = 0; e < X; e++) { // the load-balancing terms
             double psum = 0;
             for (int i = 0; i < n; i++) psum += p[(long)i * X + e];
-            f += (double)c->aux_loss * X * (double)(total[0][e] + (k > 1 ? total[1][e] : 0)) / (k * n) * psum;
+            long chose = 0;
+            for (int j = 0; j < k; j++) chose += total[j][e];
+            f += (double)c->aux_loss * X * (double)chose / (k * n) * psum;
         }
         for (int j = 0; j < k; j++)
             for (int i = 0; i < n; i++) {
                 int e = ch[i * k + j];
-                long place = (j == 1 ? total[0][e] : 0) + seen[j][e]++;
+                long place = ref_place(total, seen, j, e);
                 if (place >= cap) {
                     moe_dropped++;
                     continue;
                 }
                 const double *pi = p + (long)i * X, *we = w + bl.shared + e * bl.expert, *zi = z + (long)tok[i] * C;
-                double g = k == 1 ? pi[e] : pi[e] / (pi[ch[i * k]] + pi[ch[i * k + 1]]);
+                double g = ref_gate(pi, ch + i * k, k, j);
                 for (int q = 0; q < F; q++) {
                     double o = we[el.fc_b + q];
                     for (int v = 0; v < C; v++) o += zi[v] * we[el.fc_w + (long)v * F + q];
@@ -1296,9 +1318,10 @@ static double gpt_moe_objective(const double* theta, void* vctx) {
 }
 // train.c's GPT with experts against the reference above, rows with padding: the loss plus
 // the aux loss, and every gradient (attention, LayerNorms, routers, experts, embeddings, head).
-static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity, int want_drops) {
+// F: each expert's width (--expert-hidden; 0: 4C)
+static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity, int want_drops, int F) {
     Config c = {.model = MODEL_GPT, .heads = 2, .vocab = 7, .context = 5, .emb = 4, .layers = layers,
-                .experts = experts, .top_k = top_k, .capacity = capacity, .aux_loss = 0.05f};
+                .experts = experts, .top_k = top_k, .expert_hidden = F, .capacity = capacity, .aux_loss = 0.05f};
     int R = 3, T = c.context;
     long np = n_params(&c);
     MoeBlockLayout bl = gpt_moe_layout(&c);
@@ -1328,9 +1351,9 @@ static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity
     for (int i = 0; i < R * T; i++) with_target += targets[i] >= 0;
     check(fabs(got - ref) < 1e-5 * ref && err < GRAD_TOL && dropped == ref_dropped && (dropped > 0) == want_drops &&
               w.acts.moe[1].n == with_target,
-          "gradient check: GPT with %d experts a block, top-%d, %d blocks, capacity %g, %d of %d positions routed "
+          "gradient check: GPT with %d experts of width %d a block, top-%d, %d blocks, capacity %g, %d of %d positions routed "
           "(those with a target: %d), %ld tokens dropped (reference %ld), %ld parameters (loss + aux %.6f, reference "
-          "%.6f): max rel error %.1e", experts, top_k, layers, capacity, w.acts.moe[1].n, R * T, with_target, dropped,
+          "%.6f): max rel error %.1e", experts, expert_width(&c), top_k, layers, capacity, w.acts.moe[1].n, R * T, with_target, dropped,
           ref_dropped, np, got, ref, err);
     free(params), free(grads), free(theta), free(an), free(num);
     work_free(&w);
@@ -1356,9 +1379,10 @@ static int sim_all_to_all(int N, float* const* send, int* const* send_rows, floa
         }
     return ok;
 }
-static void test_moe_split(int model, int experts, int top_k, float capacity, int n_total, int N, int want_drops) {
+static void test_moe_split(int model, int experts, int top_k, float capacity, int n_total, int N, int want_drops,
+                           int F) {
     Config c = {.model = model, .heads = 2, .vocab = 7, .context = 3, .emb = 4, .hidden = 10, .layers = 1,
-                .experts = experts, .top_k = top_k, .capacity = capacity, .aux_loss = 0.05f};
+                .experts = experts, .top_k = top_k, .expert_hidden = F, .capacity = capacity, .aux_loss = 0.05f};
     Expert e = moe_expert(&c, 1);
     int K = e.K, H = e.H, X = experts, k = top_k;
     long nr = router_params(&c, 1), np = nr + X * e.params; // the layer's: the router, then the experts
@@ -1460,9 +1484,9 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     int same = ok && !memcmp(out, out1, sizeof(float) * n_total * H) && aux == aux1 &&
                !memcmp(din, din1, sizeof(float) * n_total * K) && same_grads;
     check(same && (one.dropped_last > 0) == want_drops && m[0].dropped_last == one.dropped_last,
-          "mixture of %d %s experts, top-%d, capacity %g, %d tokens over %d simulated ranks (%ld dropped): the output, "
-          "aux loss, input and weight gradients have one process's bits", X, model == MODEL_GPT ? "GELU MLP" : "ReLU",
-          k, capacity, n_total, N, one.dropped_last);
+          "mixture of %d %s experts (width %d), top-%d, capacity %g, %d tokens over %d simulated ranks (%ld dropped): "
+          "the output, aux loss, input and weight gradients have one process's bits", X,
+          model == MODEL_GPT ? "GELU MLP" : "ReLU", model == MODEL_GPT ? e.F : H, k, capacity, n_total, N, one.dropped_last);
     for (int q = 0; q < N; q++) free(wq[q]), free(gq[q]), moe_layer_free(&m[q]);
     moe_layer_free(&one);
     free(w), free(in), free(dout), free(out1), free(din1), free(g1), free(counts), free(out), free(din);
@@ -1731,9 +1755,13 @@ int main(void) {
         Config moe = {.vocab = 11, .context = 3, .emb = 4, .hidden = 6, .layers = 2, .experts = 5, .top_k = 2};
         Config gpt = {.model = MODEL_GPT, .vocab = 27, .context = 6, .emb = 24, .heads = 6, .layers = 2};
         Config gmoe = {.model = MODEL_GPT, .vocab = 29, .context = 5, .emb = 12, .heads = 6, .layers = 2, .experts = 3, .top_k = 1};
+        Config gfine = gmoe;
+        gfine.experts = 8, gfine.top_k = 4, gfine.expert_hidden = 12;
         for (int t = 1; t <= 4; t++) test_tables(&mlp, t, "the MLP, hidden 7 (padded)"), test_tables(&mlp2, t, "the MLP, even layers");
         test_tables(&moe, 1, "the MLP's experts");
         for (int t = 1; t <= 6; t += t == 3 ? 3 : 1) test_tables(&gpt, t, "the GPT"), test_tables(&gmoe, t, "the GPT's experts");
+        test_tables(&gfine, 1, "the GPT's fine-grained experts (--expert-hidden 12)");
+        test_tables(&gfine, 2, "the GPT's fine-grained experts (--expert-hidden 12)");
     }
     test_grad_linear(0, 0, 5, 7, 6);
     test_grad_linear(1, 1, 4, 9, 5);
@@ -1761,17 +1789,25 @@ int main(void) {
     test_grad_moe(2, 4, 2, 1.25f, 12, 1);
     test_grad_moe(1, 3, 2, 2.0f, 10, 0);
     test_grad_moe(2, 8, 2, 0.5f, 16, 1);
-    test_grad_gpt_moe(1, 4, 1, 4.0f, 0);
-    test_grad_gpt_moe(1, 4, 1, 1.0f, 1);
-    test_grad_gpt_moe(2, 4, 2, 1.0f, 1);
-    test_grad_gpt_moe(1, 3, 2, 2.0f, 0);
-    test_moe_split(MODEL_MLP, 4, 1, 0.75f, 30, 2, 1);
-    test_moe_split(MODEL_MLP, 5, 2, 0.5f, 31, 3, 1);
-    test_moe_split(MODEL_MLP, 8, 2, 4.0f, 30, 4, 0);
-    test_moe_split(MODEL_MLP, 3, 2, 1.0f, 29, 3, 1);
-    test_moe_split(MODEL_GPT, 4, 1, 0.75f, 30, 2, 1);
-    test_moe_split(MODEL_GPT, 5, 2, 0.5f, 31, 3, 1);
-    test_moe_split(MODEL_GPT, 8, 2, 4.0f, 30, 4, 0);
+    test_grad_moe(1, 8, 4, 1.0f, 12, 1);
+    test_grad_moe(1, 16, 8, 4.0f, 10, 0);
+    test_grad_gpt_moe(1, 4, 1, 4.0f, 0, 0);
+    test_grad_gpt_moe(1, 4, 1, 1.0f, 1, 0);
+    test_grad_gpt_moe(2, 4, 2, 1.0f, 1, 0);
+    test_grad_gpt_moe(1, 3, 2, 2.0f, 0, 0);
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 0);
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4); // fine-grained: experts a quarter of 4C wide
+    test_grad_gpt_moe(2, 4, 2, 2.0f, 0, 24); // wider than 4C
+    test_moe_split(MODEL_MLP, 4, 1, 0.75f, 30, 2, 1, 0);
+    test_moe_split(MODEL_MLP, 5, 2, 0.5f, 31, 3, 1, 0);
+    test_moe_split(MODEL_MLP, 8, 2, 4.0f, 30, 4, 0, 0);
+    test_moe_split(MODEL_MLP, 3, 2, 1.0f, 29, 3, 1, 0);
+    test_moe_split(MODEL_GPT, 4, 1, 0.75f, 30, 2, 1, 0);
+    test_moe_split(MODEL_GPT, 5, 2, 0.5f, 31, 3, 1, 0);
+    test_moe_split(MODEL_GPT, 8, 2, 4.0f, 30, 4, 0, 0);
+    test_moe_split(MODEL_MLP, 8, 4, 0.75f, 30, 3, 1, 0);
+    test_moe_split(MODEL_GPT, 16, 8, 1.0f, 29, 4, 1, 0);
+    test_moe_split(MODEL_GPT, 16, 4, 1.0f, 29, 4, 1, 4);
     test_data();
     test_utf8();
     test_data_bounds();
