@@ -115,7 +115,7 @@ static inline long max_unit_params(const Config* c) {
     for (int u = 0; u < n_units(c); u++) m = unit_params(c, u) > m ? unit_params(c, u) : m;
     return m;
 }
-// the largest weight matrix: a linear layer's (an expert's has the same shape) or a router's
+// the largest weight matrix: a linear layer's, an expert's or a router's
 static inline long max_linear_weight(const Config* c) {
     if (is_gpt(c)) { // fc's, an expert's fc, lm_head's, or a router's
         long m = 4L * c->emb > c->vocab ? 4L * c->emb : c->vocab;

@@ -18,14 +18,15 @@
 // mixture of experts
 //
 // With --experts X every hidden layer of the MLP, and the MLP half of every block of the
-// GPT, is a mixture of X experts, each shaped like the dense layer it replaces, and a router
+// GPT, is a mixture of X experts, each shaped like the dense layer it replaces (the GPT's
+// as wide as --expert-hidden says, 4C by default), and a router
 // (Linear K -> X, no bias):
 //
 //   in [n][K] --router--> p = softmax(in Wr) [n][X] --> each token's top k experts, gates g
 //     --dispatch--> expert x: h = E_x(in) --combine--> out[t] = sum over t's k of g h
 //
-// The MLP's expert is Linear K -> H then ReLU; the GPT's is the block's MLP, fc C -> 4C,
-// GELU, fc2 4C -> C (transformer.h's mlp_forward), with weights and biases of its own. A
+// The MLP's expert is Linear K -> H then ReLU; the GPT's is the block's MLP, fc C -> F,
+// GELU, fc2 F -> C (transformer.h's mlp_forward), with weights and biases of its own. A
 // token is a row of K floats, whatever it stands for: the MLP's tokens are the rows of a
 // pass (n = R); the GPT's are positions, ln2's output rows (the unit around the layer,
 // model.h's "a unit with a mixture of experts", says which positions). Nothing below

@@ -50,7 +50,7 @@ typedef struct {
 } EpPlanHook;
 typedef struct {
     Group* ep;        // the N ranks the experts are split over: the all-to-alls
-    Group* counts_to; // the same ranks, for the counts' all-gather (train_ep.c's dp: its bytes apart)
+    Group* counts_to; // the same ranks again, so that the counts' all-gather is counted apart from the all-to-alls
     int x_lo, x_hi;   // this rank's experts [x_lo, x_hi) of every MoE layer
     int* x_first;     // [N + 1] rank q holds experts [x_first[q], x_first[q + 1])
     EpScratch scratch;
@@ -300,8 +300,10 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
 
 // ----------------------------------------------------------------------------
 // top-k
-// With --top-k K (up to 8) a token has a routed row for each of its K most probable experts,
-// their gates renormalised over the K (Mixtral's 2, DeepSeek-V3's 8), summed in choice order.
+// With --top-k k (1 to 8) a token chooses its k most probable experts, each choice a routed
+// row unless the capacity drops it. With k >= 2 the gates are renormalised over the k chosen
+// (Mixtral's 2, DeepSeek-V3's 8); with k = 1 the gate is the probability itself. A token's
+// outputs are summed in choice order.
 // Nothing in this file changes: the counts are [k][X], and the all-to-alls carry what the
 // plan says.
 
@@ -325,7 +327,8 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
 // With --model gpt the layer is a block's MLP half, and its tokens are positions: those
 // with a target, in training. moe_unit_before runs the attention half and ln2 and gives the
 // layer their rows; moe_unit_after adds the residual (model.h's "a unit with a mixture of
-// experts"). An expert is the block's MLP, C -> 4C -> C, so the communication is the MLP's.
+// experts"). An expert is an MLP C -> F -> C (F = 4C, or --expert-hidden), so dispatch and
+// combine send rows of C whatever F is.
 
 // ----------------------------------------------------------------------------
 // microbatches

@@ -13,13 +13,13 @@
  *   (every rank draws each microbatch's rows itself: only activations and gradients travel)
  *
  * Per rank and step, for each of its chunks whose neighbour chunk is on another rank:
- *   sent    4 bytes x the batch's rows x (its output width: activations forward to the next
- *           chunk, + its input width: gradients backward to the chunk before)
+ *   sent    4 bytes x the batch's rows x (its output width: activations forward, + its input
+ *           width: gradients backward, which chunk 0 has none of), + 8: the loss to rank 0
  *   memory  4 + 8 (+ 8 with AdamW) bytes a parameter of its chunks, and the activations of
  *           its microbatches in flight at the peak of its list, each chunk's count times what
  *           a microbatch holds there (1F1B: min(S-r, M) microbatches on rank r)
- *   bubble  the fraction of the step a rank waits: (S-1)/(M+S-1) for GPipe and 1F1B on S
- *           ranks; every schedule's in schedules.h
+ *   bubble  the fraction of the step a rank waits, averaged over the ranks: (S-1)/(M+S-1)
+ *           for GPipe and 1F1B on S ranks; every schedule's in schedules.h
  *
  *   make train_pp && mpirun -n 2 ./train_pp --microbatches 4 --schedule 1f1b      # the picture above
  *   mpirun -n 4 --oversubscribe ./train_pp --layers 6 --microbatches 8 --schedule interleaved --virtual 2
@@ -294,7 +294,7 @@ static void pp_zero_bubble(Pp* p, const Rows* rows, const Action* a);
 
 // One training step: this rank's actions, in its list's order. Returns, on the rank of the
 // last chunk, the exact loss sum over the pipeline's rows. For 1F1B on S = 2 ranks and M = 4
-// microbatches (schedules.h's schedule_1f1b: rank r runs S-1-r forwards to fill the
+// microbatches (schedules.h's schedule_1f1b: rank r runs min(S-1-r, M) forwards to fill the
 // pipeline, then a forward and a backward in turn, then the backwards left), the lists
 // are these, each action written chunk.microbatch (tools/schedules 1f1b 2 1 4; pp_init,
 // after the first read, builds every schedule's lists and checks them):
