@@ -3,8 +3,8 @@
  * process's share of the model, from a checkpoint or from the initial values.
  *
  * A checkpoint is a header, then the vocabulary (the code point of each token), then the
- * parameters in train.c's layout, then AdamW's m and v (none for SGD), then a 64-bit
- * FNV-1a checksum of all preceding bytes. Whatever its
+ * parameters in train.c's layout, then AdamW's m and v (none for SGD), then with --balance
+ * bias every MoE layer's expert biases, then a 64-bit FNV-1a checksum of all preceding bytes. Whatever its
  * layout, a program reads and writes this one format, so any program resumes from any
  * other's checkpoint. A sharded program describes what it holds (a Holding: which
  * elements of each unit, and where) and the functions here and in dist.h do the rest.
@@ -38,13 +38,14 @@
 // deliberate. The data are read once, checked as they are read (the checksum, and that
 // every value is finite), before training starts.
 
-#define CKPT_MAGIC "MLPCKPT5"
+#define CKPT_MAGIC "MLPCKPT6"
+#define CKPT_MAGIC_V5 "MLPCKPT5" // format 5: format 6 without the router's fields (softmax, the loss; 136 bytes)
 #define CKPT_MAGIC_V4 "MLPCKPT4" // format 4: format 5 without the microbatches (the header ends at 128 bytes)
 #define CKPT_MAGIC_V3 "MLPCKPT3" // format 3: the vocabulary as 256 bytes, no model kind (an MLP), no losses
 #define CKPT_MAGIC_V2 "MLPCKPT2" // format 2: format 3 without the mixture-of-experts fields (a dense model)
 #define CKPT_BYTE_ORDER 0x01020304u // reads as 0x04030201 on a machine of the other byte order
 
-// Format 5's header, as it starts its file: every byte a field (no padding), then the
+// Format 6's header, as it starts its file: every byte a field (no padding), then the
 // vocabulary (`vocab` code points, uint32), then the floats, then the checksum.
 typedef struct {
     char magic[8];
@@ -61,6 +62,9 @@ typedef struct {
     float capacity, aux_loss;
     int32_t microbatches; // --microbatches of a mixture of experts, which decide its result (0: dense, or format 4 and before)
     int32_t expert_hidden; // the GPT's --expert-hidden (0: its experts are 4C wide, as in every file written before it)
+    int32_t router, balance; // --router and --balance (0: softmax and the loss, as in every file before format 6)
+    float bias_rate;         // --bias-rate (0 with --balance aux)
+    int32_t bias_units;      // the MoE layers whose expert biases follow the floats: L with --balance bias, else 0
     // in memory only: the vocabulary that follows the header in the file (the code point of
     // each token, so that another dataset is caught), and, for a header read from a file,
     // its format and its bytes (vocabulary included) as they are there
@@ -69,7 +73,8 @@ typedef struct {
     long bytes;
 } CkptHeader;
 #define CKPT_FIXED_BYTES offsetof(CkptHeader, code_points)
-_Static_assert(offsetof(CkptHeader, code_points) == 136, "format 5's header is 136 bytes, with no padding");
+_Static_assert(offsetof(CkptHeader, code_points) == 152, "format 6's header is 152 bytes, with no padding");
+#define CKPT_V5_BYTES offsetof(CkptHeader, router)
 #define CKPT_V4_BYTES offsetof(CkptHeader, microbatches)
 
 // Formats 2 and 3, as in their files (format 2 ends before `experts`), read to convert.
@@ -127,9 +132,15 @@ static CkptHeader ckpt_header(const Config* c, const Options* o, const Dataset* 
     h.experts = c->experts, h.top_k = c->top_k, h.capacity = c->capacity, h.aux_loss = c->aux_loss;
     h.microbatches = c->experts > 0 ? o->microbatches : 0; // a dense model's do not change its bits
     h.expert_hidden = c->expert_hidden;
+    h.router = c->experts > 0 ? c->router : 0, h.balance = c->experts > 0 ? c->balance : 0;
+    h.bias_rate = c->experts > 0 ? c->bias_rate : 0;
+    h.bias_units = c->experts > 0 && c->balance == BALANCE_BIAS ? c->layers : 0;
     return h;
 }
-static long ckpt_floats(const CkptHeader* h) { return (h->adamw ? 3 : 1) * (long)h->n_params; }
+// The floats after the vocabulary: the parameters, AdamW's m and v, the expert biases.
+static long ckpt_floats(const CkptHeader* h) {
+    return (h->adamw ? 3 : 1) * (long)h->n_params + (long)h->bias_units * h->experts;
+}
 static void ckpt_header_free(CkptHeader* h) {
     free(h->code_points);
     h->code_points = NULL;
@@ -155,6 +166,10 @@ static const char* ckpt_header_inconsistent(const CkptHeader* h, char* buf, size
                h->top_k, X);
     CKPT_FIELD(X > 0 && !(h->capacity > 0 && h->capacity <= 1e6f), "capacity %g: it is above 0, at most 1e6", h->capacity);
     CKPT_FIELD(X > 0 && !(h->aux_loss >= 0 && h->aux_loss <= 1), "aux loss %g: it is 0 to 1", h->aux_loss);
+    CKPT_FIELD(h->balance == BALANCE_BIAS && (h->aux_loss != 0 || !(h->bias_rate > 0 && h->bias_rate <= 1)),
+               "bias rate %g, aux loss %g: with --balance bias the rate is above 0, at most 1, and no loss",
+               h->bias_rate, h->aux_loss);
+    CKPT_FIELD(h->balance != BALANCE_BIAS && h->bias_rate != 0, "bias rate %g: without --balance bias it is 0", h->bias_rate);
     CKPT_FIELD(h->batch < 1 || h->batch > 65536, "batch %d: it is 1 to 65536", h->batch);
     CKPT_FIELD(!(h->lr > 0 && h->lr <= 100), "lr %g: it is above 0, at most 100", h->lr);
     CKPT_FIELD(!(h->weight_decay >= 0 && h->weight_decay <= 10), "weight decay %g: it is 0 to 10", h->weight_decay);
@@ -203,10 +218,11 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
     if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "MLPCKPT", 7) != 0)
         CKPT_BAD(1, "is not a checkpoint of this project (bad header)");
     int format = magic[7] - '0';
-    if (format < 2 || format > 5)
-        CKPT_BAD(2, "has format %.8s, this program reads %s, %s, %s and %s: save it again with the program that wrote it",
-                 magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC_V4, CKPT_MAGIC);
-    size_t fixed = format == 5 ? CKPT_FIXED_BYTES : CKPT_V4_BYTES; // format 4: the microbatches stay 0, unknown
+    if (format < 2 || format > 6)
+        CKPT_BAD(2, "has format %.8s, this program reads %s, %s, %s, %s and %s: save it again with the program that "
+                 "wrote it", magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC_V4, CKPT_MAGIC_V5, CKPT_MAGIC);
+    // format 5: the router's fields stay 0 (softmax, the loss); format 4: the microbatches too, unknown
+    size_t fixed = format == 6 ? CKPT_FIXED_BYTES : format == 5 ? CKPT_V5_BYTES : CKPT_V4_BYTES;
     if (format >= 4) {
         memcpy(h->magic, magic, 8);
         if (fread((char*)h + 8, 1, fixed - 8, f) != fixed - 8)
@@ -257,9 +273,17 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
     CKPT_RANGE(h->heads < 0 || h->heads > 4096, "heads %d: it is 0 to 4096", h->heads);
     CKPT_RANGE(h->experts < 0 || h->experts > 1024, "experts %d: it is 0 (dense) to 1024", h->experts);
     CKPT_RANGE(h->experts > 0 && (h->top_k < 1 || h->top_k > MAX_TOP_K), "top_k %d: with experts it is 1 to 8", h->top_k);
-    CKPT_RANGE(format == 5 && h->experts > 0 && (h->microbatches < 1 || h->microbatches > 65536),
+    CKPT_RANGE(format >= 5 && h->experts > 0 && (h->microbatches < 1 || h->microbatches > 65536),
                "microbatches %d: with experts it is 1 to 65536", h->microbatches);
-    CKPT_RANGE(format == 5 && h->experts == 0 && h->microbatches != 0, "microbatches %d: a dense model's is 0", h->microbatches);
+    CKPT_RANGE(format >= 5 && h->experts == 0 && h->microbatches != 0, "microbatches %d: a dense model's is 0", h->microbatches);
+    CKPT_RANGE(h->router != ROUTER_SOFTMAX && h->router != ROUTER_SIGMOID, "router %d: it is %d (softmax) or %d (sigmoid)",
+               (int)h->router, ROUTER_SOFTMAX, ROUTER_SIGMOID);
+    CKPT_RANGE(h->balance != BALANCE_AUX && h->balance != BALANCE_BIAS, "balance %d: it is %d (aux) or %d (bias)",
+               (int)h->balance, BALANCE_AUX, BALANCE_BIAS);
+    CKPT_RANGE(h->experts == 0 && (h->router || h->balance), "router %d, balance %d: a dense model's are 0",
+               (int)h->router, (int)h->balance);
+    CKPT_RANGE(h->bias_units != (h->balance == BALANCE_BIAS ? h->layers : 0),
+               "bias_units %d: with --balance bias the layers (%d), else 0", h->bias_units, h->layers);
     CKPT_RANGE(h->expert_hidden < 0 || h->expert_hidden > 65536 ||
                (h->expert_hidden > 0 && (h->model != MODEL_GPT || h->experts == 0)),
                "expert_hidden %d: a GPT's with experts is 0 (4C) to 65536, any other model's 0", h->expert_hidden);
@@ -342,6 +366,11 @@ static size_t ckpt_settings_diff(const CkptHeader* h, const Config* c, const Opt
     CKPT_DIFF(c->experts > 0 && h->top_k != c->top_k, " --top-k %d (now %d);", h->top_k, c->top_k);
     CKPT_DIFF(c->experts > 0 && h->capacity != c->capacity, " --capacity %g (now %g);", h->capacity, c->capacity);
     CKPT_DIFF(c->experts > 0 && h->aux_loss != c->aux_loss, " --aux-loss %g (now %g);", h->aux_loss, c->aux_loss);
+    CKPT_DIFF(c->experts > 0 && h->router != c->router, " --router %s (now %s);", router_names[h->router],
+              router_names[c->router]);
+    CKPT_DIFF(c->experts > 0 && h->balance != c->balance, " --balance %s (now %s);", balance_names[h->balance],
+              balance_names[c->balance]);
+    CKPT_DIFF(c->experts > 0 && h->bias_rate != c->bias_rate, " --bias-rate %g (now %g);", h->bias_rate, c->bias_rate);
     // a dense model's microbatches change nothing (exact sums); an expert's capacity and
     // balancing loss are a microbatch's, so the microbatches decide its result
     CKPT_DIFF(c->experts > 0 && h->microbatches && h->microbatches != o->microbatches, " --microbatches %d (now %d);",
@@ -569,6 +598,7 @@ static void ckpt_save(const Options* o, const Dataset* ds, const Config* c, long
         ckpt_write(&w, s->m, (size_t)n * sizeof(float));
         ckpt_write(&w, s->v, (size_t)n * sizeof(float));
     }
+    for (int u = 1; u <= h.bias_units; u++) ckpt_write(&w, moe_bias_of(c, u), (size_t)c->experts * sizeof(float));
     ckpt_close(&w);
 }
 
@@ -634,6 +664,18 @@ static long holding_load(const Holding* h, const Options* o, const Dataset* ds, 
                 h->at[part][u][e] = k < 0 ? 0.0f : unit[k];
             }
         }
+    if (path && hd.bias_units > 0) { // the expert biases of --balance bias: every process keeps every layer's
+        float* bias = mallocCheck((size_t)hd.experts * sizeof(float));
+        for (int u = 1; u <= hd.bias_units; u++) {
+            if (fread(bias, sizeof(float), (size_t)hd.experts, f) != (size_t)hd.experts)
+                fatal("checkpoint '%s' is truncated", path);
+            sum = fnv1a(sum, bias, (size_t)hd.experts * sizeof(float));
+            for (int x = 0; x < hd.experts; x++)
+                if (!isfinite(bias[x])) fatal("checkpoint '%s' holds an expert bias that is not finite (layer %d)", path, u);
+            if (c->balance == BALANCE_BIAS) memcpy(moe_bias_of(c, u), bias, (size_t)hd.experts * sizeof(float));
+        }
+        free(bias);
+    }
     if (path) {
         if (fread(&stored, 1, sizeof stored, f) != sizeof stored) fatal("checkpoint '%s' is truncated", path);
         if (sum != stored) fatal("checkpoint '%s' is corrupt (checksum mismatch)", path);

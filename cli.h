@@ -83,7 +83,13 @@ static const CliFlag cli_common[] = {
                            "\"fine-grained\" experts let more of them cost what a few wide ones do)"},
     {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (gpt: its "
                       "positions with a target) (default 1.25)"},
-    {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01)"},
+    {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01; none with --balance bias)"},
+    {"router", "HOW", "with --experts: softmax (default; Switch, Mixtral) or sigmoid (DeepSeek-V3: sigmoid affinities, "
+                      "the gates the chosen ones normalised to sum 1)"},
+    {"balance", "HOW", "with --experts: aux (default: the load-balancing loss) or bias (DeepSeek-V3's auxiliary-loss-"
+                       "free balancing: a per-expert bias added to the affinities for choosing only, moved after each "
+                       "step toward the expert's share of the tokens)"},
+    {"bias-rate", "R", "with --balance bias: how far a bias moves a step (default 0.001)"},
     {"microbatches", "M", "the global batch as M microbatches, their gradients summed before one optimizer step "
                           "(default 1; the pipelines' own default is 4)"},
     {"recompute", "HOW", "gpt: activation recomputation: none (default), selective (attention's probabilities "
@@ -638,7 +644,8 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     *o = (Options){.data = "names.txt",
                    .max_line = DATA_DEFAULT_MAX_LINE,
                    .model = {.model = MODEL_MLP, .heads = -1, .vocab = 0, .context = -1, .emb = -1, .hidden = -1,
-                             .layers = -1, .experts = 0, .top_k = -1, .expert_hidden = -1, .capacity = -1.0f, .aux_loss = -1.0f},
+                             .layers = -1, .experts = 0, .top_k = -1, .expert_hidden = -1, .capacity = -1.0f, .aux_loss = -1.0f,
+                             .router = -1, .balance = -1, .bias_rate = -1.0f},
                    .steps = 25000,
                    .batch = 32,
                    .opt = {.adamw = -1, .lr = -1.0f, .weight_decay = -1.0f, .beta1 = 0.9f, .beta2 = 0.999f,
@@ -745,6 +752,17 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
             }
         }
         else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
+        else if (!strcmp(name, "router") || !strcmp(name, "balance")) {
+            int router = !strcmp(name, "router"), k = 0;
+            const char* const* names = router ? router_names : balance_names;
+            while (k < 2 && strcmp(optarg, names[k])) k++;
+            if (k < 2) *(router ? &o->model.router : &o->model.balance) = k;
+            else {
+                snprintf(cli_error, sizeof cli_error, "--%s must be %s or %s, got '%s'", name, names[0], names[1], optarg);
+                *err = cli_error;
+            }
+        }
+        else if (!strcmp(name, "bias-rate")) *err = cli_float(name, optarg, 0.0, 1.0, 1, &o->model.bias_rate);
         else if (!strcmp(name, "seed")) {
             char* end;
             errno = 0;
@@ -818,8 +836,20 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                  "of the width", m->emb, m->heads);
         *err = cli_error;
     }
-    if (!*err && m->experts == 0 && (m->top_k >= 0 || m->capacity >= 0 || m->aux_loss >= 0)) {
-        snprintf(cli_error, sizeof cli_error, "--top-k, --capacity and --aux-loss apply with --experts X only");
+    if (!*err && m->experts == 0 && (m->top_k >= 0 || m->capacity >= 0 || m->aux_loss >= 0 || m->router >= 0 ||
+                                     m->balance >= 0 || m->bias_rate >= 0)) {
+        snprintf(cli_error, sizeof cli_error, "--top-k, --capacity, --aux-loss, --router, --balance and --bias-rate "
+                 "apply with --experts X only");
+        *err = cli_error;
+    }
+    if (!*err && m->balance != BALANCE_BIAS && m->bias_rate >= 0) {
+        snprintf(cli_error, sizeof cli_error, "--bias-rate applies with --balance bias: the loss balances the "
+                 "experts otherwise, and no bias moves");
+        *err = cli_error;
+    }
+    if (!*err && m->balance == BALANCE_BIAS && m->aux_loss >= 0) {
+        snprintf(cli_error, sizeof cli_error, "--aux-loss with --balance bias: the bias balances the experts in "
+                 "place of the loss; pass one of them");
         *err = cli_error;
     }
     if (!*err && m->expert_hidden >= 0 && (!gpt || m->experts == 0)) {
@@ -846,7 +876,10 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     }
     if (m->top_k < 0) m->top_k = 1;
     if (m->capacity < 0) m->capacity = 1.25f;
-    if (m->aux_loss < 0) m->aux_loss = 0.01f;
+    if (m->router < 0) m->router = ROUTER_SOFTMAX;
+    if (m->balance < 0) m->balance = BALANCE_AUX;
+    if (m->aux_loss < 0) m->aux_loss = m->balance == BALANCE_BIAS ? 0.0f : 0.01f;
+    if (m->bias_rate < 0) m->bias_rate = m->balance == BALANCE_BIAS ? 0.001f : 0.0f;
     if (!*err && m->experts > 0 && m->top_k > m->experts) {
         snprintf(cli_error, sizeof cli_error, "--top-k %d is more than --experts %d: a token cannot pick more experts "
                  "than there are", m->top_k, m->experts);

@@ -46,12 +46,19 @@ typedef struct {
     int top_k;       // k: experts per token (1 to MAX_TOP_K)
     int expert_hidden; // the GPT's: each expert's width F (--expert-hidden; 0: 4C, the dense block's)
     float capacity;  // F: an expert takes at most ceil(F k B / X) of a training batch's B tokens
-    float aux_loss;  // alpha: weight of the load-balancing loss
+    float aux_loss;  // alpha: weight of the load-balancing loss (0 with --balance bias)
+    int router;      // ROUTER_SOFTMAX (Switch, Mixtral) or ROUTER_SIGMOID (DeepSeek-V3): --router
+    int balance;     // BALANCE_AUX (the loss above) or BALANCE_BIAS (DeepSeek-V3's bias): --balance
+    float bias_rate; // --balance bias: how far an expert's bias moves a step
     // not the model, but how its activations are kept (--recompute): none, or the GPT's
     // blocks' recomputed in backward, attention's probabilities (selective) or everything
     // but their input (full)
     int recompute;
 } Config;
+enum { ROUTER_SOFTMAX, ROUTER_SIGMOID };
+static const char* const router_names[] = {"softmax", "sigmoid"};
+enum { BALANCE_AUX, BALANCE_BIAS };
+static const char* const balance_names[] = {"aux", "bias"};
 enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
 static const char* const recompute_names[] = {"none", "selective", "full"};
 

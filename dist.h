@@ -417,6 +417,13 @@ static void dist_ckpt_save(const Holding* h, const Options* o, const Dataset* ds
                 if (where[i] >= 0) unit[where[i]] = values[i];
             ckpt_write(&w, unit, (size_t)unit_params(c, u) * sizeof(float));
         }
+    for (int u = 1; u <= header.bias_units; u++) { // --balance bias: from the first rank that computes the layer
+        float* bias = moe_bias_of(c, u);
+        int mine = moe_bias.held[u] ? world_rank : world_size, first;
+        MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (first < world_size) MPI_Bcast(bias, c->experts, MPI_FLOAT, first, MPI_COMM_WORLD);
+        if (root) ckpt_write(&w, bias, (size_t)c->experts * sizeof(float));
+    }
     if (root) ckpt_close(&w);
     free(index), free(unit), free(values), free(where), free(counts), free(displs);
 }

@@ -205,10 +205,52 @@ typedef struct {
     double tokens_sum, own_tokens_sum; // tokens of the batches, and of this rank's share of them
 } MoeLayer;
 
+// --balance bias (DeepSeek-V3's auxiliary-loss-free balancing): each MoE layer has a bias per
+// expert, added to the affinities to choose a token's experts and never to its gates. After
+// each step it moves by --bias-rate toward the expert's share of the step's choices: down
+// when more than a 1/X share of them chose the expert, up when fewer. Those counts are the
+// whole batch's, integers that every rank computing the layer has alike (the plan needs
+// them), so every layout moves the biases alike. Every process keeps every layer's biases,
+// a layer it does not compute as --load left them, and a checkpoint carries them.
+static struct {
+    float* bias;   // [L+2][X]
+    long* chose;   // [L+2][X] the step's choices of each expert so far
+    long* choices; // [L+2] the step's choices
+    char* held;    // [L+2] whether this process computes the layer
+    int X;         // experts (a program has one model; tests/test_units.c many)
+} moe_bias;
+static float* moe_bias_of(const Config* c, int u) {
+    if (moe_bias.X != c->experts) {
+        free(moe_bias.bias), free(moe_bias.chose), free(moe_bias.choices), free(moe_bias.held);
+        moe_bias.X = c->experts;
+        moe_bias.bias = callocCheck((size_t)(MAX_LAYERS + 2) * c->experts, sizeof(float));
+        moe_bias.chose = callocCheck((size_t)(MAX_LAYERS + 2) * c->experts, sizeof(long));
+        moe_bias.choices = callocCheck(MAX_LAYERS + 2, sizeof(long));
+        moe_bias.held = callocCheck(MAX_LAYERS + 2, 1);
+    }
+    return moe_bias.bias + (long)u * c->experts;
+}
+// The end of a training step: each bias of a layer this process computed moves toward its
+// expert's share (every rank calls it after its optimizer step).
+static void moe_bias_update(const Config* c) {
+    if (c->experts == 0 || c->balance != BALANCE_BIAS) return;
+    for (int u = 1; u <= c->layers; u++) {
+        float* b = moe_bias_of(c, u);
+        long* chose = moe_bias.chose + (long)u * c->experts;
+        for (int x = 0; moe_bias.choices[u] > 0 && x < c->experts; x++) {
+            long over = chose[x] * c->experts - moe_bias.choices[u]; // X times its choices, against all of them
+            b[x] += over > 0 ? -c->bias_rate : over < 0 ? c->bias_rate : 0.0f;
+            chose[x] = 0;
+        }
+        moe_bias.choices[u] = 0;
+    }
+}
+
 // A layer of experts `e` (unit `layer`), for passes of up to `rows` tokens
 static void moe_layer_init(MoeLayer* m, const Config* c, int layer, Expert e, int rows) {
     int X = c->experts, k = c->top_k;
     memset(m, 0, sizeof *m);
+    moe_bias_of(c, layer), moe_bias.held[layer] = 1;
     m->layer = layer, m->e = e, m->rows = rows;
     m->probs = mallocCheck((size_t)rows * X * sizeof(float));
     m->dprobs = mallocCheck((size_t)rows * X * sizeof(float));
@@ -269,18 +311,23 @@ static void moe_route(const Config* c, MoeLayer* m, const float* in, const float
     if (n > m->rows) fatal("internal: %d tokens for an MoE layer of %d", n, m->rows);
     m->n = n;
     matmul_float(m->probs, in, wr, n, m->e.K, X, ws);
+    const float* bias = c->balance == BALANCE_BIAS ? moe_bias_of(c, m->layer) : NULL; // for choosing only
     for (int r = 0; r < n; r++) {
         float *p = m->probs + (long)r * X, mx = p[0], sum = 0.0f;
-        for (int x = 1; x < X; x++) mx = p[x] > mx ? p[x] : mx;
-        for (int x = 0; x < X; x++) p[x] = expf(p[x] - mx), sum += p[x];
-        for (int x = 0; x < X; x++) p[x] /= sum;
+        if (c->router == ROUTER_SIGMOID) // --router sigmoid: each affinity on its own
+            for (int x = 0; x < X; x++) p[x] = 1.0f / (1.0f + expf(-p[x]));
+        else {
+            for (int x = 1; x < X; x++) mx = p[x] > mx ? p[x] : mx;
+            for (int x = 0; x < X; x++) p[x] = expf(p[x] - mx), sum += p[x];
+            for (int x = 0; x < X; x++) p[x] /= sum;
+        }
         int* ch = m->choice + (long)r * k;
         for (int j = 0; j < k; j++) { // the j-th most probable expert not chosen yet
             int best = -1;
             for (int x = 0; x < X; x++) {
                 int taken = 0;
                 for (int i = 0; i < j; i++) taken |= ch[i] == x;
-                if (!taken && (best < 0 || p[x] > p[best])) best = x;
+                if (!taken && (best < 0 || (bias ? p[x] + bias[x] > p[best] + bias[best] : p[x] > p[best]))) best = x;
             }
             ch[j] = best;
         }
@@ -384,6 +431,21 @@ static void moe_dispatch(const Config* c, MoeLayer* m, int rank, const int* x_fi
         }
 }
 
+// Token r's term of the load-balancing loss, sum over x of alpha X f_x P_x: P_x its
+// probability, or with --router sigmoid its affinity over the sum of its affinities
+// (DeepSeek-V3's balance loss), so that the terms sum to 1 over x either way.
+static double moe_aux_sum(const Config* c, const float* p) {
+    double s = 0;
+    for (int x = 0; c->router == ROUTER_SIGMOID && x < c->experts; x++) s += p[x];
+    return c->router == ROUTER_SIGMOID ? s : 1.0;
+}
+static double moe_aux_term(const Config* c, const MoeLayer* m, int r) {
+    const float* p = m->probs + (long)r * c->experts;
+    double a = 0;
+    for (int x = 0; x < c->experts; x++) a += m->coef[x] * p[x];
+    return a / moe_aux_sum(c, p);
+}
+
 // A training pass's load-balancing loss: each expert's coefficient alpha X f_x (from every
 // rank's counts: counts[ranks][k][X] holds the batch's choices split by ranks in any way,
 // or summed into one), the exact sum of this rank's tokens' terms added to *aux, and the
@@ -399,16 +461,14 @@ static void moe_balance(const Config* c, MoeLayer* m, const int* counts, int ran
         m->coef[x] = (double)c->aux_loss * X * (double)chose / ((double)k * n_total);
         m->load_sum[x] += (double)chose;
         dropped += chose > C ? chose - C : 0;
+        moe_bias.chose[(long)m->layer * X + x] += chose; // --balance bias: the step's counts
     }
+    moe_bias.choices[m->layer] += (long)k * n_total;
     m->dropped_sum += (double)dropped, m->dropped_last = dropped, m->capacity_last = C, m->steps++;
     m->tokens_sum += (double)n_total, m->own_tokens_sum += (double)n;
     m->tokens_out += (double)(m->n_routed - m->routed_to[rank]);
     m->tokens_in += (double)(m->n_received - m->expert_from[rank]);
-    for (int r = 0; r < n; r++) {
-        double a = 0;
-        for (int x = 0; x < X; x++) a += m->coef[x] * m->probs[(long)r * X + x];
-        *aux += fix_term(a, n_total, "load-balancing loss");
-    }
+    for (int r = 0; r < n; r++) *aux += fix_term(moe_aux_term(c, m, r), n_total, "load-balancing loss");
 }
 
 // The kept choices' input rows, in the dispatch order: routed_in, which dispatch sends
@@ -463,12 +523,17 @@ static void moe_router_backward(const Config* c, MoeLayer* m, const float* wr, i
         const float *p = m->probs + (long)r * X, *gate = m->gate + (long)r * k, *dg = m->dgate + (long)r * k;
         const int* ch = m->choice + (long)r * k;
         float* dp = m->dprobs + (long)r * X;
-        for (int x = 0; x < X; x++) dp[x] = (float)m->coef[x];
+        double a = moe_aux_term(c, m, r), S = moe_aux_sum(c, p); // sigmoid: P_x = p_x / S
+        for (int x = 0; x < X; x++) dp[x] = (float)(c->router == ROUTER_SIGMOID ? (m->coef[x] - a) / S : m->coef[x]);
         if (k == 1) dp[ch[0]] += dg[0];
         else { // g_j = p_j / S over the chosen: dp_j = (dg_j - sum_i dg_i g_i) / S
             float s = p[ch[0]], dot = dg[0] * gate[0];
             for (int j = 1; j < k; j++) s += p[ch[j]], dot += dg[j] * gate[j];
             for (int j = 0; j < k; j++) dp[ch[j]] += (dg[j] - dot) / s;
+        }
+        if (c->router == ROUTER_SIGMOID) { // ds_x = dp_x p_x (1 - p_x), in place
+            for (int x = 0; x < X; x++) dp[x] = dp[x] * p[x] * (1.0f - p[x]);
+            continue;
         }
         float dot = 0.0f; // softmax: ds_x = p_x (dp_x - sum_y p_y dp_y), in place
         for (int x = 0; x < X; x++) dot += p[x] * dp[x];

@@ -33,11 +33,14 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
         printf("  model      context %d, emb %d, hidden %d, layers %d: %ld parameters\n", c->context, c->emb, c->hidden,
                c->layers, n_params(c));
     if (c->experts > 0 && is_gpt(c))
-        printf("  experts    every block's MLP a mixture of %d experts of width %d: top-%d, capacity factor %g, aux "
-               "loss weight %g\n", c->experts, expert_width(c), c->top_k, c->capacity, c->aux_loss);
+        printf("  experts    every block's MLP a mixture of %d experts of width %d: top-%d, capacity factor %g, ",
+               c->experts, expert_width(c), c->top_k, c->capacity);
     else if (c->experts > 0)
-        printf("  experts    every hidden layer a mixture of %d experts: top-%d, capacity factor %g, aux loss weight "
-               "%g\n", c->experts, c->top_k, c->capacity, c->aux_loss);
+        printf("  experts    every hidden layer a mixture of %d experts: top-%d, capacity factor %g, ", c->experts,
+               c->top_k, c->capacity);
+    if (c->experts > 0 && c->router == ROUTER_SIGMOID) printf("sigmoid router, ");
+    if (c->experts > 0 && c->balance == BALANCE_BIAS) printf("balanced by a bias moving %g a step\n", c->bias_rate);
+    else if (c->experts > 0) printf("aux loss weight %g\n", c->aux_loss);
     printf("  optimizer  %s, lr %g, weight decay %g, clip %s", o->opt.adamw ? "adamw" : "sgd", o->opt.lr,
            o->opt.weight_decay, o->opt.clip > 0 ? "" : "off");
     if (o->opt.clip > 0) printf("%g", o->opt.clip);
@@ -422,6 +425,7 @@ static void moe_print_load(const Config* c, const Acts* a, const Progress* pr) {
             int bars = (int)((mean + 0.5) / per), cap = (int)((C + per - 1) / per), width = bars > cap ? bars : cap;
             printf("    expert %-3d %6.1f |", x, mean);
             for (int i = 0; i < width; i++) putchar(i < bars ? (i < cap ? '#' : 'x') : i == cap - 1 ? '|' : ' ');
+            if (c->balance == BALANCE_BIAS) printf("  bias %+.4f", moe_bias_of(c, u)[x]);
             printf("\n");
         }
         printf("    dropped %.2f tokens per step (%.1f%% of the choices); last step %ld\n", m->dropped_sum / m->steps,

@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
         progress.aux = fix_to(aux) / n; // reported apart
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
         optimizer_step(&o.opt, run.st.params, run.st.grads, run.st.m, run.st.v, np, grad_factor(n), scale, step);
+        moe_bias_update(cfg); // --balance bias: each expert's bias moves toward its share
         if (step_end(&progress, step, fix_to(loss) / n, validation_loss, &run)) break; // a signal: stop, saved
     }
     save_at(&progress, start + progress.steps);

@@ -298,6 +298,7 @@ static double train_step(Run* r, const Options* o, Progress* pr, long step) {
     }
     fsdp_step(&r->fsdp, &o->opt, grad_factor(n), scale, step);
     if (moe) fsdp_step(&r->expert_fsdp, &o->opt, grad_factor(n), scale, step);
+    moe_bias_update(&r->cfg); // --balance bias: each expert's bias moves toward its share
     return fix_to(loss) / n;
 }
 

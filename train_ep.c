@@ -292,6 +292,7 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
     ep_allreduce_replicated(r); // the experts' gradients are complete where they are held
     float scale = clip_factor(&o->opt, r->spans, r->n_spans, n, group_norm, &r->dp);
     optimizer_step(&o->opt, r->st.params, r->st.grads, r->st.m, r->st.v, np, grad_factor(n), scale, step);
+    moe_bias_update(&r->cfg); // --balance bias: each expert's bias moves toward its share
     return step_end(pr, step, fix_to(loss) / n, validation_loss, r);
 }
 

@@ -690,7 +690,8 @@ section_checkpoint() {
 import struct, sys
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
 b = bytearray(open(src, "rb").read())
-if what == "nan": at = 136 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 5: the header, the vocabulary's code points, the floats
+if what == "nan": at = 152 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 6: the header, the vocabulary's code points, the floats
+if what == "nanbias": b[-12:-8] = struct.pack("<f", float("nan"))  # --balance bias: the last expert's bias, before the checksum
 if what == "order": b[8:12] = bytes(reversed(b[8:12]))
 if what == "v1": b[0:8] = b"MLPCKPT1"
 if what == "v2": b[0:8] = b"MLPCKPT2"; del b[360:376]  # from format 3: format 2 is its header without the experts' fields
@@ -738,8 +739,13 @@ PY
         fresh "$TMP/o40.ckpt"
         run "$TMP/o40.out" $p $old --experts 2 --steps 40 --save "$TMP/o40.ckpt" --log "$TMP/o40.csv"
         run "$TMP/o4.out" $p $old --experts 2 --steps 40 --load tests/old/format4_experts.ckpt --save "$TMP/o4.ckpt"
-        check "checkpoint: a format 4 checkpoint (before the microbatches) resumes as a run never stopped, and is saved again in format 5" \
-            bash -c "cmp -s '$TMP/o40.out' '$TMP/o4.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o4.ckpt' && head -c 8 '$TMP/o4.ckpt' | grep -q MLPCKPT5"
+        check "checkpoint: a format 4 checkpoint (before the microbatches) resumes as a run never stopped, and is saved again in format 6" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o4.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o4.ckpt' && head -c 8 '$TMP/o4.ckpt' | grep -q MLPCKPT6"
+        # format 5 too, its router the softmax with the loss: tests/old/format5_experts.ckpt is
+        # commit 331f217's train --context 3 --emb 2 --hidden 4 --experts 2 --steps 20
+        run "$TMP/o5.out" $p $old --experts 2 --steps 40 --load tests/old/format5_experts.ckpt --save "$TMP/o5.ckpt"
+        check "checkpoint: a format 5 checkpoint (before the router's fields) resumes as a run never stopped, and is saved again in format 6" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o5.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o5.ckpt' && head -c 8 '$TMP/o5.ckpt' | grep -q MLPCKPT6"
         # with experts the microbatches decide the result (capacity and the balancing loss are a
         # microbatch's): a resume under others is refused, as another --capacity (audit 5: E1, E2)
         expect_error 1 "other settings: --microbatches 1 \(now 4\);" "checkpoint: an experts checkpoint resumed under another --microbatches is refused, naming it" \
@@ -797,13 +803,32 @@ EOT
         poke "$TMP/moe.ckpt" "$TMP/field.ckpt" i32:92:9
         expect_error 1 "checkpoint '$TMP/field.ckpt' is corrupt: its header is inconsistent \(top_k 9: with experts it is 1 to 8\)" \
             "checkpoint: a checksummed experts header with top_k 9 is refused, naming the field" -- $p $gpt --experts 2 --load "$TMP/field.ckpt" --steps 10
+        # format 6's router fields, and the expert biases of --balance bias after the floats
+        local bias="--experts 2 --router sigmoid --balance bias"
+        run "$TMP/bias5" $p $gpt $bias --steps 2 --save "$TMP/bias.ckpt"
+        while IFS='|' read -r field pattern; do
+            poke "$TMP/bias.ckpt" "$TMP/field.ckpt" "$field"
+            expect_error 1 "checkpoint '$TMP/field.ckpt' is corrupt: its header is inconsistent \($pattern" \
+                "checkpoint: a checksummed header with $pattern is refused, naming the field" -- $p $gpt $bias --load "$TMP/field.ckpt" --steps 10
+        done <<'EOT'
+i32:136:7|router 7: it is 0 \(softmax\) or 1 \(sigmoid\)
+i32:140:5|balance 5: it is 0 \(aux\) or 1 \(bias\)
+i32:148:3|bias_units 3: with --balance bias the layers \(1\), else 0
+i32:148:0|bias_units 0: with --balance bias the layers \(1\), else 0
+EOT
+        poke "$TMP/bias.ckpt" "$TMP/nanbias.ckpt" nanbias
+        expect_error 1 "holds an expert bias that is not finite \(layer 1\)" "checkpoint: a NaN expert bias is refused on load, naming its layer" \
+            -- $p $gpt $bias --load "$TMP/nanbias.ckpt" --steps 10
+        expect_error 1 "--balance bias \(now aux\); --bias-rate 0.001 \(now 0\); .*--allow-changes" \
+            "checkpoint: a --balance bias checkpoint resumed with the loss is refused, naming the flags" \
+            -- $p $gpt --experts 2 --router sigmoid --load "$TMP/bias.ckpt" --steps 10
         expect_error 1 "other settings: --microbatches 1 \(now 4\);" "checkpoint: ... also through train_3d's own default of 4 microbatches" \
             -- $MPIRUN -n 2 ./train_3d --model gpt --emb 16 --heads 4 --layers 1 --experts 2 --samples 0 --quiet --dp 2 --ep 2 --steps 10 --load "$TMP/moe.ckpt"
         expect_error 0 "validation loss" "checkpoint: a dense checkpoint resumes under other microbatches (exact sums: the same bits)" \
             -- $p $gpt --steps 10 --load "$TMP/gpt.ckpt" --microbatches 2
         # a vocabulary holding a UTF-16 surrogate (not a character) is corrupt, not printed as
         # invalid UTF-8 (issue 36: 10): names.txt's token 26, 'z', made U+D800
-        poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((136 + 4 * 26)):55296
+        poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((152 + 4 * 26)):55296
         expect_error 1 "checkpoint '$TMP/surrogate.ckpt' is corrupt: its vocabulary's token 26 is U\+D800, a UTF-16 surrogate, not a character" \
             "checkpoint: a vocabulary holding U+D800 is refused as corrupt (issue 36: 10)" -- $p --load "$TMP/surrogate.ckpt" --steps 150
         check "checkpoint: ... its message is valid UTF-8" iconv -f UTF-8 -t UTF-8 "$TMP/err"
@@ -1693,6 +1718,44 @@ section_ep() {
                 $MPIRUN -n $n ./train_ep $flags $gk --experts $x --top-k $k $w
         done
     done
+    # DeepSeek-V3's router: sigmoid affinities, the gates normalised over the chosen, with the
+    # loss or balanced by a bias per expert (moved after each step by integer counts: the same
+    # in every layout); on 2 and 4 ranks, the MLP with AdamW and the GPT with 2 microbatches and
+    # selective recomputation; resumed across programs, the biases in the checkpoint
+    local ds="--experts 8 --top-k 4 --router sigmoid" bs="--balance bias --bias-rate 0.01"
+    reference ep_sig $flags $ds
+    same_as ep_sig "ep: --router sigmoid, top-4 of 8 on 2 ranks, with the loss, same as train.c" \
+        $MPIRUN -n 2 ./train_ep $flags $ds
+    reference ep_bias $flags $ds $bs --optimizer adamw
+    reference ep_gbias $flags $gk $ds $bs --expert-hidden 16
+    for n in 2 4; do
+        same_as ep_bias "ep: --router sigmoid --balance bias, top-4 of 8 on $n ranks, adamw, same as train.c" \
+            $MPIRUN -n $n ./train_ep $flags $ds $bs --optimizer adamw
+        same_as ep_gbias "ep: the GPT, sigmoid and bias, top-4 of 8 experts 16 wide on $n ranks, 2 microbatches, selective recomputation, same as train.c" \
+            $MPIRUN -n $n ./train_ep $flags $gk $ds $bs --expert-hidden 16
+    done
+    run "$TMP/rb20" ./train ${flags/--steps 40/--steps 20} $ds $bs --optimizer adamw --save "$TMP/ep_rb20.ckpt" --quiet
+    same_as ep_bias "ep: 4 ranks resume train.c's --balance bias checkpoint of step 20 (its biases), same as train.c's 40 steps" \
+        $MPIRUN -n 4 ./train_ep $flags $ds $bs --optimizer adamw --load "$TMP/ep_rb20.ckpt"
+    run "$TMP/rb20b" $MPIRUN -n 2 ./train_ep ${flags/--steps 40/--steps 20} $ds $bs --optimizer adamw --save "$TMP/ep_rb20b.ckpt" --quiet
+    same_as ep_bias "ep: train.c resumes train_ep's --balance bias checkpoint of step 20 (2 ranks), same as its own 40 steps" \
+        ./train $flags $ds $bs --optimizer adamw --load "$TMP/ep_rb20b.ckpt"
+    run "$TMP/bias.out" ./train --steps 200 --eval-every 0 --samples 0 --experts 4 --router sigmoid --balance bias
+    run "$TMP/nobal.out" ./train --steps 200 --eval-every 0 --samples 0 --experts 4 --router sigmoid --aux-loss 0
+    local most_bias most_none
+    most_bias=$(awk '/^    expert/ { if ($3 > m) m = $3 } END { print m }' "$TMP/bias.out")
+    most_none=$(awk '/^    expert/ { if ($3 > m) m = $3 } END { print m }' "$TMP/nobal.out")
+    check "ep: --balance bias moves the biases (the table prints them) and lowers the busiest expert's load against no balancing ($most_bias against $most_none tokens a step)" \
+        bash -c "grep -qE 'bias [+-]0\.[0-9]*[1-9]' '$TMP/bias.out' && awk 'BEGIN { exit !($most_bias < $most_none) }'"
+    check "ep: --router sigmoid --balance bias is said in the summary" \
+        grep -q "top-1, capacity factor 1.25, sigmoid router, balanced by a bias moving 0.001 a step" "$TMP/bias.out"
+    expect_error 2 "--bias-rate applies with --balance bias" "ep: --bias-rate without --balance bias is refused" -- ./train --experts 4 --bias-rate 0.01
+    expect_error 2 "--aux-loss with --balance bias: the bias balances the experts in place of the loss" \
+        "ep: --aux-loss with --balance bias is refused" -- $MPIRUN -n 2 ./train_ep --experts 4 --balance bias --aux-loss 0.01
+    expect_error 2 "--router must be softmax or sigmoid, got 'tanh'" "ep: an unknown --router is refused" -- ./train --experts 4 --router tanh
+    expect_error 2 "--balance must be aux or bias, got 'none'" "ep: an unknown --balance is refused" -- ./train --experts 4 --balance none
+    expect_error 2 "--router, --balance and --bias-rate apply with --experts X only" "ep: --router without --experts is refused" -- ./train --router sigmoid
+    expect_error 2 "--bias-rate must be a decimal number above 0" "ep: --bias-rate 0 is refused" -- ./train --experts 4 --balance bias --bias-rate 0
     # two MoE layers, an odd batch, and a capacity that drops many tokens / none at all
     local deep="--steps 30 --eval-every 0 --experts 5 --top-k 2 --layers 2 --batch 27 --hidden 24"
     reference ep_drop $deep --capacity 0.5
@@ -2069,6 +2132,16 @@ section_5d() {
     reference 5d_k4 $flags --microbatches 2 --recompute selective
     same_as 5d_k4 "5d: --tp 2 --pp 2 --dp 2 --ep 2, top-4 of 8 experts 16 wide, 2 microbatches, selective recomputation, same as train.c" \
         $MPIRUN -n 8 ./train_3d --tp 2 --cp 1 --pp 2 --dp 2 --ep 2 --microbatches 2 --recompute selective $flags
+    # DeepSeek-V3's router in the grid: sigmoid, balanced by a bias moved by the whole batch's
+    # counts; and the biases of a pipeline's later stage saved, then resumed by train.c
+    flags="$m --experts 8 --top-k 4 --expert-hidden 16 --router sigmoid --balance bias --bias-rate 0.01 --samples 3 --eval-every 10 --microbatches 2"
+    reference 5d_bias $flags --steps 20 --recompute selective
+    same_as 5d_bias "5d: --tp 2 --pp 2 --dp 2 --ep 2, sigmoid router and bias balancing, top-4 of 8, 2 microbatches, selective recomputation, same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 2 --cp 1 --pp 2 --dp 2 --ep 2 $flags --steps 20 --recompute selective
+    run "$TMP/5d_bias10.out" $MPIRUN -n 4 ./train_3d --tp 1 --cp 1 --pp 2 --dp 2 --ep 2 $flags --steps 10 --recompute selective \
+        --quiet --save "$TMP/5d_bias10.ckpt"
+    same_as 5d_bias "5d: train.c resumes the grid's --balance bias checkpoint of step 10 (--pp 2: the second block's biases from its stage), same as train.c" \
+        ./train $flags --steps 20 --recompute selective --load "$TMP/5d_bias10.ckpt"
     # resuming across programs: train.c's checkpoint in the 5D grid, and the grid's in train.c
     flags="$m --experts 4 --samples 3 --steps 20 --eval-every 0 --top-k 2 --clip 0.5"
     reference 5d_r $flags

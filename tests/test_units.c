@@ -1070,16 +1070,33 @@ static void test_attention_range(void) {
 
 // The reference router's choices and gates: the k most probable experts, ties to the lower
 // index; the gate the probability for k = 1, else renormalised over the k chosen.
-static void ref_top_k(const double* p, int X, int k, int* ch) {
+// (bias: --balance bias's, added to the affinities for choosing only; NULL: none)
+static void ref_top_k(const double* p, const float* bias, int X, int k, int* ch) {
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int x = 0; x < X; x++) {
             int taken = 0;
             for (int i = 0; i < j; i++) taken |= ch[i] == x;
-            if (!taken && (best < 0 || p[x] > p[best])) best = x;
+            double px = p[x] + (bias ? bias[x] : 0), pb = best < 0 ? 0 : p[best] + (bias ? bias[best] : 0);
+            if (!taken && (best < 0 || px > pb)) best = x;
         }
         ch[j] = best;
     }
+}
+// The router's affinities from its scores z [X], in place: the softmax; with --router sigmoid
+// each score's sigmoid. Returns what the load-balancing term divides them by: 1, or with
+// sigmoid their sum (DeepSeek-V3's normalised affinities).
+static double ref_affinities(const Config* c, double* z) {
+    int X = c->experts;
+    double mx = -INFINITY, s = 0;
+    if (c->router == ROUTER_SIGMOID) {
+        for (int x = 0; x < X; x++) z[x] = 1 / (1 + exp(-z[x])), s += z[x];
+        return s;
+    }
+    for (int x = 0; x < X; x++) mx = z[x] > mx ? z[x] : mx;
+    for (int x = 0; x < X; x++) z[x] = exp(z[x] - mx), s += z[x];
+    for (int x = 0; x < X; x++) z[x] /= s;
+    return 1;
 }
 static double ref_gate(const double* p, const int* ch, int k, int j) {
     double s = 0;
@@ -1122,22 +1139,21 @@ static double moe_model_objective(const double* theta, void* vctx) {
                 }
         } else {
             int total[MAX_TOP_K][64] = {{0}};
+            double norm[16];
             for (int r = 0; r < R; r++) {
-                double mx = -INFINITY, s = 0;
                 for (int x = 0; x < X; x++) {
                     double z = 0;
                     for (int i = 0; i < K; i++) z += cur[r * maxw + i] * w[(long)i * X + x];
-                    p[r * X + x] = z, mx = z > mx ? z : mx;
+                    p[r * X + x] = z;
                 }
-                for (int x = 0; x < X; x++) p[r * X + x] = exp(p[r * X + x] - mx), s += p[r * X + x];
-                for (int x = 0; x < X; x++) p[r * X + x] /= s;
-                ref_top_k(p + r * X, X, k, ch + r * k);
+                norm[r] = ref_affinities(c, p + r * X);
+                ref_top_k(p + r * X, c->balance == BALANCE_BIAS ? moe_bias_of(c, l) : NULL, X, k, ch + r * k);
                 for (int j = 0; j < k; j++) total[j][ch[r * k + j]]++;
             }
             long C = (long)ceil((double)c->capacity * k * R / X);
             for (int x = 0; x < X; x++) { // the load-balancing terms
                 double psum = 0;
-                for (int r = 0; r < R; r++) psum += p[r * X + x];
+                for (int r = 0; r < R; r++) psum += p[r * X + x] / norm[r];
                 long chose = 0;
                 for (int j = 0; j < k; j++) chose += total[j][x];
                 f += (double)c->aux_loss * X * (double)chose / (k * R) * psum;
@@ -1174,11 +1190,23 @@ static double moe_model_objective(const double* theta, void* vctx) {
     free(cur), free(nxt), free(p), free(ch);
     return f;
 }
+// The router a gradient check takes: 0 softmax with the loss, 1 sigmoid with the loss, 2
+// sigmoid with --balance bias, its biases set to move some choices (and no loss).
+static const char* test_route(Config* c, int route) {
+    c->router = route ? ROUTER_SIGMOID : ROUTER_SOFTMAX, c->balance = route == 2 ? BALANCE_BIAS : BALANCE_AUX;
+    if (route == 2) {
+        c->aux_loss = 0, c->bias_rate = 0.001f;
+        for (int u = 1; u <= c->layers; u++)
+            for (int x = 0; x < c->experts; x++) moe_bias_of(c, u)[x] = 0.25f * (float)((x + u) % 3) - 0.25f;
+    }
+    return route == 0 ? "softmax" : route == 1 ? "sigmoid" : "sigmoid, biases";
+}
 // The mixture of experts on one process (train.c's), against the reference above: the loss
 // plus the aux loss, and every gradient (router, experts, and the layers around them).
-static void test_grad_moe(int layers, int experts, int top_k, float capacity, int R, int want_drops) {
+static void test_grad_moe(int layers, int experts, int top_k, float capacity, int R, int want_drops, int route) {
     Config c = {.vocab = 7, .context = 3, .emb = 2, .hidden = 5, .layers = layers, .experts = experts,
                 .top_k = top_k, .capacity = capacity, .aux_loss = 0.05f};
+    const char* router = test_route(&c, route);
     long np = n_params(&c);
     float* params = mallocCheck(sizeof(float) * np);
     for (int u = 0; u < n_units(&c); u++) unit_init(params + unit_offset(&c, u), &c, u, 99 + layers + experts);
@@ -1205,9 +1233,9 @@ static void test_grad_moe(int layers, int experts, int top_k, float capacity, in
     numeric_grad(num, theta, np, moe_model_objective, &ctx);
     double err = grad_error(an, num, np);
     check(fabs(got - ref) < 1e-5 * ref && err < GRAD_TOL && dropped == ref_dropped && (dropped > 0) == want_drops,
-          "gradient check: mixture of %d experts, top-%d, L=%d, capacity %g, %d rows, %ld tokens dropped (reference "
-          "%ld), aux loss %.2e: max rel error %.1e", experts, top_k, layers, capacity, R, dropped, ref_dropped,
-          fix_to(w.acts.aux) / R, err);
+          "gradient check: mixture of %d experts, top-%d (%s), L=%d, capacity %g, %d rows, %ld tokens dropped "
+          "(reference %ld), aux loss %.2e: max rel error %.1e", experts, top_k, router, layers, capacity, R, dropped,
+          ref_dropped, fix_to(w.acts.aux) / R, err);
     free(params), free(grads), free(theta), free(an), free(num);
     work_free(&w);
 }
@@ -1258,22 +1286,22 @@ static double gpt_moe_objective(const double* theta, void* vctx) {
         int n = 0, total[MAX_TOP_K][64] = {{0}}, seen[MAX_TOP_K][64] = {{0}};
         for (int i = 0; i < R * T; i++)
             if (x->targets[i] >= 0) tok[n++] = i;
+        double norm[3 * 5];
         for (int i = 0; i < n; i++) { // the router
-            double mx = -INFINITY, s = 0, *pi = p + (long)i * X;
+            double* pi = p + (long)i * X;
             for (int e = 0; e < X; e++) {
                 double o = 0;
                 for (int q = 0; q < C; q++) o += z[(long)tok[i] * C + q] * w[bl.router_w + (long)q * X + e];
-                pi[e] = o, mx = o > mx ? o : mx;
+                pi[e] = o;
             }
-            for (int e = 0; e < X; e++) pi[e] = exp(pi[e] - mx), s += pi[e];
-            for (int e = 0; e < X; e++) pi[e] /= s;
-            ref_top_k(pi, X, k, ch + i * k);
+            norm[i] = ref_affinities(c, pi);
+            ref_top_k(pi, c->balance == BALANCE_BIAS ? moe_bias_of(c, l) : NULL, X, k, ch + i * k);
             for (int j = 0; j < k; j++) total[j][ch[i * k + j]]++;
         }
         long cap = (long)ceil((double)c->capacity * k * n / X);
         for (int e = 0; e < X; e++) { // the load-balancing terms
             double psum = 0;
-            for (int i = 0; i < n; i++) psum += p[(long)i * X + e];
+            for (int i = 0; i < n; i++) psum += p[(long)i * X + e] / norm[i];
             long chose = 0;
             for (int j = 0; j < k; j++) chose += total[j][e];
             f += (double)c->aux_loss * X * (double)chose / (k * n) * psum;
@@ -1319,9 +1347,10 @@ static double gpt_moe_objective(const double* theta, void* vctx) {
 // train.c's GPT with experts against the reference above, rows with padding: the loss plus
 // the aux loss, and every gradient (attention, LayerNorms, routers, experts, embeddings, head).
 // F: each expert's width (--expert-hidden; 0: 4C)
-static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity, int want_drops, int F) {
+static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity, int want_drops, int F, int route) {
     Config c = {.model = MODEL_GPT, .heads = 2, .vocab = 7, .context = 5, .emb = 4, .layers = layers,
                 .experts = experts, .top_k = top_k, .expert_hidden = F, .capacity = capacity, .aux_loss = 0.05f};
+    const char* router = test_route(&c, route);
     int R = 3, T = c.context;
     long np = n_params(&c);
     MoeBlockLayout bl = gpt_moe_layout(&c);
@@ -1351,9 +1380,9 @@ static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity
     for (int i = 0; i < R * T; i++) with_target += targets[i] >= 0;
     check(fabs(got - ref) < 1e-5 * ref && err < GRAD_TOL && dropped == ref_dropped && (dropped > 0) == want_drops &&
               w.acts.moe[1].n == with_target,
-          "gradient check: GPT with %d experts of width %d a block, top-%d, %d blocks, capacity %g, %d of %d positions routed "
+          "gradient check: GPT with %d experts of width %d a block, top-%d (%s), %d blocks, capacity %g, %d of %d positions routed "
           "(those with a target: %d), %ld tokens dropped (reference %ld), %ld parameters (loss + aux %.6f, reference "
-          "%.6f): max rel error %.1e", experts, expert_width(&c), top_k, layers, capacity, w.acts.moe[1].n, R * T, with_target, dropped,
+          "%.6f): max rel error %.1e", experts, expert_width(&c), top_k, router, layers, capacity, w.acts.moe[1].n, R * T, with_target, dropped,
           ref_dropped, np, got, ref, err);
     free(params), free(grads), free(theta), free(an), free(num);
     work_free(&w);
@@ -1784,20 +1813,25 @@ int main(void) {
     test_grad_gpt(1, 2, 4, 4);
     test_grad_gpt(2, 2, 5, 6);
     test_grad_gpt(1, 1, 3, 3);
-    test_grad_moe(1, 4, 1, 4.0f, 12, 0);
-    test_grad_moe(1, 4, 1, 1.0f, 12, 1);
-    test_grad_moe(2, 4, 2, 1.25f, 12, 1);
-    test_grad_moe(1, 3, 2, 2.0f, 10, 0);
-    test_grad_moe(2, 8, 2, 0.5f, 16, 1);
-    test_grad_moe(1, 8, 4, 1.0f, 12, 1);
-    test_grad_moe(1, 16, 8, 4.0f, 10, 0);
-    test_grad_gpt_moe(1, 4, 1, 4.0f, 0, 0);
-    test_grad_gpt_moe(1, 4, 1, 1.0f, 1, 0);
-    test_grad_gpt_moe(2, 4, 2, 1.0f, 1, 0);
-    test_grad_gpt_moe(1, 3, 2, 2.0f, 0, 0);
-    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 0);
-    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4); // fine-grained: experts a quarter of 4C wide
-    test_grad_gpt_moe(2, 4, 2, 2.0f, 0, 24); // wider than 4C
+    test_grad_moe(1, 4, 1, 4.0f, 12, 0, 0);
+    test_grad_moe(1, 4, 1, 1.0f, 12, 1, 0);
+    test_grad_moe(2, 4, 2, 1.25f, 12, 1, 0);
+    test_grad_moe(1, 3, 2, 2.0f, 10, 0, 0);
+    test_grad_moe(2, 8, 2, 0.5f, 16, 1, 0);
+    test_grad_moe(1, 8, 4, 1.0f, 12, 1, 0);
+    test_grad_moe(1, 16, 8, 4.0f, 10, 0, 0);
+    test_grad_moe(1, 4, 1, 1.0f, 12, 1, 1); // --router sigmoid, with the loss
+    test_grad_moe(2, 8, 4, 1.0f, 12, 1, 1);
+    test_grad_moe(2, 8, 4, 1.0f, 12, 1, 2); // sigmoid, --balance bias
+    test_grad_gpt_moe(1, 4, 1, 4.0f, 0, 0, 0);
+    test_grad_gpt_moe(1, 4, 1, 1.0f, 1, 0, 0);
+    test_grad_gpt_moe(2, 4, 2, 1.0f, 1, 0, 0);
+    test_grad_gpt_moe(1, 3, 2, 2.0f, 0, 0, 0);
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 0, 0);
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4, 0); // fine-grained: experts a quarter of 4C wide
+    test_grad_gpt_moe(2, 4, 2, 2.0f, 0, 24, 0); // wider than 4C
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4, 1); // --router sigmoid
+    test_grad_gpt_moe(2, 8, 4, 1.0f, 1, 4, 2); // sigmoid, --balance bias
     test_moe_split(MODEL_MLP, 4, 1, 0.75f, 30, 2, 1, 0);
     test_moe_split(MODEL_MLP, 5, 2, 0.5f, 31, 3, 1, 0);
     test_moe_split(MODEL_MLP, 8, 2, 4.0f, 30, 4, 0, 0);
