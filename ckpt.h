@@ -205,7 +205,8 @@ static const char* ckpt_vocab_invalid(const CkptHeader* h, char* buf, size_t n) 
 
 // Reads and checks a header: this project's, this byte order, fields that a run of this
 // project writes, sizes that fit the file; adds its bytes, as they are in the file, to the
-// checksum *sum. A header of format 2, 3 or 4 reads as format 5's, its microbatches 0
+// checksum *sum. A header of format 2 to 5 reads as format 6's, its router the softmax with
+// the loss; of format 2, 3 or 4, its microbatches 0
 // (unknown); of format 2 or 3, an MLP, its vocabulary's bytes the code points (U+0000..U+00FF),
 // the losses unknown; of format 2, a dense model (experts 0). Returns 0; or 1 if the file is not a checkpoint at all, 2 if it is one that
 // cannot be used (another format or byte order, corrupt, cut short), and why, a phrase

@@ -85,7 +85,7 @@ static const CliFlag cli_common[] = {
                       "positions with a target) (default 1.25)"},
     {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01; none with --balance bias)"},
     {"router", "HOW", "with --experts: softmax (default; Switch, Mixtral) or sigmoid (DeepSeek-V3: sigmoid affinities, "
-                      "the gates the chosen ones normalised to sum 1)"},
+                      "the gates the chosen ones normalised to sum 1; top-1: the affinity itself)"},
     {"balance", "HOW", "with --experts: aux (default: the load-balancing loss) or bias (DeepSeek-V3's auxiliary-loss-"
                        "free balancing: a per-expert bias added to the affinities for choosing only, moved after each "
                        "step toward the expert's share of the tokens)"},

@@ -23,6 +23,7 @@
 // (Linear K -> X, no bias):
 //
 //   in [n][K] --router--> p = softmax(in Wr) [n][X] --> each token's top k experts, gates g
+//   (--router sigmoid: p = sigmoid(in Wr), each affinity on its own)
 //     --dispatch--> expert x: h = E_x(in) --combine--> out[t] = sum over t's k of g h
 //
 // The MLP's expert is Linear K -> H then ReLU; the GPT's is the block's MLP, fc C -> F,
@@ -207,11 +208,11 @@ typedef struct {
 
 // --balance bias (DeepSeek-V3's auxiliary-loss-free balancing): each MoE layer has a bias per
 // expert, added to the affinities to choose a token's experts and never to its gates. After
-// each step it moves by --bias-rate toward the expert's share of the step's choices: down
-// when more than a 1/X share of them chose the expert, up when fewer. Those counts are the
-// whole batch's, integers that every rank computing the layer has alike (the plan needs
-// them), so every layout moves the biases alike. Every process keeps every layer's biases,
-// a layer it does not compute as --load left them, and a checkpoint carries them.
+// each step it moves by --bias-rate against the expert's load: down if the expert got more
+// than 1/X of the step's choices, up if fewer. Those counts are the whole batch's, integers
+// that every rank computing the layer has alike (the plan needs them), so every layout
+// moves the biases alike. Every process stores all layers' biases; it updates only the
+// layers it computes, and the rest keep the values --load gave them. Checkpoints carry them.
 static struct {
     float* bias;   // [L+2][X]
     long* chose;   // [L+2][X] the step's choices of each expert so far
@@ -302,7 +303,7 @@ static void moe_reserve(MoeLayer* m, const Config* c, int ranks, long n_routed, 
     }
 }
 
-// The router, on this rank's n tokens in [n][K]: p = softmax(in Wr) over the X experts,
+// The router, on this rank's n tokens in [n][K]: p = softmax(in Wr) (or sigmoid) over the X experts,
 // each token's top k (ties to the lower index) and their gates; and the counts of this
 // rank's choices (m->counts), which the plan needs from every rank.
 static void moe_route(const Config* c, MoeLayer* m, const float* in, const float* wr, int n, Workspace* ws) {
@@ -513,7 +514,7 @@ static void moe_unpermute_backward(const Config* c, MoeLayer* m, const float* do
     trace_event("compute", t, trace_clock(), 0, "gates %d", m->layer);
 }
 // Backward of the router, from the gates' gradients: gates -> probabilities (+ the aux
-// loss's alpha X f_x) -> softmax -> scores; the router's exact weight gradient added into
+// loss's alpha X f_x) -> softmax (or sigmoid) -> scores; the router's exact weight gradient added into
 // g, and its input gradient to din [n][K].
 static void moe_router_backward(const Config* c, MoeLayer* m, const float* wr, int64_t* g, const float* in,
                                 float* din, int n, long terms, Workspace* ws) {
@@ -523,10 +524,11 @@ static void moe_router_backward(const Config* c, MoeLayer* m, const float* wr, i
         const float *p = m->probs + (long)r * X, *gate = m->gate + (long)r * k, *dg = m->dgate + (long)r * k;
         const int* ch = m->choice + (long)r * k;
         float* dp = m->dprobs + (long)r * X;
-        double a = moe_aux_term(c, m, r), S = moe_aux_sum(c, p); // sigmoid: P_x = p_x / S
-        for (int x = 0; x < X; x++) dp[x] = (float)(c->router == ROUTER_SIGMOID ? (m->coef[x] - a) / S : m->coef[x]);
+        // sigmoid: P_x = p_x / A, A the sum of all X affinities
+        double a = moe_aux_term(c, m, r), A = moe_aux_sum(c, p);
+        for (int x = 0; x < X; x++) dp[x] = (float)(c->router == ROUTER_SIGMOID ? (m->coef[x] - a) / A : m->coef[x]);
         if (k == 1) dp[ch[0]] += dg[0];
-        else { // g_j = p_j / S over the chosen: dp_j = (dg_j - sum_i dg_i g_i) / S
+        else { // g_j = p_j / s, s the sum of the k chosen: dp_j += (dg_j - sum_i dg_i g_i) / s
             float s = p[ch[0]], dot = dg[0] * gate[0];
             for (int j = 1; j < k; j++) s += p[ch[j]], dot += dg[j] * gate[j];
             for (int j = 0; j < k; j++) dp[ch[j]] += (dg[j] - dot) / s;

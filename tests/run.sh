@@ -1124,7 +1124,9 @@ EOT
         rm -f "$TMP/sig.ckpt"* "$TMP/sig.csv"
         "$@" --steps 40000 --save "$TMP/sig.ckpt" --log "$TMP/sig.csv" --quiet --samples 0 >"$TMP/sig.out" 2>&1 &
         local pid=$!
-        for _ in $(seq 1 100); do [ "$(wc -l 2>/dev/null <"$TMP/sig.csv")" -gt 1 ] 2>/dev/null && break; sleep 0.1; done # training began
+        # training began: on a loaded machine a job of 2 ranks can take far more than 10 s to
+        # start, and a signal before that stops no step (audit 5: item 9, seen with both cores busy)
+        for _ in $(seq 1 1200); do [ "$(wc -l 2>/dev/null <"$TMP/sig.csv")" -gt 1 ] 2>/dev/null && break; sleep 0.1; done
         sleep 1
         kill -"${SIG:-TERM}" $pid
         wait $pid
