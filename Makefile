@@ -39,7 +39,7 @@ HEADERS = util.h kernels.h layers.h transformer.h config.h moe.h model.h optim.h
 PROGRAMS = train train_dp train_fsdp train_tp train_pp train_3d train_ep train_cp
 TESTS = tests/test_units tools/compare tools/report tools/schedules tools/costmodel tools/pingpong
 
-.PHONY: all run test check fuzz zoo cluster bench pages clean mpi openblas
+.PHONY: all run test check fuzz zoo cluster bench pages diverge clean mpi openblas
 # the two tools the pages run beside the programs (plain C, no MPI)
 all: $(PROGRAMS) tools/schedules tools/costmodel
 
@@ -94,6 +94,12 @@ bench: all bench/bench bench/train_omp bench/train_plain
 # the main job: every program side by side (QUICK=1: fewer steps)
 run: all tools/compare tools/report tools/schedules
 	@QUICK=$(QUICK) bash tools/run_all.sh
+
+# how far layouts drift when gradient pieces add as floats: out/diverge.svg, out/diverge.md
+# (tools/diverge.py; QUICK=1: 2,000 steps)
+diverge: train train_dp
+	@tools/need.sh python3 python3
+	@QUICK=$(QUICK) python3 tools/diverge.py
 
 test: all $(TESTS)
 	@tools/need.sh xmllint libxml2-utils

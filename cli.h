@@ -114,6 +114,19 @@ static const CliFlag cli_common[] = {
 };
 #define CLI_N_COMMON ((int)(sizeof cli_common / sizeof cli_common[0]))
 
+// --reduce, a flag of the programs that add gradient sums from pieces: train.c (its
+// microbatches) and train_dp.c (its ranks and microbatches). optim.h says what each way does.
+#define CLI_REDUCE_FLAG                                                                                           \
+    {"reduce", "HOW", "how the pieces of a gradient sum (microbatches, ranks) are added: exact (default: as "     \
+                      "64-bit integers, the same bits in every layout), fp32 or bf16 (each piece rounded to it and " \
+                      "added in it, as Megatron-LM or llm.c do; the run says from which step it parts from "        \
+                      "./train --reduce HOW)"}
+static const char* cli_reduce(const char* value, int* how) {
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(value, reduce_names[k])) return *how = k, NULL;
+    return "--reduce must be exact, fp32 or bf16";
+}
+
 static void cli_usage_flag(FILE* f, const CliFlag* flag) {
     char left[64];
     snprintf(left, sizeof left, "--%s%s%s", flag->name, flag->value ? " " : "", flag->value ? flag->value : "");

@@ -72,6 +72,30 @@ enum { TAG_RING = 1, TAG_LOSS, TAG_EVAL, TAG_SAMPLE, TAG_CHECKPOINT,
        TAG_KEYS, TAG_VALUES, TAG_KEY_GRADS, TAG_VALUE_GRADS, // ring attention's K, V, dK, dV (train_cp.c)
        TAG_MICROBATCH = 1024 };
 
+// bf16 on the wire (--reduce bf16): 2 bytes a value, added as NCCL and llm.c add bf16, in
+// fp32 and each sum rounded back to bf16. dist_init makes the type, and the operation for
+// MPI's own collectives; the rings below add it themselves.
+static MPI_Datatype bf16_type = MPI_DATATYPE_NULL;
+static MPI_Op bf16_sum_op = MPI_OP_NULL;
+ALWAYS_INLINE uint16_t bf16_bits(float x) { // x is a bf16 already: its top 16 bits
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+ALWAYS_INLINE float bf16_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+static void bf16_add(uint16_t* d, const uint16_t* s, long n) {
+    for (long i = 0; i < n; i++) d[i] = bf16_bits(bf16_round(bf16_float(d[i]) + bf16_float(s[i])));
+}
+static void bf16_sum(void* in, void* inout, int* n, MPI_Datatype* type) {
+    (void)type;
+    bf16_add(inout, in, *n);
+}
+
 static int type_bytes(MPI_Datatype t) {
     int s;
     MPI_Type_size(t, &s);
@@ -93,7 +117,8 @@ static void* ring_scratch(long bytes) {
 // dst[i] = dst[i] op src[i]: the reductions the programs use. Integer sums are exact in
 // any order, a maximum is exact, and the float sums (the tensor-parallel embedding, and the
 // vocabulary-parallel loss's target logit) add a single non-zero term per element: the
-// ring's order never changes a bit.
+// ring's order never changes a bit. Only --reduce fp32 and bf16 add real float sums here,
+// and their bits depend on the ring's order, as the option means to show.
 static void ring_combine(void* dst, const void* src, long n, MPI_Datatype t, MPI_Op op) {
     if (t == MPI_INT64_T && op == MPI_SUM) {
         int64_t* d = dst;
@@ -103,6 +128,8 @@ static void ring_combine(void* dst, const void* src, long n, MPI_Datatype t, MPI
         float* d = dst;
         const float* s = src;
         for (long i = 0; i < n; i++) d[i] += s[i];
+    } else if (t == bf16_type && op == MPI_SUM) {
+        bf16_add(dst, src, n);
     } else if (t == MPI_FLOAT && op == MPI_MAX) {
         float* d = dst;
         const float* s = src;
@@ -181,12 +208,39 @@ static void group_allreduce(Group* g, void* buf, long count, MPI_Datatype type, 
 static void group_iallreduce(Group* g, void* buf, long count, MPI_Datatype type, MPI_Op op, MPI_Request* req) {
     *req = MPI_REQUEST_NULL;
     if (g->size == 1) return;
-    MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op, g->comm, req);
+    MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, type == bf16_type ? bf16_sum_op : op, g->comm, req);
     double b = 2.0 * (g->size - 1) / g->size * (double)count * type_bytes(type);
     count_sent(g, b);
     count_received(g, b);
     trace_event("comm", now_seconds(), now_seconds(), b, "start all-reduce %s", g->name);
 }
+// The gradient all-reduce under --reduce (optim.h): the buffer and datatype it sends. exact
+// sends the 64-bit sums themselves. fp32 and bf16 first move this rank's last piece into its
+// float sums (clearing g there), and send those as floats or as bf16.
+typedef struct {
+    void* buf;
+    MPI_Datatype type;
+} GradSend;
+// The bytes a gradient sum takes on the wire.
+static double wire_bytes(const GradSums* s) { return s->how == REDUCE_EXACT ? 8.0 : s->how == REDUCE_FP32 ? 4.0 : 2.0; }
+static GradSend grads_to_send(GradSums* s, int64_t* g, long lo, long count) {
+    grad_sums_add(s, g, lo, count);
+    if (s->how == REDUCE_EXACT) return (GradSend){g + lo, MPI_INT64_T};
+    if (s->how == REDUCE_FP32) return (GradSend){s->sum + lo, MPI_FLOAT};
+    for (long i = lo; i < lo + count; i++) s->wire[i] = bf16_bits(s->sum[i]);
+    return (GradSend){s->wire + lo, bf16_type};
+}
+// After the all-reduces of every grads_to_send: the sums the optimizer reads. The exact sums
+// beside are summed too, to say when the run parts from train.c; that all-reduce is the
+// measurement's, not the method's, so it is not counted in what the group sent.
+static void grads_received(GradSums* s, Group* dp, int64_t* g, long step) {
+    if (s->how == REDUCE_EXACT) return;
+    if (s->how == REDUCE_BF16)
+        for (long i = 0; i < s->n; i++) s->sum[i] = bf16_float(s->wire[i]);
+    if (dp->size > 1) MPI_Allreduce(MPI_IN_PLACE, s->exact, (int)s->n, MPI_INT64_T, MPI_SUM, dp->comm);
+    grad_sums_finish(s, g, step);
+}
+
 // Reduce-scatter, in place: buf holds size * shard elements on every rank; the sum over
 // every rank of this rank's shard of buf is added to `into` (shard elements). The shards of
 // buf are left holding partial sums.
@@ -319,6 +373,9 @@ static void dist_init(int* argc, char*** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     fatal_end = fatal_end_job; // from now on, fatal() ends every rank (util.h, "fatal errors")
+    MPI_Type_contiguous(1, MPI_UINT16_T, &bf16_type);
+    MPI_Type_commit(&bf16_type);
+    MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
     exit_program = dist_exit_program;
     prints_for_job = world_rank == 0;
 }

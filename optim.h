@@ -154,5 +154,111 @@ static float clip_factor(const Optimizer* opt, const GradSpan* spans, int n, lon
     return clip_from_sumsq(opt, sumsq, e);
 }
 
+// ----------------------------------------------------------------------------
+// --reduce: how the pieces of a gradient sum are added
+//
+// A step's gradient sums arrive in pieces: a microbatch's, a rank's. exact, the default,
+// adds the pieces as 64-bit integers, so any split gives train.c's bits. fp32 and bf16 add
+// them the way other codebases do, to show what that costs: each piece is rounded to the
+// type, and the pieces are added in it, in the order they come (Megatron-LM and FSDP2 add
+// in fp32, llm.c in bf16). Within a piece the sums stay exact, so every difference comes
+// from how the pieces were added. With one piece (train.c, one microbatch) the whole sum is
+// rounded once; that is the run every layout is compared with, and the exact sums kept
+// beside the float ones say at which step this run first differs from it.
+
+enum { REDUCE_EXACT, REDUCE_FP32, REDUCE_BF16 };
+static const char* const reduce_names[] = {"exact", "fp32", "bf16"};
+
+typedef struct {
+    int how;         // --reduce
+    long n;
+    float* sum;      // fp32, bf16: this step's pieces so far, added in that type
+    int64_t* exact;  // the same pieces' exact sum
+    uint16_t* wire;  // bf16: the sums as sent, 2 bytes each
+    long parted;     // the first step whose sums differed from the whole sum rounded once (0: none)
+    long differed;   // how many of that step's n sums differed
+} GradSums;
+
+// x rounded to the nearest bf16 (ties to even), kept in a float; x is finite.
+ALWAYS_INLINE float bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+ALWAYS_INLINE float reduce_round(int how, float x) { return how == REDUCE_BF16 ? bf16_round(x) : x; }
+// An exact sum g rounded once to fp32 or bf16 (24 or 8 significant bits, ties to even).
+// Rounding to a double first, or to a float and then to bf16, could round twice.
+static float fix_round(int how, int64_t g) {
+    int bits = how == REDUCE_BF16 ? 8 : 24;
+    uint64_t a = g < 0 ? -(uint64_t)g : (uint64_t)g;
+    int width = a ? 64 - __builtin_clzll(a) : 0;
+    if (width > bits) {
+        int drop = width - bits;
+        uint64_t rest = a & ((1ull << drop) - 1), half = 1ull << (drop - 1);
+        a >>= drop;
+        a += rest > half || (rest == half && (a & 1));
+        a <<= drop;
+    }
+    float x = (float)((double)a / FIX_ONE); // a has at most bits + 1 significant bits: exact
+    return g < 0 ? -x : x;
+}
+
+static void grad_sums_init(GradSums* s, int how, long n) {
+    *s = (GradSums){.how = how, .n = n};
+    if (how == REDUCE_EXACT) return;
+    s->sum = callocCheck(n, sizeof(float));
+    s->exact = callocCheck(n, sizeof(int64_t));
+    if (how == REDUCE_BF16) s->wire = callocCheck(n, sizeof(uint16_t));
+}
+static void grad_sums_free(GradSums* s) { free(s->sum), free(s->exact), free(s->wire); }
+// The bytes they hold beside the exact gradient sums: 4 a float sum, 8 an exact one, 2 on bf16's wire.
+static double grad_sums_bytes(const GradSums* s) {
+    return (s->how == REDUCE_EXACT ? 0.0 : s->how == REDUCE_FP32 ? 12.0 : 14.0) * (double)s->n;
+}
+
+// After a piece's backward has added its gradients to g[lo, lo + count): fp32 and bf16 move
+// them into the float sums (and the exact ones) and clear them; exact leaves them to grow.
+static void grad_sums_add(GradSums* s, int64_t* g, long lo, long count) {
+    if (s->how == REDUCE_EXACT) return;
+    for (long i = lo; i < lo + count; i++) {
+        float piece = fix_round(s->how, g[i]);
+        s->sum[i] = reduce_round(s->how, s->sum[i] + piece);
+        s->exact[i] += g[i];
+        g[i] = 0;
+    }
+}
+
+// Once every piece is in: the float sums become the gradient sums the optimizer reads. Each
+// float here is a multiple of 2^-40, the fixed point's unit, so fix_from converts it exactly.
+static void grad_sums_finish(GradSums* s, int64_t* g, long step) {
+    if (s->how == REDUCE_EXACT) return;
+    long differed = 0;
+    for (long i = 0; i < s->n; i++) {
+        if (!(fabsf(s->sum[i]) < FIX_SUM_MAX))
+            fatal("--reduce %s: gradient sum %g is %s at step %ld: training has diverged; lower --lr or use --clip",
+                  reduce_names[s->how], s->sum[i], isfinite(s->sum[i]) ? "too large" : "not finite", step);
+        g[i] = fix_from(s->sum[i]);
+        differed += g[i] != fix_from(fix_round(s->how, s->exact[i]));
+        s->sum[i] = 0.0f, s->exact[i] = 0;
+    }
+    if (differed && !s->parted) s->parted = step, s->differed = differed;
+}
+
+// The run's last line about its sums, for `pieces` pieces a step.
+static void grad_sums_print(const GradSums* s, const char* pieces) {
+    if (s->how == REDUCE_EXACT) return;
+    const char* how = reduce_names[s->how];
+    if (!s->parted)
+        printf("--reduce %s: %s a step, added in %s: every step's sums equal the whole batch's sum rounded once "
+               "to %s, so this run has the bits of ./train --reduce %s (one microbatch)\n", how, pieces, how, how, how);
+    else
+        printf("--reduce %s: %s a step, added in %s: at step %ld, %ld of %ld sums first differed from the whole "
+               "batch's sum rounded once to %s, the sums of ./train --reduce %s (one microbatch), so from step %ld "
+               "on this run's losses may differ from that run's\n", how, pieces, how, s->parted, s->differed, s->n,
+               how, how, s->parted + 1);
+}
+
 #pragma GCC diagnostic pop
 #endif // OPTIM_H

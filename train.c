@@ -46,10 +46,11 @@ typedef struct {
     Dataset ds;     // the data
     State st;  // parameters, exact gradient sums, AdamW's m and v: the whole model
     Work work; // activations, scratch, kernel workspace
+    GradSums sums; // --reduce: how the microbatches' gradient sums are added (optim.h)
 } Run;
 
 static void run_free(Run* r) {
-    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work);
+    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), grad_sums_free(&r->sums);
 }
 
 // --save: this run's checkpoint at `step` (every rank calls it)
@@ -73,10 +74,10 @@ static double validation_loss(void* ctx) {
 }
 
 // What this run holds: 4 bytes a parameter, 8 a gradient sum, 8 for AdamW's m and v, and
-// the activations of one batch. It sends nothing.
+// the activations of one batch (--reduce fp32 or bf16: 12 or 14 more a parameter). It sends nothing.
 static Figures figures(const Run* r, int batch) {
     long np = r->st.n;
-    Figures f = {.params = 4.0 * np, .grads = 8.0 * np, .optim = r->st.m ? 8.0 * np : 0, .bubble = -1,
+    Figures f = {.params = 4.0 * np, .grads = 8.0 * np + grad_sums_bytes(&r->sums), .optim = r->st.m ? 8.0 * np : 0, .bubble = -1,
                  .acts = (double)batch * acts_bytes_per_row(&r->cfg, 0, n_units(&r->cfg), NULL)};
     f.mem_formula = figures_memory(&f);
     return f;
@@ -85,19 +86,26 @@ static Figures figures(const Run* r, int batch) {
 // ----------------------------------------------------------------------------
 // main
 
+static const CliFlag flags[] = {CLI_REDUCE_FLAG};
+static const char* flag(void* ctx, int index, const char* value) {
+    (void)index;
+    return cli_reduce(value, &((Run*)ctx)->sums.how);
+}
+
 int main(int argc, char** argv) {
     // options
     Options o;
-    cli_parse_or_exit(&o, argc, argv, RUN_LINE, NULL, 0, NULL, NULL);
+    Run run = {0};
+    cli_parse_or_exit(&o, argc, argv, RUN_LINE, flags, 1, flag, &run);
 
     // data
-    Run run = {0};
     load_data(&run.ds, &o, &run.cfg);
 
     // model: parameters, exact gradient sums, optimizer state, activations
     Config* cfg = &run.cfg;
     long np = n_params(cfg);
     run.st = state_alloc(np, o.opt.adamw);
+    grad_sums_init(&run.sums, run.sums.how, np);
     long start = state_load(&run.st, &o, &run.ds, cfg);
     work_init(&run.work, cfg, pass_rows(&o, (o.batch + o.microbatches - 1) / o.microbatches), NULL);
     if (!o.quiet) print_config(&o, &run.ds, "1 process");
@@ -119,7 +127,9 @@ int main(int argc, char** argv) {
             loss += forward(&run, &batch, first, R, B, NULL);
             aux += run.work.acts.aux; // --experts: the load-balancing loss (its capacity and balance per microbatch)
             model_backward(cfg, run.st.params, run.st.grads, &run.work, R, B);
+            grad_sums_add(&run.sums, run.st.grads, 0, np); // --reduce fp32, bf16: a piece added in that type
         }
+        grad_sums_finish(&run.sums, run.st.grads, step);
         workspace_keep_weights(&run.work.ws, 0);
         progress.aux = fix_to(aux) / n; // reported apart
         float scale = clip_factor(&o.opt, &(GradSpan){run.st.grads, np}, 1, n, NULL, NULL);
@@ -136,11 +146,19 @@ int main(int argc, char** argv) {
     if (cfg->experts) snprintf(layout, sizeof layout, "1 process, %d experts a %s, top-%d", cfg->experts,
                                   cfg->model == MODEL_GPT ? "block" : "layer", cfg->top_k);
     if (M > 1) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), ", %d microbatches", M);
+    if (run.sums.how) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), ", gradients added in %s",
+                               reduce_names[run.sums.how]);
     if (cfg->recompute) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), ", %s recomputation",
                                  recompute_names[cfg->recompute]);
-    Report rep = {"train.c", layout, "nothing to send", "4 + 8 + 8 (AdamW) B per parameter + activations"};
+    Report rep = {"train.c", layout, "nothing to send",
+                  run.sums.how == REDUCE_FP32 ? "4 + 8 + 8 (AdamW) + 12 (--reduce fp32) B per parameter + activations"
+                  : run.sums.how == REDUCE_BF16 ? "4 + 8 + 8 (AdamW) + 14 (--reduce bf16) B per parameter + activations"
+                                                : "4 + 8 + 8 (AdamW) B per parameter + activations"};
     report_end(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run);
     if (!o.quiet) moe_print_load(cfg, &run.work.acts, &progress);
+    char pieces[32];
+    snprintf(pieces, sizeof pieces, "%d microbatch%s", M, M > 1 ? "es" : "");
+    if (!o.quiet) grad_sums_print(&run.sums, pieces);
     run_free(&run);
     return 0;
 }

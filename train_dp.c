@@ -51,6 +51,7 @@ struct Run {
     long bucket_bytes; // --bucket-kb
     int sync_weights;  // --sync weights
     int M;             // --microbatches
+    GradSums sums;     // --reduce: how the ranks' and microbatches' gradient sums are added (optim.h)
 };
 
 // ----------------------------------------------------------------------------
@@ -61,10 +62,12 @@ struct Run {
 // optimizer then divides once by n, the whole batch's targets, so every row weighs the same.
 // (Averaging the ranks' mean gradients instead would weigh the 10 rows more than the 11.)
 // The sums are 64-bit integers (kernels.h), so any order of addition gives the same bits.
+// --reduce fp32 or bf16 sends floats instead, to show what that costs (its chapter in optim.h).
 
 static void backward_allreduce(Run* r, int R, long B) {
     model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B); // sums over this rank's R rows
-    group_allreduce(&r->dp, r->st.grads, r->st.n, MPI_INT64_T, MPI_SUM); // + every other rank's: all B rows
+    GradSend w = grads_to_send(&r->sums, r->st.grads, 0, r->st.n); // the int64 sums (--reduce: floats)
+    group_allreduce(&r->dp, w.buf, r->st.n, w.type, MPI_SUM);   // + every other rank's: all B rows
 }
 
 // ----------------------------------------------------------------------------
@@ -73,8 +76,9 @@ static void backward_allreduce(Run* r, int R, long B) {
 // Backward finishes the gradients one unit at a time, from the last unit down. A bucket is
 // the whole units finished since the last bucket, so it is one contiguous range of the
 // gradient array. Once it holds --bucket-kb, or backward is done, a non-blocking all-reduce
-// sends it while backward goes on below. The sums are backward_allreduce's, only sent sooner
-// (on 2 cores that is slower: docs/dp.md).
+// sends it while backward goes on below. The exact sums are backward_allreduce's, only sent
+// sooner (on 2 cores that is slower: docs/dp.md). --reduce's floats on 3 or more ranks are
+// not: MPI's own all-reduce adds them, in an order the buckets change.
 //
 // The loop is model.h's model_backward with a bucket test added after each unit: per unit,
 // unit_recompute rebuilds what --recompute dropped, unit_backward adds the unit's gradients,
@@ -91,7 +95,8 @@ static void backward_overlap(Run* r, int R, long B) {
         unit_backward(c, u, r->st.params + lo, r->st.grads + lo, &r->work.acts, &r->work.scratch, R, B, &r->work.ws);
         scratch_step_down(&r->work.scratch);
         if ((top - lo) * (long)sizeof(int64_t) >= r->bucket_bytes || u == 0) { // the bucket is full, or the last
-            group_iallreduce(&r->dp, r->st.grads + lo, top - lo, MPI_INT64_T, MPI_SUM, &requests[n_buckets++]);
+            GradSend w = grads_to_send(&r->sums, r->st.grads, lo, top - lo);
+            group_iallreduce(&r->dp, w.buf, top - lo, w.type, MPI_SUM, &requests[n_buckets++]);
             top = lo;
         }
         // MPI advances a non-blocking collective only inside an MPI call, so each bucket gets one;
@@ -127,6 +132,7 @@ static double train_step(Run* r, const Options* o, long step) {
         loss = model_forward_rows(&r->cfg, r->st.params, &r->work, &batch, first, R, B, NULL);
         r->backward(r, R, B);
     }
+    grads_received(&r->sums, &r->dp, r->st.grads, step); // --reduce fp32, bf16: the floats back to int64
     group_allreduce(&r->dp, &loss, 1, MPI_INT64_T, MPI_SUM); // the loss sum over all B rows
     if (r->sync_weights) {
         step_sync_weights(r, &o->opt, n, step);
@@ -178,8 +184,12 @@ static int64_t microbatches(Run* r, const Rows* batch, long B) {
         long first;
         int R = microbatch_rows(B, r->M, m, r->dp.size, r->dp.rank, &first); // this rank's rows of microbatch m
         loss += model_forward_rows(&r->cfg, r->st.params, &r->work, batch, first, R, B, NULL);
-        if (m < r->M - 1) model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B);
-        else r->backward(r, R, B);
+        if (m < r->M - 1) {
+            model_backward(&r->cfg, r->st.params, r->st.grads, &r->work, R, B);
+            grad_sums_add(&r->sums, r->st.grads, 0, r->st.n); // --reduce fp32, bf16: a piece added in that type
+        } else {
+            r->backward(r, R, B);
+        }
     }
     return loss;
 }
@@ -189,7 +199,8 @@ static int64_t microbatches(Run* r, const Rows* batch, long B) {
 //
 // This chapter predicts what the report measures, per rank and step, on N ranks, for P
 // parameters (18,635 in the default model: docs/model.md). The gradients' all-reduce sends
-// 8 B a sum, the loss's all-reduce 8 B more; a ring all-reduce sends 2(N-1)/N of its buffer.
+// 8 B a sum (4 or 2 with --reduce fp32 or bf16), the loss's 8 B more; a ring all-reduce sends
+// 2(N-1)/N of its buffer.
 //   sent   = ring x 8 B x P + ring x 8 B     ring = 2(N-1)/N
 //          = 1 x 8 B x 18,636 = 149.1 KB     (the default, N = 2)
 //   memory = (4 + 8 + adam) B x P + acts     4 B a parameter, 8 a gradient sum, adam = 8 for
@@ -201,16 +212,17 @@ static Figures figures(const Run* r, const Progress* pr, int R, int B) {
     int N = r->dp.size;
     double acts_row = acts_bytes_per_row(&r->cfg, 0, n_units(&r->cfg), NULL), adam = r->st.m ? 8.0 : 0.0;
     Figures f = {.sent = per_step(pr, r->dp.sent), .received = per_step(pr, r->dp.received), .params = 4.0 * P,
-                 .grads = 8.0 * P, .optim = adam * P, .acts = R * acts_row, .bubble = -1};
-    f.sent_formula = ring_allreduce_bytes(8.0 * P + 8.0, N);
+                 .grads = 8.0 * P + grad_sums_bytes(&r->sums), .optim = adam * P, .acts = R * acts_row, .bubble = -1};
+    f.sent_formula = ring_allreduce_bytes(wire_bytes(&r->sums) * P + 8.0, N);
     long mb = (B + r->M - 1) / r->M; // the largest microbatch, its rows shared by the N ranks
-    f.mem_formula = (4.0 + 8.0 + adam) * P + (double)((mb + N - 1) / N) * acts_row;
+    f.mem_formula = (4.0 + 8.0 + adam) * P + grad_sums_bytes(&r->sums) + (double)((mb + N - 1) / N) * acts_row;
     return f;
 }
 
 static void formula_words(const Run* r, char* sent, char* mem, int size) {
-    snprintf(sent, size, "2(N-1)/N x 8 B x (P gradients + 1 loss), P = %ld", r->st.n);
-    snprintf(mem, size, "(4 + 8 + 8 with AdamW) B x P + activations of ceil(ceil(B/M)/N) rows, a microbatch's share");
+    snprintf(sent, size, "2(N-1)/N x (%.0f B x P gradients + 8 B loss), P = %ld", wire_bytes(&r->sums), r->st.n);
+    snprintf(mem, size, "(4 + 8 + 8 with AdamW%s) B x P + activations of ceil(ceil(B/M)/N) rows, a microbatch's share",
+             r->sums.how == REDUCE_FP32 ? " + 12 with --reduce fp32" : r->sums.how == REDUCE_BF16 ? " + 14 with --reduce bf16" : "");
 }
 
 // ----------------------------------------------------------------------------
@@ -237,7 +249,7 @@ static void save(void* ctx, const Options* o, long step) {
 }
 
 static void run_free(Run* r) {
-    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work);
+    dataset_free(&r->ds), state_free(&r->st), work_free(&r->work), grad_sums_free(&r->sums);
 }
 
 // ----------------------------------------------------------------------------
@@ -247,6 +259,7 @@ static const CliFlag dp_flags[] = {
     {"overlap", NULL, "all-reduce gradients in buckets while backward runs"},
     {"bucket-kb", "N", "bucket size for --overlap, in KiB of gradients (default 64)"},
     {"sync", "WHAT", "grads (default): all-reduce the gradients; weights: average the weights (sgd)"},
+    CLI_REDUCE_FLAG,
 };
 static const char* dp_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
@@ -262,6 +275,7 @@ static const char* dp_flag(void* ctx, int index, const char* value) {
         else if (!strcmp(value, "weights")) r->sync_weights = 1;
         else return "--sync must be grads or weights";
     }
+    if (index == 3) return cli_reduce(value, &r->sums.how);
     return NULL;
 }
 
@@ -274,7 +288,7 @@ int main(int argc, char** argv) {
     // options
     Options o;
     Run run = {.bucket_bytes = 64 * 1024, .dp = group_world("dp")};
-    dist_parse_or_exit(&o, argc, argv, RUN_LINE, dp_flags, 3, dp_flag, &run);
+    dist_parse_or_exit(&o, argc, argv, RUN_LINE, dp_flags, 4, dp_flag, &run);
     dist_dense_only(&o, RUN_LINE);
     dist_check_rows(&o, RUN_LINE);
     if (run.sync_weights && (o.opt.adamw || o.opt.clip > 0))
@@ -282,6 +296,7 @@ int main(int argc, char** argv) {
                   "not linear in the gradient, so averaging the weights of ranks that each stepped on their own "
                   "rows is not gradient averaging");
     if (run.sync_weights && run.overlap) dist_exit(2, RUN_LINE, "--overlap applies to --sync grads only");
+    if (run.sync_weights && run.sums.how) dist_exit(2, RUN_LINE, "--reduce applies to --sync grads only");
     run.backward = run.sync_weights ? backward_own_rows : run.overlap ? backward_overlap : backward_allreduce;
 
     // data
@@ -290,6 +305,7 @@ int main(int argc, char** argv) {
     // model: a whole replica (parameters, exact gradient sums, optimizer state), activations
     Config* cfg = &run.cfg;
     run.st = state_alloc(n_params(cfg), o.opt.adamw);
+    grad_sums_init(&run.sums, run.sums.how, run.st.n);
     long start = state_load(&run.st, &o, &run.ds, cfg);
     int B = o.batch, M = run.M = o.microbatches;
     long first;
@@ -300,6 +316,8 @@ int main(int argc, char** argv) {
              R, run.sync_weights ? "weights averaged" : "gradients all-reduced",
              run.overlap ? " in buckets during backward" : "");
     if (M > 1) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), "; %d microbatches", M);
+    if (run.sums.how) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), ", added in %s",
+                               reduce_names[run.sums.how]);
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
@@ -318,6 +336,9 @@ int main(int argc, char** argv) {
     formula_words(&run, sent_words, mem_words, sizeof sent_words);
     Report rep = {"train_dp.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
+    char pieces[64];
+    snprintf(pieces, sizeof pieces, "%d ranks x %d microbatch%s", run.dp.size, M, M > 1 ? "es" : "");
+    if (!o.quiet && world_rank == 0) grad_sums_print(&run.sums, pieces);
     run_free(&run);
     MPI_Finalize();
     return 0;

@@ -46,7 +46,7 @@ plan() {
     case $1 in
         "make run") ACT=skip REASON="the main job: the section run runs make run QUICK=1 and checks its table" ;;
         "make test" | "bash tests/run.sh "*) ACT=skip REASON="the tests themselves (these are their sections)" ;;
-        "make check" | "make fuzz" | "make zoo" | "make cluster QUICK=1" | "make pages")
+        "make check" | "make fuzz" | "make zoo" | "make cluster QUICK=1" | "make pages" | "make diverge")
             ACT=skip REASON="a target of its own, minutes long, that the README lists" ;;
         "REPS=3 make bench") ACT=skip REASON="make bench: 13 minutes on a quiet machine, and its figures are timings" ;;
         "make bench/bench") ACT=run ;;

@@ -238,6 +238,58 @@ static void test_fix(void) {
           "max_abs finds the largest magnitude and reports NaN and infinity");
 }
 
+// --reduce (optim.h): bf16's rounding, and float sums of pieces against the whole sum
+static void test_reduce(void) {
+    float u = 0x1p-7f; // bf16's spacing at 1
+    check(bf16_round(1 + u / 2) == 1 && bf16_round(1 + 3 * u / 2) == 1 + 2 * u && bf16_round(1 + u / 2 + 0x1p-20f) == 1 + u &&
+              bf16_round(-(1 + 3 * u / 2)) == -(1 + 2 * u) && bf16_round(0x1p-130f) == 0x1p-130f && bf16_round(0.0f) == 0,
+          "bf16_round: to the nearest bf16, ties to even, negatives alike, denormals kept");
+    int ok = 1;
+    for (int i = 0; i < 100000 && ok; i++) {
+        float x = (float)((rng_uniform(7, 7, i) * 2 - 1) * ldexp(1.0, (int)(rng_u64(8, 8, i) % 60) - 40));
+        float r = bf16_round(x);
+        uint32_t b;
+        memcpy(&b, &r, sizeof b);
+        float below, above; // the bf16 neighbours of x
+        uint32_t lo = b, hi = b;
+        if (fabsf(r) <= fabsf(x)) hi = b + 0x10000u; else lo = b - 0x10000u;
+        memcpy(&below, &lo, sizeof below), memcpy(&above, &hi, sizeof above);
+        double d = fabs((double)x - r), e = fabs((double)x - (fabsf(r) <= fabsf(x) ? above : below));
+        if ((b & 0xffffu) || d > e || (d == e && (b & 0x10000u))) ok = 0;
+    }
+    check(ok, "bf16_round over 100000 values of every magnitude: a bf16, no farther than its neighbour, ties to even");
+    // an exact sum rounded once, not through a float: 1 + 2^-8 + 2^-30 is above bf16's tie
+    int64_t t = fix_from(1 + 0x1p-8 + 0x1p-30);
+    ok = fix_round(REDUCE_BF16, t) == 1 + u && fix_round(REDUCE_BF16, -t) == -(1 + u) &&
+         fix_round(REDUCE_FP32, fix_from(1 + 0x1p-24)) == 1 && fix_round(REDUCE_FP32, fix_from(1 + 0x1p-24 + 0x1p-40)) == 1 + 0x1p-23f &&
+         fix_round(REDUCE_FP32, 3) == 0x3p-40f && fix_round(REDUCE_BF16, 0) == 0;
+    for (int i = 0; i < 100000 && ok; i++) { // below 2^13 a double holds the sum exactly
+        int64_t g = (int64_t)(rng_u64(9, 9, i) >> (11 + rng_u64(10, 10, i) % 50)) * (i % 2 ? 1 : -1);
+        if (fix_round(REDUCE_FP32, g) != (float)fix_to(g)) ok = 0;
+    }
+    check(ok, "fix_round: an exact sum rounded once to fp32 or bf16, as a float of it would be where a double is exact");
+    // three pieces of one sum: fp32 adds (a + b) + c as floats, so a piece below half a unit
+    // of the running sum is lost, where the whole sum rounded once keeps it
+    for (int how = REDUCE_FP32; how <= REDUCE_BF16; how++) {
+        GradSums s;
+        grad_sums_init(&s, how, 2);
+        ok = 1;
+        int64_t g[2];
+        double tiny = how == REDUCE_FP32 ? 0x3p-26 : 0x3p-10; // 3/8 of a unit at 1: two of them are 3/4
+        double pieces[3][2] = {{1, 0.5}, {tiny, 0.25}, {tiny, 0.125}};
+        for (int p = 0; p < 3; p++) {
+            g[0] = fix_from(pieces[p][0]), g[1] = fix_from(pieces[p][1]);
+            grad_sums_add(&s, g, 0, 2);
+            ok = ok && g[0] == 0 && g[1] == 0;
+        }
+        grad_sums_finish(&s, g, 7);
+        check(ok && g[0] == fix_from(1.0) && g[1] == fix_from(0.875) && s.parted == 7 && s.differed == 1,
+              "grad_sums, %s: pieces added in it lose what the whole sum rounded once keeps, and say at which step",
+              reduce_names[how]);
+        grad_sums_free(&s);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // layout independence: an exact sum split any way gives the same bits
 
@@ -1776,6 +1828,7 @@ int main(void) {
     test_transpose();
     test_expf_array();
     test_fix();
+    test_reduce();
     test_split_invariance();
     test_timeline();
     {
