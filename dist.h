@@ -214,9 +214,20 @@ static void group_iallreduce(Group* g, void* buf, long count, MPI_Datatype type,
     count_received(g, b);
     trace_event("comm", now_seconds(), now_seconds(), b, "start all-reduce %s", g->name);
 }
+
+// Reduce-scatter, in place: buf holds size * shard elements on every rank; the sum over
+// every rank of this rank's shard of buf is added to `into` (shard elements). The shards of
+// buf are left holding partial sums.
+static void group_reduce_scatter(Group* g, void* buf, long shard, MPI_Datatype type, MPI_Op op, void* into) {
+    double t = now_seconds(), sent = g->sent;
+    if (g->size == 1) ring_combine(into, buf, shard, type, op);
+    else ring_reduce_scatter(g, buf, shard * g->size, type, op, into);
+    trace_event("comm", t, now_seconds(), g->sent - sent, "reduce-scatter %s", g->name);
+}
 // The gradient all-reduce under --reduce (optim.h): the buffer and datatype it sends. exact
-// sends the 64-bit sums themselves. fp32 and bf16 first move this rank's last piece into its
-// float sums (clearing g there), and send those as floats or as bf16.
+// sends the 64-bit sums themselves. fp32 and bf16 first move what g still holds (this rank's
+// last piece; nothing if every piece was moved already) into the float sums, clearing g
+// there, and send those as floats or as bf16.
 typedef struct {
     void* buf;
     MPI_Datatype type;
@@ -230,25 +241,28 @@ static GradSend grads_to_send(GradSums* s, int64_t* g, long lo, long count) {
     for (long i = lo; i < lo + count; i++) s->wire[i] = bf16_bits(s->sum[i]);
     return (GradSend){s->wire + lo, bf16_type};
 }
+// The exact sums kept beside --reduce's floats travel by the same rings, but are not counted
+// in what the group sent: they are the measurement's traffic, not the method's.
+static void uncounted_allreduce(Group* g, int64_t* buf, long count) {
+    int was = in_step;
+    in_step = 0;
+    group_allreduce(g, buf, count, MPI_INT64_T, MPI_SUM);
+    in_step = was;
+}
+static void uncounted_reduce_scatter(Group* g, int64_t* buf, long shard, int64_t* into) {
+    int was = in_step;
+    in_step = 0;
+    group_reduce_scatter(g, buf, shard, MPI_INT64_T, MPI_SUM, into);
+    in_step = was;
+}
 // After the all-reduces of every grads_to_send: the sums the optimizer reads. The exact sums
-// beside are summed too, to say when the run parts from train.c; that all-reduce is the
-// measurement's, not the method's, so it is not counted in what the group sent.
+// beside are summed too, to say from which step the run parts from ./train --reduce HOW.
 static void grads_received(GradSums* s, Group* dp, int64_t* g, long step) {
     if (s->how == REDUCE_EXACT) return;
     if (s->how == REDUCE_BF16)
         for (long i = 0; i < s->n; i++) s->sum[i] = bf16_float(s->wire[i]);
-    if (dp->size > 1) MPI_Allreduce(MPI_IN_PLACE, s->exact, (int)s->n, MPI_INT64_T, MPI_SUM, dp->comm);
+    uncounted_allreduce(dp, s->exact, s->n);
     grad_sums_finish(s, g, step);
-}
-
-// Reduce-scatter, in place: buf holds size * shard elements on every rank; the sum over
-// every rank of this rank's shard of buf is added to `into` (shard elements). The shards of
-// buf are left holding partial sums.
-static void group_reduce_scatter(Group* g, void* buf, long shard, MPI_Datatype type, MPI_Op op, void* into) {
-    double t = now_seconds(), sent = g->sent;
-    if (g->size == 1) ring_combine(into, buf, shard, type, op);
-    else ring_reduce_scatter(g, buf, shard * g->size, type, op, into);
-    trace_event("comm", t, now_seconds(), g->sent - sent, "reduce-scatter %s", g->name);
 }
 // recv[size * shard] = every rank's send[shard], in rank order (send may be recv's own
 // slot, recv + rank * shard)

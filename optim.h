@@ -232,8 +232,10 @@ static void grad_sums_add(GradSums* s, int64_t* g, long lo, long count) {
 
 // Once every piece is in: the float sums become the gradient sums the optimizer reads. Each
 // float here is a multiple of 2^-40, the fixed point's unit, so fix_from converts it exactly.
-static void grad_sums_finish(GradSums* s, int64_t* g, long step) {
-    if (s->how == REDUCE_EXACT) return;
+// grad_sums_convert returns how many differed from the exact sums rounded once, and
+// grad_sums_record keeps the first step where any did (train_fsdp.c adds its shards' counts
+// between the two).
+static long grad_sums_convert(GradSums* s, int64_t* g, long step) {
     long differed = 0;
     for (long i = 0; i < s->n; i++) {
         if (!(fabsf(s->sum[i]) < FIX_SUM_MAX))
@@ -243,11 +245,17 @@ static void grad_sums_finish(GradSums* s, int64_t* g, long step) {
         differed += g[i] != fix_from(fix_round(s->how, s->exact[i]));
         s->sum[i] = 0.0f, s->exact[i] = 0;
     }
+    return differed;
+}
+static void grad_sums_record(GradSums* s, long step, long differed) {
     if (differed && !s->parted) s->parted = step, s->differed = differed;
 }
+static void grad_sums_finish(GradSums* s, int64_t* g, long step) {
+    if (s->how != REDUCE_EXACT) grad_sums_record(s, step, grad_sums_convert(s, g, step));
+}
 
-// The run's last line about its sums, for `pieces` pieces a step.
-static void grad_sums_print(const GradSums* s, const char* pieces) {
+// The run's last line about its sums, for `pieces` pieces a step and P parameters.
+static void grad_sums_print(const GradSums* s, const char* pieces, long P) {
     if (s->how == REDUCE_EXACT) return;
     const char* how = reduce_names[s->how];
     if (!s->parted)
@@ -256,7 +264,7 @@ static void grad_sums_print(const GradSums* s, const char* pieces) {
     else
         printf("--reduce %s: %s a step, added in %s: at step %ld, %ld of %ld sums first differed from the whole "
                "batch's sum rounded once to %s, the sums of ./train --reduce %s (one microbatch), so from step %ld "
-               "on this run's losses may differ from that run's\n", how, pieces, how, s->parted, s->differed, s->n,
+               "on this run's losses may differ from that run's\n", how, pieces, how, s->parted, s->differed, P,
                how, how, s->parted + 1);
 }
 

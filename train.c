@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
     if (!o.quiet) moe_print_load(cfg, &run.work.acts, &progress);
     char pieces[32];
     snprintf(pieces, sizeof pieces, "%d microbatch%s", M, M > 1 ? "es" : "");
-    if (!o.quiet) grad_sums_print(&run.sums, pieces);
+    if (!o.quiet) grad_sums_print(&run.sums, pieces, np);
     run_free(&run);
     return 0;
 }

@@ -22,8 +22,8 @@
  * Compare with ./train: the same losses, names and final checkpoint, for every stage and N.
  *
  * The first read: what a rank holds; ZeRO-3's gather, reduce-scatter and step; one training
- * step. Then one chapter each: ZeRO-1 and -2 (--zero 1, 2); --prefetch; microbatches; the
- * formulas. Then what only serves: sizes and buffers, checkpoints,
+ * step. Then one chapter each: ZeRO-1 and -2 (--zero 1, 2); --prefetch; microbatches;
+ * --reduce fp32 and bf16; the formulas. Then what only serves: sizes and buffers, checkpoints,
  * train_3d.c's plug-in points, the report, options and main.
  */
 #include "model.h"
@@ -83,6 +83,10 @@ struct Fsdp {
     long whole_off[MAX_LAYERS + 3];
     void* alloc[4];                            // for fsdp_free
     long bytes_params, bytes_grads, bytes_opt; // for the report: what this rank holds, scratch included
+    // --reduce fp32, bf16 only (their chapter): the float sums of this rank's gradient sums
+    // (its shards; ZeRO-1: the whole), and one unit's gradient rounded, as it is sent
+    GradSums sums;
+    void* rounded;
 };
 
 // ----------------------------------------------------------------------------
@@ -154,6 +158,7 @@ typedef struct {
     Work work;           // activations and scratch of the passes
     Group dp;            // every rank
     int stage, prefetch; // --zero, --prefetch
+    int reduce;          // --reduce (optim.h)
     int M;               // --microbatches
     Holding mine;        // what this rank holds of the model, for checkpoints
     GradSpan spans[MAX_LAYERS + 2]; // the gradients this rank counts in the clipping norm
@@ -310,6 +315,68 @@ static const float* prefetched_unit_params(Fsdp* f, int u, int next) {
 // the gradients, and ZeRO-1 and -2 all-gather the parameters. train_3d.c's pipeline schedules use these same functions.
 
 // ----------------------------------------------------------------------------
+// --reduce fp32, bf16: the gradients reduced as floats, as FSDP2's reduce_dtype
+//
+// ZeRO-2 and -3 round each pass's unit gradient to fp32 or bf16 and reduce-scatter it in that
+// type; each rank adds the passes' sums of its shard in it. ZeRO-1 adds its passes in the float
+// type on each rank and all-reduces once a step, as train_dp.c does. The exact sums go beside,
+// not counted as sent: they only say from which step the run parts from ./train --reduce HOW
+// (optim.h). fsdp_reduce_init puts these functions in the stage's place.
+
+// ZeRO-2 and -3, after unit u's backward
+static void float_reduce_unit_grads(Fsdp* f, int u) {
+    GradSums* s = &f->sums;
+    long n = f->dp->size * f->shard[u];
+    long at = f->grads[u] - f->grads[0]; // unit u's shard in the sums: the shards are one array here
+    for (long i = 0; i < n; i++) {
+        float x = fix_round(s->how, f->unit.grad[i]);
+        if (s->how == REDUCE_BF16) ((uint16_t*)f->rounded)[i] = bf16_bits(x);
+        else ((float*)f->rounded)[i] = x;
+    }
+    if (s->how == REDUCE_BF16) group_reduce_scatter(f->dp, f->rounded, f->shard[u], bf16_type, MPI_SUM, s->wire + at);
+    else group_reduce_scatter(f->dp, f->rounded, f->shard[u], MPI_FLOAT, MPI_SUM, s->sum + at);
+    uncounted_reduce_scatter(f->dp, f->unit.grad, f->shard[u], s->exact + at);
+}
+// ZeRO-2 and -3, after the whole backward: the float sums of the shards become the gradient
+// sums; the count of those that differ is the whole model's, over every rank's shard.
+static void float_reduce_grads(Fsdp* f) {
+    GradSums* s = &f->sums;
+    for (long i = 0; s->how == REDUCE_BF16 && i < s->n; i++) s->sum[i] = bf16_float(s->wire[i]), s->wire[i] = 0;
+    long differed = grad_sums_convert(s, f->grads[0], current_step);
+    MPI_Allreduce(MPI_IN_PLACE, &differed, 1, MPI_LONG, MPI_SUM, f->dp->comm);
+    grad_sums_record(s, current_step, differed);
+}
+// ZeRO-1: each pass's unit gradient into the float sums, then one all-reduce a step
+static void float_fold_unit_grads(Fsdp* f, int u) {
+    grad_sums_add(&f->sums, f->whole_grads, f->whole_off[u], f->whole_off[u + 1] - f->whole_off[u]);
+}
+static void float_allreduce_grads(Fsdp* f) {
+    GradSend w = grads_to_send(&f->sums, f->whole_grads, 0, f->sums.n);
+    group_allreduce(f->dp, w.buf, f->sums.n, w.type, MPI_SUM);
+    grads_received(&f->sums, f->dp, f->whole_grads, current_step);
+}
+
+static void fsdp_reduce_init(Fsdp* f, int how) {
+    long n_whole = f->whole_off[f->n_units], n_shard = 0, biggest = 0;
+    for (int u = 0; u < f->n_units; u++) {
+        n_shard += f->shard[u];
+        if (f->whole_off[u + 1] - f->whole_off[u] > biggest) biggest = f->whole_off[u + 1] - f->whole_off[u];
+    }
+    grad_sums_init(&f->sums, how, f->stage == 1 ? n_whole : n_shard);
+    f->bytes_grads += (long)grad_sums_bytes(&f->sums);
+    if (f->stage == 1) {
+        f->fn.reduce_unit_grads = float_fold_unit_grads;
+        f->fn.reduce_grads = float_allreduce_grads;
+        return;
+    }
+    long bytes = how == REDUCE_BF16 ? 2 : 4;
+    f->rounded = mallocCheck((size_t)(biggest * bytes));
+    f->bytes_grads += biggest * bytes;
+    f->fn.reduce_unit_grads = float_reduce_unit_grads;
+    f->fn.reduce_grads = float_reduce_grads;
+}
+
+// ----------------------------------------------------------------------------
 // the formulas: what a rank sends and holds per step, predicted (for the report)
 //
 // Two counts of parameters, for N ranks: P, the model's (18,635 by default, docs/model.md);
@@ -334,7 +401,8 @@ static double fsdp_sent_formula(const Fsdp* f, int passes) {
     int N = f->dp->size;
     for (int u = 0; u < f->n_units; u++) {
         double whole = (double)N * f->shard[u];
-        double grads_all_reduce = ring_allreduce_bytes(8 * whole, N), grads_reduce_scatter = ring_half_bytes(8 * whole, N);
+        double wire = wire_bytes(&f->sums); // 8 B a gradient sum; --reduce fp32, bf16: 4, 2
+        double grads_all_reduce = ring_allreduce_bytes(wire * whole, N), grads_reduce_scatter = ring_half_bytes(wire * whole, N);
         double params_all_gather = ring_half_bytes(4 * whole, N);
         if (f->stage == 1) sent += grads_all_reduce + params_all_gather;
         if (f->stage == 2) sent += passes * grads_reduce_scatter + params_all_gather;
@@ -346,9 +414,14 @@ static double fsdp_sent_formula(const Fsdp* f, int passes) {
 static double fsdp_mem_formula(const Fsdp* f, double P, double U, int adamw) {
     int N = f->dp->size;
     double adam = adamw ? 8.0 : 0.0, one_unit_grad = 8.0 * U, one_unit_params = 4.0 * U * (1 + f->prefetch);
-    if (f->stage == 1) return 4.0 * P + 8.0 * P + adam * P / N;
-    if (f->stage == 2) return 4.0 * P + 8.0 * P / N + one_unit_grad + adam * P / N;
-    return 4.0 * P / N + one_unit_params + 8.0 * P / N + one_unit_grad + adam * P / N;
+    // --reduce fp32, bf16: 12 or 14 B a sum held (optim.h), and at ZeRO-2 and -3 one unit's
+    // gradient rounded to 4 or 2 B
+    double sums = 0;
+    if (f->sums.how == REDUCE_FP32) sums = 12.0 * (f->stage == 1 ? P : P / N) + (f->stage > 1 ? 4.0 * U : 0);
+    if (f->sums.how == REDUCE_BF16) sums = 14.0 * (f->stage == 1 ? P : P / N) + (f->stage > 1 ? 2.0 * U : 0);
+    if (f->stage == 1) return 4.0 * P + 8.0 * P + adam * P / N + sums;
+    if (f->stage == 2) return 4.0 * P + 8.0 * P / N + one_unit_grad + adam * P / N + sums;
+    return 4.0 * P / N + one_unit_params + 8.0 * P / N + one_unit_grad + adam * P / N + sums;
 }
 
 // ----------------------------------------------------------------------------
@@ -400,6 +473,7 @@ static void fsdp_init(Fsdp* f, int stage, int prefetch, Group* dp, const long* u
 static void fsdp_free(Fsdp* f) {
     for (int i = 0; i < 4; i++) free(f->alloc[i]);
     free(f->whole_params), free(f->whole_grads), free(f->unit.grad), free(f->unit.gathered[0]), free(f->unit.gathered[1]);
+    grad_sums_free(&f->sums), free(f->rounded);
 }
 
 // ----------------------------------------------------------------------------
@@ -463,17 +537,24 @@ static Figures figures(const Run* r, const Progress* pr, const Optimizer* opt, i
 }
 // The formulas in words, for the report, with P's and U's values.
 static void formula_words(const Run* r, char* sent, char* mem, int size) {
-    static const char* const sent_words[] = {"", "2(N-1)/N x 8 B x P gradients + (N-1)/N x 4 B x P parameters",
-                                             "(N-1)/N x (8 B gradients + 4 B parameters) x P",
-                                             "(N-1)/N x (8 B gradients + 2 x 4 B parameters) x P"};
+    static const char* const sent_words[] = {"", "2(N-1)/N x %.0f B x P gradients + (N-1)/N x 4 B x P parameters",
+                                             "(N-1)/N x (%.0f B gradients + 4 B parameters) x P",
+                                             "(N-1)/N x (%.0f B gradients + 2 x 4 B parameters) x P"};
     static const char* const mem_words[] = {"", "(4 + 8) B x P + 8 B x P/N (AdamW) + activations",
                                             "4 B x P + (8 + 8 AdamW) B x P/N + 8 B x U (one unit's gradient) + "
                                             "activations",
                                             "(4 + 8 + 8 AdamW) B x P/N + (4 + 8) B x U (one unit in transit; 4 more "
                                             "with --prefetch) + activations"};
     long P = n_params(&r->cfg), U = max_unit_params(&r->cfg);
-    snprintf(sent, size, "%s, P = %ld", sent_words[r->stage], P);
-    snprintf(mem, size, r->stage == 1 ? "%s, P = %ld" : "%s, P = %ld, U = %ld", mem_words[r->stage], P, U);
+    char words[160];
+    snprintf(words, sizeof words, sent_words[r->stage], wire_bytes(&r->f.sums));
+    snprintf(sent, size, "%s, P = %ld", words, P);
+    static const char* const sums_words[3][2] = {{"", ""},
+                                                 {" + 12 B x P (--reduce fp32)", " + 12 B x P/N + 4 B x U (--reduce fp32)"},
+                                                 {" + 14 B x P (--reduce bf16)", " + 14 B x P/N + 2 B x U (--reduce bf16)"}};
+    const char* sums = sums_words[r->f.sums.how][r->stage > 1];
+    if (r->stage == 1) snprintf(mem, size, "%s, P = %ld%s", mem_words[1], P, sums);
+    else snprintf(mem, size, "%s, P = %ld, U = %ld%s", mem_words[r->stage], P, U, sums);
 }
 
 // ----------------------------------------------------------------------------
@@ -482,10 +563,12 @@ static void formula_words(const Run* r, char* sent, char* mem, int size) {
 static const CliFlag fsdp_flags[] = {
     {"zero", "N", "ZeRO stage: 1 optimizer state, 2 and gradients, 3 and parameters sharded (default 3)"},
     {"prefetch", NULL, "stage 3: gather the next unit while the current one computes"},
+    CLI_REDUCE_FLAG,
 };
 static const char* fsdp_flag(void* ctx, int index, const char* value) {
     Run* r = ctx;
     if (index == 0) return cli_int("zero", value, 1, 3, &r->stage);
+    if (index == 2) return cli_reduce(value, &r->reduce);
     r->prefetch = 1;
     return NULL;
 }
@@ -499,7 +582,7 @@ int main(int argc, char** argv) {
     // options
     Options o;
     Run run = {.stage = 3, .dp = group_world("dp")};
-    dist_parse_or_exit(&o, argc, argv, RUN_LINE, fsdp_flags, 2, fsdp_flag, &run);
+    dist_parse_or_exit(&o, argc, argv, RUN_LINE, fsdp_flags, 3, fsdp_flag, &run);
     dist_dense_only(&o, RUN_LINE);
     dist_check_rows(&o, RUN_LINE);
     if (run.prefetch && run.stage != 3) dist_exit(2, RUN_LINE, "--prefetch applies to --zero 3 only");
@@ -512,6 +595,7 @@ int main(int argc, char** argv) {
     long unit_size[MAX_LAYERS + 2];
     for (int u = 0; u < n_units(cfg); u++) unit_size[u] = unit_params(cfg, u);
     fsdp_init(&run.f, run.stage, run.prefetch, &run.dp, unit_size, n_units(cfg), o.opt.adamw);
+    if (run.reduce) fsdp_reduce_init(&run.f, run.reduce); // --reduce fp32, bf16: its chapter
     run.mine = fsdp_holding(&run.f); // no rank builds the whole model to cut it
     long start = holding_load(&run.mine, &o, &run.ds, cfg);
     run.f.fn.gather_params(&run.f);
@@ -523,6 +607,7 @@ int main(int argc, char** argv) {
              R, run.prefetch ? ", prefetching the next unit" : "");
     if (o.microbatches > 1)
         snprintf(layout + strlen(layout), sizeof layout - strlen(layout), "; %d microbatches", o.microbatches);
+    if (run.reduce) snprintf(layout + strlen(layout), sizeof layout - strlen(layout), ", added in %s", reduce_names[run.reduce]);
     if (!o.quiet && world_rank == 0) print_config(&o, &run.ds, layout);
 
     // training loop
@@ -543,6 +628,9 @@ int main(int argc, char** argv) {
     formula_words(&run, sent_words, mem_words, sizeof sent_words);
     Report rep = {"train_fsdp.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
+    char pieces[64];
+    snprintf(pieces, sizeof pieces, "%d ranks x %d microbatch%s", run.dp.size, run.M, run.M > 1 ? "es" : "");
+    if (!o.quiet && world_rank == 0) grad_sums_print(&run.f.sums, pieces, n_params(cfg));
     run_free(&run);
     MPI_Finalize();
     return 0;

@@ -70,7 +70,8 @@ def first_difference(a, b):
 def svg(path, panels):
     """One panel per reduction: log10 of the mean |loss difference| over WINDOW steps."""
     W, H, left, top, gap = 300, 220, 60, 40, 30
-    lo, hi = -10, 0  # 1e-10 .. 1
+    lo, hi = -10, 0  # 1e-10 .. 1, and 0 on the frame's bottom edge, a decade below 1e-10
+    zero = lo - 1
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
     width = left + len(panels) * (W + gap) + 250
     s = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + H + 60}" '
@@ -82,7 +83,7 @@ def svg(path, panels):
         s.append(f'<rect x="{x0}" y="{top}" width="{W}" height="{H}" fill="none" stroke="#999"/>')
         s.append(f'<text x="{x0 + W / 2}" y="{top - 6}" text-anchor="middle" font-size="12">--reduce {how}</text>')
         for e in range(lo, hi + 1, 2):
-            y = top + H - (e - lo) / (hi - lo) * H
+            y = top + H - (e - zero) / (hi - zero) * H
             s.append(f'<line x1="{x0}" x2="{x0 + W}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
             if p == 0:
                 s.append(f'<text x="{x0 - 4}" y="{y + 4:.1f}" text-anchor="end">1e{e}</text>')
@@ -99,10 +100,9 @@ def svg(path, panels):
             for w0 in range(0, n, WINDOW):
                 d = [abs(a - b) for a, b in zip(ref[w0:w0 + WINDOW], r["losses"][w0:w0 + WINDOW])]
                 m = sum(d) / len(d)
-                e = math.log10(m) if m > 0 else lo - 0.6
-                e = min(max(e, lo - 0.6), hi)
+                e = min(max(math.log10(m), lo), hi) if m > 0 else zero
                 x = x0 + (w0 + len(d) / 2) / n * W
-                y = top + H - (e - lo) / (hi - lo) * H
+                y = top + H - (e - zero) / (hi - zero) * H
                 pts.append(f"{x:.1f},{y:.1f}")
             s.append(f'<polyline fill="none" stroke="{colors[k % len(colors)]}" stroke-width="1.5" '
                      f'points="{" ".join(pts)}"/>')
