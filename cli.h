@@ -81,7 +81,7 @@ static const CliFlag cli_common[] = {
     {"top-k", "K", "with --experts: experts per token, 1 to 8 (default 1)"},
     {"expert-hidden", "F", "gpt, with --experts: each expert's MLP width (default 4C, the dense block's; narrower, "
                            "\"fine-grained\" experts let more of them cost what a few wide ones do)"},
-    {"capacity", "F", "with --experts: an expert takes at most ceil(F K B / X) of a batch's B tokens (gpt: its "
+    {"capacity", "CF", "with --experts: an expert takes at most ceil(CF K B / X) of a batch's B tokens (gpt: its "
                       "positions with a target) (default 1.25)"},
     {"aux-loss", "A", "with --experts: weight of the load-balancing loss (default 0.01; none with --balance bias)"},
     {"router", "HOW", "with --experts: softmax (default; Switch, Mixtral) or sigmoid (DeepSeek-V3: sigmoid affinities, "

@@ -45,7 +45,7 @@ typedef struct {
     int experts;     // X
     int top_k;       // k: experts per token (1 to MAX_TOP_K)
     int expert_hidden; // the GPT's: each expert's width F (--expert-hidden; 0: 4C, the dense block's)
-    float capacity;  // F: an expert takes at most ceil(F k B / X) of a training batch's B tokens
+    float capacity;  // CF, the capacity factor: an expert takes at most ceil(CF k B / X) of a training batch's B tokens
     float aux_loss;  // alpha: weight of the load-balancing loss (0 with --balance bias)
     int router;      // ROUTER_SOFTMAX (Switch, Mixtral) or ROUTER_SIGMOID (DeepSeek-V3): --router
     int balance;     // BALANCE_AUX (the loss above) or BALANCE_BIAS (DeepSeek-V3's bias): --balance
@@ -98,7 +98,9 @@ static inline long expert_params(const Config* c, int u) {
     if (is_gpt(c)) return (2L * c->emb + 1) * expert_width(c) + c->emb; // fc C x F and its bias, fc2 F x C and its bias
     return (long)linear_in(c, u) * c->hidden + c->hidden;
 }
-static inline long moe_shared_params(const Config* c, int u) {
+// An expert unit's parameters before its experts, which every expert-parallel rank holds
+// whole: the router, and the GPT's attention half and LayerNorms.
+static inline long moe_replicated_params(const Config* c, int u) {
     if (is_gpt(c)) return 4L * c->emb * c->emb + 8L * c->emb + router_params(c, u); // qkv, proj, ln1, ln2, router
     return router_params(c, u);
 }

@@ -360,7 +360,7 @@ static void gpt_unit_backward_weight(const Config* c, int u, int64_t* g, const A
 // the same order, so the capacity keeps the same ones.
 
 // Where the router's weight starts among the unit's parameters, and the first expert's
-// (after every shared parameter: moe_shared_params)
+// (after every parameter every rank holds: moe_replicated_params)
 static long moe_router_at(const Config* c) { return is_gpt(c) ? gpt_moe_layout(c).router_w : 0; }
 
 // The GPT's tokens in a pass of d->R rows of the d->Tq positions held here (all T; a
@@ -505,7 +505,7 @@ static void unit_forward(const Config* c, int u, const float* w, Acts* a, Scratc
         const float* in;
         float* out;
         int n = moe_unit_before(c, u, w, a, s, R, &in, &out, ws);
-        moe_forward(c, w + moe_router_at(c), w + moe_shared_params(c, u), &a->moe[u], in, out, n, a->training, &a->aux,
+        moe_forward(c, w + moe_router_at(c), w + moe_replicated_params(c, u), &a->moe[u], in, out, n, a->training, &a->aux,
                     ws);
         moe_unit_after(c, u, a, s, R);
     } else if (is_gpt(c)) {
@@ -580,7 +580,7 @@ static void unit_backward(const Config* c, int u, const float* w, int64_t* g, Ac
     if (is_moe(c, u)) { // not in halves: the layer's backward adds its weight gradients as it goes
         const float *in, *dout;
         float* din;
-        long router = moe_router_at(c), experts = moe_shared_params(c, u), terms = batch * moe_tokens_per_row(c);
+        long router = moe_router_at(c), experts = moe_replicated_params(c, u), terms = batch * moe_tokens_per_row(c);
         moe_unit_backward_before(c, u, a, s, &in, &dout, &din);
         moe_backward(c, w + router, w + experts, g + router, g + experts, &a->moe[u], in, dout, din, a->moe[u].n, terms,
                      ws);

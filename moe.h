@@ -39,7 +39,7 @@
 //    with k >= 2 renormalised over the k chosen (Mixtral's 2, DeepSeek-V3's 8), so that a
 //    token's output keeps the scale of one expert's however sure the router is. Ties go to
 //    the lower expert index.
-//  - Capacity: in a training batch of B tokens, expert x takes at most C = ceil(F k B / X)
+//  - Capacity: in a training batch of B tokens, expert x takes at most C = ceil(CF k B / X)
 //    of them; past that a token is dropped by x (its term of the output is 0). Priority
 //    goes by choice, then by token of the global batch (GShard): every token's first
 //    choice before any second choice (moe_plan's worked example). Validation and sampling
@@ -139,8 +139,8 @@ static void expert_backward(const Expert* e, float* din, int64_t* g, float* dout
 }
 
 // The layer reads two pieces of its unit's parameters: the router's weight [K][X] (wr),
-// and the experts' blocks one after another (we, after every shared parameter of the unit:
-// moe_shared_params). Where expert x starts in we, on a rank whose first expert is x_lo:
+// and the experts' blocks one after another (we, after every parameter every rank holds:
+// moe_replicated_params). Where expert x starts in we, on a rank whose first expert is x_lo:
 static long moe_expert_at(const Expert* e, int x, int x_lo) { return (long)(x - x_lo) * e->params; }
 
 // What one MoE layer keeps from its forward for its backward, its plan, and its load
@@ -339,6 +339,9 @@ static void moe_route(const Config* c, MoeLayer* m, const float* in, const float
         else {
             float s = p[ch[0]];
             for (int j = 1; j < k; j++) s += p[ch[j]];
+            if (!(s > 0.0f)) // sigmoids of logits below -88 are 0, and 0 / 0 is no gate
+                fatal("the router: a token's %d chosen affinities sum to %g at step %ld (its logits are out of "
+                      "range): training has diverged; lower --lr or use --clip", k, s, current_step);
             for (int j = 0; j < k; j++) g[j] = p[ch[j]] / s;
         }
     }
@@ -357,7 +360,7 @@ static long moe_batch_tokens(const Config* c, const int* counts, int ranks) {
         for (int x = 0; x < c->experts; x++) n += counts[(long)q * c->top_k * c->experts + x];
     return n;
 }
-// Each expert's capacity in a pass over a batch of n_total tokens: ceil(F k B / X) in
+// Each expert's capacity in a pass over a batch of n_total tokens: ceil(CF k B / X) in
 // training, no limit otherwise.
 static long moe_capacity(const Config* c, long n_total, int training) {
     return training ? (long)ceil((double)c->capacity * c->top_k * n_total / c->experts) : LONG_MAX;

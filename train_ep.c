@@ -210,7 +210,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
             double t = trace_clock();
             int n = moe_unit_before(c, u, w, a, s, (int)(hi - lo), &in, &out, &r->work.ws);
             trace_event("compute", t, trace_clock(), 0, "forward %s", unit_name(c, u));
-            EpLayer l = {.m = &a->moe[u], .router = w + moe_router_at(c), .experts = w + moe_shared_params(c, u),
+            EpLayer l = {.m = &a->moe[u], .router = w + moe_router_at(c), .experts = w + moe_replicated_params(c, u),
                          .training = a->training, .aux = &a->aux, .ws = &r->work.ws};
             ep_moe_forward(&r->experts, c, &l, in, out, n);
             moe_unit_after(c, u, a, s, (int)(hi - lo));
@@ -240,8 +240,8 @@ static void backward(Run* r, int R, long B) {
             float* din;
             long terms = B * moe_tokens_per_row(c);
             moe_unit_backward_before(c, u, a, s, &in, &dout, &din);
-            EpLayer l = {.m = &a->moe[u], .router = w + moe_router_at(c), .experts = w + moe_shared_params(c, u),
-                         .router_grad = g + moe_router_at(c), .experts_grad = g + moe_shared_params(c, u),
+            EpLayer l = {.m = &a->moe[u], .router = w + moe_router_at(c), .experts = w + moe_replicated_params(c, u),
+                         .router_grad = g + moe_router_at(c), .experts_grad = g + moe_replicated_params(c, u),
                          .terms = terms, .ws = &r->work.ws};
             ep_moe_backward(&r->experts, c, &l, in, dout, din);
             double t = trace_clock();
@@ -256,7 +256,7 @@ static void backward(Run* r, int R, long B) {
 
 // The replicated part of unit u is its first ep_replicated(u) elements here: the embedding,
 // every router, the output layer (the GPT's attention and LayerNorms too).
-static long ep_replicated(const Run* r, int u) { return is_moe(&r->cfg, u) ? moe_shared_params(&r->cfg, u) : r->n[u]; }
+static long ep_replicated(const Run* r, int u) { return is_moe(&r->cfg, u) ? moe_replicated_params(&r->cfg, u) : r->n[u]; }
 
 // The replicated weights' gradients summed over the ranks, packed into one all-reduce.
 static void ep_allreduce_replicated(Run* r) {
@@ -310,7 +310,7 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
 
 // ----------------------------------------------------------------------------
 // capacity and dropped tokens
-// In training an expert takes at most C = ceil(F k n / X) of the batch's n tokens (F is
+// In training an expert takes at most C = ceil(CF k n / X) of the batch's n tokens (CF is
 // --capacity, 1.25 by default); a choice past that is dropped, its term of the output 0. An
 // expert's queue holds every first choice before any second, each by token of the batch.
 // So a choice's place needs every earlier rank's counts: that is why ep_plan all-gathers

@@ -1165,7 +1165,7 @@ static long ref_place(int total[][64], int seen[][64], int j, int x) {
 
 // The mixture-of-experts model (model.h), in double precision and written out from its
 // definition: router softmax, top k (ties to the lower index), gates (k = 1: the probability;
-// k >= 2: renormalised), capacity C = ceil(F k R / X) by slot then row, experts Linear + ReLU,
+// k >= 2: renormalised), capacity C = ceil(CF k R / X) by slot then row, experts Linear + ReLU,
 // the gated sum; f = the rows' losses + the load-balancing terms, alpha X sum_x f_x sum_r p_x.
 static long moe_dropped; // tokens the last call dropped
 static double moe_model_objective(const double* theta, void* vctx) {
@@ -1292,11 +1292,42 @@ static void test_grad_moe(int layers, int experts, int top_k, float capacity, in
     work_free(&w);
 }
 
+// --router sigmoid, top-2: logits of -300 make every affinity 0, whose normalised gates would
+// be 0 / 0; the run stops, saying why. Logits of -50 (affinities of 2e-22) still route.
+// 2: stopped by fatal; 1: gates other than 1/2; 0: routed.
+static int route_stops(float logit) {
+    Config c = {.vocab = 7, .context = 3, .emb = 2, .hidden = 5, .layers = 1, .experts = 4, .top_k = 2,
+                .capacity = 1.0f, .router = ROUTER_SIGMOID};
+    Work w;
+    work_init(&w, &c, 4, NULL);
+    MoeLayer* m = &w.acts.moe[1];
+    long K = m->e.K;
+    float* in = mallocCheck(sizeof(float) * 4 * K);
+    float* wr = mallocCheck(sizeof(float) * K * c.experts);
+    for (long i = 0; i < 4 * K; i++) in[i] = 1.0f;
+    for (long i = 0; i < K * c.experts; i++) wr[i] = logit / (float)K;
+    fatal_end = fatal_catch;
+    int stopped = 2;
+    if (setjmp(fatal_back) == 0) {
+        moe_route(&c, m, in, wr, 4, &w.ws);
+        stopped = 0;
+        for (int j = 0; j < 4 * 2; j++) stopped |= !(m->gate[j] == 0.5f);
+    }
+    fatal_end = fatal_end_process;
+    free(in), free(wr);
+    work_free(&w);
+    return stopped;
+}
+static void test_route_underflow(void) {
+    check(route_stops(-300.0f) == 2 && route_stops(-50.0f) == 0,
+          "--router sigmoid: affinities that all underflow to 0 stop the run (0 / 0 gates), tiny ones still route");
+}
+
 // The GPT with experts (model.h's "a unit with a mixture of experts") in double precision,
 // written out from its definition: each block's attention half as the dense GPT's; then its
 // tokens, over the whole batch, the positions with a target only (padding is not routed in
 // training), routed as moe_model_objective routes rows: the router on ln2's output, top k,
-// capacity C = ceil(F k n / X) by slot then token, each expert the GELU MLP fc, GELU, fc2
+// capacity C = ceil(CF k n / X) by slot then token, each expert the GELU MLP fc, GELU, fc2
 // with biases of its own, the gated sum added to the residual; f = the losses over the
 // targets + the load-balancing terms.
 static double gpt_moe_objective(const double* theta, void* vctx) {
@@ -1472,7 +1503,7 @@ static void test_moe_split(int model, int experts, int top_k, float capacity, in
     float* unit = mallocCheck(sizeof(float) * unit_params(&c, 1));
     unit_init(unit, &c, 1, 5);
     for (long i = 0; i < np; i++) // from the unit's initial values; a sure router: uneven loads
-        w[i] = i < nr ? 4.0f * unit[moe_router_at(&c) + i] : unit[moe_shared_params(&c, 1) + i - nr];
+        w[i] = i < nr ? 4.0f * unit[moe_router_at(&c) + i] : unit[moe_replicated_params(&c, 1) + i - nr];
     free(unit);
     fill(in, (long)n_total * K, 11, 1.0f);
     fill(dout, (long)n_total * H, 12, 1.0f);
@@ -1876,6 +1907,7 @@ int main(void) {
     test_grad_moe(1, 4, 1, 1.0f, 12, 1, 1); // --router sigmoid, with the loss
     test_grad_moe(2, 8, 4, 1.0f, 12, 1, 1);
     test_grad_moe(2, 8, 4, 1.0f, 12, 1, 2); // sigmoid, --balance bias
+    test_route_underflow();
     test_grad_gpt_moe(1, 4, 1, 4.0f, 0, 0, 0);
     test_grad_gpt_moe(1, 4, 1, 1.0f, 1, 0, 0);
     test_grad_gpt_moe(2, 4, 2, 1.0f, 1, 0, 0);
