@@ -263,10 +263,13 @@ static void uncounted_reduce_scatter(Group* g, int64_t* buf, long shard, int64_t
 }
 // After the all-reduces of every grads_to_send: the sums the optimizer reads. The exact sums
 // beside are summed too, to say from which step the run parts from ./train --reduce HOW.
+// bf16: the sums from their wire form, which is cleared for the next step's sums.
+static void bf16_unwire(GradSums* s) {
+    for (long i = 0; s->how == REDUCE_BF16 && i < s->n; i++) s->sum[i] = bf16_float(s->wire[i]), s->wire[i] = 0;
+}
 static void grads_received(GradSums* s, Group* dp, int64_t* g, long step) {
     if (s->how == REDUCE_EXACT) return;
-    if (s->how == REDUCE_BF16)
-        for (long i = 0; i < s->n; i++) s->sum[i] = bf16_float(s->wire[i]);
+    bf16_unwire(s);
     uncounted_allreduce(dp, s->exact, s->n);
     grad_sums_finish(s, g, step);
 }

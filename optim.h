@@ -213,10 +213,9 @@ static void grad_sums_init(GradSums* s, int how, long n) {
     if (how == REDUCE_BF16) s->wire = callocCheck(n, sizeof(uint16_t));
 }
 static void grad_sums_free(GradSums* s) { free(s->sum), free(s->exact), free(s->wire); }
-// The bytes they hold beside the exact gradient sums: 4 a float sum, 8 an exact one, 2 on bf16's wire.
-static double grad_sums_bytes(const GradSums* s) {
-    return (s->how == REDUCE_EXACT ? 0.0 : s->how == REDUCE_FP32 ? 12.0 : 14.0) * (double)s->n;
-}
+// The bytes held a sum beside the exact gradient sums: 4 a float sum, 8 an exact one, 2 on bf16's wire.
+static double reduce_bytes_held(int how) { return how == REDUCE_EXACT ? 0.0 : how == REDUCE_FP32 ? 12.0 : 14.0; }
+static double grad_sums_bytes(const GradSums* s) { return reduce_bytes_held(s->how) * (double)s->n; }
 
 // After a piece's backward has added its gradients to g[lo, lo + count): fp32 and bf16 move
 // them into the float sums (and the exact ones) and clear them; exact leaves them to grow.
@@ -254,10 +253,14 @@ static void grad_sums_finish(GradSums* s, int64_t* g, long step) {
     if (s->how != REDUCE_EXACT) grad_sums_record(s, step, grad_sums_convert(s, g, step));
 }
 
-// The run's last line about its sums, for `pieces` pieces a step and P parameters.
-static void grad_sums_print(const GradSums* s, const char* pieces, long P) {
+// The run's last line about its sums, for M microbatches a step on `ranks` ranks (0: train.c)
+// and P parameters.
+static void grad_sums_print(const GradSums* s, int ranks, int M, long P) {
     if (s->how == REDUCE_EXACT) return;
     const char* how = reduce_names[s->how];
+    char pieces[64];
+    int at = ranks ? snprintf(pieces, sizeof pieces, "%d ranks x ", ranks) : 0;
+    snprintf(pieces + at, sizeof pieces - at, "%d microbatch%s", M, M > 1 ? "es" : "");
     if (!s->parted)
         printf("--reduce %s: %s a step, added in %s: every step's sums equal the whole batch's sum rounded once "
                "to %s, so this run has the bits of ./train --reduce %s (one microbatch)\n", how, pieces, how, how, how);

@@ -156,9 +156,7 @@ int main(int argc, char** argv) {
                                                 : "4 + 8 + 8 (AdamW) B per parameter + activations"};
     report_end(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run);
     if (!o.quiet) moe_print_load(cfg, &run.work.acts, &progress);
-    char pieces[32];
-    snprintf(pieces, sizeof pieces, "%d microbatch%s", M, M > 1 ? "es" : "");
-    if (!o.quiet) grad_sums_print(&run.sums, pieces, np);
+    if (!o.quiet) grad_sums_print(&run.sums, 0, M, np);
     run_free(&run);
     return 0;
 }

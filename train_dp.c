@@ -336,9 +336,7 @@ int main(int argc, char** argv) {
     formula_words(&run, sent_words, mem_words, sizeof sent_words);
     Report rep = {"train_dp.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
-    char pieces[64];
-    snprintf(pieces, sizeof pieces, "%d ranks x %d microbatch%s", run.dp.size, M, M > 1 ? "es" : "");
-    if (!o.quiet && world_rank == 0) grad_sums_print(&run.sums, pieces, run.st.n);
+    if (!o.quiet && world_rank == 0) grad_sums_print(&run.sums, run.dp.size, M, run.st.n);
     run_free(&run);
     MPI_Finalize();
     return 0;

@@ -341,7 +341,7 @@ static void float_reduce_unit_grads(Fsdp* f, int u) {
 // sums; the count of those that differ is the whole model's, over every rank's shard.
 static void float_reduce_grads(Fsdp* f) {
     GradSums* s = &f->sums;
-    for (long i = 0; s->how == REDUCE_BF16 && i < s->n; i++) s->sum[i] = bf16_float(s->wire[i]), s->wire[i] = 0;
+    bf16_unwire(s);
     long differed = grad_sums_convert(s, f->grads[0], current_step);
     MPI_Allreduce(MPI_IN_PLACE, &differed, 1, MPI_LONG, MPI_SUM, f->dp->comm);
     grad_sums_record(s, current_step, differed);
@@ -416,9 +416,8 @@ static double fsdp_mem_formula(const Fsdp* f, double P, double U, int adamw) {
     double adam = adamw ? 8.0 : 0.0, one_unit_grad = 8.0 * U, one_unit_params = 4.0 * U * (1 + f->prefetch);
     // --reduce fp32, bf16: 12 or 14 B a sum held (optim.h), and at ZeRO-2 and -3 one unit's
     // gradient rounded to 4 or 2 B
-    double sums = 0;
-    if (f->sums.how == REDUCE_FP32) sums = 12.0 * (f->stage == 1 ? P : P / N) + (f->stage > 1 ? 4.0 * U : 0);
-    if (f->sums.how == REDUCE_BF16) sums = 14.0 * (f->stage == 1 ? P : P / N) + (f->stage > 1 ? 2.0 * U : 0);
+    double sums = reduce_bytes_held(f->sums.how) * (f->stage == 1 ? P : P / N);
+    if (f->sums.how != REDUCE_EXACT && f->stage > 1) sums += wire_bytes(&f->sums) * U;
     if (f->stage == 1) return 4.0 * P + 8.0 * P + adam * P / N + sums;
     if (f->stage == 2) return 4.0 * P + 8.0 * P / N + one_unit_grad + adam * P / N + sums;
     return 4.0 * P / N + one_unit_params + 8.0 * P / N + one_unit_grad + adam * P / N + sums;
@@ -628,9 +627,7 @@ int main(int argc, char** argv) {
     formula_words(&run, sent_words, mem_words, sizeof sent_words);
     Report rep = {"train_fsdp.c", layout, sent_words, mem_words};
     free(dist_report(&o, &rep, &progress, val_loss, &run.ds, &fig, forward, &run));
-    char pieces[64];
-    snprintf(pieces, sizeof pieces, "%d ranks x %d microbatch%s", run.dp.size, run.M, run.M > 1 ? "es" : "");
-    if (!o.quiet && world_rank == 0) grad_sums_print(&run.f.sums, pieces, n_params(cfg));
+    if (!o.quiet && world_rank == 0) grad_sums_print(&run.f.sums, run.dp.size, run.M, n_params(cfg));
     run_free(&run);
     MPI_Finalize();
     return 0;
