@@ -38,14 +38,15 @@
 // deliberate. The data are read once, checked as they are read (the checksum, and that
 // every value is finite), before training starts.
 
-#define CKPT_MAGIC "MLPCKPT6"
+#define CKPT_MAGIC "MLPCKPT7"
+#define CKPT_MAGIC_V6 "MLPCKPT6" // format 6: format 7 without the precision (fp32; 152 bytes)
 #define CKPT_MAGIC_V5 "MLPCKPT5" // format 5: format 6 without the router's fields (softmax, the loss; 136 bytes)
 #define CKPT_MAGIC_V4 "MLPCKPT4" // format 4: format 5 without the microbatches (the header ends at 128 bytes)
 #define CKPT_MAGIC_V3 "MLPCKPT3" // format 3: the vocabulary as 256 bytes, no model kind (an MLP), no losses
 #define CKPT_MAGIC_V2 "MLPCKPT2" // format 2: format 3 without the mixture-of-experts fields (a dense model)
 #define CKPT_BYTE_ORDER 0x01020304u // reads as 0x04030201 on a machine of the other byte order
 
-// Format 6's header, as it starts its file: every byte a field (no padding), then the
+// Format 7's header, as it starts its file: every byte a field (no padding), then the
 // vocabulary (`vocab` code points, uint32), then the floats, then the checksum.
 typedef struct {
     char magic[8];
@@ -65,6 +66,7 @@ typedef struct {
     int32_t router, balance; // --router and --balance (0: softmax and the loss, as in every file before format 6)
     float bias_rate;         // --bias-rate (0 with --balance aux)
     int32_t bias_units;      // the MoE layers whose expert biases follow the floats: L with --balance bias, else 0
+    int32_t precision;       // --precision (0: fp32, as in every file before format 7)
     // in memory only: the vocabulary that follows the header in the file (the code point of
     // each token, so that another dataset is caught), and, for a header read from a file,
     // its format and its bytes (vocabulary included) as they are there
@@ -72,8 +74,9 @@ typedef struct {
     int format;
     long bytes;
 } CkptHeader;
-#define CKPT_FIXED_BYTES offsetof(CkptHeader, code_points)
-_Static_assert(offsetof(CkptHeader, code_points) == 152, "format 6's header is 152 bytes, with no padding");
+#define CKPT_FIXED_BYTES (offsetof(CkptHeader, precision) + sizeof(int32_t))
+_Static_assert(CKPT_FIXED_BYTES == 156, "format 7's header is 156 bytes, with no padding");
+#define CKPT_V6_BYTES offsetof(CkptHeader, precision)
 #define CKPT_V5_BYTES offsetof(CkptHeader, router)
 #define CKPT_V4_BYTES offsetof(CkptHeader, microbatches)
 
@@ -135,6 +138,7 @@ static CkptHeader ckpt_header(const Config* c, const Options* o, const Dataset* 
     h.router = c->experts > 0 ? c->router : 0, h.balance = c->experts > 0 ? c->balance : 0;
     h.bias_rate = c->experts > 0 ? c->bias_rate : 0;
     h.bias_units = c->experts > 0 && c->balance == BALANCE_BIAS ? c->layers : 0;
+    h.precision = c->precision;
     return h;
 }
 // The floats after the vocabulary: the parameters, AdamW's m and v, the expert biases.
@@ -205,11 +209,11 @@ static const char* ckpt_vocab_invalid(const CkptHeader* h, char* buf, size_t n) 
 
 // Reads and checks a header: this project's, this byte order, fields that a run of this
 // project writes, sizes that fit the file; adds its bytes, as they are in the file, to the
-// checksum *sum. A header of format 2 to 5 reads as format 6's, its router the softmax with
-// the loss; of format 2, 3 or 4, its microbatches 0
+// checksum *sum. A header of format 2 to 6 reads as format 7's: its precision fp32; of format
+// 2 to 5, its router the softmax with the loss; of format 2, 3 or 4, its microbatches 0
 // (unknown); of format 2 or 3, an MLP, its vocabulary's bytes the code points (U+0000..U+00FF),
-// the losses unknown; of format 2, a dense model (experts 0). Returns 0; or 1 if the file is not a checkpoint at all, 2 if it is one that
-// cannot be used (another format or byte order, corrupt, cut short), and why, a phrase
+// the losses unknown; of format 2, a dense model (experts 0). Returns 0; or 1 if the file is
+// not a checkpoint at all, 2 if it is one that cannot be used (another format or byte order, corrupt, cut short), and why, a phrase
 // that follows the file's name. The caller frees the vocabulary (ckpt_header_free).
 static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, size_t n) {
     memset(h, 0, sizeof *h);
@@ -219,11 +223,16 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
     if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "MLPCKPT", 7) != 0)
         CKPT_BAD(1, "is not a checkpoint of this project (bad header)");
     int format = magic[7] - '0';
-    if (format < 2 || format > 6)
-        CKPT_BAD(2, "has format %.8s, this program reads %s, %s, %s, %s and %s: save it again with the program that "
-                 "wrote it", magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC_V4, CKPT_MAGIC_V5, CKPT_MAGIC);
-    // format 5: the router's fields stay 0 (softmax, the loss); format 4: the microbatches too, unknown
-    size_t fixed = format == 6 ? CKPT_FIXED_BYTES : format == 5 ? CKPT_V5_BYTES : CKPT_V4_BYTES;
+    if (format < 2 || format > 7)
+        CKPT_BAD(2, "has format %.8s, this program reads %s, %s, %s, %s, %s and %s: save it again with the program "
+                 "that wrote it", magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC_V4, CKPT_MAGIC_V5, CKPT_MAGIC_V6,
+                 CKPT_MAGIC);
+    // format 6: the precision stays 0 (fp32); format 5: the router's fields too (softmax, the loss);
+    // format 4: the microbatches too, unknown
+    size_t fixed = format == 7   ? CKPT_FIXED_BYTES
+                   : format == 6 ? CKPT_V6_BYTES
+                   : format == 5 ? CKPT_V5_BYTES
+                                 : CKPT_V4_BYTES;
     if (format >= 4) {
         memcpy(h->magic, magic, 8);
         if (fread((char*)h + 8, 1, fixed - 8, f) != fixed - 8)
@@ -283,6 +292,8 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
                (int)h->balance, BALANCE_AUX, BALANCE_BIAS);
     CKPT_RANGE(h->experts == 0 && (h->router || h->balance), "router %d, balance %d: a dense model's are 0",
                (int)h->router, (int)h->balance);
+    CKPT_RANGE(h->precision != PRECISION_FP32 && h->precision != PRECISION_BF16,
+               "precision %d: it is %d (fp32) or %d (bf16)", (int)h->precision, PRECISION_FP32, PRECISION_BF16);
     CKPT_RANGE(h->bias_units != (h->balance == BALANCE_BIAS ? h->layers : 0),
                "bias_units %d: with --balance bias the layers (%d), else 0", h->bias_units, h->layers);
     CKPT_RANGE(h->expert_hidden < 0 || h->expert_hidden > 65536 ||
@@ -364,6 +375,8 @@ static size_t ckpt_settings_diff(const CkptHeader* h, const Config* c, const Opt
     CKPT_DIFF(h->clip != o->opt.clip, " --clip %g (now %g);", h->clip, o->opt.clip);
     CKPT_DIFF(h->beta1 != o->opt.beta1 || h->beta2 != o->opt.beta2 || h->eps != o->opt.eps, " AdamW's betas or eps;");
     CKPT_DIFF(h->data_sum != ds->checksum, " the data file's contents;");
+    CKPT_DIFF(h->precision != c->precision, " --precision %s (now %s);", precision_names[h->precision],
+              precision_names[c->precision]);
     CKPT_DIFF(c->experts > 0 && h->top_k != c->top_k, " --top-k %d (now %d);", h->top_k, c->top_k);
     CKPT_DIFF(c->experts > 0 && h->capacity != c->capacity, " --capacity %g (now %g);", h->capacity, c->capacity);
     CKPT_DIFF(c->experts > 0 && h->aux_loss != c->aux_loss, " --aux-loss %g (now %g);", h->aux_loss, c->aux_loss);
@@ -379,6 +392,10 @@ static size_t ckpt_settings_diff(const CkptHeader* h, const Config* c, const Opt
 #undef CKPT_DIFF
     return n;
 }
+
+// The settings --allow-changes let this run change (ckpt_settings_diff's items), which the
+// configuration's "training" line names (report.h); empty if none.
+static char ckpt_changed[768];
 
 // Refuses a checkpoint that does not fit this run, naming every difference.
 static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* c, const Options* o, const Dataset* ds) {
@@ -430,6 +447,7 @@ static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* 
     if (n > 0 && !o->allow_changes)
         fatal("checkpoint '%s' was trained with other settings:%s resuming would not continue that run. Pass the "
               "same flags, or --allow-changes to change them deliberately", path, diff);
+    snprintf(ckpt_changed, sizeof ckpt_changed, "%s", diff);
 }
 
 // A checkpoint at --save's path, or at a name its rotation renames (FILE.1 .. FILE.K-1), that

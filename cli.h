@@ -94,6 +94,8 @@ static const CliFlag cli_common[] = {
                           "(default 1; the pipelines' own default is 4)"},
     {"recompute", "HOW", "gpt: activation recomputation: none (default), selective (attention's probabilities "
                          "recomputed in backward) or full (each block's activations from its input)"},
+    {"precision", "HOW", "fp32 (default) or bf16: every matrix product's operands rounded to bf16, as autocast does, "
+                         "the weights kept in fp32 and every sum as in fp32 (exact where a layout splits it)"},
     {"seed", "N", "seed of every random number (default 42)"},
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
     {"samples", "N", "names to generate at the end (default 10)"},
@@ -108,7 +110,7 @@ static const CliFlag cli_common[] = {
     {"summary", "FILE", "write the run's measured figures as key=value lines (make run reads them)"},
     {"max-line", "N", "longest accepted line of --data, in bytes (default 1024)"},
     {"timeout", "SECONDS", "end the job when no training step finishes for that long, saying where it waits (default 300; 0: never)"},
-    {"allow-changes", NULL, "with --load: resume even with another seed, batch, optimizer setting, data file, or experts' microbatches"},
+    {"allow-changes", NULL, "with --load: resume even with another seed, batch, optimizer setting, data file, --precision, or experts' microbatches"},
     {"quiet", NULL, "print only the results: validation loss and names"},
     {"help", NULL, "print this help"},
 };
@@ -764,6 +766,15 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
                 *err = cli_error;
             }
         }
+        else if (!strcmp(name, "precision")) {
+            int k = 0;
+            while (k < 2 && strcmp(optarg, precision_names[k])) k++;
+            if (k < 2) o->model.precision = k;
+            else {
+                snprintf(cli_error, sizeof cli_error, "--precision must be fp32 or bf16, got '%s'", optarg);
+                *err = cli_error;
+            }
+        }
         else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
         else if (!strcmp(name, "router") || !strcmp(name, "balance")) {
             int router = !strcmp(name, "router"), k = 0;
@@ -890,6 +901,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     if (m->top_k < 0) m->top_k = 1;
     if (m->capacity < 0) m->capacity = 1.25f;
     if (m->router < 0) m->router = ROUTER_SOFTMAX;
+    operands_bf16 = m->precision == PRECISION_BF16; // the kernels' rounding, before any product
     if (m->balance < 0) m->balance = BALANCE_AUX;
     if (m->aux_loss < 0) m->aux_loss = m->balance == BALANCE_BIAS ? 0.0f : 0.01f;
     if (m->bias_rate < 0) m->bias_rate = m->balance == BALANCE_BIAS ? 0.001f : 0.0f;

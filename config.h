@@ -54,6 +54,8 @@ typedef struct {
     // blocks' recomputed in backward, attention's probabilities (selective) or everything
     // but their input (full)
     int recompute;
+    // the operands of every matrix product: fp32, or rounded to bf16 (--precision; kernels.h)
+    int precision;
 } Config;
 enum { ROUTER_SOFTMAX, ROUTER_SIGMOID };
 static const char* const router_names[] = {"softmax", "sigmoid"};
@@ -61,6 +63,8 @@ enum { BALANCE_AUX, BALANCE_BIAS };
 static const char* const balance_names[] = {"aux", "bias"};
 enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
 static const char* const recompute_names[] = {"none", "selective", "full"};
+enum { PRECISION_FP32, PRECISION_BF16 };
+static const char* const precision_names[] = {"fp32", "bf16"};
 
 static inline int is_gpt(const Config* c) { return c->model == MODEL_GPT; }
 // Units: the model as a list of L+2, the granularity at which a pipeline cuts it into
@@ -83,7 +87,7 @@ static long gpt_unit_params(const Config* c, int u); // the GPT's section below
 // Whether unit u is a mixture of experts: with --experts, every hidden layer of the MLP, and
 // every block of the GPT (its MLP half).
 static inline int is_moe(const Config* c, int u) { return c->experts > 0 && u >= 1 && u <= c->layers; }
-// An MoE unit's parameters: first those every rank of expert parallelism holds (`shared`:
+// An MoE unit's parameters: first those every rank of expert parallelism holds (replicated:
 // the MLP's router's weight [K][X]; the GPT's block's attention, LayerNorms and router,
 // transformer.h's moe_block_layout), then expert 0's block, expert 1's, ...: each expert
 // one contiguous block (the MLP's: a weight [K][H] and a bias [H]; the GPT's: its MLP,

@@ -119,6 +119,37 @@ VECTOR_CLONES static void fix_add(int64_t* acc, const float* x, long n, long ter
 }
 
 // ----------------------------------------------------------------------------
+// bf16 operands (--precision bf16)
+//
+// With --precision bf16 every matrix product takes its operands (weights, activations and
+// their gradients) rounded to bf16, as autocast does, and keeps its sum as it is: exact where
+// a layout may split it, an fp32 chain otherwise. Rounding is a function of one value, so
+// every layout rounds the same values to the same bits, and a bf16 x bf16 product (16
+// significant bits) is as exact in the kernels as an fp32 one. The weights stay fp32 (the
+// master copy the optimizer updates); the kernels round them as they pack them, which is
+// the bf16 compute copy. cli.h sets this before any product.
+static int operands_bf16;
+
+// x rounded to the nearest bf16 (ties to even), kept in a float; x is finite.
+ALWAYS_INLINE float bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+// x as a product's operand: rounded when `round` (the bodies below are compiled once with
+// round 1 and once with 0, so that fp32 runs pay nothing for it)
+ALWAYS_INLINE float operand_round(float x, int round) { return round ? bf16_round(x) : x; }
+ALWAYS_INLINE float operand(float x) { return operand_round(x, operands_bf16); }
+// body(args..., round) with round a constant, 1 with bf16 operands and 0 without
+#define OPERANDS_DISPATCH(body, ...)                   \
+    do {                                               \
+        if (operands_bf16) body(__VA_ARGS__, 1);       \
+        else body(__VA_ARGS__, 0);                     \
+    } while (0)
+
+// ----------------------------------------------------------------------------
 // matmul kernels
 //
 // Two kernels do all the arithmetic; both compute each output element in one place (one
@@ -150,7 +181,8 @@ typedef struct {
     double* pb; // packed right operand
     float* tr;  // a transposed weight or output gradient, for the input gradient
     float* pf;  // packed right operand of matmul_float
-    long pa_cap, pb_cap, tr_cap, pf_cap;
+    float* ra;  // matmul_float's left operand rounded to bf16 (--precision bf16), allocated when first needed
+    long pa_cap, pb_cap, tr_cap, pf_cap, ra_cap;
     PackedWeight now;             // a weight packed into the buffers above
     PackedWeight* kept;           // weights packed into buffers of their own (two uses a linear layer)
     int n_kept, cap_kept, keeping;
@@ -166,6 +198,7 @@ static void workspace_init(Workspace* ws, long rows, long width, long weight) {
     ws->pb = mallocCheck(ws->pb_cap * sizeof(double));
     ws->tr = mallocCheck(ws->tr_cap * sizeof(float));
     ws->pf = mallocCheck(ws->pf_cap * sizeof(float));
+    ws->ra = NULL, ws->ra_cap = 0;
     ws->now = (PackedWeight){0};
     ws->kept = NULL, ws->n_kept = ws->cap_kept = ws->keeping = 0;
 }
@@ -173,6 +206,7 @@ static void workspace_free(Workspace* ws) {
     for (int i = 0; i < ws->n_kept; i++) free(ws->kept[i].data);
     free(ws->kept);
     free(ws->pf);
+    free(ws->ra);
     free(ws->pa);
     free(ws->pb);
     free(ws->tr);
@@ -289,9 +323,13 @@ KERNEL_VARIANTS(, matmul_float_tile,
                 (out, arow, panel, red, N, mb, nb))
 
 // Panel p of b ([red][N]) into dst [red][32], zero-padded past column N.
-VECTOR_CLONES static void pack_panel_float(float* dst, const float* b, int red, int N, int p) {
+ALWAYS_INLINE void pack_panel_float_body(float* dst, const float* b, int red, int N, int p, int round) {
     for (long i = 0; i < red; i++)
-        for (int c = 0; c < MF_COLS; c++) dst[i * MF_COLS + c] = p * MF_COLS + c < N ? b[i * N + p * MF_COLS + c] : 0.0f;
+        for (int c = 0; c < MF_COLS; c++)
+            dst[i * MF_COLS + c] = p * MF_COLS + c < N ? operand_round(b[i * N + p * MF_COLS + c], round) : 0.0f;
+}
+VECTOR_CLONES static void pack_panel_float(float* dst, const float* b, int red, int N, int p) {
+    OPERANDS_DISPATCH(pack_panel_float_body, dst, b, red, N, p);
 }
 // Tile t of out: panel by panel, so that a panel stays in cache across its tiles.
 static void matmul_float_at(int t, float* out, const float* a, const float* pf, int M, int red, int N) {
@@ -307,8 +345,18 @@ static void pack_float_panels(float* dst, const float* b, int red, int N) {
     int tn = (N + MF_COLS - 1) / MF_COLS;
     PARALLEL_FOR((long)red * N, p, tn, pack_panel_float(dst + (long)p * red * MF_COLS, b, red, N, p));
 }
-// out = a b, from b's panels pf
-static void matmul_float_packed(float* out, const float* a, const float* pf, int M, int red, int N) {
+// out = a b, from b's panels pf (packed with bf16 operands rounded); a is read as it is, so
+// with bf16 operands it is first rounded into the workspace.
+static void matmul_float_packed(float* out, const float* a, const float* pf, int M, int red, int N, Workspace* ws) {
+    if (operands_bf16) {
+        if ((long)M * red > ws->ra_cap) {
+            free(ws->ra);
+            ws->ra_cap = (long)M * red;
+            ws->ra = mallocCheck((size_t)ws->ra_cap * sizeof(float));
+        }
+        for (long i = 0; i < (long)M * red; i++) ws->ra[i] = bf16_round(a[i]);
+        a = ws->ra;
+    }
     int tm = (M + MF_ROWS - 1) / MF_ROWS, tn = (N + MF_COLS - 1) / MF_COLS;
     cpu_isa(); // asked once, before any thread reads it
     PARALLEL_FOR((long)M * N * red / 8, t, tm * tn, matmul_float_at(t, out, a, pf, M, red, N));
@@ -319,7 +367,7 @@ static void matmul_float(float* out, const float* a, const float* b, int M, int 
     if ((long)(N + MF_COLS - 1) / MF_COLS * MF_COLS * red > ws->pf_cap)
         fatal("internal: workspace too small for a %d x %d matmul", red, N);
     pack_float_panels(ws->pf, b, red, N);
-    matmul_float_packed(out, a, ws->pf, M, red, N);
+    matmul_float_packed(out, a, ws->pf, M, red, N, ws);
 }
 
 // matmul_exact: tiles of 4 rows x 32 columns. Both operands are packed: the right one
@@ -401,48 +449,60 @@ KERNEL_VARIANTS(EXACT_KERNEL, matmul_exact_tile,
 // whole panels with no test per element, which the compiler converts 16 floats at a time:
 // 0.09 ns an element against 0.5 for the panel-by-panel loop with a test per element that
 // this replaced (512 x 192, the GPT's qkv output gradient; Zen 5).
-VECTOR_CLONES static void pack_panels_double_rows(double* dst, const float* b, int red, int N, int i0, int i1) {
+ALWAYS_INLINE void pack_panels_double_rows_body(double* dst, const float* b, int red, int N, int i0, int i1, int round) {
     int full = N / ME_COLS, rest = N % ME_COLS;
     for (int p = 0; p < full; p++)
         for (long i = i0; i < i1; i++) {
             double* d = dst + ((long)p * red + i) * ME_COLS;
-            for (int c = 0; c < ME_COLS; c++) d[c] = b[i * N + p * ME_COLS + c];
+            for (int c = 0; c < ME_COLS; c++) d[c] = operand_round(b[i * N + p * ME_COLS + c], round);
         }
     if (rest)
         for (long i = i0; i < i1; i++) {
             double* d = dst + ((long)full * red + i) * ME_COLS;
-            for (int c = 0; c < ME_COLS; c++) d[c] = c < rest ? (double)b[i * N + full * ME_COLS + c] : 0.0;
+            for (int c = 0; c < ME_COLS; c++) d[c] = c < rest ? (double)operand_round(b[i * N + full * ME_COLS + c], round) : 0.0;
         }
+}
+VECTOR_CLONES static void pack_panels_double_rows(double* dst, const float* b, int red, int N, int i0, int i1) {
+    OPERANDS_DISPATCH(pack_panels_double_rows_body, dst, b, red, N, i0, i1);
 }
 // Block q of a, rows m0 = 4q.. of a(m,i) = a[m*a_sm + i*a_si], into dst [red][4] as doubles
 // scaled by 2^40; rows past the last repeat the last (the tile computes them, never stores them).
-VECTOR_CLONES static void pack_block_double(double* dst, const float* a, long a_sm, long a_si, int M, int red, int q) {
+ALWAYS_INLINE void pack_block_double_body(double* dst, const float* a, long a_sm, long a_si, int M, int red, int q,
+                                          int round) {
     const float* row[ME_ROWS];
     for (int r = 0; r < ME_ROWS; r++) row[r] = a + (q * ME_ROWS + r < M ? q * ME_ROWS + r : M - 1) * a_sm;
     if (a_si == 1) { // rows contiguous (a forward's input, a weight read along its rows): no stride to multiply
         for (long i = 0; i < red; i++)
-            for (int r = 0; r < ME_ROWS; r++) dst[i * ME_ROWS + r] = (double)row[r][i] * FIX_ONE;
+            for (int r = 0; r < ME_ROWS; r++) dst[i * ME_ROWS + r] = (double)operand_round(row[r][i], round) * FIX_ONE;
         return;
     }
     for (long i = 0; i < red; i++)
-        for (int r = 0; r < ME_ROWS; r++) dst[i * ME_ROWS + r] = (double)row[r][i * a_si] * FIX_ONE;
+        for (int r = 0; r < ME_ROWS; r++) dst[i * ME_ROWS + r] = (double)operand_round(row[r][i * a_si], round) * FIX_ONE;
+}
+VECTOR_CLONES static void pack_block_double(double* dst, const float* a, long a_sm, long a_si, int M, int red, int q) {
+    OPERANDS_DISPATCH(pack_block_double_body, dst, a, a_sm, a_si, M, red, q);
 }
 // Rows [i0, i1) of every block of a whose columns are contiguous (a_sm = 1: a weight
 // gradient's x^T, a(m,i) = x[i][m]): each block takes 4 adjacent floats of a row of x, so x
 // is read once and in order, where block by block it was read by columns, a cache line
 // for every 4 floats (0.1 against 0.4 ns an element, 512 x 1024, Zen 5).
-VECTOR_CLONES static void pack_blocks_double_rows(double* dst, const float* a, long a_si, int M, int red, int i0, int i1) {
+ALWAYS_INLINE void pack_blocks_double_rows_body(double* dst, const float* a, long a_si, int M, int red, int i0, int i1,
+                                                int round) {
     int full = M / ME_ROWS, rest = M % ME_ROWS;
     for (int q = 0; q < full; q++)
         for (long i = i0; i < i1; i++) {
             double* d = dst + ((long)q * red + i) * ME_ROWS;
-            for (int r = 0; r < ME_ROWS; r++) d[r] = (double)a[i * a_si + q * ME_ROWS + r] * FIX_ONE;
+            for (int r = 0; r < ME_ROWS; r++) d[r] = (double)operand_round(a[i * a_si + q * ME_ROWS + r], round) * FIX_ONE;
         }
     if (rest)
         for (long i = i0; i < i1; i++) {
             double* d = dst + ((long)full * red + i) * ME_ROWS;
-            for (int r = 0; r < ME_ROWS; r++) d[r] = (double)a[i * a_si + (r < rest ? full * ME_ROWS + r : M - 1)] * FIX_ONE;
+            for (int r = 0; r < ME_ROWS; r++)
+                d[r] = (double)operand_round(a[i * a_si + (r < rest ? full * ME_ROWS + r : M - 1)], round) * FIX_ONE;
         }
+}
+VECTOR_CLONES static void pack_blocks_double_rows(double* dst, const float* a, long a_si, int M, int red, int i0, int i1) {
+    OPERANDS_DISPATCH(pack_blocks_double_rows_body, dst, a, a_si, M, red, i0, i1);
 }
 // The order of the tiles. Each tile reads its block (red x 32 bytes) and its panel (red x
 // 256 bytes) from start to end, so what matters is which of them the cache still holds
@@ -521,9 +581,10 @@ OMP(omp parallel for reduction(max : mx))
 // The range check: amax and bmax are max |a| and max |b|.
 static void matmul_exact_check(const float* a, long a_sm, long a_si, const float* b, int M, int red, int N,
                                double amax, double bmax, long terms, const char* what) {
-#define A_(m, i) a[(m) * a_sm + (i) * a_si]
-#define B_(i, n) b[(long)(i) * N + (n)]
-    MATMUL_EXACT_CHECK(M, red, N, A_, B_, amax, bmax, terms, what);
+#define A_(m, i) operand(a[(m) * a_sm + (i) * a_si])
+#define B_(i, n) operand(b[(long)(i) * N + (n)])
+    // rounding is monotonic: the largest rounded operand is the largest one rounded
+    MATMUL_EXACT_CHECK(M, red, N, A_, B_, operand((float)amax), operand((float)bmax), terms, what);
 #undef A_
 #undef B_
 }
@@ -759,12 +820,12 @@ static void expf_array(float* y, const float* x, long n) {
 // ----------------------------------------------------------------------------
 // the plain loops the kernels above must equal, bit for bit
 
-// out[m][n] = fmaf chain over i = 0, 1, ..., red-1
+// out[m][n] = fmaf chain over i = 0, 1, ..., red-1 (of the operands, bf16 ones rounded)
 static void matmul_float_ref(float* out, const float* a, const float* b, int M, int red, int N) {
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             float acc = 0.0f;
-            for (int i = 0; i < red; i++) acc = fmaf(a[(long)m * red + i], b[(long)i * N + n], acc);
+            for (int i = 0; i < red; i++) acc = fmaf(operand(a[(long)m * red + i]), operand(b[(long)i * N + n]), acc);
             out[(long)m * N + n] = acc;
         }
 }
@@ -774,7 +835,7 @@ static void matmul_exact_ref(int64_t* acc, const float* a, long a_sm, long a_si,
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++)
             for (int i = 0; i < red; i++)
-                acc[(long)m * N + n] += llrint((double)a[m * a_sm + i * a_si] * b[(long)i * N + n] * FIX_ONE);
+                acc[(long)m * N + n] += llrint((double)operand(a[m * a_sm + i * a_si]) * operand(b[(long)i * N + n]) * FIX_ONE);
 }
 static void transpose_ref(float* dst, const float* src, int rows, int cols) {
     for (int r = 0; r < rows; r++)

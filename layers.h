@@ -122,7 +122,7 @@ static void gpt_embedding_backward(int64_t* dwte, int64_t* dwpe, const int* toke
 // Linear, plain float sum: out[r][j] = (sum_k in[r][k] w[k][j]) + b[j]
 static void linear_forward(float* out, const float* in, const float* w, const float* b, int R, int K, int J,
                            Workspace* ws) {
-    matmul_float_packed(out, in, weight_packed(ws, w, PACK_FLOAT, K, J)->data, R, K, J);
+    matmul_float_packed(out, in, weight_packed(ws, w, PACK_FLOAT, K, J)->data, R, K, J, ws);
     if (b)
         for (int r = 0; r < R; r++)
             for (int j = 0; j < J; j++) out[(long)r * J + j] += b[j];
@@ -161,7 +161,7 @@ static void linear_backward_weight(int64_t* dw, int64_t* db, const float* in, co
 // Input gradient, plain float sum: din[r][k] = sum_j dout[r][j] w[k][j]
 static void linear_backward_input(float* din, const float* dout, const float* w, int R, int K, int J,
                                   Workspace* ws) {
-    matmul_float_packed(din, dout, weight_packed(ws, w, PACK_FLOAT_T, K, J)->data, R, J, K);
+    matmul_float_packed(din, dout, weight_packed(ws, w, PACK_FLOAT_T, K, J)->data, R, J, K, ws);
 }
 // Input gradient, exact sum, in two steps for the same reason (train_tp.c's f: an
 // all-reduce of accT between them):
@@ -323,19 +323,24 @@ static void layernorm_backward_params(int64_t* dg, int64_t* db, const float* dy,
 // each an fmaf chain in the order e = 0, 1, ...: by 16 keys at a time where the block has 16
 // more (loops of a fixed length vectorise; with makemore's 16 positions a query sees fewer,
 // and a loop over just those ran scalar), the sums past n computed and dropped. Either path
-// is the same chain from 0, so which one a key takes changes none of its bits.
+// is the same chain from 0, so which one a key takes changes none of its bits. a is rounded
+// here as a product's operand; bT was, when it was transposed.
 static void dot_keys(float* s, const float* a, const float* bT, int HD, int n, int Tk) {
     enum { W = 16 };
     int j0 = 0;
     for (; j0 < n && j0 + W <= Tk; j0 += W) {
         float t[W] = {0};
-        for (int e = 0; e < HD; e++)
-            for (int j = 0; j < W; j++) t[j] = fmaf(a[e], bT[(long)e * Tk + j0 + j], t[j]);
+        for (int e = 0; e < HD; e++) {
+            float ae = operand(a[e]);
+            for (int j = 0; j < W; j++) t[j] = fmaf(ae, bT[(long)e * Tk + j0 + j], t[j]);
+        }
         for (int j = 0; j < W && j0 + j < n; j++) s[j0 + j] = t[j];
     }
     for (int j = j0; j < n; j++) s[j] = 0.0f;
-    for (int e = 0; e < HD; e++)
-        for (int j = j0; j < n; j++) s[j] = fmaf(a[e], bT[(long)e * Tk + j], s[j]);
+    for (int e = 0; e < HD; e++) {
+        float ae = operand(a[e]);
+        for (int j = j0; j < n; j++) s[j] = fmaf(ae, bT[(long)e * Tk + j], s[j]);
+    }
 }
 // Pass 1 over a block of Tk keys (k [R][Tk], rows `ldk` floats apart, at head 0): scores into
 // att and the row maxima into rowmax [R][NH][Tq] (start at -infinity). kT: [HD][Tk] floats.
@@ -345,7 +350,7 @@ static void attention_scores(float* att, float* rowmax, const float* qkv, long l
     for (int r = 0; r < d->R; r++)
         for (int h = 0; h < d->NH; h++) {
             for (int j = 0; j < Tk; j++) // this head's keys, transposed: the scores vectorise over keys
-                for (int e = 0; e < d->HD; e++) kT[(long)e * Tk + j] = k[((long)r * Tk + j) * ldk + h * d->HD + e];
+                for (int e = 0; e < d->HD; e++) kT[(long)e * Tk + j] = operand(k[((long)r * Tk + j) * ldk + h * d->HD + e]);
             for (int i = 0; i < d->Tq; i++) {
                 const float* q = qkv + ((long)r * d->Tq + i) * ldq + h * d->HD;
                 float* srow = att + (((long)r * d->NH + h) * d->Tq + i) * d->T;
@@ -378,19 +383,25 @@ static double rows_max_abs(const float* x, long ld, int rows, int cols) {
 // not, the same bits). Returns whether some term is at or above lim (checked only if `check`:
 // the caller's bound failed). The sum wraps as unsigned: an out-of-range term, about to stop
 // the run, is no signed overflow.
-ALWAYS_INLINE int fix_add_scaled(int64_t* restrict acc, double a40, const float* restrict b, int n, int check,
-                                 double lim) {
+ALWAYS_INLINE int fix_add_scaled_body(int64_t* restrict acc, double a40, const float* restrict b, int n, int check,
+                                      double lim, int round) {
     uint64_t bias = fix_bias_bits();
     int bad = 0;
     for (int x = 0; x < n; x++) {
-        double t = a40 * b[x] + FIX_BIAS;
+        double t = a40 * operand_round(b[x], round) + FIX_BIAS;
         uint64_t bits;
         memcpy(&bits, &t, sizeof bits);
         acc[x] = (int64_t)((uint64_t)acc[x] + (bits - bias));
     }
     if (check)
-        for (int x = 0; x < n; x++) bad |= !(fabs(a40 * (1.0 / FIX_ONE) * b[x]) < lim);
+        for (int x = 0; x < n; x++) bad |= !(fabs(a40 * (1.0 / FIX_ONE) * operand_round(b[x], round)) < lim);
     return bad;
+}
+// The same with b as a product's operand (a, the caller's, already is one)
+ALWAYS_INLINE int fix_add_scaled(int64_t* restrict acc, double a40, const float* restrict b, int n, int check,
+                                 double lim) {
+    return operands_bf16 ? fix_add_scaled_body(acc, a40, b, n, check, lim, 1)
+                         : fix_add_scaled_body(acc, a40, b, n, check, lim, 0);
 }
 // Pass 2 over a block of values (v [R][Tk], rows `ldv` apart, at head 0): e = exp(s - max)
 // in place of the scores; expsum [R][NH][Tq] += exact e; acc [R][Tq][A] += exact e v.
@@ -401,7 +412,7 @@ static void attention_exp_pv(float* att, int64_t* expsum, int64_t* acc, const fl
     int bad = 0;
     for (int r = 0; r < d->R; r++)
         for (int h = 0; h < d->NH; h++) {
-            double vmax = rows_max_abs(v + (long)r * Tk * ldv + h * d->HD, ldv, Tk, d->HD); // |e v| <= e max|v|
+            double vmax = operand(rows_max_abs(v + (long)r * Tk * ldv + h * d->HD, ldv, Tk, d->HD)); // |e v| <= e max|v|
             for (int i = 0; i < d->Tq; i++) {
                 long rhi = ((long)r * d->NH + h) * d->Tq + i;
                 float* srow = att + rhi * d->T;
@@ -411,8 +422,9 @@ static void attention_exp_pv(float* att, int64_t* expsum, int64_t* acc, const fl
                     float e = expf(srow[kpos[j]] - rowmax[rhi]); // 0 <= e <= 1
                     const float* vj = v + ((long)r * Tk + j) * ldv + h * d->HD;
                     srow[kpos[j]] = e;
-                    expsum[rhi] += fix_fast(e);
-                    bad |= fix_add_scaled(a, (double)e * FIX_ONE, vj, d->HD, !(e * vmax < lim), lim);
+                    expsum[rhi] += fix_fast(e); // e itself; the product e v_j takes e as an operand
+                    float eo = operand(e);
+                    bad |= fix_add_scaled(a, (double)eo * FIX_ONE, vj, d->HD, !(eo * vmax < lim), lim);
                 }
             }
         }
@@ -463,7 +475,7 @@ static void attention_backward_d(float* D, const float* dy, const float* y, long
             for (int i = 0; i < d->Tq; i++) {
                 const float *a = dy + ((long)r * d->Tq + i) * ld + h * d->HD, *b = y + ((long)r * d->Tq + i) * ld + h * d->HD;
                 float s = 0.0f;
-                for (int x = 0; x < d->HD; x++) s = fmaf(a[x], b[x], s);
+                for (int x = 0; x < d->HD; x++) s = fmaf(operand(a[x]), operand(b[x]), s);
                 D[((long)r * d->NH + h) * d->Tq + i] = s;
             }
 }
@@ -479,8 +491,8 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
     for (int r = 0; r < d->R; r++)
         for (int h = 0; h < d->NH; h++) {
             for (int j = 0; j < Tk; j++)
-                for (int e = 0; e < d->HD; e++) vT[(long)e * Tk + j] = v[((long)r * Tk + j) * ldv + h * d->HD + e];
-            double kmax = rows_max_abs(k + (long)r * Tk * ldk + h * d->HD, ldk, Tk, d->HD);
+                for (int e = 0; e < d->HD; e++) vT[(long)e * Tk + j] = operand(v[((long)r * Tk + j) * ldv + h * d->HD + e]);
+            double kmax = operand(rows_max_abs(k + (long)r * Tk * ldk + h * d->HD, ldk, Tk, d->HD));
             for (int i = 0; i < d->Tq; i++) {
                 long rhi = ((long)r * d->NH + h) * d->Tq + i;
                 const float* prow = att + rhi * d->T;
@@ -490,9 +502,9 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
                 while (n < Tk && kpos[n] <= p) n++;
                 float dp[n > 0 ? n : 1];
                 dot_keys(dp, dyi, vT, d->HD, n, Tk); // dP_ij = dO_i . v_j
-                double qmax = max_abs(qi, d->HD), dymax = max_abs(dyi, d->HD);
+                double qmax = operand(max_abs(qi, d->HD)), dymax = operand(max_abs(dyi, d->HD));
                 for (int j = 0; j < n; j++) {
-                    float P = prow[kpos[j]], ds = P * (dp[j] - D[rhi]) * scale;
+                    float P = operand(prow[kpos[j]]), ds = operand(prow[kpos[j]] * (dp[j] - D[rhi]) * scale);
                     const float* kj = k + ((long)r * Tk + j) * ldk + h * d->HD;
                     int64_t *dkj = dk + ((long)r * Tk + j) * d->A + h * d->HD, *dvj = dv + ((long)r * Tk + j) * d->A + h * d->HD;
                     double ds40 = (double)ds * FIX_ONE, P40 = (double)P * FIX_ONE, s = fabs((double)ds);

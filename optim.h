@@ -179,14 +179,6 @@ typedef struct {
     long differed;   // how many of that step's n sums differed
 } GradSums;
 
-// x rounded to the nearest bf16 (ties to even), kept in a float; x is finite.
-ALWAYS_INLINE float bf16_round(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
 ALWAYS_INLINE float reduce_round(int how, float x) { return how == REDUCE_BF16 ? bf16_round(x) : x; }
 // An exact sum g rounded once to fp32 or bf16 (24 or 8 significant bits, ties to even).
 // Rounding to a double first, or to a float and then to bf16, could round twice.

@@ -41,11 +41,14 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
     if (c->experts > 0 && c->router == ROUTER_SIGMOID) printf("sigmoid router, ");
     if (c->experts > 0 && c->balance == BALANCE_BIAS) printf("balanced by a bias moving %g a step\n", c->bias_rate);
     else if (c->experts > 0) printf("aux loss weight %g\n", c->aux_loss);
+    if (c->precision == PRECISION_BF16)
+        printf("  precision  bf16 operands in every matrix product, fp32 weights (the master copy), sums as in fp32\n");
     printf("  optimizer  %s, lr %g, weight decay %g, clip %s", o->opt.adamw ? "adamw" : "sgd", o->opt.lr,
            o->opt.weight_decay, o->opt.clip > 0 ? "" : "off");
     if (o->opt.clip > 0) printf("%g", o->opt.clip);
     printf("\n  training   %ld steps of %d rows, seed %llu%s%s\n", o->steps, o->batch, (unsigned long long)o->seed,
            o->load ? ", from " : "", o->load ? o->load : "");
+    if (ckpt_changed[0]) printf("  changed    from the checkpoint's settings (--allow-changes):%s\n", ckpt_changed);
     printf("  layout     %s\n", layout);
     fflush(stdout);
 }

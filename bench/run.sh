@@ -54,8 +54,9 @@ EOF
         [ -z "$TORCH" ] || echo "$TORCH, 1 thread (torch_step.py)|1|/usr/bin/python3 bench/torch_step.py"
         return 0
     fi
-    if [[ $1 == gpt?* ]]; then # the GPT at other widths: train.c beside PyTorch
+    if [[ $1 == gpt?* ]]; then # the GPT at other widths: train.c (fp32, then bf16 operands) beside PyTorch
         echo "train.c|1|./train"
+        echo "train.c --precision bf16|1|./train --precision bf16"
         [ -z "$TORCH" ] || echo "$TORCH, 1 thread (torch_step.py)|1|/usr/bin/python3 bench/torch_step.py"
         return 0
     fi
@@ -76,6 +77,7 @@ EOF
     if [ "$1" = gpt ]; then # makemore's Transformer, its default configuration
         cat <<EOF
 train.c|1|./train
+train.c --precision bf16|1|./train --precision bf16
 train.c built plain: cc train.c -o train -lm|1|bench/train_plain
 data parallel|2|$MPIRUN -n 2 ./train_dp
 ZeRO-3|2|$MPIRUN -n 2 ./train_fsdp --zero 3

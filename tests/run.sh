@@ -690,7 +690,7 @@ section_checkpoint() {
 import struct, sys
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
 b = bytearray(open(src, "rb").read())
-if what == "nan": at = 152 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 6: the header, the vocabulary's code points, the floats
+if what == "nan": at = 156 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 7: the header, the vocabulary's code points, the floats
 if what == "nanbias": b[-12:-8] = struct.pack("<f", float("nan"))  # --balance bias: the last expert's bias, before the checksum
 if what == "order": b[8:12] = bytes(reversed(b[8:12]))
 if what == "v1": b[0:8] = b"MLPCKPT1"
@@ -739,13 +739,20 @@ PY
         fresh "$TMP/o40.ckpt"
         run "$TMP/o40.out" $p $old --experts 2 --steps 40 --save "$TMP/o40.ckpt" --log "$TMP/o40.csv"
         run "$TMP/o4.out" $p $old --experts 2 --steps 40 --load tests/old/format4_experts.ckpt --save "$TMP/o4.ckpt"
-        check "checkpoint: a format 4 checkpoint (before the microbatches) resumes as a run never stopped, and is saved again in format 6" \
-            bash -c "cmp -s '$TMP/o40.out' '$TMP/o4.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o4.ckpt' && head -c 8 '$TMP/o4.ckpt' | grep -q MLPCKPT6"
+        check "checkpoint: a format 4 checkpoint (before the microbatches) resumes as a run never stopped, and is saved again in format 7" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o4.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o4.ckpt' && head -c 8 '$TMP/o4.ckpt' | grep -q MLPCKPT7"
         # format 5 too, its router the softmax with the loss: tests/old/format5_experts.ckpt is
         # commit 331f217's train --context 3 --emb 2 --hidden 4 --experts 2 --steps 20
         run "$TMP/o5.out" $p $old --experts 2 --steps 40 --load tests/old/format5_experts.ckpt --save "$TMP/o5.ckpt"
-        check "checkpoint: a format 5 checkpoint (before the router's fields) resumes as a run never stopped, and is saved again in format 6" \
-            bash -c "cmp -s '$TMP/o40.out' '$TMP/o5.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o5.ckpt' && head -c 8 '$TMP/o5.ckpt' | grep -q MLPCKPT6"
+        check "checkpoint: a format 5 checkpoint (before the router's fields) resumes as a run never stopped, and is saved again in format 7" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o5.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o5.ckpt' && head -c 8 '$TMP/o5.ckpt' | grep -q MLPCKPT7"
+        # format 6 too, its precision fp32: tests/old/format6_experts.ckpt is commit b6999a6's
+        # train --context 3 --emb 2 --hidden 4 --experts 2 --steps 20
+        run "$TMP/o6.out" $p $old --experts 2 --steps 40 --load tests/old/format6_experts.ckpt --save "$TMP/o6.ckpt"
+        check "checkpoint: a format 6 checkpoint (before the precision) resumes as a run never stopped, and is saved again in format 7" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o6.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o6.ckpt' && head -c 8 '$TMP/o6.ckpt' | grep -q MLPCKPT7"
+        expect_error 1 "other settings: --precision fp32 \(now bf16\);" "checkpoint: a format 6 checkpoint reads as fp32: resumed in bf16 it is refused, naming --precision" \
+            -- $p $old --experts 2 --steps 40 --load tests/old/format6_experts.ckpt --precision bf16
         # with experts the microbatches decide the result (capacity and the balancing loss are a
         # microbatch's): a resume under others is refused, as another --capacity (audit 5: E1, E2)
         expect_error 1 "other settings: --microbatches 1 \(now 4\);" "checkpoint: an experts checkpoint resumed under another --microbatches is refused, naming it" \
@@ -815,6 +822,7 @@ i32:136:7|router 7: it is 0 \(softmax\) or 1 \(sigmoid\)
 i32:140:5|balance 5: it is 0 \(aux\) or 1 \(bias\)
 i32:148:3|bias_units 3: with --balance bias the layers \(1\), else 0
 i32:148:0|bias_units 0: with --balance bias the layers \(1\), else 0
+i32:152:2|precision 2: it is 0 \(fp32\) or 1 \(bf16\)
 EOT
         poke "$TMP/bias.ckpt" "$TMP/nanbias.ckpt" nanbias
         expect_error 1 "holds an expert bias that is not finite \(layer 1\)" "checkpoint: a NaN expert bias is refused on load, naming its layer" \
@@ -828,7 +836,7 @@ EOT
             -- $p $gpt --steps 10 --load "$TMP/gpt.ckpt" --microbatches 2
         # a vocabulary holding a UTF-16 surrogate (not a character) is corrupt, not printed as
         # invalid UTF-8 (issue 36: 10): names.txt's token 26, 'z', made U+D800
-        poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((152 + 4 * 26)):55296
+        poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((156 + 4 * 26)):55296
         expect_error 1 "checkpoint '$TMP/surrogate.ckpt' is corrupt: its vocabulary's token 26 is U\+D800, a UTF-16 surrogate, not a character" \
             "checkpoint: a vocabulary holding U+D800 is refused as corrupt (issue 36: 10)" -- $p --load "$TMP/surrogate.ckpt" --steps 150
         check "checkpoint: ... its message is valid UTF-8" iconv -f UTF-8 -t UTF-8 "$TMP/err"
@@ -1324,6 +1332,48 @@ section_dp() {
 
 # ----------------------------------------------------------------------------
 # --reduce fp32 and bf16 (optim.h): the pieces of a gradient sum added as floats, in order
+section_precision() {
+    # --precision bf16: every layout gives train.c --precision bf16's bits, the MLP's and the GPT's
+    local flags="--steps 30 --eval-every 10 --samples 3 --precision bf16" m g="--model gpt --emb 16 --heads 4 --layers 2"
+    reference bf_mlp $flags
+    reference fp_mlp ${flags/--precision bf16/--precision fp32}
+    check "precision: train.c --precision bf16 trains otherwise than fp32 (the losses differ by step 2)" \
+        awk -F, 'NR == FNR { a[$1] = $2; next } $1 == 2 && $2 == a[2] { bad = 1 } END { exit bad }' "$TMP/fp_mlp.csv" "$TMP/bf_mlp.csv"
+    same_as bf_mlp "precision: train_dp, bf16, 2 ranks x 2 microbatches, same as train.c --precision bf16" $MPIRUN -n 2 ./train_dp $flags --microbatches 2
+    same_as bf_mlp "precision: train_fsdp --zero 3 --prefetch, bf16, 3 ranks, same as train.c" $MPIRUN -n 3 ./train_fsdp $flags --zero 3 --prefetch
+    same_as bf_mlp "precision: train_tp, bf16, 3 ranks, same as train.c" $MPIRUN -n 3 ./train_tp $flags
+    same_as bf_mlp "precision: train_pp, bf16, 2 stages, zb1, 4 microbatches, same as train.c" $MPIRUN -n 2 ./train_pp $flags --schedule zb1 --microbatches 4
+    reference bf_mlp3 $flags --layers 3
+    same_as bf_mlp3 "precision: train_3d 2 x 2 x 2, bf16, interleaved, 3 layers, same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 2 --dp 2 --pp 2 --schedule interleaved $flags --layers 3
+    reference bf_moe $flags --experts 4 --top-k 2
+    same_as bf_moe "precision: train_ep, bf16, 4 experts on 2 ranks, top-2, same as train.c" $MPIRUN -n 2 ./train_ep $flags --experts 4 --top-k 2
+    flags="$g --steps 20 --eval-every 10 --samples 3 --precision bf16"
+    reference bf_gpt $flags
+    reference fp_gpt ${flags/--precision bf16/--precision fp32}
+    check "precision: the GPT's --precision bf16 trains otherwise than fp32" \
+        sh -c "! tools/compare '$TMP/fp_gpt.csv' '$TMP/bf_gpt.csv' '$TMP/fp_gpt.ckpt' '$TMP/bf_gpt.ckpt'" 2>/dev/null
+    same_as bf_gpt "precision: gpt, train_tp --sp, bf16, 2 ranks, same as train.c" $MPIRUN -n 2 ./train_tp --sp $flags
+    same_as bf_gpt "precision: gpt, train_cp, bf16, ring, 2 ranks, same as train.c" $MPIRUN -n 2 ./train_cp $flags
+    same_as bf_gpt "precision: gpt, train_cp, bf16, alltoall (Ulysses), 2 ranks, same as train.c" $MPIRUN -n 2 ./train_cp --cp-comm alltoall $flags
+    same_as bf_gpt "precision: gpt, train_pp, bf16, dualpipev, 2 stages, same as train.c" $MPIRUN -n 2 ./train_pp --schedule dualpipev --microbatches 4 $flags
+    same_as bf_gpt "precision: gpt, 4d --tp 2 --cp 2 --pp 2 --dp 1, bf16, same as train.c" $MPIRUN -n 8 ./train_3d --tp 2 --cp 2 --pp 2 --dp 1 $flags
+    reference bf_gpt_rc $flags --recompute selective --experts 4 --top-k 2 --router sigmoid --balance bias --microbatches 2
+    same_as bf_gpt_rc "precision: gpt, 4 experts, sigmoid and bias, selective recomputation, bf16, train_3d --ep 2 --dp 2 --cp 2, same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 1 --cp 2 --pp 1 --dp 2 --ep 2 $flags --recompute selective --experts 4 --top-k 2 --router sigmoid --balance bias --microbatches 2
+    # the checkpoint records the precision: a resume in the other one is refused, naming it
+    expect_error 1 "trained with other settings: --precision bf16 \(now fp32\);" \
+        "precision: a bf16 checkpoint resumed in fp32 is refused, naming --precision" -- ./train --load "$TMP/bf_mlp.ckpt" --steps 40 --samples 0
+    run "$TMP/pr.out" ./train --load "$TMP/fp_mlp.ckpt" --steps 40 --samples 0 --eval-every 0 --precision bf16 --allow-changes
+    check "precision: with --allow-changes an fp32 checkpoint goes on in bf16 (the master weights are fp32 in both)" \
+        grep -q "^  changed    from the checkpoint.s settings (--allow-changes): --precision fp32 (now bf16);" "$TMP/pr.out"
+    reference bf_half --steps 15 --eval-every 10 --samples 3 --precision bf16
+    same_as bf_mlp "precision: train_tp resumes train.c's bf16 checkpoint of step 15, same as its own 30 steps" \
+        $MPIRUN -n 2 ./train_tp --steps 30 --eval-every 10 --samples 3 --precision bf16 --load "$TMP/bf_half.ckpt"
+    check "precision: a checkpoint is written in format 7" bash -c "head -c 8 '$TMP/bf_mlp.ckpt' | grep -q MLPCKPT7"
+    expect_error 2 "--precision must be fp32 or bf16, got 'fp16'" "precision: --precision fp16 is refused (not built)" -- ./train --precision fp16
+    expect_error 2 "--precision must be fp32 or bf16" "precision: a bad --precision is refused on every rank" -- $MPIRUN -n 2 ./train_3d --precision half
+}
 section_reduce() {
     local flags="--steps 30 --eval-every 0" how n
     reference red_exact $flags --microbatches 2
@@ -2736,6 +2786,7 @@ run_section checkpoint
 run_section faults
 run_section dp
 run_section reduce
+run_section precision
 run_section fsdp
 run_section tp
 run_section pp

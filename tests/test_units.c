@@ -214,6 +214,66 @@ static void test_matmul_exact(void) {
     workspace_free(&ws);
 }
 
+// --precision bf16 (kernels.h): the kernels round their operands as they pack them. Each
+// kernel and linear layer with bf16 operands gives the bits of the same kernel in fp32 on
+// operands rounded to bf16 beforehand, and the kernels still equal their reference loops.
+static void test_bf16_operands(void) {
+    const int shapes[][3] = {{1, 1, 1}, {9, 31, 33}, {17, 64, 27}, {70, 600, 130}};
+    Workspace ws;
+    workspace_init(&ws, 256, 1024, 1024L * 256);
+    for (int s = 0; s < 4; s++) {
+        int M = shapes[s][0], red = shapes[s][1], N = shapes[s][2];
+        long na = (long)M * red, nb = (long)red * N, no = (long)M * N;
+        float *a = mallocCheck(sizeof(float) * na), *b = mallocCheck(sizeof(float) * nb);
+        float *ar = mallocCheck(sizeof(float) * na), *br = mallocCheck(sizeof(float) * nb);
+        float *out = mallocCheck(sizeof(float) * no), *want = mallocCheck(sizeof(float) * no);
+        float *dout = mallocCheck(sizeof(float) * no), *dr = mallocCheck(sizeof(float) * no);
+        float *din = mallocCheck(sizeof(float) * na), *din_want = mallocCheck(sizeof(float) * na);
+        int64_t *acc = callocCheck((size_t)no, 8), *ref = callocCheck((size_t)no, 8);
+        int64_t *dw = callocCheck((size_t)nb, 8), *dw_want = callocCheck((size_t)nb, 8);
+        int64_t* accT = callocCheck((size_t)na, 8);
+        fill(a, na, 500 + s, 1.0f), fill(b, nb, 600 + s, 0.5f), fill(dout, no, 700 + s, 0.25f);
+        for (long i = 0; i < na; i++) ar[i] = bf16_round(a[i]);
+        for (long i = 0; i < nb; i++) br[i] = bf16_round(b[i]);
+        for (long i = 0; i < no; i++) dr[i] = bf16_round(dout[i]);
+        int rounded = 0;
+        for (long i = 0; i < na; i++) rounded += ar[i] != a[i];
+        int same = 1;
+        // the fp32 kernels on rounded operands
+        operands_bf16 = 0;
+        matmul_float(want, ar, br, M, red, N, &ws);
+        matmul_exact(ref, ar, red, 1, br, M, red, N, red, "test", &ws);
+        linear_backward_weight(dw_want, NULL, ar, dr, M, red, N, M, &ws);
+        linear_backward_input(din_want, dr, br, M, red, N, &ws);
+        // the bf16 ones on the operands as they are
+        operands_bf16 = 1;
+        matmul_float(out, a, b, M, red, N, &ws);
+        same &= !memcmp(out, want, sizeof(float) * no);
+        matmul_float_ref(out, a, b, M, red, N);
+        same &= !memcmp(out, want, sizeof(float) * no);
+        matmul_exact(acc, a, red, 1, b, M, red, N, red, "test", &ws);
+        same &= !memcmp(acc, ref, sizeof(int64_t) * no);
+        memset(acc, 0, sizeof(int64_t) * no);
+        matmul_exact_ref(acc, a, red, 1, b, M, red, N);
+        same &= !memcmp(acc, ref, sizeof(int64_t) * no);
+        linear_backward_weight(dw, NULL, a, dout, M, red, N, M, &ws);
+        same &= !memcmp(dw, dw_want, sizeof(int64_t) * nb);
+        linear_backward_input(din, dout, b, M, red, N, &ws);
+        same &= !memcmp(din, din_want, sizeof(float) * na);
+        linear_backward_input_exact(din, accT, dout, b, M, red, N, &ws);
+        operands_bf16 = 0;
+        linear_backward_input_exact(din_want, accT, dr, br, M, red, N, &ws);
+        same &= !memcmp(din, din_want, sizeof(float) * na);
+        check(same && (na < 100 || rounded > na / 2),
+              "bf16 operands, %dx%dx%d: the kernels, weight and input gradients equal fp32's on operands rounded first "
+              "(%d of %ld rounded), and the reference loops", M, red, N, rounded, na);
+        free(a), free(b), free(ar), free(br), free(out), free(want), free(dout), free(dr), free(din), free(din_want);
+        free(acc), free(ref), free(dw), free(dw_want), free(accT);
+    }
+    operands_bf16 = 0;
+    workspace_free(&ws);
+}
+
 static void test_fix(void) {
     int ok = 1;
     for (int i = 0; i < 100000; i++) {
@@ -1855,6 +1915,7 @@ static void test_timeline(void) {
 int main(void) {
     test_matmul_float();
     test_matmul_exact();
+    test_bf16_operands();
     test_kept_weights();
     test_transpose();
     test_expf_array();
