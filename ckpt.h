@@ -394,7 +394,7 @@ static size_t ckpt_settings_diff(const CkptHeader* h, const Config* c, const Opt
 }
 
 // The settings --allow-changes let this run change (ckpt_settings_diff's items), which the
-// configuration's "training" line names (report.h); empty if none.
+// configuration's "changed" line names (report.h); empty if none.
 static char ckpt_changed[768];
 
 // Refuses a checkpoint that does not fit this run, naming every difference.

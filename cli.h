@@ -94,8 +94,9 @@ static const CliFlag cli_common[] = {
                           "(default 1; the pipelines' own default is 4)"},
     {"recompute", "HOW", "gpt: activation recomputation: none (default), selective (attention's probabilities "
                          "recomputed in backward) or full (each block's activations from its input)"},
-    {"precision", "HOW", "fp32 (default) or bf16: every matrix product's operands rounded to bf16, as autocast does, "
-                         "the weights kept in fp32 and every sum as in fp32 (exact where a layout splits it)"},
+    {"precision", "HOW", "fp32 (default) or bf16: every matrix product's operands (linear layers, experts, router, "
+                         "attention) rounded to bf16, as autocast does, the weights kept in fp32 and every sum as in "
+                         "fp32 (exact where a layout splits it)"},
     {"seed", "N", "seed of every random number (default 42)"},
     {"eval-every", "N", "report progress and validation loss every N steps (default 2500; 0: end only)"},
     {"samples", "N", "names to generate at the end (default 10)"},

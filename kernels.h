@@ -9,6 +9,7 @@
  *   transpose        by 16 x 16 blocks                                 (ref: transpose_ref)
  *   fix_transpose    int64 sums to floats, transposed                  (ref: fix_transpose_ref)
  *   weight_packed    a weight packed for the kernels once a step, not once a microbatch
+ *   bf16 operands    --precision bf16: every product's operands rounded as they are packed
  *
  * Why the tuned ones are fast: register tiles that keep every accumulator of a block of
  * the output in registers for the whole reduction, operands packed so that a tile reads
@@ -124,17 +125,19 @@ VECTOR_CLONES static void fix_add(int64_t* acc, const float* x, long n, long ter
 // With --precision bf16 every matrix product takes its operands (weights, activations and
 // their gradients) rounded to bf16, as autocast does, and keeps its sum as it is: exact where
 // a layout may split it, an fp32 chain otherwise. Rounding is a function of one value, so
-// every layout rounds the same values to the same bits, and a bf16 x bf16 product (16
-// significant bits) is as exact in the kernels as an fp32 one. The weights stay fp32 (the
+// every layout rounds the same values to the same bits; a bf16 x bf16 product is exact in a
+// double (and in a float), so the exact sums stay exact. The weights stay fp32 (the
 // master copy the optimizer updates); the kernels round them as they pack them, which is
 // the bf16 compute copy. cli.h sets this before any product.
 static int operands_bf16;
 
-// x rounded to the nearest bf16 (ties to even), kept in a float; x is finite.
+// x rounded to the nearest bf16 (ties to even), kept in a float; a NaN stays a NaN (its
+// payload's low bits would otherwise carry into the exponent, or past the sign).
 ALWAYS_INLINE float bf16_round(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : r;
     memcpy(&x, &u, sizeof x);
     return x;
 }

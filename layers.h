@@ -32,6 +32,12 @@
  *    loss and its sum of exponentials.
  * Float in a fixed order where no layout splits: one head's dot products over HD (q.k, dO.v,
  * dO.O), LayerNorm's mean and variance over C, the float linear sums.
+ *
+ * With --precision bf16 (kernels.h) the linear layers' operands are rounded by the kernels,
+ * and attention rounds those of its matrix products: q and k for the scores, e and v for
+ * e v, dO and v for dP, dS with k or q, P with dO. The sum S of e and the dot D = dO.y are
+ * no matrix products and stay fp32, so the forward's weights are round(e) / S and the
+ * backward reads round(P).
  */
 #ifndef LAYERS_H
 #define LAYERS_H
@@ -422,7 +428,7 @@ static void attention_exp_pv(float* att, int64_t* expsum, int64_t* acc, const fl
                     float e = expf(srow[kpos[j]] - rowmax[rhi]); // 0 <= e <= 1
                     const float* vj = v + ((long)r * Tk + j) * ldv + h * d->HD;
                     srow[kpos[j]] = e;
-                    expsum[rhi] += fix_fast(e); // e itself; the product e v_j takes e as an operand
+                    expsum[rhi] += fix_fast(e); // e itself: only the product e v_j takes e as a bf16 operand
                     float eo = operand(e);
                     bad |= fix_add_scaled(a, (double)eo * FIX_ONE, vj, d->HD, !(eo * vmax < lim), lim);
                 }
@@ -475,7 +481,7 @@ static void attention_backward_d(float* D, const float* dy, const float* y, long
             for (int i = 0; i < d->Tq; i++) {
                 const float *a = dy + ((long)r * d->Tq + i) * ld + h * d->HD, *b = y + ((long)r * d->Tq + i) * ld + h * d->HD;
                 float s = 0.0f;
-                for (int x = 0; x < d->HD; x++) s = fmaf(operand(a[x]), operand(b[x]), s);
+                for (int x = 0; x < d->HD; x++) s = fmaf(a[x], b[x], s);
                 D[((long)r * d->NH + h) * d->Tq + i] = s;
             }
 }

@@ -38,6 +38,13 @@ MPIRUN=tools/mpirun
 TORCH=""
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     TORCH="PyTorch $(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null | cut -d+ -f1)"
+    # OpenBLAS's kernels for this CPU may not be its default ones: time each, keep the fastest correct
+    /usr/bin/python3 bench/openblas_core.py >"$TMP/coretype"
+    CORETYPE=$(awk '/^best/ { print $2 }' "$TMP/coretype")
+    [ "$CORETYPE" = default ] || export OPENBLAS_CORETYPE=$CORETYPE
+    echo "PyTorch's OpenBLAS: $(grep -c '^coretype' "$TMP/coretype") core types timed (bench/openblas_core.py), the fastest correct one $CORETYPE" >&2
+    TORCH_KERNEL=$(/usr/bin/python3 bench/torch_step.py --kernel | sed 's/^kernel //')
+    echo "PyTorch's bf16 product runs on: $TORCH_KERNEL" >&2
 else
     echo "PyTorch rows left out: Debian's python3-torch is not installed" >&2
 fi
@@ -58,6 +65,7 @@ EOF
         echo "train.c|1|./train"
         echo "train.c --precision bf16|1|./train --precision bf16"
         [ -z "$TORCH" ] || echo "$TORCH, 1 thread (torch_step.py)|1|/usr/bin/python3 bench/torch_step.py"
+        [ -z "$TORCH" ] || echo "$TORCH bf16 autocast, 1 thread|1|/usr/bin/python3 bench/torch_step.py --autocast bf16"
         return 0
     fi
     if [[ $1 == ranks_* ]]; then # speed-up against ranks: 1, 2 and more ranks than cores
@@ -87,6 +95,7 @@ context parallel, ring|2|$MPIRUN -n 2 ./train_cp
 context parallel, all-gather|2|$MPIRUN -n 2 ./train_cp --cp-comm allgather
 EOF
         [ -z "$TORCH" ] || echo "$TORCH, 1 thread (torch_step.py)|1|/usr/bin/python3 bench/torch_step.py"
+        [ -z "$TORCH" ] || echo "$TORCH bf16 autocast, 1 thread|1|/usr/bin/python3 bench/torch_step.py --autocast bf16"
         return 0
     fi
     if [ "$1" = deep ]; then # two hidden layers: the units split evenly into 2 pipeline stages
@@ -399,6 +408,14 @@ goals() {
                 "$r" 1 "$(printf 'wall clock %.2fx (PyTorch %.2f ms, train.c %.2f ms)' "$(ratio_med "$name" train.c "$pt")" "$(ms "$name" "$pt")" "$(ms "$name" train.c)")" lower
         done
     fi
+    # mixed precision: train.c's step with bf16 operands against its fp32 step, PyTorch's autocast beside it
+    for c in 64 128 256; do
+        name=gpt$([ $c = 64 ] || echo $c)
+        beside="-"
+        [ -z "$TORCH" ] || beside="PyTorch's bf16 autocast: $(ratio_med "$name" "$TORCH bf16 autocast, 1 thread" "$pt" | awk '{ printf "%.2fx", $1 }') its fp32 step, on ${TORCH_KERNEL:-?}"
+        goal_row "the GPT at C $c: train.c --precision bf16 at most 0.6x its fp32 step (the exact kernels round bf16 operands, then run as in fp32)" \
+            "$(ratio_med "$name" "train.c --precision bf16" train.c)" 0.6 "$beside" lower
+    done
 }
 
 # gflops_data: GFLOP/s against the work of a step, train.c and PyTorch, the MLP's hidden

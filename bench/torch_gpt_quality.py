@@ -3,6 +3,7 @@
 
     /usr/bin/python3 bench/torch_gpt_quality.py --steps 12000          # about an hour on one core
     /usr/bin/python3 bench/torch_gpt_quality.py --data other.txt --seed 7
+    /usr/bin/python3 bench/torch_gpt_quality.py --steps 5000 --autocast bf16   # beside train.c --precision bf16
 
 Trains bench/torch_step.py's Gpt (makemore's Transformer, the model of train.c --model gpt)
 the usual PyTorch way: AdamW (lr 5e-4, betas 0.9 and 0.99, weight decay 0.01), 32 names a
@@ -11,7 +12,10 @@ the lines shuffled with data.h's counter-based Fisher-Yates (seed 42 unless --sp
 the last 10% for validation, rows [0, name..., 0] with targets -1 after the end. Prints
 every --eval-every steps the loss of the last step and the mean validation loss over every
 valid target, as `./train --model gpt --eval-every N` does. Its bits are not train.c's (its
-random batches and initial values are PyTorch's): the curve is what to compare.
+random batches and initial values are PyTorch's): the curve is what to compare. With
+--autocast bf16 the passes run under torch.autocast (bf16 products, fp32 weights, loss and
+optimizer), as train.c --precision bf16 does; the same seed then draws the same batches and
+initial values as without it, so the two runs differ by the precision alone.
 """
 import argparse
 import os
@@ -65,6 +69,7 @@ def main():
     p.add_argument("--eval-every", type=int, default=1000)
     p.add_argument("--seed", type=int, default=3407, help="PyTorch's seed (batches, initial values)")
     p.add_argument("--split-seed", type=int, default=42, help="train.c's --seed, which draws the split")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none", help="bf16: under torch.autocast")
     a = p.parse_args()
     with open(a.data, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
@@ -80,10 +85,12 @@ def main():
     model = torch_step.Gpt(argparse.Namespace(emb=64, heads=4, layers=4))
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
     V = torch_step.VOCAB
+    bf16 = a.autocast == "bf16"
     print(f"{len(train)} training names, {len(val)} validation names ({int((yv >= 0).sum())} targets), T {T}")
     for step in range(1, a.steps + 1):
         ix = torch.randint(0, len(train), (32,))
-        loss = F.cross_entropy(model(xt[ix]).view(-1, V), yt[ix].view(-1), ignore_index=-1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(xt[ix]).view(-1, V).float(), yt[ix].view(-1), ignore_index=-1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -91,7 +98,8 @@ def main():
             with torch.no_grad():
                 total = 0.0
                 for i in range(0, len(val), 256):
-                    logits = model(xv[i : i + 256]).view(-1, V)
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                        logits = model(xv[i : i + 256]).view(-1, V).float()
                     total += F.cross_entropy(logits, yv[i : i + 256].view(-1), ignore_index=-1, reduction="sum").item()
             print(f"step {step}/{a.steps} | train loss {loss.item():.4f} | val loss {total / int((yv >= 0).sum()):.4f}",
                   flush=True)

@@ -4,6 +4,8 @@
     /usr/bin/python3 bench/torch_step.py --emb 64 --hidden 1024 --batch 256 --steps 30
     /usr/bin/python3 bench/torch_step.py --emb 64 --hidden 1024 --batch 256 --steps 30 --ddp 2
     /usr/bin/python3 bench/torch_step.py --model gpt --steps 30
+    /usr/bin/python3 bench/torch_step.py --model gpt --steps 30 --autocast bf16
+    /usr/bin/python3 bench/torch_step.py --kernel
 
 Times one training step of the same model as train.c, written the usual PyTorch way
 (nn.Embedding, nn.Linear, ReLU, F.cross_entropy, torch.optim.SGD), on one thread per
@@ -16,6 +18,11 @@ each with batch / N rows, as data parallelism is usually done in PyTorch. Prints
 and "cpu_ms_per_step X", the same in this thread's CPU time (on a shared machine, time
 another process holds the core is not counted).
 The data are random tokens: the time of a step does not depend on them.
+
+With --autocast bf16, the forward and the loss run under torch.autocast (bf16 matrix products,
+fp32 weights and optimizer), the PyTorch counterpart of train.c --precision bf16. --kernel
+runs one bf16 product of the GPT's fc (512 x 64 by 64 x 256) with oneDNN's verbose log on and
+prints "kernel NAME", the implementation oneDNN chose (for example brg:avx512_core_bf16).
 
 With --profile (one process), the GPT's step split by op, in CPU time, in the categories
 of bench/bench gpt (bench/run.sh sets them side by side): each aten op of the forward and
@@ -101,8 +108,9 @@ def time_steps(model, rows, a, sync):
         sync()
         t, c = time.perf_counter(), time.thread_time()
         opt.zero_grad(set_to_none=True)
-        logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, VOCAB), y.view(-1), ignore_index=-1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            logits = model(x)
+            loss = F.cross_entropy(logits.view(-1, VOCAB).float(), y.view(-1), ignore_index=-1)
         loss.backward()
         opt.step()
         if step >= WARMUP:
@@ -200,6 +208,17 @@ def ddp_worker(rank, a):
     dist.destroy_process_group()
 
 
+def kernel_name():
+    """one bf16 product under oneDNN's verbose log, in a child process whose output is read"""
+    import subprocess
+    import sys
+    code = ("import torch; torch.set_num_threads(1); a = torch.randn(512, 64).bfloat16(); b = torch.randn(64, 256).bfloat16()\n"
+            "a @ b\nwith torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON): a @ b")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    names = [line.split(",")[4] for line in out.splitlines() if line.startswith("onednn_verbose") and ",exec," in line]
+    print(f"kernel {names[-1] if names else 'not oneDNN (no verbose line): ATen native'}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
@@ -212,12 +231,16 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--ddp", type=int, default=0, help="processes under DistributedDataParallel (0: one process)")
     p.add_argument("--profile", action="store_true", help="the GPT's step split by op (see above)")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none", help="bf16: under torch.autocast (see above)")
+    p.add_argument("--kernel", action="store_true", help="the kernel oneDNN runs for a bf16 product (see above)")
     a = p.parse_args()
     a.emb = a.emb or (64 if a.model == "gpt" else 16)
     a.layers = a.layers or (4 if a.model == "gpt" else 1)
     global CONTEXT
     CONTEXT = a.context
-    if a.ddp:
+    if a.kernel:
+        kernel_name()
+    elif a.ddp:
         if a.batch % a.ddp:
             p.error("--batch must divide by --ddp")
         with socket.socket() as free: # a port nobody uses, for the processes to meet

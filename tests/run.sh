@@ -1361,6 +1361,8 @@ section_precision() {
     reference bf_gpt_rc $flags --recompute selective --experts 4 --top-k 2 --router sigmoid --balance bias --microbatches 2
     same_as bf_gpt_rc "precision: gpt, 4 experts, sigmoid and bias, selective recomputation, bf16, train_3d --ep 2 --dp 2 --cp 2, same as train.c" \
         $MPIRUN -n 4 ./train_3d --tp 1 --cp 2 --pp 1 --dp 2 --ep 2 $flags --recompute selective --experts 4 --top-k 2 --router sigmoid --balance bias --microbatches 2
+    same_as bf_gpt_rc "precision: gpt, 4 experts, sigmoid and bias, selective recomputation, bf16, train_ep on 2 ranks, same as train.c" \
+        $MPIRUN -n 2 ./train_ep $flags --recompute selective --experts 4 --top-k 2 --router sigmoid --balance bias --microbatches 2
     # the checkpoint records the precision: a resume in the other one is refused, naming it
     expect_error 1 "trained with other settings: --precision bf16 \(now fp32\);" \
         "precision: a bf16 checkpoint resumed in fp32 is refused, naming --precision" -- ./train --load "$TMP/bf_mlp.ckpt" --steps 40 --samples 0

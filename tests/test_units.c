@@ -304,6 +304,15 @@ static void test_reduce(void) {
     check(bf16_round(1 + u / 2) == 1 && bf16_round(1 + 3 * u / 2) == 1 + 2 * u && bf16_round(1 + u / 2 + 0x1p-20f) == 1 + u &&
               bf16_round(-(1 + 3 * u / 2)) == -(1 + 2 * u) && bf16_round(0x1p-130f) == 0x1p-130f && bf16_round(0.0f) == 0,
           "bf16_round: to the nearest bf16, ties to even, negatives alike, denormals kept");
+    uint32_t nans[] = {0x7fffffffu, 0xffff8000u, 0x7f800001u, 0x7fc00000u};
+    int nan_ok = 1;
+    for (int i = 0; i < 4; i++) {
+        float f;
+        memcpy(&f, &nans[i], sizeof f);
+        nan_ok &= isnan(bf16_round(f));
+    }
+    check(nan_ok && isinf(bf16_round(INFINITY)) && bf16_round(-INFINITY) < 0,
+          "bf16_round: every NaN stays a NaN (payloads that carried into the sign or exponent too), infinities stay");
     int ok = 1;
     for (int i = 0; i < 100000 && ok; i++) {
         float x = (float)((rng_uniform(7, 7, i) * 2 - 1) * ldexp(1.0, (int)(rng_u64(8, 8, i) % 60) - 40));
@@ -1049,6 +1058,65 @@ static void test_grad_gpt(int layers, int heads, int context, int emb) {
           "reference %.6f): max rel error %.1e", layers, heads, context, emb, np, fix_to(loss), ref, err);
     free(params), free(grads), free(theta), free(an), free(num);
     work_free(&w);
+}
+
+// Attention with bf16 operands (layers.h): with q, k and v bf16 values already, the scores are
+// fp32's, and y, dv and dq come out as their definitions with e, P, dS and dO rounded, here
+// written out from the same primitives, bit for bit; fp32 operands give other bits.
+static void test_attention_bf16(void) {
+    enum { T = 5, HD = 4 };
+    BlockDims d = {.R = 1, .Tq = T, .T = T, .C = HD, .NH = 1, .HD = HD, .A = HD, .F = 4 * HD, .pos = NULL};
+    float qkv[T * 3 * HD], y[T * HD], att[T * T], dy[T * HD], dqkv[T * 3 * HD], yf[T * HD], dqkvf[T * 3 * HD];
+    float* tmp = mallocCheck(sizeof(float) * block_scratch_floats(&d, 1));
+    int64_t* acc = mallocCheck(sizeof(int64_t) * block_scratch_int64s(&d, 1));
+    fill(qkv, T * 3 * HD, 131, 2.0f), fill(dy, T * HD, 132, 1.0f);
+    for (int i = 0; i < T * 3 * HD; i++) qkv[i] = bf16_round(qkv[i]);
+    attention_forward(yf, att, qkv, &d, tmp, acc);
+    attention_backward(dqkvf, dy, qkv, att, yf, &d, tmp, acc);
+    operands_bf16 = 1;
+    attention_forward(y, att, qkv, &d, tmp, acc);
+    attention_backward(dqkv, dy, qkv, att, y, &d, tmp, acc);
+    operands_bf16 = 0;
+#define Q(i, e) qkv[(i) * 3 * HD + (e)]
+#define K(j, e) qkv[(j) * 3 * HD + HD + (e)]
+#define V(j, e) qkv[(j) * 3 * HD + 2 * HD + (e)]
+    float scale = 1.0f / sqrtf((float)HD), s[T][T], e[T][T], D[T];
+    int same = 1, differs = 0;
+    for (int i = 0; i < T; i++) {
+        float m = -INFINITY;
+        for (int j = 0; j <= i; j++) {
+            float dot = 0.0f;
+            for (int x = 0; x < HD; x++) dot = fmaf(Q(i, x), K(j, x), dot);
+            s[i][j] = dot * scale, m = fmaxf(m, s[i][j]);
+        }
+        int64_t S = 0, num[HD] = {0};
+        for (int j = 0; j <= i; j++) {
+            e[i][j] = expf(s[i][j] - m), S += fix_fast(e[i][j]);
+            for (int x = 0; x < HD; x++) num[x] += fix_fast((double)bf16_round(e[i][j]) * V(j, x));
+        }
+        for (int x = 0; x < HD; x++) same &= y[i * HD + x] == (float)(fix_to(num[x]) / fix_to(S));
+        for (int j = 0; j <= i; j++) same &= att[i * T + j] == (float)(e[i][j] / fix_to(S));
+        D[i] = 0.0f;
+        for (int x = 0; x < HD; x++) D[i] = fmaf(dy[i * HD + x], y[i * HD + x], D[i]);
+    }
+    for (int t = 0; t < T; t++)
+        for (int x = 0; x < HD; x++) {
+            int64_t dv = 0, dq = 0;
+            for (int i = t; i < T; i++) dv += fix_fast((double)bf16_round(att[i * T + t]) * bf16_round(dy[i * HD + x]));
+            for (int j = 0; j <= t; j++) {
+                float dp = 0.0f;
+                for (int z = 0; z < HD; z++) dp = fmaf(bf16_round(dy[t * HD + z]), V(j, z), dp);
+                dq += fix_fast((double)bf16_round(att[t * T + j] * (dp - D[t]) * scale) * K(j, x));
+            }
+            same &= dqkv[t * 3 * HD + 2 * HD + x] == (float)fix_to(dv) && dqkv[t * 3 * HD + x] == (float)fix_to(dq);
+            differs += dqkv[t * 3 * HD + 2 * HD + x] != dqkvf[t * 3 * HD + 2 * HD + x] || y[t * HD + x] != yf[t * HD + x];
+        }
+#undef Q
+#undef K
+#undef V
+    check(same && differs > 0, "attention with bf16 operands: y, P, dv and dq are their definitions with e, P, dS and dO "
+          "rounded, bit for bit (%d of %d values differ from fp32 operands')", differs, T * HD);
+    free(tmp), free(acc);
 }
 
 // The two-pass softmax gives the same bits however the keys come in blocks and whichever
@@ -1916,6 +1984,7 @@ int main(void) {
     test_matmul_float();
     test_matmul_exact();
     test_bf16_operands();
+    test_attention_bf16();
     test_kept_weights();
     test_transpose();
     test_expf_array();
