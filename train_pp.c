@@ -87,8 +87,8 @@ typedef struct {
     int n_actions;
     Held* held;       // [room] the activations in flight; room: the most the list holds at once
     int room;
-    float* outbox;    // [V][M][2] slots of msg_floats: a copy of each message this step sends
-    MPI_Request* sent; // [V][M][2]: each slot's request
+    float* outbox;    // [V][M][2] entries of msg_floats: a copy of each message this step sends
+    MPI_Request* sent; // [V][M][2]: each entry's request
     long msg_floats;
     Scratch scratch;  // a pass's gradients between units, and its exact partial sums (model.h)
     int64_t loss;     // the rank of the last chunk: the exact loss sum of the step's microbatches
@@ -151,14 +151,14 @@ static void pp_drop(Held* h) {
 //
 // Every send is non-blocking and every receive blocks, both in the list's order. So a rank
 // never waits on a send while its neighbour waits on it, and the checker has shown that no
-// receive waits for a message that cannot come. Each message is copied into its own slot of
+// receive waits for a message that cannot come. Each message is copied into its own entry of
 // the outbox, which nothing writes again until the step ends by waiting for every send.
 // Between two chunks of the same rank (where zbv and dualpipev turn round, or interleaved on
 // one rank) nothing is sent: the receiving chunk copies the message from the outbox.
 //
-// A message's tag is the receiving chunk's stream; its slot is the sending chunk's (its v,
-// the microbatch, what it sends: with M = 4, a rank's second chunk sends microbatch 2's
-// activations from slot (1 * 4 + 2) * 2 + 0 = 12). A slot never sent holds MPI_REQUEST_NULL
+// A message's tag is the receiving chunk's stream; its outbox entry is the sending chunk's (its
+// v, the microbatch, what it sends: with M = 4, a rank's second chunk sends microbatch 2's
+// activations from entry (1 * 4 + 2) * 2 + 0 = 12). An entry never sent holds MPI_REQUEST_NULL
 // (pp_init sets each; MPI_Wait sets a sent one back), so waiting for it returns at once.
 
 enum { ACTIVATIONS, GRADIENT };
@@ -169,9 +169,9 @@ enum { ACTIVATIONS, GRADIENT };
 // of at most 64 ranks x 4: from TAG_MICROBATCH (1024) below 1536, under every MPI's 32767.
 static int pp_tag(int k, int what) { return TAG_MICROBATCH + 2 * k + what; }
 
-// The outbox slot of what chunk k (this rank's v-th) sends for microbatch m: its output
+// The outbox entry of what chunk k (this rank's v-th) sends for microbatch m: its output
 // (ACTIVATIONS) or its input's gradient (GRADIENT).
-static long pp_slot(const Pp* p, int k, int m, int what) {
+static long pp_outbox_entry(const Pp* p, int k, int m, int what) {
     int v;
     chunk_owner(p->sched, p->S, p->V, k, &v);
     return ((long)v * p->M + m) * 2 + what;
@@ -188,18 +188,18 @@ static void pp_wait(Pp* p, int n, MPI_Request* req) {
 // Sends n floats from chunk k (this rank's) for microbatch m: its output to chunk k+1
 // (ACTIVATIONS), or its input's gradient to chunk k-1 (GRADIENT).
 static void pp_send(Pp* p, int what, int k, int m, const float* data, long n) {
-    long slot = pp_slot(p, k, m, what);
-    float* copy = p->outbox + slot * p->msg_floats;
+    long entry = pp_outbox_entry(p, k, m, what);
+    float* copy = p->outbox + entry * p->msg_floats;
     memcpy(copy, data, n * sizeof(float));
     int to_chunk = what == ACTIVATIONS ? k + 1 : k - 1, to = pp_rank_of(p, to_chunk);
-    if (to != p->rank) group_isend(p->group, copy, n, MPI_FLOAT, to, pp_tag(to_chunk, what), &p->sent[slot]);
+    if (to != p->rank) group_isend(p->group, copy, n, MPI_FLOAT, to, pp_tag(to_chunk, what), &p->sent[entry]);
 }
 // Receives into buf the n floats chunk k gets for microbatch m: its input from chunk k-1
 // (ACTIVATIONS), or its output's gradient from chunk k+1 (GRADIENT).
 static void pp_receive(Pp* p, int what, int k, int m, float* buf, long n) {
     int from_chunk = what == ACTIVATIONS ? k - 1 : k + 1, from = pp_rank_of(p, from_chunk);
     if (from == p->rank) { // a chunk of this rank sent it: its copy in the outbox
-        memcpy(buf, p->outbox + pp_slot(p, from_chunk, m, what) * p->msg_floats, n * sizeof(float));
+        memcpy(buf, p->outbox + pp_outbox_entry(p, from_chunk, m, what) * p->msg_floats, n * sizeof(float));
         return;
     }
     MPI_Request req;
@@ -308,7 +308,7 @@ static int64_t pp_step(Pp* p, const Rows* rows) {
         if (a->op == 'B' || a->op == 'I') pp_backward(p, a->op, a->chunk, a->mb);
         if (a->op == 'W' || a->op == '&') pp_zero_bubble(p, rows, a);
     }
-    pp_wait(p, 2 * p->V * p->M, p->sent); // every slot, sent or not: the next step writes them again
+    pp_wait(p, 2 * p->V * p->M, p->sent); // every outbox entry, sent or not: the next step writes them again
     return p->loss;
 }
 
@@ -468,7 +468,7 @@ static void pp_init(Pp* p, Group* group, const Config* c, PpPlan plan, PpPlug pl
         recompute_floats = f > recompute_floats ? f : recompute_floats;
     }
     p->recompute_room = recompute_floats ? mallocCheck(sizeof(float) * p->mb_rows * recompute_floats) : NULL;
-    // a slot for each message of a step, as wide as the widest a chunk of this rank sends
+    // an outbox entry for each message of a step, as wide as the widest a chunk of this rank sends
     int widest = 1;
     for (int v = 0; v < V; v++) {
         int k = p->chunk[v] = chunk_global(sched, p->S, p->rank, v), lo = first[k], hi = first[k + 1];
