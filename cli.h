@@ -124,11 +124,6 @@ static const CliFlag cli_common[] = {
                       "64-bit integers, the same bits in every layout), fp32 or bf16 (each piece rounded to it and " \
                       "added in it, as Megatron-LM or llm.c do; the run says from which step it parts from "        \
                       "./train --reduce HOW)"}
-static const char* cli_reduce(const char* value, int* how) {
-    for (int k = 0; k < 3; k++)
-        if (!strcmp(value, reduce_names[k])) return *how = k, NULL;
-    return "--reduce must be exact, fp32 or bf16";
-}
 
 static void cli_usage_flag(FILE* f, const CliFlag* flag) {
     char left[64];
@@ -168,6 +163,17 @@ static const char* cli_int(const char* flag, const char* s, int lo, int hi, int*
     if (!err) *out = (int)v;
     return err;
 }
+// One of n names (--recompute none|selective|full, ...): its index into *out
+static const char* cli_choice(const char* flag, const char* s, const char* const* names, int n, int* out) {
+    for (int k = 0; k < n; k++)
+        if (!strcmp(s, names[k])) return *out = k, NULL;
+    int at = snprintf(cli_error, sizeof cli_error, "--%s must be ", flag);
+    for (int k = 0; k < n; k++)
+        at += snprintf(cli_error + at, sizeof cli_error - (size_t)at, "%s%s", names[k], k == n - 1 ? "" : k == n - 2 ? " or " : ", ");
+    snprintf(cli_error + at, sizeof cli_error - (size_t)at, ", got '%s'", s);
+    return cli_error;
+}
+static const char* cli_reduce(const char* value, int* how) { return cli_choice("reduce", value, reduce_names, 3, how); }
 static const char* cli_float(const char* flag, const char* s, double lo, double hi, int lo_open, float* out) {
     char* end;
     errno = 0;
@@ -758,35 +764,11 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "expert-hidden")) *err = cli_int(name, optarg, 1, 65536, &o->model.expert_hidden);
         else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
         else if (!strcmp(name, "microbatches")) *err = cli_int(name, optarg, 1, 65536, &o->microbatches);
-        else if (!strcmp(name, "recompute")) {
-            int k = 0;
-            while (k < 3 && strcmp(optarg, recompute_names[k])) k++;
-            if (k < 3) o->model.recompute = k;
-            else {
-                snprintf(cli_error, sizeof cli_error, "--recompute must be none, selective or full, got '%s'", optarg);
-                *err = cli_error;
-            }
-        }
-        else if (!strcmp(name, "precision")) {
-            int k = 0;
-            while (k < 2 && strcmp(optarg, precision_names[k])) k++;
-            if (k < 2) o->model.precision = k;
-            else {
-                snprintf(cli_error, sizeof cli_error, "--precision must be fp32 or bf16, got '%s'", optarg);
-                *err = cli_error;
-            }
-        }
+        else if (!strcmp(name, "recompute")) *err = cli_choice(name, optarg, recompute_names, 3, &o->model.recompute);
+        else if (!strcmp(name, "precision")) *err = cli_choice(name, optarg, precision_names, 2, &o->model.precision);
         else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
-        else if (!strcmp(name, "router") || !strcmp(name, "balance")) {
-            int router = !strcmp(name, "router"), k = 0;
-            const char* const* names = router ? router_names : balance_names;
-            while (k < 2 && strcmp(optarg, names[k])) k++;
-            if (k < 2) *(router ? &o->model.router : &o->model.balance) = k;
-            else {
-                snprintf(cli_error, sizeof cli_error, "--%s must be %s or %s, got '%s'", name, names[0], names[1], optarg);
-                *err = cli_error;
-            }
-        }
+        else if (!strcmp(name, "router")) *err = cli_choice(name, optarg, router_names, 2, &o->model.router);
+        else if (!strcmp(name, "balance")) *err = cli_choice(name, optarg, balance_names, 2, &o->model.balance);
         else if (!strcmp(name, "bias-rate")) *err = cli_float(name, optarg, 0.0, 1.0, 1, &o->model.bias_rate);
         else if (!strcmp(name, "seed")) {
             char* end;
