@@ -164,6 +164,7 @@ static const char* cli_int(const char* flag, const char* s, int lo, int hi, int*
     return err;
 }
 // One of n names (--recompute none|selective|full, ...): its index into *out
+#define NAMES(names) ((int)(sizeof(names) / sizeof((names)[0])))
 static const char* cli_choice(const char* flag, const char* s, const char* const* names, int n, int* out) {
     for (int k = 0; k < n; k++)
         if (!strcmp(s, names[k])) return *out = k, NULL;
@@ -173,7 +174,7 @@ static const char* cli_choice(const char* flag, const char* s, const char* const
     snprintf(cli_error + at, sizeof cli_error - (size_t)at, ", got '%s'", s);
     return cli_error;
 }
-static const char* cli_reduce(const char* value, int* how) { return cli_choice("reduce", value, reduce_names, 3, how); }
+static const char* cli_reduce(const char* value, int* how) { return cli_choice("reduce", value, reduce_names, NAMES(reduce_names), how); }
 static const char* cli_float(const char* flag, const char* s, double lo, double hi, int lo_open, float* out) {
     char* end;
     errno = 0;
@@ -764,11 +765,11 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "expert-hidden")) *err = cli_int(name, optarg, 1, 65536, &o->model.expert_hidden);
         else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
         else if (!strcmp(name, "microbatches")) *err = cli_int(name, optarg, 1, 65536, &o->microbatches);
-        else if (!strcmp(name, "recompute")) *err = cli_choice(name, optarg, recompute_names, 3, &o->model.recompute);
-        else if (!strcmp(name, "precision")) *err = cli_choice(name, optarg, precision_names, 2, &o->model.precision);
+        else if (!strcmp(name, "recompute")) *err = cli_choice(name, optarg, recompute_names, NAMES(recompute_names), &o->model.recompute);
+        else if (!strcmp(name, "precision")) *err = cli_choice(name, optarg, precision_names, NAMES(precision_names), &o->model.precision);
         else if (!strcmp(name, "aux-loss")) *err = cli_float(name, optarg, 0.0, 1.0, 0, &o->model.aux_loss); // Switch: 0.01
-        else if (!strcmp(name, "router")) *err = cli_choice(name, optarg, router_names, 2, &o->model.router);
-        else if (!strcmp(name, "balance")) *err = cli_choice(name, optarg, balance_names, 2, &o->model.balance);
+        else if (!strcmp(name, "router")) *err = cli_choice(name, optarg, router_names, NAMES(router_names), &o->model.router);
+        else if (!strcmp(name, "balance")) *err = cli_choice(name, optarg, balance_names, NAMES(balance_names), &o->model.balance);
         else if (!strcmp(name, "bias-rate")) *err = cli_float(name, optarg, 0.0, 1.0, 1, &o->model.bias_rate);
         else if (!strcmp(name, "seed")) {
             char* end;

@@ -126,13 +126,14 @@ VECTOR_CLONES static void fix_add(int64_t* acc, const float* x, long n, long ter
 // their gradients) rounded to bf16, as autocast does, and keeps its sum as it is: exact where
 // a layout may split it, an fp32 chain otherwise. Rounding is a function of one value, so
 // every layout rounds the same values to the same bits; a bf16 x bf16 product is exact in a
-// double (and in a float), so the exact sums stay exact. The weights stay fp32 (the
+// double, so the exact sums stay exact. The weights stay fp32 (the
 // master copy the optimizer updates); the kernels round them as they pack them, which is
 // the bf16 compute copy. cli.h sets this before any product.
 static int operands_bf16;
 
-// x rounded to the nearest bf16 (ties to even), kept in a float; a NaN stays a NaN (its
-// payload's low bits would otherwise carry into the exponent, or past the sign).
+// x rounded to the nearest bf16 (ties to even), kept in a float; a NaN stays a NaN (plain
+// rounding would turn a payload held in the low 16 bits into infinity, or carry an all-ones
+// payload into the sign).
 ALWAYS_INLINE float bf16_round(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
@@ -348,8 +349,8 @@ static void pack_float_panels(float* dst, const float* b, int red, int N) {
     int tn = (N + MF_COLS - 1) / MF_COLS;
     PARALLEL_FOR((long)red * N, p, tn, pack_panel_float(dst + (long)p * red * MF_COLS, b, red, N, p));
 }
-// out = a b, from b's panels pf (packed with bf16 operands rounded); a is read as it is, so
-// with bf16 operands it is first rounded into the workspace.
+// out = a b, from b's panels pf (packed with bf16 operands rounded). The tiles read a
+// unpacked, so with bf16 operands a is first copied, rounded, into ws->ra.
 static void matmul_float_packed(float* out, const float* a, const float* pf, int M, int red, int N, Workspace* ws) {
     if (operands_bf16) {
         if ((long)M * red > ws->ra_cap) {

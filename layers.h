@@ -36,8 +36,8 @@
  * With --precision bf16 (kernels.h) the linear layers' operands are rounded by the kernels,
  * and attention rounds those of its matrix products: q and k for the scores, e and v for
  * e v, dO and v for dP, dS with k or q, P with dO. The sum S of e and the dot D = dO.y are
- * no matrix products and stay fp32, so the forward's weights are round(e) / S and the
- * backward reads round(P).
+ * no matrix products and stay fp32, so the forward's y is the sum of round(e) v, divided by
+ * S after the sum; dV takes round(P), and dS is computed from P unrounded, then rounded.
  */
 #ifndef LAYERS_H
 #define LAYERS_H

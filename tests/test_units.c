@@ -245,6 +245,10 @@ static void test_bf16_operands(void) {
         matmul_exact(ref, ar, red, 1, br, M, red, N, red, "test", &ws);
         linear_backward_weight(dw_want, NULL, ar, dr, M, red, N, M, &ws);
         linear_backward_input(din_want, dr, br, M, red, N, &ws);
+        float *fw_want = mallocCheck(sizeof(float) * no), *fx_want = mallocCheck(sizeof(float) * no);
+        linear_forward(fw_want, ar, br, NULL, M, red, N, &ws);
+        int64_t* sums = callocCheck((size_t)no, 8); // linear_forward_exact's own, not acc (which the kernels add to)
+        linear_forward_exact(fx_want, sums, ar, br, NULL, M, red, N, &ws);
         // the bf16 ones on the operands as they are
         operands_bf16 = 1;
         matmul_float(out, a, b, M, red, N, &ws);
@@ -260,12 +264,17 @@ static void test_bf16_operands(void) {
         same &= !memcmp(dw, dw_want, sizeof(int64_t) * nb);
         linear_backward_input(din, dout, b, M, red, N, &ws);
         same &= !memcmp(din, din_want, sizeof(float) * na);
+        linear_forward(out, a, b, NULL, M, red, N, &ws);
+        same &= !memcmp(out, fw_want, sizeof(float) * no);
+        linear_forward_exact(out, sums, a, b, NULL, M, red, N, &ws);
+        same &= !memcmp(out, fx_want, sizeof(float) * no);
+        free(fw_want), free(fx_want), free(sums);
         linear_backward_input_exact(din, accT, dout, b, M, red, N, &ws);
         operands_bf16 = 0;
         linear_backward_input_exact(din_want, accT, dr, br, M, red, N, &ws);
         same &= !memcmp(din, din_want, sizeof(float) * na);
         check(same && (na < 100 || rounded > na / 2),
-              "bf16 operands, %dx%dx%d: the kernels, weight and input gradients equal fp32's on operands rounded first "
+              "bf16 operands, %dx%dx%d: the kernels, the linear layers' forwards, weight and input gradients equal fp32's on operands rounded first "
               "(%d of %ld rounded), and the reference loops", M, red, N, rounded, na);
         free(a), free(b), free(ar), free(br), free(out), free(want), free(dout), free(dr), free(din), free(din_want);
         free(acc), free(ref), free(dw), free(dw_want), free(accT);
@@ -1060,9 +1069,9 @@ static void test_grad_gpt(int layers, int heads, int context, int emb) {
     work_free(&w);
 }
 
-// Attention with bf16 operands (layers.h): with q, k and v bf16 values already, the scores are
-// fp32's, and y, dv and dq come out as their definitions with e, P, dS and dO rounded, here
-// written out from the same primitives, bit for bit; fp32 operands give other bits.
+// Attention with bf16 operands (layers.h): y, P, dq, dk and dv come out as their definitions
+// with q, k, v, e, P, dS and dO rounded, here written out from the same primitives, bit for
+// bit; fp32 operands give other bits.
 static void test_attention_bf16(void) {
     enum { T = 5, HD = 4 };
     BlockDims d = {.R = 1, .Tq = T, .T = T, .C = HD, .NH = 1, .HD = HD, .A = HD, .F = 4 * HD, .pos = NULL};
@@ -1070,16 +1079,15 @@ static void test_attention_bf16(void) {
     float* tmp = mallocCheck(sizeof(float) * block_scratch_floats(&d, 1));
     int64_t* acc = mallocCheck(sizeof(int64_t) * block_scratch_int64s(&d, 1));
     fill(qkv, T * 3 * HD, 131, 2.0f), fill(dy, T * HD, 132, 1.0f);
-    for (int i = 0; i < T * 3 * HD; i++) qkv[i] = bf16_round(qkv[i]);
     attention_forward(yf, att, qkv, &d, tmp, acc);
     attention_backward(dqkvf, dy, qkv, att, yf, &d, tmp, acc);
     operands_bf16 = 1;
     attention_forward(y, att, qkv, &d, tmp, acc);
     attention_backward(dqkv, dy, qkv, att, y, &d, tmp, acc);
     operands_bf16 = 0;
-#define Q(i, e) qkv[(i) * 3 * HD + (e)]
-#define K(j, e) qkv[(j) * 3 * HD + HD + (e)]
-#define V(j, e) qkv[(j) * 3 * HD + 2 * HD + (e)]
+#define Q(i, e) bf16_round(qkv[(i) * 3 * HD + (e)])
+#define K(j, e) bf16_round(qkv[(j) * 3 * HD + HD + (e)])
+#define V(j, e) bf16_round(qkv[(j) * 3 * HD + 2 * HD + (e)])
     float scale = 1.0f / sqrtf((float)HD), s[T][T], e[T][T], D[T];
     int same = 1, differs = 0;
     for (int i = 0; i < T; i++) {
@@ -1101,21 +1109,27 @@ static void test_attention_bf16(void) {
     }
     for (int t = 0; t < T; t++)
         for (int x = 0; x < HD; x++) {
-            int64_t dv = 0, dq = 0;
-            for (int i = t; i < T; i++) dv += fix_fast((double)bf16_round(att[i * T + t]) * bf16_round(dy[i * HD + x]));
+            int64_t dv = 0, dq = 0, dk = 0;
+            for (int i = t; i < T; i++) {
+                dv += fix_fast((double)bf16_round(att[i * T + t]) * bf16_round(dy[i * HD + x]));
+                float dp = 0.0f;
+                for (int z = 0; z < HD; z++) dp = fmaf(bf16_round(dy[i * HD + z]), V(t, z), dp);
+                dk += fix_fast((double)bf16_round(att[i * T + t] * (dp - D[i]) * scale) * Q(i, x));
+            }
             for (int j = 0; j <= t; j++) {
                 float dp = 0.0f;
                 for (int z = 0; z < HD; z++) dp = fmaf(bf16_round(dy[t * HD + z]), V(j, z), dp);
                 dq += fix_fast((double)bf16_round(att[t * T + j] * (dp - D[t]) * scale) * K(j, x));
             }
-            same &= dqkv[t * 3 * HD + 2 * HD + x] == (float)fix_to(dv) && dqkv[t * 3 * HD + x] == (float)fix_to(dq);
+            same &= dqkv[t * 3 * HD + 2 * HD + x] == (float)fix_to(dv) && dqkv[t * 3 * HD + x] == (float)fix_to(dq) &&
+                    dqkv[t * 3 * HD + HD + x] == (float)fix_to(dk);
             differs += dqkv[t * 3 * HD + 2 * HD + x] != dqkvf[t * 3 * HD + 2 * HD + x] || y[t * HD + x] != yf[t * HD + x];
         }
 #undef Q
 #undef K
 #undef V
-    check(same && differs > 0, "attention with bf16 operands: y, P, dv and dq are their definitions with e, P, dS and dO "
-          "rounded, bit for bit (%d of %d values differ from fp32 operands')", differs, T * HD);
+    check(same && differs > 0, "attention with bf16 operands: y, P, dq, dk and dv are their definitions with q, k, v, e, P, "
+          "dS and dO rounded, bit for bit (%d of %d values differ from fp32 operands')", differs, T * HD);
     free(tmp), free(acc);
 }
 
