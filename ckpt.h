@@ -213,8 +213,8 @@ static const char* ckpt_vocab_invalid(const CkptHeader* h, char* buf, size_t n) 
 // 2 to 5, its router the softmax with the loss; of format 2, 3 or 4, its microbatches 0
 // (unknown); of format 2 or 3, an MLP, its vocabulary's bytes the code points (U+0000..U+00FF),
 // the losses unknown; of format 2, a dense model (experts 0). Returns 0; or 1 if the file is
-// not a checkpoint at all, 2 if it is one that cannot be used (another format or byte order, corrupt, cut short), and why, a phrase
-// that follows the file's name. The caller frees the vocabulary (ckpt_header_free).
+// not a checkpoint at all, 2 if it is one that cannot be used (another format or byte order,
+// corrupt, cut short), and why, a phrase that follows the file's name. The caller frees the vocabulary (ckpt_header_free).
 static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, size_t n) {
     memset(h, 0, sizeof *h);
 #define CKPT_BAD(code, ...) \

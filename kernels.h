@@ -126,9 +126,9 @@ VECTOR_CLONES static void fix_add(int64_t* acc, const float* x, long n, long ter
 // their gradients) rounded to bf16, as autocast does, and keeps its sum as it is: exact where
 // a layout may split it, an fp32 chain otherwise. Rounding is a function of one value, so
 // every layout rounds the same values to the same bits; a bf16 x bf16 product is exact in a
-// double, so the exact sums stay exact. The weights stay fp32 (the
-// master copy the optimizer updates); the kernels round them as they pack them, which is
-// the bf16 compute copy. cli.h sets this before any product.
+// double, so the exact sums stay exact. The weights stay fp32 (the master copy the optimizer
+// updates); the kernels round them as they pack them, which is the bf16 compute copy. cli.h
+// sets this before any product.
 static int operands_bf16;
 
 // x rounded to the nearest bf16 (ties to even), kept in a float; a NaN stays a NaN (plain

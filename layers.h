@@ -510,7 +510,7 @@ static void attention_backward_block(int64_t* dq, int64_t* dk, int64_t* dv, cons
                 dot_keys(dp, dyi, vT, d->HD, n, Tk); // dP_ij = dO_i . v_j
                 double qmax = operand(max_abs(qi, d->HD)), dymax = operand(max_abs(dyi, d->HD));
                 for (int j = 0; j < n; j++) {
-                    float P = operand(prow[kpos[j]]), ds = operand(prow[kpos[j]] * (dp[j] - D[rhi]) * scale);
+                    float pij = prow[kpos[j]], P = operand(pij), ds = operand(pij * (dp[j] - D[rhi]) * scale);
                     const float* kj = k + ((long)r * Tk + j) * ldk + h * d->HD;
                     int64_t *dkj = dk + ((long)r * Tk + j) * d->A + h * d->HD, *dvj = dv + ((long)r * Tk + j) * d->A + h * d->HD;
                     double ds40 = (double)ds * FIX_ONE, P40 = (double)P * FIX_ONE, s = fabs((double)ds);
