@@ -38,7 +38,8 @@
 // deliberate. The data are read once, checked as they are read (the checksum, and that
 // every value is finite), before training starts.
 
-#define CKPT_MAGIC "MLPCKPT7"
+#define CKPT_MAGIC "MLPCKPT8"
+#define CKPT_MAGIC_V7 "MLPCKPT7" // format 7: format 8 without the shared experts (none; 156 bytes)
 #define CKPT_MAGIC_V6 "MLPCKPT6" // format 6: format 7 without the precision (fp32; 152 bytes)
 #define CKPT_MAGIC_V5 "MLPCKPT5" // format 5: format 6 without the router's fields (softmax, the loss; 136 bytes)
 #define CKPT_MAGIC_V4 "MLPCKPT4" // format 4: format 5 without the microbatches (the header ends at 128 bytes)
@@ -46,7 +47,7 @@
 #define CKPT_MAGIC_V2 "MLPCKPT2" // format 2: format 3 without the mixture-of-experts fields (a dense model)
 #define CKPT_BYTE_ORDER 0x01020304u // reads as 0x04030201 on a machine of the other byte order
 
-// Format 7's header, as it starts its file: every byte a field (no padding), then the
+// Format 8's header, as it starts its file: every byte a field (no padding), then the
 // vocabulary (`vocab` code points, uint32), then the floats, then the checksum.
 typedef struct {
     char magic[8];
@@ -67,6 +68,7 @@ typedef struct {
     float bias_rate;         // --bias-rate (0 with --balance aux)
     int32_t bias_units;      // the MoE layers whose expert biases follow the floats: L with --balance bias, else 0
     int32_t precision;       // --precision (0: fp32, as in every file before format 7)
+    int32_t shared_experts;  // --shared-experts (0: none, as in every file before format 8)
     // in memory only: the vocabulary that follows the header in the file (the code point of
     // each token, so that another dataset is caught), and, for a header read from a file,
     // its format and its bytes (vocabulary included) as they are there
@@ -74,8 +76,9 @@ typedef struct {
     int format;
     long bytes;
 } CkptHeader;
-#define CKPT_FIXED_BYTES (offsetof(CkptHeader, precision) + sizeof(int32_t))
-_Static_assert(CKPT_FIXED_BYTES == 156, "format 7's header is 156 bytes, with no padding");
+#define CKPT_FIXED_BYTES (offsetof(CkptHeader, shared_experts) + sizeof(int32_t))
+_Static_assert(CKPT_FIXED_BYTES == 160, "format 8's header is 160 bytes, with no padding");
+#define CKPT_V7_BYTES offsetof(CkptHeader, shared_experts)
 #define CKPT_V6_BYTES offsetof(CkptHeader, precision)
 #define CKPT_V5_BYTES offsetof(CkptHeader, router)
 #define CKPT_V4_BYTES offsetof(CkptHeader, microbatches)
@@ -139,6 +142,7 @@ static CkptHeader ckpt_header(const Config* c, const Options* o, const Dataset* 
     h.bias_rate = c->experts > 0 ? c->bias_rate : 0;
     h.bias_units = c->experts > 0 && c->balance == BALANCE_BIAS ? c->layers : 0;
     h.precision = c->precision;
+    h.shared_experts = c->shared_experts;
     return h;
 }
 // The floats after the vocabulary: the parameters, AdamW's m and v, the expert biases.
@@ -182,7 +186,7 @@ static const char* ckpt_header_inconsistent(const CkptHeader* h, char* buf, size
                "AdamW's betas %g and %g, eps %g: each is 0 to 1", h->beta1, h->beta2, h->eps);
     Config c = {.model = h->model, .heads = h->heads, .vocab = h->vocab, .context = h->context, .emb = h->emb,
                 .hidden = h->hidden, .layers = h->layers, .experts = X, .top_k = h->top_k,
-                .expert_hidden = h->expert_hidden};
+                .expert_hidden = h->expert_hidden, .shared_experts = h->shared_experts};
     CKPT_FIELD(h->n_params != n_params(&c), "%lld parameters: its sizes make %ld", (long long)h->n_params, n_params(&c));
 #undef CKPT_FIELD
     return NULL;
@@ -209,7 +213,8 @@ static const char* ckpt_vocab_invalid(const CkptHeader* h, char* buf, size_t n) 
 
 // Reads and checks a header: this project's, this byte order, fields that a run of this
 // project writes, sizes that fit the file; adds its bytes, as they are in the file, to the
-// checksum *sum. A header of format 2 to 6 reads as format 7's: its precision fp32; of format
+// checksum *sum. A header of format 2 to 7 reads as format 8's: no shared experts; of format
+// 2 to 6, its precision fp32; of format
 // 2 to 5, its router the softmax with the loss; of format 2, 3 or 4, its microbatches 0
 // (unknown); of format 2 or 3, an MLP, its vocabulary's bytes the code points (U+0000..U+00FF),
 // the losses unknown; of format 2, a dense model (experts 0). Returns 0; or 1 if the file is
@@ -223,13 +228,15 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
     if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "MLPCKPT", 7) != 0)
         CKPT_BAD(1, "is not a checkpoint of this project (bad header)");
     int format = magic[7] - '0';
-    if (format < 2 || format > 7)
-        CKPT_BAD(2, "has format %.8s, this program reads %s, %s, %s, %s, %s and %s: save it again with the program "
-                 "that wrote it", magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC_V4, CKPT_MAGIC_V5, CKPT_MAGIC_V6,
-                 CKPT_MAGIC);
-    // format 6: the precision stays 0 (fp32); format 5: the router's fields too (softmax, the loss);
+    if (format < 2 || format > 8)
+        CKPT_BAD(2, "has format %.8s, this program reads %s, %s, %s, %s, %s, %s and %s: save it again with the "
+                 "program that wrote it", magic, CKPT_MAGIC_V2, CKPT_MAGIC_V3, CKPT_MAGIC_V4, CKPT_MAGIC_V5,
+                 CKPT_MAGIC_V6, CKPT_MAGIC_V7, CKPT_MAGIC);
+    // format 7: the shared experts stay 0; format 6: the precision too (fp32); format 5: the
+    // router's fields too (softmax, the loss);
     // format 4: the microbatches too, unknown
-    size_t fixed = format == 7   ? CKPT_FIXED_BYTES
+    size_t fixed = format == 8   ? CKPT_FIXED_BYTES
+                   : format == 7 ? CKPT_V7_BYTES
                    : format == 6 ? CKPT_V6_BYTES
                    : format == 5 ? CKPT_V5_BYTES
                                  : CKPT_V4_BYTES;
@@ -294,6 +301,9 @@ static int ckpt_parse_header(FILE* f, CkptHeader* h, uint64_t* sum, char* why, s
                (int)h->router, (int)h->balance);
     CKPT_RANGE(h->precision != PRECISION_FP32 && h->precision != PRECISION_BF16,
                "precision %d: it is %d (fp32) or %d (bf16)", (int)h->precision, PRECISION_FP32, PRECISION_BF16);
+    CKPT_RANGE(h->shared_experts < 0 || h->shared_experts > MAX_SHARED_EXPERTS ||
+               (h->experts == 0 && h->shared_experts != 0),
+               "shared_experts %d: with experts it is 0 to %d, a dense model's 0", h->shared_experts, MAX_SHARED_EXPERTS);
     CKPT_RANGE(h->bias_units != (h->balance == BALANCE_BIAS ? h->layers : 0),
                "bias_units %d: with --balance bias the layers (%d), else 0", h->bias_units, h->layers);
     CKPT_RANGE(h->expert_hidden < 0 || h->expert_hidden > 65536 ||
@@ -409,6 +419,9 @@ static void ckpt_check_fit(const CkptHeader* h, const char* path, const Config* 
         fatal("checkpoint '%s' is of a mixture of %d experts and this run's model has %d: resume it with --experts %d, "
               "with %s", path, h->experts, c->experts, h->experts, ckpt_programs(h));
     }
+    if (h->shared_experts != c->shared_experts)
+        fatal("checkpoint '%s' is of a mixture with %d shared experts and this run's has %d: pass --shared-experts %d",
+              path, h->shared_experts, c->shared_experts, h->shared_experts);
     if (c->experts > 0 && is_gpt(c)) {
         Config hc = *c;
         hc.expert_hidden = h->expert_hidden;
@@ -473,6 +486,7 @@ static void ckpt_check_save_target(const Options* o, const Config* c, const Data
         fclose(f);
         const char* other = h.model != c->model ? (h.model == MODEL_GPT ? "of the GPT" : "of the MLP")
                             : h.experts != c->experts ? "of another number of experts"
+                            : h.shared_experts != c->shared_experts ? "of another number of shared experts"
                             : (h.vocab != c->vocab || h.context != c->context || h.emb != c->emb || h.hidden != c->hidden ||
                                h.layers != c->layers || (is_gpt(c) && h.heads != c->heads) || h.n_params != n_params(c) ||
                                ckpt_vocab_differs(&h, ds) >= 0) ? "of another model"

@@ -79,6 +79,8 @@ static const CliFlag cli_common[] = {
     {"experts", "X", "make every hidden layer (mlp) or every block's MLP (gpt) a mixture of X experts (default 0: "
                      "dense; train.c, train_ep.c, and the GPT's train_3d.c --ep)"},
     {"top-k", "K", "with --experts: experts per token, 1 to 8 (default 1)"},
+    {"shared-experts", "S", "with --experts: S more experts, 0 to 8, that every token passes through beside its top-k "
+                            "(default 0; DeepSeek-V3 has 1)"},
     {"expert-hidden", "F", "gpt, with --experts: each expert's MLP width (default 4C, the dense block's; narrower, "
                            "\"fine-grained\" experts let more of them cost what a few wide ones do)"},
     {"capacity", "CF", "with --experts: an expert takes at most ceil(CF K B / X) of a batch's B tokens (gpt: its "
@@ -667,7 +669,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     *o = (Options){.data = "names.txt",
                    .max_line = DATA_DEFAULT_MAX_LINE,
                    .model = {.model = MODEL_MLP, .heads = -1, .vocab = 0, .context = -1, .emb = -1, .hidden = -1,
-                             .layers = -1, .experts = 0, .top_k = -1, .expert_hidden = -1, .capacity = -1.0f, .aux_loss = -1.0f,
+                             .layers = -1, .experts = 0, .top_k = -1, .shared_experts = -1, .expert_hidden = -1, .capacity = -1.0f, .aux_loss = -1.0f,
                              .router = -1, .balance = -1, .bias_rate = -1.0f},
                    .steps = 25000,
                    .batch = 32,
@@ -762,6 +764,7 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         else if (!strcmp(name, "layers")) *err = cli_int(name, optarg, 1, MAX_LAYERS, &o->model.layers);
         else if (!strcmp(name, "experts")) *err = cli_int(name, optarg, 0, 1024, &o->model.experts);
         else if (!strcmp(name, "top-k")) *err = cli_int(name, optarg, 1, MAX_TOP_K, &o->model.top_k);
+        else if (!strcmp(name, "shared-experts")) *err = cli_int(name, optarg, 0, MAX_SHARED_EXPERTS, &o->model.shared_experts);
         else if (!strcmp(name, "expert-hidden")) *err = cli_int(name, optarg, 1, 65536, &o->model.expert_hidden);
         else if (!strcmp(name, "capacity")) *err = cli_float(name, optarg, 0.0, 1e6, 1, &o->model.capacity);
         else if (!strcmp(name, "microbatches")) *err = cli_int(name, optarg, 1, 65536, &o->microbatches);
@@ -845,11 +848,12 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
         *err = cli_error;
     }
     if (!*err && m->experts == 0 && (m->top_k >= 0 || m->capacity >= 0 || m->aux_loss >= 0 || m->router >= 0 ||
-                                     m->balance >= 0 || m->bias_rate >= 0)) {
-        snprintf(cli_error, sizeof cli_error, "--top-k, --capacity, --aux-loss, --router, --balance and --bias-rate "
-                 "apply with --experts X only");
+                                     m->balance >= 0 || m->bias_rate >= 0 || m->shared_experts >= 0)) {
+        snprintf(cli_error, sizeof cli_error, "--top-k, --shared-experts, --capacity, --aux-loss, --router, --balance "
+                 "and --bias-rate apply with --experts X only");
         *err = cli_error;
     }
+    if (m->shared_experts < 0) m->shared_experts = 0;
     if (!*err && m->balance != BALANCE_BIAS && m->bias_rate >= 0) {
         snprintf(cli_error, sizeof cli_error, "--bias-rate applies with --balance bias: the loss balances the "
                  "experts otherwise, and no bias moves");
@@ -904,11 +908,12 @@ static int cli_parse(Options* o, int argc, char** argv, const CliFlag* extra, in
     // the model must fit: parameters of the largest layer and all of them, in floats, with a
     // vocabulary of 256 (load_data checks again with the data's, which may be larger)
     double t_e = (double)o->model.context * o->model.emb, h = o->model.hidden, C = m->emb, F = expert_width(m);
-    double x = m->experts > 0 ? m->experts : 1, hidden = (t_e * h + (m->layers - 1) * h * h + h * m->layers) * x;
+    double x = m->experts > 0 ? m->experts : 1, xs = x + m->shared_experts; // experts, and with the shared ones
+    double hidden = (t_e * h + (m->layers - 1) * h * h + h * m->layers) * xs;
     double total = 256.0 * o->model.emb + hidden + (m->experts > 0 ? (t_e + (m->layers - 1) * h) * x : 0) + h * 257;
     if (gpt) // vocabulary and T at most 256, 1024; a block's attention, LayerNorms and router, and its MLP or experts
         total = 2.0 * 256 * C + 1024 * C +
-                m->layers * (4 * C * C + 8 * C + (m->experts > 0 ? C * x : 0) + x * ((2 * C + 1) * F + C));
+                m->layers * (4 * C * C + 8 * C + (m->experts > 0 ? C * x : 0) + xs * ((2 * C + 1) * F + C));
     if (total > 512.0 * 1024 * 1024) {
         snprintf(cli_error, sizeof cli_error,
                  "the model would have about %.0f million parameters; this project caps it at 512 million "

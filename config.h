@@ -25,6 +25,7 @@
 
 #define MAX_LAYERS 32
 #define MAX_TOP_K 8 // --top-k: experts a token chooses (DeepSeek-V3 chooses 8)
+#define MAX_SHARED_EXPERTS 8 // --shared-experts: experts every token passes through (DeepSeek-V3 has 1)
 
 // ----------------------------------------------------------------------------
 // configuration
@@ -44,6 +45,7 @@ typedef struct {
     // the dense model
     int experts;     // X
     int top_k;       // k: experts per token (1 to MAX_TOP_K)
+    int shared_experts; // S: experts every token passes through beside its k (--shared-experts)
     int expert_hidden; // the GPT's: each expert's width F (--expert-hidden; 0: 4C, the dense block's)
     float capacity;  // CF, the capacity factor: an expert takes at most ceil(CF k B / X) of a training batch's B tokens
     float aux_loss;  // alpha: weight of the load-balancing loss (0 with --balance bias)
@@ -89,8 +91,8 @@ static long gpt_unit_params(const Config* c, int u); // the GPT's section below
 static inline int is_moe(const Config* c, int u) { return c->experts > 0 && u >= 1 && u <= c->layers; }
 // An MoE unit's parameters: first those every rank of expert parallelism holds (replicated:
 // the MLP's router's weight [K][X]; the GPT's block's attention, LayerNorms and router,
-// transformer.h's moe_block_layout), then expert 0's block, expert 1's, ...: each expert
-// one contiguous block (the MLP's: a weight [K][H] and a bias [H]; the GPT's: its MLP,
+// transformer.h's moe_block_layout; then the S shared experts' blocks), then routed expert
+// 0's block, expert 1's, ...: each expert one contiguous block (the MLP's: a weight [K][H] and a bias [H]; the GPT's: its MLP,
 // transformer.h's mlp_layout), so that a rank holding experts [x_lo, x_hi) holds one range.
 static inline long router_params(const Config* c, int u) {
     return (long)(is_gpt(c) ? c->emb : linear_in(c, u)) * c->experts;
@@ -102,17 +104,18 @@ static inline long expert_params(const Config* c, int u) {
     if (is_gpt(c)) return (2L * c->emb + 1) * expert_width(c) + c->emb; // fc C x F and its bias, fc2 F x C and its bias
     return (long)linear_in(c, u) * c->hidden + c->hidden;
 }
-// An expert unit's parameters before its experts, which every expert-parallel rank holds
-// whole: the router, and the GPT's attention half and LayerNorms.
+// An expert unit's parameters before its routed experts, which every expert-parallel rank
+// holds whole: the router and the shared experts, and the GPT's attention half and LayerNorms.
 static inline long moe_replicated_params(const Config* c, int u) {
-    if (is_gpt(c)) return 4L * c->emb * c->emb + 8L * c->emb + router_params(c, u); // qkv, proj, ln1, ln2, router
-    return router_params(c, u);
+    long router_shared = router_params(c, u) + c->shared_experts * expert_params(c, u);
+    if (is_gpt(c)) return 4L * c->emb * c->emb + 8L * c->emb + router_shared; // qkv, proj, ln1, ln2, router, shared
+    return router_shared;
 }
 // parameters of unit u: the embedding table, a weight [K][J] followed by a bias [J], or
 // an MoE layer's router and experts
 static inline long unit_params(const Config* c, int u) {
     if (is_gpt(c)) return gpt_unit_params(c, u);
-    if (is_moe(c, u)) return router_params(c, u) + c->experts * expert_params(c, u);
+    if (is_moe(c, u)) return moe_replicated_params(c, u) + c->experts * expert_params(c, u);
     return u == 0 ? (long)c->vocab * c->emb : (long)linear_in(c, u) * linear_out(c, u) + linear_out(c, u);
 }
 static inline long unit_offset(const Config* c, int u) {
@@ -228,8 +231,8 @@ static inline LinearKind linear_kind(int l) { return l % 2 ? COLUMN_PARALLEL : R
 // block of split tensors, then one of whole ones.
 //
 // With --experts X a mixture-of-experts unit (moe.h) has, after its own rows (the MLP's:
-// the router w_router [K][X]; the GPT's: the block's attention and LayerNorms and the router),
-// the rows of one expert (the MLP's: w [K][H], b [H]; the GPT's: fc_w, fc_b, fc2_w, fc2_b)
+// the router w_router [K][X]; the GPT's: the block's attention and LayerNorms and the router;
+// then the S shared experts' tensors, whole), the rows of one expert (the MLP's: w [K][H], b [H]; the GPT's: fc_w, fc_b, fc2_w, fc2_b)
 // X times, expert 0 first: an expert-parallel rank holds a contiguous range of experts whole.
 //
 // One function maps an element a rank holds to train.c's index (unit_canonical, below):
@@ -253,7 +256,7 @@ typedef struct {
 
 // A unit's table: rows [0, own) are the unit's own tensors; with experts, rows [own, n) are
 // one expert's, repeated `experts` times after them.
-#define MAX_TENSORS 16
+#define MAX_TENSORS (13 + 4 * MAX_SHARED_EXPERTS) // a GPT block with experts: 9 of its own, 4 a shared expert, 4 an expert
 typedef struct {
     Tensor t[MAX_TENSORS];
     int n, own, experts;
@@ -268,7 +271,8 @@ static void table_add(UnitTable* u, const char* name, long rows, long cols, Spli
 // weight, or with experts its router) and 2l (its bias); the GPT's tensor k of unit u (in the
 // dense block's order) 2^30 + 256 u + k, a block with experts its router k = 12; an expert x's
 // tensors the dense ones' plus (x + 1) 2^16 (expert_stream: every number distinct for up to
-// 32 blocks and 1024 experts).
+// 32 blocks and 1024 experts), shared expert s's those of an expert X + s.
+#define EXPERT_STREAM(x) ((uint32_t)(((x) + 1) << 16))
 static UnitTable unit_table(const Config* c, int u) {
     UnitTable t = {.n = 0};
     long V = c->vocab, L = c->layers;
@@ -281,6 +285,10 @@ static UnitTable unit_table(const Config* c, int u) {
             table_add(&t, "emb", V, c->emb, SPLIT_ROWS, 1, "vocabulary", INIT_NORMAL, 0, 0);
         } else if (is_moe(c, u)) { // not split: tensor parallelism refuses the MLP's experts
             table_add(&t, "w_router", K, c->experts, WHOLE, 1, NULL, INIT_UNIFORM, K, 2 * (uint32_t)u - 1);
+            for (int s = 0, x = c->experts; s < c->shared_experts; s++, x++) {
+                table_add(&t, "shared_w", K, c->hidden, WHOLE, 1, NULL, INIT_UNIFORM, K, 2 * (uint32_t)u - 1 + EXPERT_STREAM(x));
+                table_add(&t, "shared_b", 1, c->hidden, WHOLE, 1, NULL, INIT_UNIFORM, K, 2 * (uint32_t)u + EXPERT_STREAM(x));
+            }
             t.own = t.n;
             table_add(&t, "w", K, c->hidden, WHOLE, 1, NULL, INIT_UNIFORM, K, 2 * (uint32_t)u - 1);
             table_add(&t, "b", 1, c->hidden, WHOLE, 1, NULL, INIT_UNIFORM, K, 2 * (uint32_t)u);
@@ -321,8 +329,14 @@ static UnitTable unit_table(const Config* c, int u) {
             table_add(&t, "fc2_b", 1, C, WHOLE, 1, NULL, INIT_UNIFORM, F, k0 + 11);
         } else { // the router, then one expert's MLP: held whole (the expert axis splits experts, not their tensors)
             table_add(&t, "w_router", C, c->experts, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 12);
-            t.own = t.n;
             long Fx = expert_width(c);
+            for (int s = 0, x = c->experts; s < c->shared_experts; s++, x++) {
+                table_add(&t, "shared_fc_w", C, Fx, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 3 + EXPERT_STREAM(x));
+                table_add(&t, "shared_fc_b", 1, Fx, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 4 + EXPERT_STREAM(x));
+                table_add(&t, "shared_fc2_w", Fx, C, WHOLE, 1, NULL, INIT_UNIFORM, Fx, k0 + 5 + EXPERT_STREAM(x));
+                table_add(&t, "shared_fc2_b", 1, C, WHOLE, 1, NULL, INIT_UNIFORM, Fx, k0 + 11 + EXPERT_STREAM(x));
+            }
+            t.own = t.n;
             table_add(&t, "fc_w", C, Fx, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 3);
             table_add(&t, "fc_b", 1, Fx, WHOLE, 1, NULL, INIT_UNIFORM, C, k0 + 4);
             table_add(&t, "fc2_w", Fx, C, WHOLE, 1, NULL, INIT_UNIFORM, Fx, k0 + 5);
@@ -334,7 +348,7 @@ static UnitTable unit_table(const Config* c, int u) {
     t.own = t.n;
     return t;
 }
-static uint32_t expert_stream(const Tensor* x, long expert) { return x->stream + (uint32_t)((expert + 1) << 16); }
+static uint32_t expert_stream(const Tensor* x, long expert) { return x->stream + EXPERT_STREAM(expert); }
 
 // What one rank holds of a unit: tensor-parallel slice r of t of its own tensors (0 of 1:
 // all of them), and experts [x_lo, x_hi) whole.
@@ -496,7 +510,7 @@ static BlockDims gpt_block_dims(const Config* c, int u, int R) {
 }
 // With --experts a block is transformer.h's moe_block_layout instead.
 static MoeBlockLayout gpt_moe_layout(const Config* c) {
-    return moe_block_layout(c->emb, c->emb, expert_width(c), c->experts);
+    return moe_block_layout(c->emb, c->emb, expert_width(c), c->experts, c->shared_experts);
 }
 static long gpt_unit_params(const Config* c, int u) {
     long C = c->emb;

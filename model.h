@@ -165,6 +165,8 @@ static long acts_bytes_per_row(const Config* c, int u_lo, int u_hi, const UnitSi
             Expert e = moe_expert(c, u);   // and what the experts keep; the GPT's gather besides
             long W = e.K > e.H ? e.K : e.H, k = c->top_k;
             long token = 2L * c->experts + 4 * k + k * (6 * W + e.saved) + (is_gpt(c) ? 1 + e.K : 0);
+            if (c->shared_experts > 0) // each shared expert's output and keep, and their scratch
+                token += c->shared_experts * (e.H + e.saved) + e.H + e.K + e.tmp + 2 * e.acc;
             b += moe_tokens_per_row(c) * token * 4;
         }
     return b;

@@ -25,6 +25,7 @@
 //   in [n][K] --router--> p = softmax(in Wr) [n][X] --> each token's top k experts, gates g
 //   (--router sigmoid: p = sigmoid(in Wr), each affinity on its own)
 //     --dispatch--> expert x: h = E_x(in) --combine--> out[t] = sum over t's k of g h
+//   (--shared-experts S: + the S shared experts' outputs, every token's, no routing)
 //
 // The MLP's expert is Linear K -> H then ReLU; the GPT's is the block's MLP, fc C -> F,
 // GELU, fc2 F -> C (transformer.h's mlp_forward), with weights and biases of its own. A
@@ -74,8 +75,10 @@
 //              expert_forward      each expert on the rows it received
 //              | combine           each output row back to its token's rank
 //              moe_unpermute       each token's gated sum of its experts' outputs
+//              moe_shared_forward  plus the shared experts' (none unless --shared-experts)
 //   backward   moe_unpermute_backward, | combine's backward, expert_backward,
-//              | dispatch's backward, moe_router_backward, moe_permute_backward
+//              | dispatch's backward, moe_router_backward, moe_permute_backward,
+//              moe_shared_backward
 // (permute and unpermute: Megatron's names for the local halves of dispatch and combine.
 // The backward's all-to-alls are the backward of forward's, in reverse order: combine's
 // sends the output gradients the way dispatch went, dispatch's the input gradients back.)
@@ -198,6 +201,13 @@ typedef struct {
     // rows of ln2's output, kept for the router's backward; NULL in the MLP's
     int* token;         // [rows] position r T + t of each token, ascending
     float* in;          // [rows][K]
+    // --shared-experts S: what each keeps for its backward, and their scratch (moe_shared_forward)
+    float* shared_out;   // [S][rows][H] each shared expert's output rows
+    float* shared_saved; // [S][rows][saved]
+    float* shared_dout;  // [rows][H] backward: a copy of the layer's output gradient, which an expert overwrites
+    float* shared_din;   // [rows][K] backward: one shared expert's input gradient
+    float* shared_tmp;   // [rows][tmp]
+    int64_t* shared_acc; // [rows][acc]
     // load, over the training steps: tokens that chose each expert, and tokens dropped
     double* load_sum;   // [X]
     double dropped_sum;
@@ -265,6 +275,15 @@ static void moe_layer_init(MoeLayer* m, const Config* c, int layer, Expert e, in
     m->routed_at = mallocCheck((size_t)rows * k * sizeof(int));
     m->next_row = mallocCheck((size_t)X * sizeof(int));
     m->load_sum = callocCheck((size_t)X, sizeof(double));
+    if (c->shared_experts > 0) {
+        long S = c->shared_experts;
+        m->shared_out = mallocCheck((size_t)S * rows * e.H * sizeof(float));
+        m->shared_saved = mallocCheck((size_t)S * rows * e.saved * sizeof(float));
+        m->shared_dout = mallocCheck((size_t)rows * e.H * sizeof(float));
+        m->shared_din = mallocCheck((size_t)rows * e.K * sizeof(float));
+        m->shared_tmp = mallocCheck((size_t)rows * e.tmp * sizeof(float));
+        m->shared_acc = mallocCheck((size_t)rows * e.acc * sizeof(int64_t));
+    }
 }
 static void moe_layer_free(MoeLayer* m) {
     free(m->probs), free(m->dprobs), free(m->choice), free(m->gate), free(m->dgate), free(m->counts), free(m->coef);
@@ -272,6 +291,8 @@ static void moe_layer_free(MoeLayer* m) {
     free(m->expert_from), free(m->routed_token), free(m->routed_in), free(m->routed_out), free(m->expert_in);
     free(m->expert_out), free(m->expert_saved), free(m->expert_dout), free(m->expert_din), free(m->tmp), free(m->acc);
     free(m->load_sum), free(m->token), free(m->in);
+    free(m->shared_out), free(m->shared_saved), free(m->shared_dout), free(m->shared_din), free(m->shared_tmp);
+    free(m->shared_acc);
 }
 // Buffers that depend on the layout and the routing: grown when a pass needs more (the
 // first passes only).
@@ -560,6 +581,44 @@ static void moe_permute_backward(const Config* c, const MoeLayer* m, float* din,
         }
 }
 
+// --shared-experts S (DeepSeek's shared experts): S more experts, each shaped like a routed
+// one, that every token passes through with a gate of 1, so that what all tokens need is
+// learnt once and the routed experts can specialise. Their blocks follow the router's weight
+// wr [K][X]; every rank of expert parallelism holds them, as it holds the router, and runs
+// them on its own tokens: no all-to-all, and their gradients are all-reduced with the
+// router's. A token's output is its routed sum, then each shared expert's output added in
+// order, the same float additions in every layout.
+static const float* moe_shared_weights(const Config* c, const MoeLayer* m, const float* wr) {
+    return wr + (long)m->e.K * c->experts;
+}
+// out [n][H] += each shared expert's output on in [n][K], whose rows it keeps for backward
+static void moe_shared_forward(const Config* c, MoeLayer* m, const float* wr, const float* in, float* out, int n,
+                               Workspace* ws) {
+    const Expert* e = &m->e;
+    const float* w = moe_shared_weights(c, m, wr);
+    for (int s = 0; s < c->shared_experts; s++) {
+        float* h = m->shared_out + (long)s * m->rows * e->H;
+        expert_forward(e, h, m->shared_saved + (long)s * m->rows * e->saved, in, w + s * e->params, n, m->shared_tmp,
+                       m->shared_acc, ws);
+        for (long i = 0; i < (long)n * e->H; i++) out[i] += h[i];
+    }
+}
+// Its backward, from dout [n][H]: each shared expert's input gradient added to din [n][K], in
+// order, and its exact weight gradient added into its block of g (laid out as wr's)
+static void moe_shared_backward(const Config* c, MoeLayer* m, const float* wr, int64_t* gr, const float* in,
+                                const float* dout, float* din, int n, long terms, Workspace* ws) {
+    const Expert* e = &m->e;
+    const float* w = moe_shared_weights(c, m, wr);
+    int64_t* g = gr + (long)e->K * c->experts;
+    for (int s = 0; s < c->shared_experts; s++) {
+        memcpy(m->shared_dout, dout, (size_t)n * e->H * sizeof(float));
+        expert_backward(e, m->shared_din, g + s * e->params, m->shared_dout, in, m->shared_out + (long)s * m->rows * e->H,
+                        m->shared_saved + (long)s * m->rows * e->saved, w + s * e->params, n, terms, m->shared_tmp,
+                        m->shared_acc, ws);
+        for (long i = 0; i < (long)n * e->K; i++) din[i] += m->shared_din[i];
+    }
+}
+
 // The layer on one process (train.c), in [n][K] -> out [n][H]: every expert is here, so the
 // counts are all its own and dispatch and combine are copies (train_ep.c: all-to-alls). `wr`
 // is the router's weight, `we` the experts' blocks; these n tokens are the whole batch;
@@ -583,6 +642,7 @@ static void moe_forward(const Config* c, const float* wr, const float* we, MoeLa
     trace_event("compute", t, trace_clock(), 0, "experts %d", m->layer);
     memcpy(m->routed_out, m->expert_out, (size_t)m->n_routed * e->H * sizeof(float)); // combine
     moe_unpermute(c, m, out, n);
+    moe_shared_forward(c, m, wr, in, out, n, ws);
 }
 // Its backward: from dout [n][H], the input gradient din [n][K], and the exact weight
 // gradients of the router and of every expert added into gr and ge (laid out as wr and we);
@@ -604,6 +664,7 @@ static void moe_backward(const Config* c, const float* wr, const float* we, int6
     memcpy(m->routed_din, m->expert_din, (size_t)m->n_routed * e->K * sizeof(float)); // dispatch's backward
     moe_router_backward(c, m, wr, gr, in, din, n, terms, ws);
     moe_permute_backward(c, m, din, n);
+    moe_shared_backward(c, m, wr, gr, in, dout, din, n, terms, ws);
 }
 
 #pragma GCC diagnostic pop

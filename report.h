@@ -38,6 +38,7 @@ static void print_config(const Options* o, const Dataset* ds, const char* layout
     else if (c->experts > 0)
         printf("  experts    every hidden layer a mixture of %d experts: top-%d, capacity factor %g, ", c->experts,
                c->top_k, c->capacity);
+    if (c->shared_experts > 0) printf("%d shared, ", c->shared_experts);
     if (c->experts > 0 && c->router == ROUTER_SIGMOID) printf("sigmoid router, ");
     if (c->experts > 0 && c->balance == BALANCE_BIAS) printf("balanced by a bias moving %g a step\n", c->bias_rate);
     else if (c->experts > 0) printf("aux loss weight %g\n", c->aux_loss);
@@ -339,12 +340,13 @@ static void figures_print(const Figures* f, int n, const char* sent_words, const
 
 // The model a run trained, as its --summary's model= line gives it: tools/costmodel compute
 // prints the same line above its table, and replay refuses a run whose model is not its table's.
-// An expert's width is named only when --expert-hidden set it, so older summaries still match.
+// An expert's width and the shared experts are named only when set, so older summaries still match.
 static void model_words(const Config* c, char* s, size_t n) {
     int at = snprintf(s, n, "%s vocab=%d context=%d emb=%d hidden=%d layers=%d heads=%d experts=%d top_k=%d",
                       model_names[c->model], c->vocab, c->context, c->emb, c->hidden, c->layers, c->heads, c->experts,
                       c->top_k);
-    if (c->expert_hidden > 0 && at >= 0 && (size_t)at < n) snprintf(s + at, n - at, " expert_hidden=%d", c->expert_hidden);
+    if (c->expert_hidden > 0 && at >= 0 && (size_t)at < n) at += snprintf(s + at, n - at, " expert_hidden=%d", c->expert_hidden);
+    if (c->shared_experts > 0 && at >= 0 && (size_t)at < n) snprintf(s + at, n - at, " shared_experts=%d", c->shared_experts);
 }
 
 // --summary: the run's figures as key=value lines (every rank's in order), and its names.

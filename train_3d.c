@@ -316,7 +316,8 @@ static double train_step(Run* r, const Options* o, Progress* pr, long step) {
 // tensor-parallel rank holds its group's share of the experts whole and routes the same
 // tokens as the others (--sp, which would give them different tokens, is refused), so the
 // experts' and router's gradients are the same on every tensor-parallel rank and counted
-// once in the norm, like a whole tensor's.
+// once in the norm, like a whole tensor's. Shared experts (--shared-experts) are whole
+// tensors of the block, next to the router, and run the same way.
 //
 // Capacity and the load-balancing loss are per microbatch, as Megatron-LM and DeepSpeed
 // compute them, and train.c with --microbatches M does the same: a token's place among all
@@ -347,7 +348,7 @@ static BlockDims grid_moe_dims(Run* r, int R) {
     return d;
 }
 static MoeBlockLayout grid_moe_layout(const Run* r) {
-    return moe_block_layout(r->cfg.emb, r->tensor.dims.A, expert_width(&r->cfg), r->cfg.experts);
+    return moe_block_layout(r->cfg.emb, r->tensor.dims.A, expert_width(&r->cfg), r->cfg.experts, r->cfg.shared_experts);
 }
 
 // The plan of a training pass, in three parts. 1: every token's choices of the microbatch, on

@@ -27,8 +27,9 @@
  *   mpirun -n 2 ./train_ep --model gpt --experts 4           # the GPT: 4 experts in every block
  *
  * First read: the plan, one MoE layer's forward and backward (top-1), one training step.
- * Then chapters: top-k, capacity and dropped tokens, the balancing loss, the GPT's experts,
- * microbatches, the formulas, the timeline. train_3d.c's expert axis runs the strategy.
+ * Then chapters: top-k, capacity and dropped tokens, the balancing loss, shared experts, the
+ * GPT's experts, microbatches, the formulas, the timeline. train_3d.c's expert axis runs
+ * the strategy.
  */
 #include "model.h"
 #include "ckpt.h"
@@ -133,6 +134,7 @@ static void ep_moe_forward(Ep* p, const Config* c, const EpLayer* l, const float
     trace_event("compute", t, trace_clock(), 0, "experts %d", m->layer);
     ep_all_to_all(p, m->expert_out, m->expert_from, m->routed_out, m->routed_to, e->H, "combine");
     moe_unpermute(c, m, out, n); // each token's gate x its expert's output
+    moe_shared_forward(c, m, l->router, in, out, n, l->ws); // + the shared experts' (their chapter)
 }
 
 // Its backward, from dout [n][H]: din [n][K], and the router's and this rank's experts'
@@ -160,6 +162,7 @@ static void ep_moe_backward(Ep* p, const Config* c, const EpLayer* l, const floa
     ep_all_to_all(p, m->expert_din, m->expert_from, m->routed_din, m->routed_to, e->K, "dispatch (backward)");
     moe_router_backward(c, m, l->router, l->router_grad, in, din, n, l->terms, l->ws);
     moe_permute_backward(c, m, din, n); // plus each routed row's input gradient, back in its token's row
+    moe_shared_backward(c, m, l->router, l->router_grad, in, dout, din, n, l->terms, l->ws);
 }
 
 #ifndef TRAIN_3D // from here to the end of the first read: the program; train_3d.c has its own
@@ -322,6 +325,14 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
 // f_x the share of the batch's choices that went to x, P_x x's mean probability. ep_plan's
 // moe_balance takes f_x from the gathered counts and adds this rank's tokens' exact terms;
 // forward's all-reduce sums them beside the loss; moe_router_backward adds its gradient.
+
+// ----------------------------------------------------------------------------
+// shared experts
+// With --shared-experts S (DeepSeek-V2 and V3: one), every token also passes through S
+// experts of its own layer's shape, gate 1, beside its k routed ones. Their weights follow
+// the router's and are replicated like it, so each rank runs them on its own tokens
+// (moe_shared_forward, the last line of ep_moe_forward): they send nothing, and their
+// gradients travel in ep_allreduce_replicated's one all-reduce with the router's.
 
 // ----------------------------------------------------------------------------
 // the GPT's experts

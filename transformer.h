@@ -83,16 +83,16 @@ static MlpGrads block_mlp_grads(const BlockGrads* g) { return (MlpGrads){g->fc_w
 // A block whose MLP is a mixture of X experts (--experts; the layer itself is model.h's
 // "mixture of experts"): the dense block's attention and LayerNorms, in the dense order
 // (split by heads, then replicated), the router's weight [C][X] (replicated: every rank
-// routes its own tokens), then the X experts, each the dense block's MLP with weights of its
-// own, in the dense order too (fc_w [C][F], fc_b [F], fc2_w [F][C] split by slices of F, then
-// fc2_b [C]):
-//   qkv_w, qkv_b, proj_w, | ln1_g, ln1_b, proj_b, ln2_g, ln2_b, router_w, | expert 0, ..., expert X-1
-// so that what every rank of expert parallelism holds is one range (`shared`), and a rank
-// holding experts [x_lo, x_hi) holds another.
+// routes its own tokens), the S shared experts (--shared-experts, replicated too), then the
+// X routed experts; each expert is the dense block's MLP with weights of its own, in the
+// dense order (fc_w [C][F], fc_b [F], fc2_w [F][C], fc2_b [C]):
+//   qkv_w, qkv_b, proj_w, | ln1_g, ln1_b, proj_b, ln2_g, ln2_b, router_w, shared 0 .. S-1, | expert 0 .. X-1
+// so that what every rank of expert parallelism holds is one range (up to `routed`), and a
+// rank holding experts [x_lo, x_hi) holds another.
 typedef struct {
     long qkv_w, qkv_b, proj_w;                          // split by heads
-    long ln1_g, ln1_b, proj_b, ln2_g, ln2_b, router_w;  // replicated
-    long split, shared; // elements of the split tensors, and of everything before the experts
+    long ln1_g, ln1_b, proj_b, ln2_g, ln2_b, router_w, shared_w; // replicated
+    long split, routed; // elements of the split tensors, and of everything before the routed experts
     long expert, n;     // elements of one expert, and of the whole block
 } MoeBlockLayout;
 typedef struct {
@@ -110,7 +110,7 @@ static MlpLayout mlp_layout(int C, int F) {
     l.n = at;
     return l;
 }
-static MoeBlockLayout moe_block_layout(int C, int A, int F, int X) {
+static MoeBlockLayout moe_block_layout(int C, int A, int F, int X, int S) {
     MoeBlockLayout l;
     long at = 0;
     l.qkv_w = at, at += (long)C * 3 * A;
@@ -123,9 +123,10 @@ static MoeBlockLayout moe_block_layout(int C, int A, int F, int X) {
     l.ln2_g = at, at += C;
     l.ln2_b = at, at += C;
     l.router_w = at, at += (long)C * X;
-    l.shared = at;
     l.expert = mlp_layout(C, F).n;
-    l.n = l.shared + X * l.expert;
+    l.shared_w = at, at += S * l.expert;
+    l.routed = at;
+    l.n = l.routed + X * l.expert;
     return l;
 }
 // An MoE block's attention and LayerNorms as a BlockParams (the MLP's tensors NULL: the

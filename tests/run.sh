@@ -690,7 +690,7 @@ section_checkpoint() {
 import struct, sys
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
 b = bytearray(open(src, "rb").read())
-if what == "nan": at = 156 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 7: the header, the vocabulary's code points, the floats
+if what == "nan": at = 160 + 4 * struct.unpack("<i", b[12:16])[0]; b[at + 40:at + 44] = struct.pack("<f", float("nan"))  # format 8: the header, the vocabulary's code points, the floats
 if what == "nanbias": b[-12:-8] = struct.pack("<f", float("nan"))  # --balance bias: the last expert's bias, before the checksum
 if what == "order": b[8:12] = bytes(reversed(b[8:12]))
 if what == "v1": b[0:8] = b"MLPCKPT1"
@@ -739,18 +739,26 @@ PY
         fresh "$TMP/o40.ckpt"
         run "$TMP/o40.out" $p $old --experts 2 --steps 40 --save "$TMP/o40.ckpt" --log "$TMP/o40.csv"
         run "$TMP/o4.out" $p $old --experts 2 --steps 40 --load tests/old/format4_experts.ckpt --save "$TMP/o4.ckpt"
-        check "checkpoint: a format 4 checkpoint (before the microbatches) resumes as a run never stopped, and is saved again in format 7" \
-            bash -c "cmp -s '$TMP/o40.out' '$TMP/o4.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o4.ckpt' && head -c 8 '$TMP/o4.ckpt' | grep -q MLPCKPT7"
+        check "checkpoint: a format 4 checkpoint (before the microbatches) resumes as a run never stopped, and is saved again in format 8" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o4.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o4.ckpt' && head -c 8 '$TMP/o4.ckpt' | grep -q MLPCKPT8"
         # format 5 too, its router the softmax with the loss: tests/old/format5_experts.ckpt is
         # commit 331f217's train --context 3 --emb 2 --hidden 4 --experts 2 --steps 20
         run "$TMP/o5.out" $p $old --experts 2 --steps 40 --load tests/old/format5_experts.ckpt --save "$TMP/o5.ckpt"
-        check "checkpoint: a format 5 checkpoint (before the router's fields) resumes as a run never stopped, and is saved again in format 7" \
-            bash -c "cmp -s '$TMP/o40.out' '$TMP/o5.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o5.ckpt' && head -c 8 '$TMP/o5.ckpt' | grep -q MLPCKPT7"
+        check "checkpoint: a format 5 checkpoint (before the router's fields) resumes as a run never stopped, and is saved again in format 8" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o5.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o5.ckpt' && head -c 8 '$TMP/o5.ckpt' | grep -q MLPCKPT8"
         # format 6 too, its precision fp32: tests/old/format6_experts.ckpt is commit b6999a6's
         # train --context 3 --emb 2 --hidden 4 --experts 2 --steps 20
         run "$TMP/o6.out" $p $old --experts 2 --steps 40 --load tests/old/format6_experts.ckpt --save "$TMP/o6.ckpt"
-        check "checkpoint: a format 6 checkpoint (before the precision) resumes as a run never stopped, and is saved again in format 7" \
-            bash -c "cmp -s '$TMP/o40.out' '$TMP/o6.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o6.ckpt' && head -c 8 '$TMP/o6.ckpt' | grep -q MLPCKPT7"
+        check "checkpoint: a format 6 checkpoint (before the precision) resumes as a run never stopped, and is saved again in format 8" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o6.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o6.ckpt' && head -c 8 '$TMP/o6.ckpt' | grep -q MLPCKPT8"
+        # format 7 too, no shared experts: tests/old/format7_experts.ckpt is commit c301536's
+        # train --context 3 --emb 2 --hidden 4 --experts 2 --steps 20
+        run "$TMP/o7.out" $p $old --experts 2 --steps 40 --load tests/old/format7_experts.ckpt --save "$TMP/o7.ckpt"
+        check "checkpoint: a format 7 checkpoint (before the shared experts) resumes as a run never stopped, and is saved again in format 8" \
+            bash -c "cmp -s '$TMP/o40.out' '$TMP/o7.out' && tools/compare '$TMP/o40.csv' '$TMP/o40.csv' '$TMP/o40.ckpt' '$TMP/o7.ckpt' && head -c 8 '$TMP/o7.ckpt' | grep -q MLPCKPT8"
+        expect_error 1 "checkpoint '.*format7_experts.ckpt' is of a mixture with 0 shared experts and this run's has 1: pass --shared-experts 0" \
+            "checkpoint: a format 7 checkpoint reads as no shared experts: resumed with one it is refused, naming the flag" \
+            -- $p $old --experts 2 --steps 40 --load tests/old/format7_experts.ckpt --shared-experts 1
         expect_error 1 "other settings: --precision fp32 \(now bf16\);" "checkpoint: a format 6 checkpoint reads as fp32: resumed in bf16 it is refused, naming --precision" \
             -- $p $old --experts 2 --steps 40 --load tests/old/format6_experts.ckpt --precision bf16
         # with experts the microbatches decide the result (capacity and the balancing loss are a
@@ -823,6 +831,7 @@ i32:140:5|balance 5: it is 0 \(aux\) or 1 \(bias\)
 i32:148:3|bias_units 3: with --balance bias the layers \(1\), else 0
 i32:148:0|bias_units 0: with --balance bias the layers \(1\), else 0
 i32:152:2|precision 2: it is 0 \(fp32\) or 1 \(bf16\)
+i32:156:9|shared_experts 9: with experts it is 0 to 8, a dense model's 0
 EOT
         poke "$TMP/bias.ckpt" "$TMP/nanbias.ckpt" nanbias
         expect_error 1 "holds an expert bias that is not finite \(layer 1\)" "checkpoint: a NaN expert bias is refused on load, naming its layer" \
@@ -836,7 +845,7 @@ EOT
             -- $p $gpt --steps 10 --load "$TMP/gpt.ckpt" --microbatches 2
         # a vocabulary holding a UTF-16 surrogate (not a character) is corrupt, not printed as
         # invalid UTF-8 (issue 36: 10): names.txt's token 26, 'z', made U+D800
-        poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((156 + 4 * 26)):55296
+        poke "$TMP/s120.ckpt" "$TMP/surrogate.ckpt" u32:$((160 + 4 * 26)):55296
         expect_error 1 "checkpoint '$TMP/surrogate.ckpt' is corrupt: its vocabulary's token 26 is U\+D800, a UTF-16 surrogate, not a character" \
             "checkpoint: a vocabulary holding U+D800 is refused as corrupt (issue 36: 10)" -- $p --load "$TMP/surrogate.ckpt" --steps 150
         check "checkpoint: ... its message is valid UTF-8" iconv -f UTF-8 -t UTF-8 "$TMP/err"
@@ -1372,7 +1381,7 @@ section_precision() {
     reference bf_half --steps 15 --eval-every 10 --samples 3 --precision bf16
     same_as bf_mlp "precision: train_tp resumes train.c's bf16 checkpoint of step 15, same as its own 30 steps" \
         $MPIRUN -n 2 ./train_tp --steps 30 --eval-every 10 --samples 3 --precision bf16 --load "$TMP/bf_half.ckpt"
-    check "precision: a checkpoint is written in format 7" bash -c "head -c 8 '$TMP/bf_mlp.ckpt' | grep -q MLPCKPT7"
+    check "precision: a checkpoint is written in format 8" bash -c "head -c 8 '$TMP/bf_mlp.ckpt' | grep -q MLPCKPT8"
     expect_error 2 "--precision must be fp32 or bf16, got 'fp16'" "precision: --precision fp16 is refused (not built)" -- ./train --precision fp16
     expect_error 2 "--precision must be fp32 or bf16" "precision: a bad --precision is refused on every rank" -- $MPIRUN -n 2 ./train_3d --precision half
 }
@@ -1893,6 +1902,41 @@ section_ep() {
     run "$TMP/rb20b" $MPIRUN -n 2 ./train_ep ${flags/--steps 40/--steps 20} $ds $bs --optimizer adamw --save "$TMP/ep_rb20b.ckpt" --quiet
     same_as ep_bias "ep: train.c resumes train_ep's --balance bias checkpoint of step 20 (2 ranks), same as its own 40 steps" \
         ./train $flags $ds $bs --optimizer adamw --load "$TMP/ep_rb20b.ckpt"
+    # shared experts (--shared-experts S): every token through S more experts beside its top-k,
+    # replicated like the router; the MLP with 2 of them over 2 and 3 ranks, and DeepSeek-V3's
+    # recipe on the GPT (fine-grained top-4 of 8, sigmoid with a bias, one shared expert) over
+    # 2 and 4 ranks and in 4D grids, with 2 microbatches and selective recomputation
+    local sh="--experts 4 --top-k 2 --shared-experts 2 --optimizer adamw" dsv3="$gk $ds $bs --expert-hidden 16 --shared-experts 1"
+    reference ep_sh $flags $sh
+    reference ep_dsv3 $flags $dsv3
+    for n in 2 3; do
+        same_as ep_sh "ep: 4 experts and 2 shared on $n ranks, top-2, adamw, same as train.c" $MPIRUN -n $n ./train_ep $flags $sh
+    done
+    for n in 2 4; do
+        same_as ep_dsv3 "ep: the GPT, DeepSeek-V3's recipe (top-4 of 8 experts 16 wide, sigmoid and bias, 1 shared) on $n ranks, 2 microbatches, selective recomputation, same as train.c" \
+            $MPIRUN -n $n ./train_ep $flags $dsv3
+    done
+    same_as ep_dsv3 "ep: the same in train_3d's 4D grid --tp 2 --pp 2 --dp 2 --ep 2, same as train.c" \
+        $MPIRUN -n 8 ./train_3d --tp 2 --cp 1 --pp 2 --dp 2 --ep 2 $flags $dsv3
+    same_as ep_dsv3 "ep: the same in train_3d --cp 2 --dp 2 --ep 2 (ring attention), same as train.c" \
+        $MPIRUN -n 4 ./train_3d --tp 1 --cp 2 --pp 1 --dp 2 --ep 2 $flags $dsv3
+    run "$TMP/sh20" ./train ${flags/--steps 40/--steps 20} $sh --save "$TMP/ep_sh20.ckpt" --quiet
+    same_as ep_sh "ep: 3 ranks resume train.c's checkpoint of step 20 with 2 shared experts, same as train.c's 40 steps" \
+        $MPIRUN -n 3 ./train_ep $flags $sh --load "$TMP/ep_sh20.ckpt"
+    expect_error 1 "is of a mixture with 2 shared experts and this run's has 1: pass --shared-experts 2" \
+        "ep: a checkpoint resumed with another --shared-experts is refused, naming the flag" \
+        -- $MPIRUN -n 2 ./train_ep ${sh/--shared-experts 2/--shared-experts 1} --load "$TMP/ep_sh20.ckpt" --steps 30
+    expect_error 2 "--top-k, --shared-experts, --capacity, .* apply with --experts X only" \
+        "ep: --shared-experts without --experts is refused" -- ./train --shared-experts 1
+    expect_error 2 "--shared-experts must be an integer from 0 to 8, got '9'" "ep: --shared-experts 9 is refused" \
+        -- $MPIRUN -n 2 ./train_ep --experts 4 --shared-experts 9
+    run "$TMP/sh0.out" ./train --experts 4 --steps 0 --samples 0
+    run "$TMP/sh1.out" ./train --experts 4 --shared-experts 1 --steps 0 --samples 0
+    local q0 q1
+    q0=$(sed -n 's/.*: \([0-9]*\) parameters$/\1/p' "$TMP/sh0.out")
+    q1=$(sed -n 's/.*: \([0-9]*\) parameters$/\1/p' "$TMP/sh1.out")
+    check "ep: --shared-experts 1 is said, and adds one expert's 256 x 64 + 64 parameters ($q1 - $q0)" \
+        bash -c "grep -q 'a mixture of 4 experts: top-1, capacity factor 1.25, 1 shared, aux loss' '$TMP/sh1.out' && [ '$q0' -gt 0 ] && [ \$((${q1:-0} - $q0)) = 16448 ]"
     run "$TMP/bias.out" ./train --steps 200 --eval-every 0 --samples 0 --experts 4 --router sigmoid --balance bias
     run "$TMP/nobal.out" ./train --steps 200 --eval-every 0 --samples 0 --experts 4 --router sigmoid --aux-loss 0
     local most_bias most_none

@@ -73,8 +73,13 @@ static void test_tables(const Config* c, int t, const char* what) {
             long l[MAX_TENSORS + 1] = {0};
             for (int i = 0; i < tab.own; i++) l[i + 1] = l[i] + tensor_held(&tab.t[i], t);
             if (is_moe(c, u)) {
-                MoeBlockLayout m = moe_block_layout(C, A, expert_width(c), c->experts);
-                long want[] = {m.qkv_w, m.qkv_b, m.proj_w, m.ln1_g, m.ln1_b, m.proj_b, m.ln2_g, m.ln2_b, m.router_w, m.shared};
+                MoeBlockLayout m = moe_block_layout(C, A, expert_width(c), c->experts, c->shared_experts);
+                long want[MAX_TENSORS + 1] = {m.qkv_w, m.qkv_b, m.proj_w, m.ln1_g, m.ln1_b, m.proj_b, m.ln2_g, m.ln2_b, m.router_w};
+                MlpLayout e = mlp_layout(C, expert_width(c));
+                long at[] = {e.fc_w, e.fc_b, e.fc2_w, e.fc2_b}; // each shared expert's tensors, in its block
+                for (int s = 0; s < c->shared_experts; s++)
+                    for (int i = 0; i < 4; i++) want[9 + 4 * s + i] = m.shared_w + s * m.expert + at[i];
+                want[9 + 4 * c->shared_experts] = m.routed;
                 for (int i = 0; i <= tab.own; i++) layout_ok &= l[i] == want[i];
                 layout_ok &= table_expert(&tab) == m.expert;
             } else {
@@ -1308,7 +1313,8 @@ static long ref_place(int total[][64], int seen[][64], int j, int x) {
 // The mixture-of-experts model (model.h), in double precision and written out from its
 // definition: router softmax, top k (ties to the lower index), gates (k = 1: the probability;
 // k >= 2: renormalised), capacity C = ceil(CF k R / X) by slot then row, experts Linear + ReLU,
-// the gated sum; f = the rows' losses + the load-balancing terms, alpha X sum_x f_x sum_r p_x.
+// the gated sum, plus each shared expert's output on every row; f = the rows' losses + the
+// load-balancing terms, alpha X sum_x f_x sum_r p_x.
 static long moe_dropped; // tokens the last call dropped
 static double moe_model_objective(const double* theta, void* vctx) {
     ModelCtx* m = vctx;
@@ -1364,11 +1370,20 @@ static double moe_model_objective(const double* theta, void* vctx) {
                         continue;
                     }
                     double g = ref_gate(p + r * X, ch + r * k, k, j);
-                    const double* we = w + router_params(c, l) + x * expert_params(c, l);
+                    const double* we = w + moe_replicated_params(c, l) + x * expert_params(c, l);
                     for (int i = 0; i < H; i++) {
                         double o = we[(long)K * H + i];
                         for (int q = 0; q < K; q++) o += cur[r * maxw + q] * we[(long)q * H + i];
                         nxt[r * maxw + i] += g * (o > 0 ? o : 0);
+                    }
+                }
+            for (int s = 0; s < c->shared_experts; s++) // every row through each shared expert, gate 1
+                for (int r = 0; r < R; r++) {
+                    const double* we = w + router_params(c, l) + s * expert_params(c, l);
+                    for (int i = 0; i < H; i++) {
+                        double o = we[(long)K * H + i];
+                        for (int q = 0; q < K; q++) o += cur[r * maxw + q] * we[(long)q * H + i];
+                        nxt[r * maxw + i] += o > 0 ? o : 0;
                     }
                 }
         }
@@ -1397,9 +1412,9 @@ static const char* test_route(Config* c, int route) {
 }
 // The mixture of experts on one process (train.c's), against the reference above: the loss
 // plus the aux loss, and every gradient (router, experts, and the layers around them).
-static void test_grad_moe(int layers, int experts, int top_k, float capacity, int R, int want_drops, int route) {
+static void test_grad_moe(int layers, int experts, int top_k, float capacity, int R, int want_drops, int route, int S) {
     Config c = {.vocab = 7, .context = 3, .emb = 2, .hidden = 5, .layers = layers, .experts = experts,
-                .top_k = top_k, .capacity = capacity, .aux_loss = 0.05f};
+                .top_k = top_k, .shared_experts = S, .capacity = capacity, .aux_loss = 0.05f};
     const char* router = test_route(&c, route);
     long np = n_params(&c);
     float* params = mallocCheck(sizeof(float) * np);
@@ -1427,9 +1442,9 @@ static void test_grad_moe(int layers, int experts, int top_k, float capacity, in
     numeric_grad(num, theta, np, moe_model_objective, &ctx);
     double err = grad_error(an, num, np);
     check(fabs(got - ref) < 1e-5 * ref && err < GRAD_TOL && dropped == ref_dropped && (dropped > 0) == want_drops,
-          "gradient check: mixture of %d experts, top-%d (%s), L=%d, capacity %g, %d rows, %ld tokens dropped "
-          "(reference %ld), aux loss %.2e: max rel error %.1e", experts, top_k, router, layers, capacity, R, dropped,
-          ref_dropped, fix_to(w.acts.aux) / R, err);
+          "gradient check: mixture of %d experts, top-%d (%s), %d shared, L=%d, capacity %g, %d rows, %ld tokens "
+          "dropped (reference %ld), aux loss %.2e: max rel error %.1e", experts, top_k, router, S, layers, capacity, R,
+          dropped, ref_dropped, fix_to(w.acts.aux) / R, err);
     free(params), free(grads), free(theta), free(an), free(num);
     work_free(&w);
 }
@@ -1465,18 +1480,32 @@ static void test_route_underflow(void) {
           "--router sigmoid: affinities that all underflow to 0 stop the run (0 / 0 gates), tiny ones still route");
 }
 
+// out [C] += g x the expert with weights we (laid out as el) on z [C]; m: [F] of scratch
+static void ref_gelu_mlp(double* out, double g, const double* z, const double* we, const MlpLayout* el, int C, int F,
+                         double* m) {
+    for (int q = 0; q < F; q++) {
+        double o = we[el->fc_b + q];
+        for (int v = 0; v < C; v++) o += z[v] * we[el->fc_w + (long)v * F + q];
+        m[q] = gelu_ref(o);
+    }
+    for (int q = 0; q < C; q++) {
+        double o = we[el->fc2_b + q];
+        for (int v = 0; v < F; v++) o += m[v] * we[el->fc2_w + (long)v * C + q];
+        out[q] += g * o;
+    }
+}
 // The GPT with experts (model.h's "a unit with a mixture of experts") in double precision,
 // written out from its definition: each block's attention half as the dense GPT's; then its
 // tokens, over the whole batch, the positions with a target only (padding is not routed in
 // training), routed as moe_model_objective routes rows: the router on ln2's output, top k,
 // capacity C = ceil(CF k n / X) by slot then token, each expert the GELU MLP fc, GELU, fc2
-// with biases of its own, the gated sum added to the residual; f = the losses over the
-// targets + the load-balancing terms.
+// with biases of its own, the gated sum and each shared expert's output added to the
+// residual; f = the losses over the targets + the load-balancing terms.
 static double gpt_moe_objective(const double* theta, void* vctx) {
     GptCtx* x = vctx;
     const Config* c = x->c;
     int R = x->R, T = c->context, C = c->emb, V = c->vocab, F = expert_width(c), L = c->layers, X = c->experts, k = c->top_k;
-    MoeBlockLayout bl = moe_block_layout(C, C, F, X);
+    MoeBlockLayout bl = moe_block_layout(C, C, F, X, c->shared_experts);
     MlpLayout el = mlp_layout(C, F);
     double *h = mallocCheck(sizeof(double) * R * T * C), *y = mallocCheck(sizeof(double) * T * C);
     double *qkv = mallocCheck(sizeof(double) * T * 3 * C), *a = mallocCheck(sizeof(double) * T * C);
@@ -1539,19 +1568,12 @@ static double gpt_moe_objective(const double* theta, void* vctx) {
                     moe_dropped++;
                     continue;
                 }
-                const double *pi = p + (long)i * X, *we = w + bl.shared + e * bl.expert, *zi = z + (long)tok[i] * C;
-                double g = ref_gate(pi, ch + i * k, k, j);
-                for (int q = 0; q < F; q++) {
-                    double o = we[el.fc_b + q];
-                    for (int v = 0; v < C; v++) o += zi[v] * we[el.fc_w + (long)v * F + q];
-                    m[q] = gelu_ref(o);
-                }
-                for (int q = 0; q < C; q++) {
-                    double o = we[el.fc2_b + q];
-                    for (int v = 0; v < F; v++) o += m[v] * we[el.fc2_w + (long)v * C + q];
-                    h[(long)tok[i] * C + q] += g * o;
-                }
+                const double *pi = p + (long)i * X, *we = w + bl.routed + e * bl.expert, *zi = z + (long)tok[i] * C;
+                ref_gelu_mlp(h + (long)tok[i] * C, ref_gate(pi, ch + i * k, k, j), zi, we, &el, C, F, m);
             }
+        for (int s = 0; s < c->shared_experts; s++) // every token through each shared expert, gate 1
+            for (int i = 0; i < n; i++)
+                ref_gelu_mlp(h + (long)tok[i] * C, 1.0, z + (long)tok[i] * C, w + bl.shared_w + s * bl.expert, &el, C, F, m);
     }
     const double* w = theta + unit_offset(c, L + 1); // lm_head [C][V], ln_f gain, bias
     for (int i = 0; i < R * T; i++) {
@@ -1572,9 +1594,10 @@ static double gpt_moe_objective(const double* theta, void* vctx) {
 // train.c's GPT with experts against the reference above, rows with padding: the loss plus
 // the aux loss, and every gradient (attention, LayerNorms, routers, experts, embeddings, head).
 // F: each expert's width (--expert-hidden; 0: 4C)
-static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity, int want_drops, int F, int route) {
+static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity, int want_drops, int F, int route, int S) {
     Config c = {.model = MODEL_GPT, .heads = 2, .vocab = 7, .context = 5, .emb = 4, .layers = layers,
-                .experts = experts, .top_k = top_k, .expert_hidden = F, .capacity = capacity, .aux_loss = 0.05f};
+                .experts = experts, .top_k = top_k, .shared_experts = S, .expert_hidden = F, .capacity = capacity,
+                .aux_loss = 0.05f};
     const char* router = test_route(&c, route);
     int R = 3, T = c.context;
     long np = n_params(&c);
@@ -1582,7 +1605,7 @@ static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity
     float* params = mallocCheck(sizeof(float) * np);
     for (int u = 0; u < n_units(&c); u++) {
         unit_init(params + unit_offset(&c, u), &c, u, 81 + layers + experts);
-        for (long e = bl.router_w; e < bl.shared && is_moe(&c, u); e++) params[unit_offset(&c, u) + e] *= 3.0f; // a sure router: uneven loads
+        for (long e = bl.router_w; e < bl.shared_w && is_moe(&c, u); e++) params[unit_offset(&c, u) + e] *= 3.0f; // a sure router: uneven loads
     }
     int tokens[3 * 5], targets[3 * 5], len[3] = {1, 3, T - 1}; // padding, and a full row
     Work w;
@@ -1605,9 +1628,10 @@ static void test_grad_gpt_moe(int layers, int experts, int top_k, float capacity
     for (int i = 0; i < R * T; i++) with_target += targets[i] >= 0;
     check(fabs(got - ref) < 1e-5 * ref && err < GRAD_TOL && dropped == ref_dropped && (dropped > 0) == want_drops &&
               w.acts.moe[1].n == with_target,
-          "gradient check: GPT with %d experts of width %d a block, top-%d (%s), %d blocks, capacity %g, %d of %d positions routed "
-          "(those with a target: %d), %ld tokens dropped (reference %ld), %ld parameters (loss + aux %.6f, reference "
-          "%.6f): max rel error %.1e", experts, expert_width(&c), top_k, router, layers, capacity, w.acts.moe[1].n, R * T, with_target, dropped,
+          "gradient check: GPT with %d experts of width %d a block, top-%d (%s), %d shared, %d blocks, capacity %g, %d of %d "
+          "positions routed (those with a target: %d), %ld tokens dropped (reference %ld), %ld parameters (loss + aux "
+          "%.6f, reference %.6f): max rel error %.1e", experts, expert_width(&c), top_k, router, S, layers, capacity,
+          w.acts.moe[1].n, R * T, with_target, dropped,
           ref_dropped, np, got, ref, err);
     free(params), free(grads), free(theta), free(an), free(num);
     work_free(&w);
@@ -1971,8 +1995,8 @@ static void test_rng(void) {
 // --timeline's drawing: every action gets a column of its own, however short, also when
 // several crowd the end of the step (a loaded machine's timing hid one: audit 5, item 9)
 static void test_timeline(void) {
-    double t0[] = {0, 0.990, 0.995, 0.9990, 0.0, 0.5}, t1[] = {0.9, 0.992, 0.996, 1.0, 0.0001, 0.50001};
-    char mark[] = {'0', '1', 'a', 'b', 'x', 'y'};
+    double t0[] = {0, 0.990, 0.995, 0.9990, 0.0, 0.5, 0, 0}, t1[] = {0.9, 0.992, 0.996, 1.0, 0.0001, 0.50001, 0, 0};
+    char mark[] = {'0', '1', 'a', 'b', 'x', 'y', 0, 0}; // lane 1: two actions, then padding
     fflush(stdout);
     int saved = dup(1);
     FILE* f = tmpfile();
@@ -2019,6 +2043,10 @@ int main(void) {
         for (int t = 1; t <= 6; t += t == 3 ? 3 : 1) test_tables(&gpt, t, "the GPT"), test_tables(&gmoe, t, "the GPT's experts");
         test_tables(&gfine, 1, "the GPT's fine-grained experts (--expert-hidden 12)");
         test_tables(&gfine, 2, "the GPT's fine-grained experts (--expert-hidden 12)");
+        Config mshared = moe, gshared = gfine;
+        mshared.shared_experts = 2, gshared.shared_experts = MAX_SHARED_EXPERTS;
+        test_tables(&mshared, 1, "the MLP's experts, 2 shared");
+        for (int t = 1; t <= 2; t++) test_tables(&gshared, t, "the GPT's fine-grained experts, 8 shared");
     }
     test_grad_linear(0, 0, 5, 7, 6);
     test_grad_linear(1, 1, 4, 9, 5);
@@ -2041,26 +2069,30 @@ int main(void) {
     test_grad_gpt(1, 2, 4, 4);
     test_grad_gpt(2, 2, 5, 6);
     test_grad_gpt(1, 1, 3, 3);
-    test_grad_moe(1, 4, 1, 4.0f, 12, 0, 0);
-    test_grad_moe(1, 4, 1, 1.0f, 12, 1, 0);
-    test_grad_moe(2, 4, 2, 1.25f, 12, 1, 0);
-    test_grad_moe(1, 3, 2, 2.0f, 10, 0, 0);
-    test_grad_moe(2, 8, 2, 0.5f, 16, 1, 0);
-    test_grad_moe(1, 8, 4, 1.0f, 12, 1, 0);
-    test_grad_moe(1, 16, 8, 4.0f, 10, 0, 0);
-    test_grad_moe(1, 4, 1, 1.0f, 12, 1, 1); // --router sigmoid, with the loss
-    test_grad_moe(2, 8, 4, 1.0f, 12, 1, 1);
-    test_grad_moe(2, 8, 4, 1.0f, 12, 1, 2); // sigmoid, --balance bias
+    test_grad_moe(1, 4, 1, 4.0f, 12, 0, 0, 0);
+    test_grad_moe(1, 4, 1, 1.0f, 12, 1, 0, 0);
+    test_grad_moe(2, 4, 2, 1.25f, 12, 1, 0, 0);
+    test_grad_moe(1, 3, 2, 2.0f, 10, 0, 0, 0);
+    test_grad_moe(2, 8, 2, 0.5f, 16, 1, 0, 0);
+    test_grad_moe(1, 8, 4, 1.0f, 12, 1, 0, 0);
+    test_grad_moe(1, 16, 8, 4.0f, 10, 0, 0, 0);
+    test_grad_moe(1, 4, 1, 1.0f, 12, 1, 1, 0); // --router sigmoid, with the loss
+    test_grad_moe(2, 8, 4, 1.0f, 12, 1, 1, 0);
+    test_grad_moe(2, 8, 4, 1.0f, 12, 1, 2, 0); // sigmoid, --balance bias
+    test_grad_moe(1, 4, 1, 1.0f, 12, 1, 0, 1); // --shared-experts
+    test_grad_moe(2, 8, 4, 1.0f, 12, 1, 2, 2);
     test_route_underflow();
-    test_grad_gpt_moe(1, 4, 1, 4.0f, 0, 0, 0);
-    test_grad_gpt_moe(1, 4, 1, 1.0f, 1, 0, 0);
-    test_grad_gpt_moe(2, 4, 2, 1.0f, 1, 0, 0);
-    test_grad_gpt_moe(1, 3, 2, 2.0f, 0, 0, 0);
-    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 0, 0);
-    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4, 0); // fine-grained: experts a quarter of 4C wide
-    test_grad_gpt_moe(2, 4, 2, 2.0f, 0, 24, 0); // wider than 4C
-    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4, 1); // --router sigmoid
-    test_grad_gpt_moe(2, 8, 4, 1.0f, 1, 4, 2); // sigmoid, --balance bias
+    test_grad_gpt_moe(1, 4, 1, 4.0f, 0, 0, 0, 0);
+    test_grad_gpt_moe(1, 4, 1, 1.0f, 1, 0, 0, 0);
+    test_grad_gpt_moe(2, 4, 2, 1.0f, 1, 0, 0, 0);
+    test_grad_gpt_moe(1, 3, 2, 2.0f, 0, 0, 0, 0);
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 0, 0, 0);
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4, 0, 0); // fine-grained: experts a quarter of 4C wide
+    test_grad_gpt_moe(2, 4, 2, 2.0f, 0, 24, 0, 0); // wider than 4C
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4, 1, 0); // --router sigmoid
+    test_grad_gpt_moe(2, 8, 4, 1.0f, 1, 4, 2, 0); // sigmoid, --balance bias
+    test_grad_gpt_moe(1, 8, 4, 1.0f, 1, 4, 2, 1); // DeepSeek's: fine-grained, sigmoid with biases, one shared
+    test_grad_gpt_moe(2, 4, 2, 1.0f, 1, 0, 0, 2);
     test_moe_split(MODEL_MLP, 4, 1, 0.75f, 30, 2, 1, 0);
     test_moe_split(MODEL_MLP, 5, 2, 0.5f, 31, 3, 1, 0);
     test_moe_split(MODEL_MLP, 8, 2, 4.0f, 30, 4, 0, 0);
