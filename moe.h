@@ -141,9 +141,9 @@ static void expert_backward(const Expert* e, float* din, int64_t* g, float* dout
     linear_backward_input(din, dout, w, n, e->K, e->H, ws);
 }
 
-// The layer reads two pieces of its unit's parameters: the router's weight [K][X] (wr),
-// and the experts' blocks one after another (we, after every parameter every rank holds:
-// moe_replicated_params). Where expert x starts in we, on a rank whose first expert is x_lo:
+// The layer reads its unit's parameters in two pieces: the router's weight [K][X] (wr), with
+// the shared experts' blocks after it, and the routed experts' blocks one after another (we,
+// after every parameter every rank holds: moe_replicated_params). Where expert x starts in we, on a rank whose first expert is x_lo:
 static long moe_expert_at(const Expert* e, int x, int x_lo) { return (long)(x - x_lo) * e->params; }
 
 // What one MoE layer keeps from its forward for its backward, its plan, and its load
@@ -591,17 +591,20 @@ static void moe_permute_backward(const Config* c, const MoeLayer* m, float* din,
 static const float* moe_shared_weights(const Config* c, const MoeLayer* m, const float* wr) {
     return wr + (long)m->e.K * c->experts;
 }
-// out [n][H] += each shared expert's output on in [n][K], whose rows it keeps for backward
+// out [n][H] += each shared expert's output on in [n][K]; it keeps its output rows for
+// backward (shared_out), and backward takes in again from the caller
 static void moe_shared_forward(const Config* c, MoeLayer* m, const float* wr, const float* in, float* out, int n,
                                Workspace* ws) {
     const Expert* e = &m->e;
     const float* w = moe_shared_weights(c, m, wr);
+    double t = trace_clock();
     for (int s = 0; s < c->shared_experts; s++) {
         float* h = m->shared_out + (long)s * m->rows * e->H;
         expert_forward(e, h, m->shared_saved + (long)s * m->rows * e->saved, in, w + s * e->params, n, m->shared_tmp,
                        m->shared_acc, ws);
         for (long i = 0; i < (long)n * e->H; i++) out[i] += h[i];
     }
+    if (c->shared_experts > 0) trace_event("compute", t, trace_clock(), 0, "shared experts %d", m->layer);
 }
 // Its backward, from dout [n][H]: each shared expert's input gradient added to din [n][K], in
 // order, and its exact weight gradient added into its block of g (laid out as wr's)
@@ -610,6 +613,7 @@ static void moe_shared_backward(const Config* c, MoeLayer* m, const float* wr, i
     const Expert* e = &m->e;
     const float* w = moe_shared_weights(c, m, wr);
     int64_t* g = gr + (long)e->K * c->experts;
+    double t = trace_clock();
     for (int s = 0; s < c->shared_experts; s++) {
         memcpy(m->shared_dout, dout, (size_t)n * e->H * sizeof(float));
         expert_backward(e, m->shared_din, g + s * e->params, m->shared_dout, in, m->shared_out + (long)s * m->rows * e->H,
@@ -617,6 +621,7 @@ static void moe_shared_backward(const Config* c, MoeLayer* m, const float* wr, i
                         m->shared_acc, ws);
         for (long i = 0; i < (long)n * e->K; i++) din[i] += m->shared_din[i];
     }
+    if (c->shared_experts > 0) trace_event("compute", t, trace_clock(), 0, "shared experts backward %d", m->layer);
 }
 
 // The layer on one process (train.c), in [n][K] -> out [n][H]: every expert is here, so the

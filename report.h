@@ -336,6 +336,10 @@ static void figures_print(const Figures* f, int n, const char* sent_words, const
         if (f[q].bubble >= 0) printf(" | bubble %.3f", f[q].bubble);
         printf("\n");
     }
+    if (operands_bf16) // the field's tables count a bf16 copy of the weights and bf16 gradients; this design has neither
+        printf("  bf16 holds what fp32 holds: 4 B a parameter (the fp32 master weight; each product rounds its operands "
+               "as it packs them, so no bf16 copy is kept), 8 its exact gradient sum, and with AdamW 8 its m and v; against "
+               "2 + 2 + 12 = 16 in ZeRO's mixed-precision table and 18 in Megatron-LM's (its gradients fp32)\n");
 }
 
 // The model a run trained, as its --summary's model= line gives it: tools/costmodel compute

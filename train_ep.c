@@ -2,10 +2,10 @@
  * train_ep.c: expert parallelism. The model is train.c's with --experts X: every hidden
  * layer of the MLP, or the MLP half of every block of the GPT (--model gpt), is a mixture of
  * X experts with a router (moe.h). The experts are spread over the N ranks, a contiguous
- * range each; everything else (the embedding, the routers, the output layer; the GPT's
- * attention and LayerNorms) is replicated. Ranks split every batch's rows as data
- * parallelism does. It prints exactly what `./train --experts X` prints for the same flags:
- * the same loss at every step, the same final parameters bit for bit, the same names.
+ * range each; everything else (the embedding, the routers and any shared experts, the output
+ * layer; the GPT's attention and LayerNorms) is replicated, and the ranks split each batch's
+ * rows as data parallelism does. It prints what `./train --experts X` prints for the same
+ * flags, bit for bit: the loss at every step, the final parameters, the names.
  *
  *              rank 0: rows 0-15, experts 0 1           rank 1: rows 16-31, experts 2 3
  *   forward    embedding (the GPT: attention, ln2), router: each token's top-k experts
@@ -15,7 +15,7 @@
  *              experts 0 1 on the rows they received     experts 2 3 on theirs
  *              --- combine (all-to-all): each output row back to its token's rank ---------->
  *              <-----------------------------------------------------------------------------
- *              out = sum of gate x output (the GPT: + the residual); output layer, loss
+ *              out = sum of gate x output (+ shared experts; the GPT: + the residual); loss
  *   backward   the same two all-to-alls in reverse: combine's backward takes the output
  *              gradients to the experts, dispatch's backward brings the input gradients back.
  *              An expert's weight gradient sums, exactly, its tokens from every rank on the
@@ -27,9 +27,8 @@
  *   mpirun -n 2 ./train_ep --model gpt --experts 4           # the GPT: 4 experts in every block
  *
  * First read: the plan, one MoE layer's forward and backward (top-1), one training step.
- * Then chapters: top-k, capacity and dropped tokens, the balancing loss, shared experts, the
- * GPT's experts, microbatches, the formulas, the timeline. train_3d.c's expert axis runs
- * the strategy.
+ * Then chapters: top-k, capacity and drops, the balancing loss, shared experts, the GPT's
+ * experts, microbatches, the formulas, the timeline (train_3d.c's expert axis runs it too).
  */
 #include "model.h"
 #include "ckpt.h"
@@ -61,9 +60,9 @@ typedef struct {
 // One MoE layer as this rank runs it: its weights, where their gradients add, the pass's kind.
 typedef struct {
     MoeLayer* m;           // its routing, plan and buffers (moe.h)
-    const float* router;   // the router's weight [K][X]
+    const float* router;   // the router's weight [K][X], then the shared experts' blocks
     const float* experts;  // this rank's experts [x_lo, x_hi), one block after another
-    int64_t* router_grad;  // backward: the router's gradient, all-reduced after backward
+    int64_t* router_grad;  // backward: the router's and shared experts' gradients, all-reduced
     int64_t* experts_grad; // backward: the experts', complete here
     int training;          // capacity and the balancing loss apply (their chapters)
     int64_t* aux;          // training: the balancing loss's terms are added here
@@ -137,8 +136,8 @@ static void ep_moe_forward(Ep* p, const Config* c, const EpLayer* l, const float
     moe_shared_forward(c, m, l->router, in, out, n, l->ws); // + the shared experts' (their chapter)
 }
 
-// Its backward, from dout [n][H]: din [n][K], and the router's and this rank's experts'
-// exact gradients added. Each all-to-all runs the other way from its forward.
+// Its backward, from dout [n][H]: din [n][K], and the router's, the shared experts' and this
+// rank's experts' exact gradients added; each all-to-all runs the other way from its forward.
 static void ep_moe_backward(Ep* p, const Config* c, const EpLayer* l, const float* in, const float* dout,
                             float* din) {
     MoeLayer* m = l->m;
@@ -228,8 +227,7 @@ static int64_t forward(void* ctx, const Rows* rows, long first, int R, long rows
     return sums[0];
 }
 
-// Unit by unit, this rank's R rows of a batch of B; with --recompute, what a block did not
-// keep first (model.h).
+// Unit by unit, this rank's R rows of a batch of B; with --recompute, what a block did not keep first.
 static void backward(Run* r, int R, long B) {
     const Config* c = &r->cfg;
     Acts* a = &r->work.acts;
@@ -257,8 +255,7 @@ static void backward(Run* r, int R, long B) {
     }
 }
 
-// The replicated part of unit u is its first ep_replicated(u) elements here: the embedding,
-// every router, the output layer (the GPT's attention and LayerNorms too).
+// Unit u's replicated part, its first ep_replicated(u) elements here: all but routed experts.
 static long ep_replicated(const Run* r, int u) { return is_moe(&r->cfg, u) ? moe_replicated_params(&r->cfg, u) : r->n[u]; }
 
 // The replicated weights' gradients summed over the ranks, packed into one all-reduce.
@@ -328,7 +325,7 @@ static int train_step(Run* r, Options* o, Progress* pr, long step) {
 
 // ----------------------------------------------------------------------------
 // shared experts
-// With --shared-experts S (DeepSeek-V2 and V3: one), every token also passes through S
+// With --shared-experts S (DeepSeek-V3 has one, V2 two), every token also passes through S
 // experts of its own layer's shape, gate 1, beside its k routed ones. Their weights follow
 // the router's and are replicated like it, so each rank runs them on its own tokens
 // (moe_shared_forward, the last line of ep_moe_forward): they send nothing, and their
@@ -446,6 +443,7 @@ static char ep_mark(const TraceEvent* e) {
     if (!strncmp(n, "combine", 7)) return 'C';
     if (!strncmp(n, "router", 6)) return 'r';
     if (!strncmp(n, "experts", 7)) return 'E';
+    if (!strncmp(n, "shared", 6)) return 'S';
     if (!strncmp(n, "gates", 5)) return 'g';
     if (!strncmp(n, "all-", 4)) return 'A';
     if (!strncmp(n, "forward", 7)) return 'f';
@@ -454,7 +452,7 @@ static char ep_mark(const TraceEvent* e) {
 }
 static void ep_timeline(const Run* r, double step_t0) {
     dist_trace_timeline(r->ep.comm, step_t0, ep_mark, "r router, D dispatch, E experts, C combine, "
-                        "g gates' gradients, f other forward, b other backward, A all-reduce and all-gather");
+                        "S shared experts, g gates' gradients, f other forward, b other backward, A all-reduce and all-gather");
 }
 #endif // TRAIN_3D
 

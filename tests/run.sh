@@ -1378,6 +1378,16 @@ section_precision() {
     run "$TMP/pr.out" ./train --load "$TMP/fp_mlp.ckpt" --steps 40 --samples 0 --eval-every 0 --precision bf16 --allow-changes
     check "precision: with --allow-changes an fp32 checkpoint goes on in bf16 (the master weights are fp32 in both)" \
         grep -q "^  changed    from the checkpoint.s settings (--allow-changes): --precision fp32 (now bf16);" "$TMP/pr.out"
+    # memory: bf16 holds the same bytes a parameter as fp32 (no bf16 copy), measured = formula
+    # under ZeRO-3, and says so beside the field's 16 and 18 (issue 46: item 5)
+    local z="--zero 3 --optimizer adamw --steps 5 --samples 0 --eval-every 0"
+    run "$TMP/mem32.out" $MPIRUN -n 2 ./train_fsdp $z
+    run "$TMP/mem16.out" $MPIRUN -n 2 ./train_fsdp $z --precision bf16
+    check "precision: ZeRO-3 in bf16 holds what fp32 holds, memory = formula on each rank, and says why beside ZeRO's 16 and Megatron-LM's 18 B a parameter" \
+        bash -c "diff <(grep '^  rank' '$TMP/mem32.out' | sed 's/.*| memory//') <(grep '^  rank' '$TMP/mem16.out' | sed 's/.*| memory//') && \
+                 grep '^  rank' '$TMP/mem16.out' | sed 's/.*= \(.*\) (formula \(.*\))/\1 \2/' | awk '\$1 != \$3 || \$2 != \$4 { exit 1 }' && \
+                 grep -q '^  bf16 holds what fp32 holds: 4 B a parameter .* 16 in ZeRO.s mixed-precision table and 18 in Megatron-LM.s' '$TMP/mem16.out' && \
+                 ! grep -q 'bf16 holds' '$TMP/mem32.out'"
     reference bf_half --steps 15 --eval-every 10 --samples 3 --precision bf16
     same_as bf_mlp "precision: train_tp resumes train.c's bf16 checkpoint of step 15, same as its own 30 steps" \
         $MPIRUN -n 2 ./train_tp --steps 30 --eval-every 10 --samples 3 --precision bf16 --load "$TMP/bf_half.ckpt"
@@ -2512,18 +2522,20 @@ section_run() {
     [ $status = 124 ] && fail "run: make run QUICK=1 ran past $LIMIT s (TEST_TIME_LIMIT x 12), so the checks below fail"
     local rows
     rows=$(grep -c '^| train' "$TMP/run.out")
-    check "run: make run QUICK=1 prints 14 rows, each the same as train.c, or as its reference train.c --experts 4, --model gpt or --model gpt --experts 4 ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
-        bash -c "test $rows = 14 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 11 && grep -q '^| train.c | 1 process, 4 experts a layer, top-1 | 1 | .* | reference of the rows below |' '$TMP/run.out' && grep -q '^| train.c | 1 process | 1 | .* | reference of the rows below |' '$TMP/run.out'"
+    check "run: make run QUICK=1 prints 16 rows, each the same as train.c, or as its reference train.c --experts 4, --model gpt, --model gpt --experts 4 or DeepSeek-V3's mixture ($(grep '^| train' "$TMP/run.out" | cut -d'|' -f2,6 | tr '\n' ';'))" \
+        bash -c "test $rows = 16 && test \$(grep '^| train' '$TMP/run.out' | cut -d'|' -f6 | grep -c '^ yes $') = 12 && grep -q '^| train.c | 1 process, 4 experts a layer, top-1 | 1 | .* | reference of the rows below |' '$TMP/run.out' && grep -q '^| train.c | 1 process | 1 | .* | reference of the rows below |' '$TMP/run.out'"
     check "run: the GPT's rows (train_tp.c --sp, train_cp.c, the 4D grid) are the same as train.c --model gpt" \
         bash -c "test \$(grep -E '^\| train_(tp|cp|3d).c .*(sequence parallel|context parallel|context x)' '$TMP/run.out' | grep -v expert | grep -c '| yes |') = 3 && grep -q '^identical' '$TMP/out/runs/gpt_cp.cmp'"
     check "run: the 5D row (train_3d.c, experts over 2 of the data-parallel ranks) is the same as train.c --model gpt --experts 4" \
         bash -c "grep '^| train_3d.c .*expert parallel over 2' '$TMP/run.out' | grep -q '| yes |' && grep -q '^identical' '$TMP/out/runs/gpt_5d.cmp' && grep -q 'experts' '$TMP/out/runs/gptmoe.sum'"
+    check "run: DeepSeek-V3's mixture (16 experts of width 64, top-4, 1 shared, sigmoid and bias) over 2 ranks in train_ep.c is the same as train.c" \
+        bash -c "grep -q '^identical' '$TMP/out/runs/dsv3_ep.cmp' && grep -q 'experts=16 top_k=4 expert_hidden=64 shared_experts=1' '$TMP/out/runs/dsv3.sum'"
     check "run: train_ep.c's row, compared with train.c --experts 4, is the same" \
         bash -c "grep '^| train_ep.c' '$TMP/run.out' | grep -q '| yes |' && grep -q '^identical' '$TMP/out/runs/ep.cmp' && grep -q 'experts' '$TMP/out/runs/moe.sum'"
     check "run: the table shows measured and formula bytes and memory, and the bubble of the pipelines" \
         bash -c "grep '^| train_pp.c' '$TMP/run.out' | grep -Eq '\| [0-9.]+ (B|KB|MB) \([0-9.]+ (B|KB|MB)\) \| .* \| [0-9.]+ \(' "
     check "run: loss.svg is well-formed XML with one curve per run" \
-        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 14"
+        bash -c "xmllint --noout '$TMP/out/loss.svg' && test \$(grep -c 'class=\"curve\"' '$TMP/out/loss.svg') = 16"
     check "run: loss.svg's panels say their model (the GPT's was titled as the MLP's: audit 5)" \
         bash -c "grep -q 'train.c (1 process), the MLP:' '$TMP/out/loss.svg' && grep -q 'train.c (1 process), the GPT:' '$TMP/out/loss.svg'"
     check "run: pipeline.svg is well-formed XML with a forward and a backward pass of every microbatch on every stage" \

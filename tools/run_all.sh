@@ -3,7 +3,7 @@
 # in a small layout, compares each run with train.c's run of the same model (losses at
 # every step, final parameters, validation loss, names: the MLP, its mixture of experts
 # with train.c --experts 4, the GPT with train.c --model gpt, the GPT with experts with
-# train.c --model gpt --experts 4), and prints one table with the
+# train.c --model gpt --experts 4 and with DeepSeek-V3's mixture), and prints one table with the
 # measured time, bytes sent and memory of each, the formulas' predictions beside them, and
 # the pipeline bubble. Writes out/loss.svg, out/pipeline.svg and out/table.md; the runs'
 # logs, checkpoints, summaries and the pipeline's trace stay in out/runs.
@@ -49,6 +49,9 @@ elif [ "$R5D" -ge 4 ]; then GRID5D="-n 4 ./train_3d --tp 2 --dp 2 --ep 2" WHAT5D
 else GRID5D="-n 2 ./train_3d --dp 2 --ep 2" WHAT5D="data 2, experts over 2 = 2 ranks (one a core: MPICH)"; fi
 # a train_3d run with experts routes the whole batch at once (docs/3d.md): one microbatch
 GPTMOE="$GPT --experts 4"
+# DeepSeek-V3's mixture (without its routing limited to M groups, not built): 16 experts a
+# quarter of 4C wide, top-4, one shared expert, sigmoid affinities balanced by a bias
+GPTDS="$GPT --experts 16 --top-k 4 --expert-hidden 64 --shared-experts 1 --router sigmoid --balance bias"
 
 # name | what | the run it must equal (train.c with the same model and flags; - : it is one) | command
 RUNS="train|train.c, the reference, 1 process|-|./train $FLAGS
@@ -64,13 +67,15 @@ gpt_tp|train_tp.c --model gpt --sp, heads and tokens split over 2 ranks|gpt|$MPI
 gpt_cp|train_cp.c --model gpt, positions split over 2 ranks, ring attention|gpt|$MPIRUN -n 2 ./train_cp $GPT
 gpt_4d|train_3d.c --model gpt, $WHAT4D|gpt|$MPIRUN $GRID4D $GPT
 gptmoe|train.c --model gpt --experts 4 --microbatches 4, the GPT with 4 experts a block on 1 process, the batch in 4|-|./train --microbatches 4 $GPTMOE
-gpt_5d|train_3d.c --model gpt --experts 4, $WHAT5D, 4 microbatches|gptmoe|$MPIRUN $GRID5D --microbatches 4 $GPTMOE"
+gpt_5d|train_3d.c --model gpt --experts 4, $WHAT5D, 4 microbatches|gptmoe|$MPIRUN $GRID5D --microbatches 4 $GPTMOE
+dsv3|train.c --model gpt, DeepSeek-V3's mixture: 16 experts of width 64, top-4, 1 shared, sigmoid and bias|-|./train $GPTDS
+dsv3_ep|train_ep.c, the same over 2 ranks|dsv3|$MPIRUN -n 2 ./train_ep $GPTDS"
 # make cluster (CLUSTER=1) runs the GPT's tensor parallelism without --sp too (over a link,
 # what --sp's reduce-scatters and all-gathers change against the all-reduces), and leaves
 # out the GPT with experts: its 5D grid's 16 ranks would take turns on the cores of every
 # emulated host, and tools/costmodel replay does not model the expert axis
 if [ "${CLUSTER:-0}" = 1 ]; then
-    RUNS="$(echo "$RUNS" | grep -v '^gptmoe|' | grep -v '^gpt_5d|')
+    RUNS="$(echo "$RUNS" | grep -v '^gptmoe|' | grep -v '^gpt_5d|' | grep -v '^dsv3')
 gpt_tp_nosp|train_tp.c --model gpt, heads split over 2 ranks (no --sp)|gpt|$MPIRUN -n 2 ./train_tp $GPT"
 fi
 N=$(echo "$RUNS" | wc -l)
