@@ -658,12 +658,21 @@ static void expf_bench(int all) {
 #else
 #define OPAQUE(v) __asm__ volatile("" : "+w"(v))
 #endif
-typedef float f32x16 __attribute__((vector_size(64)));
+// One register's floats: 16 with AVX-512, 8 with AVX, 4 otherwise (a wider vector would not
+// fit the register OPAQUE names, and the asm could not be built).
+#if defined(__AVX512F__)
+#define LANES 16
+#elif defined(__AVX__)
+#define LANES 8
+#else
+#define LANES 4
+#endif
+typedef float fvec __attribute__((vector_size(4 * LANES)));
 EXACT_KERNEL static double peak_once(void) { // EXACT_KERNEL: fused multiply-adds (kernels.h)
     EXACT_KERNEL_BODY
     const long iters = 20000000;
-    f32x16 acc[CHAINS], x, y;
-    for (int l = 0; l < 16; l++) x[l] = 1.0f - 1e-7f * l, y[l] = 1e-7f;
+    fvec acc[CHAINS], x, y;
+    for (int l = 0; l < LANES; l++) x[l] = 1.0f - 1e-7f * l, y[l] = 1e-7f;
     for (int c = 0; c < CHAINS; c++) {
         acc[c] = x * (float)c; // each chain its own start, opaque: the compiler cannot merge them
         OPAQUE(acc[c]);
@@ -673,7 +682,7 @@ EXACT_KERNEL static double peak_once(void) { // EXACT_KERNEL: fused multiply-add
         for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * x + y;
         OPAQUE(x);
     }
-    double flops = 2.0 * 16 * CHAINS * iters / (cpu_seconds() - t);
+    double flops = 2.0 * LANES * CHAINS * iters / (cpu_seconds() - t);
     float sink = 0.0f;
     for (int c = 0; c < CHAINS; c++) sink += acc[c][0];
     if (sink == 12345.0f) printf("\n"); // uses every result: no chain is dead
