@@ -92,8 +92,9 @@ static inline int is_moe(const Config* c, int u) { return c->experts > 0 && u >=
 // An MoE unit's parameters: first those every rank of expert parallelism holds (replicated:
 // the MLP's router's weight [K][X]; the GPT's block's attention, LayerNorms and router,
 // transformer.h's moe_block_layout; then the S shared experts' blocks), then routed expert
-// 0's block, expert 1's, ...: each expert one contiguous block (the MLP's: a weight [K][H] and a bias [H]; the GPT's: its MLP,
-// transformer.h's mlp_layout), so that a rank holding experts [x_lo, x_hi) holds one range.
+// 0's block, expert 1's, ...: each expert one contiguous block (the MLP's: a weight [K][H]
+// and a bias [H]; the GPT's: its MLP, transformer.h's mlp_layout), so that a rank holding
+// experts [x_lo, x_hi) holds one range.
 static inline long router_params(const Config* c, int u) {
     return (long)(is_gpt(c) ? c->emb : linear_in(c, u)) * c->experts;
 }
@@ -232,8 +233,9 @@ static inline LinearKind linear_kind(int l) { return l % 2 ? COLUMN_PARALLEL : R
 //
 // With --experts X a mixture-of-experts unit (moe.h) has, after its own rows (the MLP's:
 // the router w_router [K][X]; the GPT's: the block's attention and LayerNorms and the router;
-// then the S shared experts' tensors, whole), the rows of one expert (the MLP's: w [K][H], b [H]; the GPT's: fc_w, fc_b, fc2_w, fc2_b)
-// X times, expert 0 first: an expert-parallel rank holds a contiguous range of experts whole.
+// then the S shared experts' tensors, whole), the rows of one expert (the MLP's: w [K][H],
+// b [H]; the GPT's: fc_w, fc_b, fc2_w, fc2_b) X times, expert 0 first: an expert-parallel
+// rank holds a contiguous range of experts whole.
 //
 // One function maps an element a rank holds to train.c's index (unit_canonical, below):
 // initial values, checkpoints, the gradient norm, FSDP's shards (ranges of it) and train_3d.c's

@@ -143,7 +143,8 @@ static void expert_backward(const Expert* e, float* din, int64_t* g, float* dout
 
 // The layer reads its unit's parameters in two pieces: the router's weight [K][X] (wr), with
 // the shared experts' blocks after it, and the routed experts' blocks one after another (we,
-// after every parameter every rank holds: moe_replicated_params). Where expert x starts in we, on a rank whose first expert is x_lo:
+// after every parameter every rank holds: moe_replicated_params). Where expert x starts in
+// we, on a rank whose first expert is x_lo:
 static long moe_expert_at(const Expert* e, int x, int x_lo) { return (long)(x - x_lo) * e->params; }
 
 // What one MoE layer keeps from its forward for its backward, its plan, and its load
@@ -588,15 +589,14 @@ static void moe_permute_backward(const Config* c, const MoeLayer* m, float* din,
 // them on its own tokens: no all-to-all, and their gradients are all-reduced with the
 // router's. A token's output is its routed sum, then each shared expert's output added in
 // order, the same float additions in every layout.
-static const float* moe_shared_weights(const Config* c, const MoeLayer* m, const float* wr) {
-    return wr + (long)m->e.K * c->experts;
-}
+// Where the shared experts start after wr (and their gradients after the router's)
+static long moe_shared_at(const Config* c, const MoeLayer* m) { return (long)m->e.K * c->experts; }
 // out [n][H] += each shared expert's output on in [n][K]; it keeps its output rows for
 // backward (shared_out), and backward takes in again from the caller
 static void moe_shared_forward(const Config* c, MoeLayer* m, const float* wr, const float* in, float* out, int n,
                                Workspace* ws) {
     const Expert* e = &m->e;
-    const float* w = moe_shared_weights(c, m, wr);
+    const float* w = wr + moe_shared_at(c, m);
     double t = trace_clock();
     for (int s = 0; s < c->shared_experts; s++) {
         float* h = m->shared_out + (long)s * m->rows * e->H;
@@ -611,8 +611,8 @@ static void moe_shared_forward(const Config* c, MoeLayer* m, const float* wr, co
 static void moe_shared_backward(const Config* c, MoeLayer* m, const float* wr, int64_t* gr, const float* in,
                                 const float* dout, float* din, int n, long terms, Workspace* ws) {
     const Expert* e = &m->e;
-    const float* w = moe_shared_weights(c, m, wr);
-    int64_t* g = gr + (long)e->K * c->experts;
+    const float* w = wr + moe_shared_at(c, m);
+    int64_t* g = gr + moe_shared_at(c, m);
     double t = trace_clock();
     for (int s = 0; s < c->shared_experts; s++) {
         memcpy(m->shared_dout, dout, (size_t)n * e->H * sizeof(float));

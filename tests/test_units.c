@@ -1316,6 +1316,14 @@ static long ref_place(int total[][64], int seen[][64], int j, int x) {
 // the gated sum, plus each shared expert's output on every row; f = the rows' losses + the
 // load-balancing terms, alpha X sum_x f_x sum_r p_x.
 static long moe_dropped; // tokens the last call dropped
+// out [H] += g x the MLP's expert with weights we (w [K][H], then b [H]) on in [K]: ReLU(in w + b)
+static void ref_relu_expert(double* out, double g, const double* in, const double* we, int K, int H) {
+    for (int i = 0; i < H; i++) {
+        double o = we[(long)K * H + i];
+        for (int q = 0; q < K; q++) o += in[q] * we[(long)q * H + i];
+        out[i] += g * (o > 0 ? o : 0);
+    }
+}
 static double moe_model_objective(const double* theta, void* vctx) {
     ModelCtx* m = vctx;
     const Config* c = m->c;
@@ -1369,23 +1377,12 @@ static double moe_model_objective(const double* theta, void* vctx) {
                         moe_dropped++;
                         continue;
                     }
-                    double g = ref_gate(p + r * X, ch + r * k, k, j);
-                    const double* we = w + moe_replicated_params(c, l) + x * expert_params(c, l);
-                    for (int i = 0; i < H; i++) {
-                        double o = we[(long)K * H + i];
-                        for (int q = 0; q < K; q++) o += cur[r * maxw + q] * we[(long)q * H + i];
-                        nxt[r * maxw + i] += g * (o > 0 ? o : 0);
-                    }
+                    ref_relu_expert(nxt + r * maxw, ref_gate(p + r * X, ch + r * k, k, j), cur + r * maxw,
+                                    w + moe_replicated_params(c, l) + x * expert_params(c, l), K, H);
                 }
             for (int s = 0; s < c->shared_experts; s++) // every row through each shared expert, gate 1
-                for (int r = 0; r < R; r++) {
-                    const double* we = w + router_params(c, l) + s * expert_params(c, l);
-                    for (int i = 0; i < H; i++) {
-                        double o = we[(long)K * H + i];
-                        for (int q = 0; q < K; q++) o += cur[r * maxw + q] * we[(long)q * H + i];
-                        nxt[r * maxw + i] += o > 0 ? o : 0;
-                    }
-                }
+                for (int r = 0; r < R; r++)
+                    ref_relu_expert(nxt + r * maxw, 1.0, cur + r * maxw, w + router_params(c, l) + s * expert_params(c, l), K, H);
         }
         double* t = cur;
         cur = nxt, nxt = t;
